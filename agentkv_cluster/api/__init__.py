@@ -1,0 +1,1 @@
+"""Client library, msgpack wire protocol and TCP server."""

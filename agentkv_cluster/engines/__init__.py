@@ -1,0 +1,1 @@
+"""Adapters to real inference engines."""

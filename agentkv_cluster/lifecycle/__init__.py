@@ -1,0 +1,1 @@
+"""PURE. Workflow events, the event graph, state types, page identity and states."""

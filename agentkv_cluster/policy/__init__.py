@@ -1,0 +1,1 @@
+"""PURE. Predictor, value model, placement and gap planners, risk control, credits, baselines."""

@@ -1,0 +1,1 @@
+"""Ray shells around the pure objects: HBM page actor, memory-pool actor, controller."""

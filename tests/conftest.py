@@ -1,0 +1,65 @@
+"""Fixtures shared by every suite: the shared/ folder, a real redis-server, GPU marks."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.support.redis_proc import RedisProcess
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared"
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _cuda_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device; none is present on this machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    """../shared (read-only in CI). Tests never write there."""
+    if not SHARED.is_dir():
+        pytest.skip(f"../shared is absent ({SHARED}); traces and schemas live there")
+    return SHARED
+
+
+@pytest.fixture(scope="session")
+def traces_dir(shared_dir: Path) -> Path:
+    path = shared_dir / "traces"
+    if not path.is_dir():
+        pytest.skip(f"{path} is absent")
+    return path
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """A real redis-server on a free loopback port, shared by a whole test session."""
+    server = RedisProcess().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def fresh_redis():
+    """A private redis-server for tests that kill, restart or reconfigure it."""
+    server = RedisProcess().start()
+    yield server
+    server.close()

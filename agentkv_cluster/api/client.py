@@ -1,0 +1,147 @@
+"""Python client of the wire protocol (blocking; one request in flight per connection).
+
+    client = AgentKvClient.connect(("127.0.0.1", 7420), token)
+    s = client.open_session("sess-1")
+    s.task_start(task="fix bug"); s.store_pages([...]); s.tool_start(call_id="c1", tool="grep")
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import threading
+from typing import Any
+
+from agentkv_cluster.api import protocol as p
+
+EVENT_KINDS = (
+    "TASK_START", "MODEL_CALL", "TOOL_START", "OBSERVATION_RETURN",
+    "BRANCH_CREATE", "VERIFICATION_PASS", "ROLLBACK", "TASK_END",
+)
+
+
+class AgentKvClient:
+    """A connection to one AgentKV server, authenticated by a bearer token."""
+
+    def __init__(self, sock: socket.socket, token: str | None,
+                 max_frame: int = p.DEFAULT_MAX_FRAME) -> None:
+        self._sock = sock
+        self._token = token
+        self._max_frame = max_frame
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def connect(cls, address: tuple[str, int] | str, token: str | None = None,
+                timeout: float = 60.0) -> "AgentKvClient":
+        if isinstance(address, str):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(timeout)
+            sock.connect(address)
+        else:
+            sock = socket.create_connection(address, timeout=timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return cls(sock, token)
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> "AgentKvClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _recv_exact(self, n: int) -> bytes:
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            k = self._sock.recv_into(view[got:])
+            if k == 0:
+                raise ConnectionError("server closed the connection")
+            got += k
+        return bytes(buf)
+
+    def call(self, op: str, args: dict[str, Any] | None = None) -> Any:
+        """Send one request and return its ``result``; raises ``RemoteError`` on error replies."""
+        with self._lock:
+            rid = next(self._ids)
+            self._sock.sendall(p.encode_request(rid, op, args or {}, self._token))
+            length = p.frame_length(self._recv_exact(p.HEADER.size), self._max_frame)
+            reply = p.decode_reply(self._recv_exact(length), self._max_frame)
+        if reply.get("id") != rid:
+            raise p.ProtocolError(p.ErrorCode.MALFORMED, f"reply id {reply.get('id')} != {rid}")
+        return reply.get("result")
+
+    def hello(self) -> dict[str, Any]:
+        return self.call("hello")
+
+    def open_session(self, session: str) -> "SessionClient":
+        self.call("open_session", {"session": session})
+        return SessionClient(self, session)
+
+
+class SessionClient:
+    """Calls scoped to one session: the eight workflow events and the engine-side calls."""
+
+    def __init__(self, client: AgentKvClient, session: str) -> None:
+        self.client = client
+        self.session = session
+
+    def _call(self, op: str, **args: Any) -> Any:
+        return self.client.call(op, {"session": self.session, **args})
+
+    # -- orchestrator events (field names follow agentkv_cluster.lifecycle.events) --
+    def event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        if kind not in EVENT_KINDS:
+            raise ValueError(f"unknown event kind {kind!r}; expected one of {EVENT_KINDS}")
+        return self._call("event", event={"kind": kind, **fields})
+
+    def task_start(self, **fields: Any) -> dict[str, Any]:
+        return self.event("TASK_START", **fields)
+
+    def model_call(self, **fields: Any) -> dict[str, Any]:
+        return self.event("MODEL_CALL", **fields)
+
+    def tool_start(self, **fields: Any) -> dict[str, Any]:
+        return self.event("TOOL_START", **fields)
+
+    def observation_return(self, **fields: Any) -> dict[str, Any]:
+        return self.event("OBSERVATION_RETURN", **fields)
+
+    def branch_create(self, **fields: Any) -> dict[str, Any]:
+        return self.event("BRANCH_CREATE", **fields)
+
+    def verification_pass(self, **fields: Any) -> dict[str, Any]:
+        return self.event("VERIFICATION_PASS", **fields)
+
+    def rollback(self, **fields: Any) -> dict[str, Any]:
+        return self.event("ROLLBACK", **fields)
+
+    def task_end(self, **fields: Any) -> dict[str, Any]:
+        return self.event("TASK_END", **fields)
+
+    # -- engine side ------------------------------------------------------------------
+    def store_pages(self, pages: list[dict[str, Any]]) -> list[bytes]:
+        """Each page: ``identity`` (PageIdentity.pack()), ``data`` (bytes), ``state_type``."""
+        return self._call("store_pages", pages=pages)["keys"]
+
+    def lookup_prefix(self, identities: list[bytes]) -> dict[str, Any]:
+        """Longest leading run of ``identities`` the service holds compatibly."""
+        return self._call("lookup_prefix", identities=identities)
+
+    def prepare_load(self, keys: list[bytes]) -> dict[str, Any]:
+        return self._call("prepare_load", keys=keys)
+
+    def complete_load(self, load_id: int) -> dict[str, Any]:
+        return self._call("complete_load", load_id=load_id)
+
+    def load(self, keys: list[bytes]) -> list[bytes]:
+        """prepare + complete in one go; returns page bytes in ``keys`` order."""
+        prep = self.prepare_load(keys)
+        done = self.complete_load(prep["load_id"])
+        return [pg["data"] for pg in done["pages"]]
+
+    def release(self, keys: list[bytes]) -> int:
+        return self._call("release", keys=keys)["released"]

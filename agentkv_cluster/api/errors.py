@@ -1,0 +1,27 @@
+"""Exceptions a service backend raises; the wire server maps each to one error code."""
+
+from __future__ import annotations
+
+from agentkv_cluster.api.protocol import ErrorCode
+
+
+class ServiceError(Exception):
+    """Base: a request the service refuses; nothing was changed."""
+
+    code = ErrorCode.INTERNAL
+
+
+class InvalidArgument(ServiceError):
+    code = ErrorCode.BAD_ARGS
+
+
+class NotFound(ServiceError):
+    code = ErrorCode.NOT_FOUND
+
+
+class AccessDenied(ServiceError):
+    code = ErrorCode.FORBIDDEN
+
+
+class Unauthenticated(ServiceError):
+    code = ErrorCode.UNAUTHENTICATED

@@ -1,0 +1,230 @@
+"""The wire server: asyncio TCP (or unix socket) front of a ``ServiceBackend``.
+
+One event loop in a background thread reads frames; backend calls run on a small
+thread pool so a slow restore never blocks other connections. Every bad frame gets
+an error reply; only an oversized frame (the stream cannot be resynchronised) or a
+read timeout closes the connection. Nothing a client sends can stop the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+from agentkv_cluster.api import protocol as p
+from agentkv_cluster.api.errors import ServiceError
+from agentkv_cluster.config import ApiConfig
+
+log = logging.getLogger(__name__)
+
+IDLE_TIMEOUT_S = 900.0  # an orchestrator may sit silent through a long tool call
+
+
+class ServiceBackend(Protocol):
+    """What the server calls; ``principal`` comes from the authenticator."""
+
+    def open_session(self, principal: Any, session: str) -> dict[str, Any]: ...
+    def send_event(self, principal: Any, session: str, event: dict[str, Any]) -> dict[str, Any]: ...
+    def store_pages(self, principal: Any, session: str, pages: list[dict[str, Any]]) -> dict[str, Any]: ...
+    def lookup_prefix(self, principal: Any, session: str, identities: list[bytes]) -> dict[str, Any]: ...
+    def prepare_load(self, principal: Any, session: str, keys: list[bytes]) -> dict[str, Any]: ...
+    def complete_load(self, principal: Any, session: str, load_id: int) -> dict[str, Any]: ...
+    def release(self, principal: Any, session: str, keys: list[bytes]) -> dict[str, Any]: ...
+
+
+Authenticator = Callable[[str], Any]  # token -> principal (with .tenant); raises if invalid
+
+
+def _pages_arg(args: dict[str, Any]) -> list[dict[str, Any]]:
+    pages = p.arg(args, "pages", list)
+    if len(pages) > 4096 or not all(isinstance(x, dict) for x in pages):
+        raise p.ProtocolError(p.ErrorCode.BAD_ARGS, "'pages' must be a list of <= 4096 maps")
+    return pages
+
+
+def _dispatch(backend: ServiceBackend, principal: Any, op: str, args: dict[str, Any]) -> Any:
+    session = p.arg(args, "session", str)
+    if op == "open_session":
+        return backend.open_session(principal, session)
+    if op == "event":
+        return backend.send_event(principal, session, p.arg(args, "event", dict))
+    if op == "store_pages":
+        return backend.store_pages(principal, session, _pages_arg(args))
+    if op == "lookup_prefix":
+        return backend.lookup_prefix(principal, session, p.bytes_list(args, "identities"))
+    if op == "prepare_load":
+        return backend.prepare_load(principal, session, p.bytes_list(args, "keys"))
+    if op == "complete_load":
+        return backend.complete_load(principal, session, p.arg(args, "load_id", int))
+    if op == "release":
+        return backend.release(principal, session, p.bytes_list(args, "keys"))
+    raise p.ProtocolError(p.ErrorCode.UNKNOWN_OP, f"unknown op {op[:64]!r}")
+
+
+OPS = frozenset({"hello", "open_session", "event", "store_pages", "lookup_prefix",
+                 "prepare_load", "complete_load", "release"})
+
+
+class ApiServer:
+    """Serve ``backend`` on ``config.unix_path`` or ``config.host:config.port``."""
+
+    def __init__(self, config: ApiConfig, backend: ServiceBackend,
+                 authenticator: Authenticator, metrics: Any | None = None) -> None:
+        self.config = config
+        self.backend = backend
+        self.authenticator = authenticator
+        self.metrics = metrics
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="agentkv-api")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: asyncio.base_events.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._started = threading.Event()
+        self._active = 0
+        self.address: tuple[str, int] | str | None = None
+
+    # -- lifecycle ----------------------------------------------------------------
+    def start(self) -> "ApiServer":
+        self._thread = threading.Thread(target=self._run, name="agentkv-api", daemon=True)
+        self._thread.start()
+        if not self._started.wait(10) or self.address is None:
+            raise RuntimeError("API server failed to start")
+        return self
+
+    def _run(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        try:
+            self._loop.run_until_complete(self._listen())
+        except OSError as exc:
+            log.error("API server cannot listen: %s", exc)
+            self._started.set()
+            return
+        self._started.set()
+        self._loop.run_forever()
+        self._loop.close()
+
+    async def _listen(self) -> None:
+        limit = 1 << 16
+        if self.config.unix_path:
+            self._server = await asyncio.start_unix_server(
+                self._serve_conn, path=self.config.unix_path, limit=limit)
+            self.address = self.config.unix_path
+        else:
+            self._server = await asyncio.start_server(
+                self._serve_conn, self.config.host, self.config.port, limit=limit)
+            self.address = self._server.sockets[0].getsockname()[:2]
+
+    def stop(self) -> None:
+        loop = self._loop
+        if loop is None or not loop.is_running():
+            return
+
+        async def _close() -> None:
+            if self._server is not None:
+                self._server.close()
+            loop.stop()
+
+        asyncio.run_coroutine_threadsafe(_close(), loop)
+        if self._thread is not None:
+            self._thread.join(10)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- connections ----------------------------------------------------------------
+    async def _serve_conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._active += 1
+        try:
+            if self._active > self.config.max_connections:
+                writer.write(p.error_reply(None, p.ErrorCode.BUSY, "too many connections"))
+                await writer.drain()
+                return
+            await self._frames(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
+            pass  # the peer went away or stalled mid-frame: drop only this connection
+        except Exception:  # noqa: BLE001 - a bug here must not take the server down
+            log.exception("connection handler failed")
+        finally:
+            self._active -= 1
+            writer.close()
+            try:
+                await writer.wait_closed()
+            except (ConnectionError, OSError):
+                pass
+
+    async def _frames(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        max_frame = self.config.max_frame_bytes
+        while True:
+            try:
+                header = await asyncio.wait_for(reader.readexactly(p.HEADER.size), IDLE_TIMEOUT_S)
+            except asyncio.IncompleteReadError:
+                return  # clean EOF between frames (or a torn header)
+            try:
+                length = p.frame_length(header, max_frame)
+            except p.ProtocolError as exc:
+                self._count("frame", exc.code)
+                writer.write(p.error_reply(None, exc.code, exc.message))
+                await writer.drain()
+                if exc.fatal:
+                    return
+                continue
+            payload = await asyncio.wait_for(
+                reader.readexactly(length), self.config.read_timeout_s)
+            writer.write(await self._handle(payload))
+            await writer.drain()
+
+    async def _handle(self, payload: bytes) -> bytes:
+        max_frame = self.config.max_frame_bytes
+        try:
+            req = p.decode_request(payload, max_frame)
+        except p.ProtocolError as exc:
+            rid = None
+            try:
+                import msgpack
+                rid = p.peek_request_id(msgpack.unpackb(payload, raw=False))
+            except Exception:  # noqa: BLE001 - best effort only: echo an id when one parses
+                pass
+            self._count("decode", exc.code)
+            return p.error_reply(rid, exc.code, exc.message)
+        op = req.op if req.op in OPS else "unknown"
+        try:
+            result = await self._execute(req)
+            reply = p.ok_reply(req.request_id, result)
+        except p.ProtocolError as exc:
+            self._count(op, exc.code)
+            return p.error_reply(req.request_id, exc.code, exc.message)
+        except ServiceError as exc:
+            self._count(op, exc.code)
+            return p.error_reply(req.request_id, exc.code, str(exc))
+        except Exception as exc:  # noqa: BLE001 - reported to the client, logged here
+            log.exception("op %s failed", op)
+            self._count(op, p.ErrorCode.INTERNAL)
+            return p.error_reply(req.request_id, p.ErrorCode.INTERNAL, type(exc).__name__)
+        self._count(op, None)
+        return reply
+
+    async def _execute(self, req: p.Request) -> Any:
+        if req.op == "hello":
+            return {"server": "agentkv", "versions": sorted(p.SUPPORTED_VERSIONS),
+                    "max_frame_bytes": self.config.max_frame_bytes}
+        if req.op not in OPS:
+            raise p.ProtocolError(p.ErrorCode.UNKNOWN_OP, f"unknown op {req.op[:64]!r}")
+        principal = self._authenticate(req.auth)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._pool, _dispatch, self.backend, principal, req.op, req.args)
+
+    def _authenticate(self, token: str | None) -> Any:
+        if token is None:
+            if self.config.require_auth:
+                raise p.ProtocolError(p.ErrorCode.UNAUTHENTICATED, "missing auth token")
+            return None
+        try:
+            return self.authenticator(token)
+        except Exception:  # noqa: BLE001 - any verifier failure means "not authenticated"
+            raise p.ProtocolError(p.ErrorCode.UNAUTHENTICATED, "invalid auth token") from None
+
+    def _count(self, op: str, code: p.ErrorCode | None) -> None:
+        if self.metrics is not None:
+            self.metrics.api_request(op, code.value if code is not None else "ok")

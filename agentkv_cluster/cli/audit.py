@@ -1,0 +1,163 @@
+"""``agentkv audit``: offline checks of the audit log and erasure receipts, and isolation probes.
+
+The logic lives in ``security``; this module parses arguments and prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from agentkv_cluster.cli import CliError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("audit", help="verify audit logs and erasure receipts; probe isolation")
+    sub = parser.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
+
+    verify = sub.add_parser("verify", help="verify an audit log offline with only the public key")
+    verify.add_argument("log", type=Path, metavar="LOG")
+    verify.add_argument("--public-key", type=Path, required=True, metavar="F")
+    verify.add_argument("--anchor", type=Path, action="append", default=[], metavar="RECEIPT",
+                        help="an erasure receipt the log must still contain (detects rollback)")
+    verify.set_defaults(handler=_verify)
+
+    receipt = sub.add_parser("receipt", help="verify an erasure receipt offline")
+    receipt.add_argument("receipt", type=Path, metavar="RECEIPT")
+    receipt.add_argument("--public-key", type=Path, required=True, metavar="F")
+    receipt.add_argument("--log", type=Path, help="also check that this audit log holds the receipt")
+    receipt.set_defaults(handler=_receipt)
+
+    iso = sub.add_parser("isolation", help="run the tenant-isolation probes against a live Redis")
+    iso.add_argument("--redis-url", required=True, metavar="URL", help="an admin connection")
+    iso.add_argument("--keys-dir", type=Path, help="key directory for the throw-away probe tenants")
+    iso.add_argument("--rounds", type=int, default=200, help="lookups per timing distribution")
+    iso.add_argument("--tool-name", action="append", default=[], help="a tool name that must not be stored")
+    iso.set_defaults(handler=_isolation)
+
+    keygen = sub.add_parser("keygen", help="create an Ed25519 signing key pair (PEM)")
+    keygen.add_argument("--private", type=Path, required=True, metavar="F")
+    keygen.add_argument("--public", type=Path, required=True, metavar="F")
+    keygen.set_defaults(handler=_keygen)
+
+
+def _verifier(path: Path):
+    from security.errors import InvalidSigningKey
+    from security.signing import load_verifier
+
+    try:
+        return load_verifier(path)
+    except InvalidSigningKey as exc:
+        raise CliError(str(exc)) from None
+
+
+def _load_receipt(path: Path, verifier):
+    from security.erasure import verify_receipt
+    from security.errors import InvalidReceipt
+
+    try:
+        text = path.read_bytes()
+    except OSError as exc:
+        raise CliError(f"cannot read receipt {path}: {exc.strerror}") from None
+    try:
+        return verify_receipt(text, verifier), None
+    except InvalidReceipt as exc:
+        return None, str(exc)
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from security.audit import verify_log
+
+    verifier = _verifier(args.public_key)
+    anchors = []
+    for path in args.anchor:
+        receipt, problem = _load_receipt(path, verifier)
+        if receipt is None:
+            raise CliError(f"anchor {path} is not a valid receipt: {problem}")
+        anchors.append(receipt.audit_position())
+    report = verify_log(args.log, verifier, anchors=anchors)
+    console = Console(soft_wrap=True)
+    status = "[green]PASS[/green]" if report.ok else "[red]FAIL[/red]"
+    console.print(f"{status} {args.log}: {report.records} records, {report.checkpoints} signed "
+                  f"checkpoints, head {report.head[:16]}")
+    for problem in report.problems:
+        console.print(f"  [red]-[/red] {problem}")
+    return 0 if report.ok else 1
+
+
+def _receipt(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from security.audit import verify_log
+
+    verifier = _verifier(args.public_key)
+    receipt, problem = _load_receipt(args.receipt, verifier)
+    console = Console(soft_wrap=True)
+    if receipt is None:
+        console.print(f"[red]FAIL[/red] {args.receipt}: {problem}")
+        return 1
+    counts = ", ".join(f"{tier}={n}" for tier, n in receipt.counts) or "none"
+    console.print(f"[green]PASS[/green] erasure of {receipt.scope} {receipt.tenant}"
+                  f"{'' if receipt.generation is None else f' g{receipt.generation}'}: "
+                  f"keys {', '.join(receipt.key_ids) or 'none'}; pages {counts}; "
+                  f"audit seq {receipt.audit_seq}")
+    if args.log is not None:
+        report = verify_log(args.log, verifier, anchors=[receipt.audit_position()])
+        if not report.ok:
+            console.print(f"[red]FAIL[/red] audit log: {'; '.join(report.problems)}")
+            return 1
+        console.print(f"[green]PASS[/green] audit log {args.log} holds the erasure record")
+    return 0
+
+
+def _isolation(args: argparse.Namespace) -> int:
+    import tempfile
+    import time
+
+    import redis
+    from rich.console import Console
+    from rich.table import Table
+
+    from security.isolation import run_probes
+    from security.keyring import FileKeySource, TenantKeyring
+
+    if args.rounds < 10:
+        raise CliError("--rounds must be at least 10")
+    try:
+        admin = redis.Redis.from_url(args.redis_url)
+        admin.ping()
+    except (redis.RedisError, ValueError) as exc:
+        raise CliError(f"cannot reach Redis at {args.redis_url}: {exc}") from None
+    kwargs = admin.connection_pool.connection_kwargs
+    host, port = kwargs.get("host", "127.0.0.1"), kwargs.get("port", 6379)
+
+    def connect(username: str, password: str):
+        return redis.Redis(host=host, port=port, username=username, password=password)
+
+    with tempfile.TemporaryDirectory(prefix="agentkv-probe-keys-") as tmp:
+        keyring = TenantKeyring(FileKeySource(args.keys_dir or tmp))
+        results = run_probes(admin, connect, keyring, now=time.time(), rounds=args.rounds,
+                             markers_extra=args.tool_name)
+    table = Table(title=f"tenant isolation probes: {args.redis_url}")
+    for column in ("probe", "result", "detail"):
+        table.add_column(column)
+    for r in results:
+        table.add_row(r.name, "[green]PASS[/green]" if r.passed else "[red]FAIL[/red]", r.detail)
+    Console().print(table)
+    failed = sum(not r.passed for r in results)
+    Console().print(f"{len(results) - failed}/{len(results)} probes passed")
+    return 0 if failed == 0 else 1
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    from security.errors import InvalidSigningKey
+    from security.signing import fingerprint, write_keypair
+
+    try:
+        signer = write_keypair(args.private, args.public)
+    except (InvalidSigningKey, OSError) as exc:
+        raise CliError(str(exc)) from None
+    print(f"wrote {args.private} (private, 0600) and {args.public}; key {fingerprint(signer.public_raw())}")
+    return 0

@@ -1,0 +1,132 @@
+"""``agentkv tenant``: create, rotate and erase tenant keys (crypto-shredding with a receipt)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from agentkv_cluster.cli import CliError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("tenant", help="manage tenant keys: create, rotate, erase")
+    sub = parser.add_subparsers(dest="tenant_command", metavar="ACTION", required=True)
+
+    def common(p: argparse.ArgumentParser, audit_required: bool) -> None:
+        p.add_argument("tenant", metavar="TENANT")
+        p.add_argument("--keys-dir", type=Path, required=True, metavar="D")
+        p.add_argument("--audit-log", type=Path, required=audit_required, metavar="F")
+        p.add_argument("--signing-key", type=Path, required=audit_required, metavar="F")
+
+    create = sub.add_parser("create", help="create a tenant's blinding secret and generation 1")
+    common(create, audit_required=False)
+    create.set_defaults(handler=_create)
+
+    rotate = sub.add_parser("rotate", help="add a new key generation (older ones stay readable)")
+    common(rotate, audit_required=False)
+    rotate.set_defaults(handler=_rotate)
+
+    erase = sub.add_parser("erase", help="crypto-shred a tenant (or one generation) and sign a receipt")
+    common(erase, audit_required=True)
+    erase.add_argument("--generation", type=int, metavar="G", help="erase only this generation")
+    erase.add_argument("--redis-url", metavar="URL",
+                       help="also delete the tenant's directory keys (admin connection)")
+    erase.add_argument("--receipt-out", type=Path, metavar="F", help="write the receipt here too")
+    erase.set_defaults(handler=_erase)
+
+
+def _keyring(keys_dir: Path):
+    from security.keyring import FileKeySource, TenantKeyring
+
+    if not keys_dir.is_dir():
+        raise CliError(f"key directory {keys_dir} does not exist")
+    return TenantKeyring(FileKeySource(keys_dir))
+
+
+def _audit(args: argparse.Namespace):
+    """The audit log and signer, or (None, None) when neither option is given."""
+    from security.audit import AuditLog
+    from security.errors import AuditLogError, InvalidSigningKey
+    from security.signing import load_signer
+
+    if args.audit_log is None and args.signing_key is None:
+        return None, None
+    if args.audit_log is None or args.signing_key is None:
+        raise CliError("--audit-log and --signing-key go together")
+    try:
+        signer = load_signer(args.signing_key)
+        return AuditLog(args.audit_log, signer, checkpoint_every=1), signer
+    except (InvalidSigningKey, AuditLogError) as exc:
+        raise CliError(str(exc)) from None
+
+
+def _run(action, args: argparse.Namespace, kind: str) -> int:
+    from security.errors import SecurityError
+
+    audit, _ = _audit(args)
+    try:
+        generation = action(args.tenant)
+        if audit is not None:
+            audit.append(kind, {"tenant": args.tenant, "generation": generation}, time.time())
+    except SecurityError as exc:
+        raise CliError(str(exc)) from None
+    finally:
+        if audit is not None:
+            audit.close()
+    print(f"{kind}: tenant {args.tenant} generation {generation}")
+    return 0
+
+
+def _create(args: argparse.Namespace) -> int:
+    args.keys_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return _run(_keyring(args.keys_dir).create_tenant, args, "key.create")
+
+
+def _rotate(args: argparse.Namespace) -> int:
+    return _run(_keyring(args.keys_dir).rotate, args, "key.rotate")
+
+
+def _directory_deleter(url: str, namespace: str):
+    import redis
+
+    admin = redis.Redis.from_url(url)
+
+    def delete(scope) -> int:
+        keys = list(admin.scan_iter(match=f"akv:{namespace}:*", count=1000))
+        return int(admin.delete(*keys)) if keys else 0
+
+    return delete
+
+
+def _erase(args: argparse.Namespace) -> int:
+    from security.blinding import DirectoryBlinder
+    from security.erasure import Eraser
+    from security.errors import SecurityError
+
+    keyring = _keyring(args.keys_dir)
+    audit, signer = _audit(args)
+    try:
+        eraser = Eraser(keyring, audit, signer)
+        if args.redis_url is not None:
+            if args.generation is not None:
+                raise CliError("--redis-url deletes whole tenants; the directory retires "
+                               "generations itself")
+            # The namespace comes from the blinding secret, so compute it before the keys go.
+            namespace = DirectoryBlinder(keyring).namespace(args.tenant)
+            eraser.register_tier("directory", _directory_deleter(args.redis_url, namespace))
+        now = time.time()
+        if args.generation is None:
+            receipt = eraser.erase_tenant(args.tenant, now)
+        else:
+            receipt = eraser.erase_generation(args.tenant, args.generation, now)
+    except SecurityError as exc:
+        raise CliError(str(exc)) from None
+    finally:
+        audit.close()
+    text = receipt.to_json() + "\n"
+    if args.receipt_out is not None:
+        args.receipt_out.write_text(text)
+    sys.stdout.write(text)
+    return 0

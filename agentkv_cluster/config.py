@@ -1,0 +1,260 @@
+"""Service configuration: one frozen dataclass per component, one root, one loader.
+
+Values come, lowest precedence first, from the dataclass defaults, a YAML file
+(sections named like the root's fields), ``AGENTKV_<SECTION>_<FIELD>`` environment
+variables, and explicit overrides (the command line). Every validation error names
+the dotted field it is about, so an operator can fix the right line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "AGENTKV_"
+ROLES = ("head", "pool", "hbm")
+POLICIES = ("agentkv", "lru")
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, malformed or out of range."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApiConfig:
+    host: str = "127.0.0.1"
+    port: int = 7420
+    unix_path: str | None = None
+    max_frame_bytes: int = 64 << 20
+    read_timeout_s: float = 30.0
+    max_connections: int = 256
+    require_auth: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricsConfig:
+    host: str = "127.0.0.1"
+    port: int = 9420
+    enabled: bool = True
+    top_tenants: int = 20  # tenants beyond the top N share the label "other"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RayConfig:
+    address: str | None = None  # None: start a local Ray
+    namespace: str = "agentkv"
+    object_store_memory: int = 256 << 20
+    num_cpus: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class DirectoryConfig:
+    redis_url: str | None = None  # None: embedded directory hosted by the head
+    prefix: str = "akv"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolConfig:
+    pool_bytes: int = 512 << 20
+    slot_bytes: int = 4 << 20
+    nvme_dir: str | None = None  # None: a temporary folder
+    nvme_bytes: int = 4 << 30
+    fsync: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class HbmConfig:
+    page_bytes: int = 4 << 20
+    num_pages: int = 64
+    device: str | None = None  # None: cuda when available, else cpu
+    resource: str = "hbm_slot"  # custom resource on CPU-only nodes
+
+
+@dataclass(frozen=True, kw_only=True)
+class CreditConfig:
+    per_link: int = 4  # concurrent restores over one node-to-node or tier link
+    per_session: int = 2
+    max_wait_s: float = 2.0  # after this a waiter is offered a lower precision
+
+
+@dataclass(frozen=True, kw_only=True)
+class SecurityConfig:
+    tenant_keys_dir: str | None = None  # None: generated in a temporary folder
+    audit_key: str | None = None
+    audit_log: str | None = None
+    token_secret_file: str | None = None  # None: a random per-process secret
+
+
+@dataclass(frozen=True, kw_only=True)
+class ControllerConfig:
+    policy: str = "agentkv"
+    tick_s: float = 0.05
+    hbm_budget_fraction: float = 0.35
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentKvConfig:
+    role: str = "head"
+    api: ApiConfig = field(default_factory=ApiConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    directory: DirectoryConfig = field(default_factory=DirectoryConfig)
+    pool: PoolConfig = field(default_factory=PoolConfig)
+    hbm: HbmConfig = field(default_factory=HbmConfig)
+    credits: CreditConfig = field(default_factory=CreditConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    controller: ControllerConfig = field(default_factory=ControllerConfig)
+
+
+_SECTIONS: dict[str, type] = {
+    f.name: f.default_factory  # type: ignore[misc]
+    for f in dataclasses.fields(AgentKvConfig)
+    if f.name != "role"
+}
+
+
+def _positive(name: str, value: float) -> None:
+    if value <= 0:
+        raise ConfigError(name, f"must be > 0, got {value!r}")
+
+
+def validate(cfg: AgentKvConfig) -> AgentKvConfig:
+    """Range checks across the tree; returns ``cfg`` unchanged when valid."""
+    if cfg.role not in ROLES:
+        raise ConfigError("role", f"must be one of {ROLES}, got {cfg.role!r}")
+    for name, port in (("api.port", cfg.api.port), ("metrics.port", cfg.metrics.port)):
+        if not 0 <= port <= 65535:  # 0 asks the OS for a free port
+            raise ConfigError(name, f"must be 0..65535, got {port}")
+    if cfg.api.max_frame_bytes < 1024:
+        raise ConfigError("api.max_frame_bytes", "must be >= 1024")
+    for name in ("api.read_timeout_s", "api.max_connections", "metrics.top_tenants",
+                 "pool.pool_bytes", "pool.slot_bytes", "pool.nvme_bytes", "hbm.page_bytes",
+                 "hbm.num_pages", "credits.per_link", "credits.per_session",
+                 "credits.max_wait_s", "controller.tick_s", "ray.object_store_memory"):
+        section, attr = name.split(".")
+        _positive(name, getattr(getattr(cfg, section), attr))
+    if cfg.pool.slot_bytes > cfg.pool.pool_bytes:
+        raise ConfigError("pool.slot_bytes", "must not exceed pool.pool_bytes")
+    if cfg.controller.policy not in POLICIES:
+        raise ConfigError("controller.policy", f"must be one of {POLICIES}")
+    if not 0 < cfg.controller.hbm_budget_fraction <= 1:
+        raise ConfigError("controller.hbm_budget_fraction", "must be in (0, 1]")
+    url = cfg.directory.redis_url
+    if url is not None and not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ConfigError("directory.redis_url", f"not a redis URL: {url!r}")
+    return cfg
+
+
+def _coerce(name: str, hint: Any, raw: Any) -> Any:
+    """Convert a YAML or environment value to the field's declared type."""
+    args = typing.get_args(hint)
+    if type(None) in args:  # Optional[X]
+        if raw is None or (isinstance(raw, str) and raw.lower() in ("", "none", "null")):
+            return None
+        hint = next(a for a in args if a is not type(None))
+    if hint is bool:
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(name, f"expected a boolean, got {raw!r}")
+    if hint in (int, float):
+        if isinstance(raw, bool):
+            raise ConfigError(name, f"expected {hint.__name__}, got {raw!r}")
+        try:
+            return hint(raw) if hint is float else int(str(raw).replace("_", ""), 0)
+        except (TypeError, ValueError):
+            raise ConfigError(name, f"expected {hint.__name__}, got {raw!r}") from None
+    if hint is str:
+        if not isinstance(raw, (str, int, float)) or isinstance(raw, bool):
+            raise ConfigError(name, f"expected a string, got {raw!r}")
+        return str(raw)
+    raise ConfigError(name, f"unsupported type {hint!r}")  # pragma: no cover
+
+
+def _build_section(section: str, cls: type, values: Mapping[str, Any]) -> Any:
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, raw in values.items():
+        if key not in known:
+            raise ConfigError(f"{section}.{key}", "unknown field")
+        kwargs[key] = _coerce(f"{section}.{key}", hints[key], raw)
+    return cls(**kwargs)
+
+
+def _env_values(env: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    for key, raw in env.items():
+        if not key.startswith(ENV_PREFIX):
+            continue
+        rest = key[len(ENV_PREFIX):].lower()
+        if rest == "role":
+            out.setdefault("", {})["role"] = raw
+            continue
+        section, _, attr = rest.partition("_")
+        if section not in _SECTIONS:
+            continue  # other AGENTKV_* variables (e.g. test switches) are not config
+        if not attr:
+            raise ConfigError(key, "names no field")
+        out.setdefault(section, {})[attr] = raw
+    return out
+
+
+def _read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except OSError as exc:
+        raise ConfigError("config", f"cannot read {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError("config", f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError("config", f"{path} must hold a mapping at top level")
+    return data
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+) -> AgentKvConfig:
+    """Defaults < YAML file < ``AGENTKV_*`` env < ``overrides`` (e.g. CLI flags)."""
+    merged: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
+    role: Any = AgentKvConfig.role
+    layers: list[Mapping[str, Any]] = []
+    if path is not None:
+        layers.append(_read_yaml(path))
+    env_layer: dict[str, Any] = dict(_env_values(os.environ if env is None else env))
+    if "" in env_layer:
+        env_layer["role"] = env_layer.pop("")["role"]
+    layers.append(env_layer)
+    if overrides:
+        layers.append(overrides)
+    for layer in layers:
+        for section, values in layer.items():
+            if section == "role":
+                role = values
+                continue
+            if section not in _SECTIONS:
+                raise ConfigError(section, "unknown section")
+            if not isinstance(values, Mapping):
+                raise ConfigError(section, "must be a mapping")
+            merged[section].update({k: v for k, v in values.items() if v is not None}
+                                   if layer is overrides else values)
+    sections = {name: _build_section(name, cls, merged[name]) for name, cls in _SECTIONS.items()}
+    return validate(AgentKvConfig(role=_coerce("role", str, role), **sections))

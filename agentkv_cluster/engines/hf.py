@@ -1,0 +1,298 @@
+"""Adapter between transformers' `DynamicCache` and AgentKV pages.
+
+A page is N consecutive tokens x all layers, K and V, tensors shaped
+[layers, kv_heads, tokens, head_dim]. Each page carries a `PageIdentity` (model,
+tokenizer, RoPE config, tenant, session, token range, event version); its store key
+also chains the hash of every token before its end, as vLLM's prefix blocks do,
+because a page's KV depends on all earlier tokens, not only its own.
+
+Lifecycle around a tool call: `store` after the model call, `drop` while the tool
+runs, `restore` (whole, or the longest resident prefix plus a recompute of the
+rest) before decoding resumes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from agentkv_cluster.engines.model import LoadedModel
+from agentkv_cluster.lifecycle.identity import PageIdentity
+from store.codecs import CodecSpec, EncodedKV, decode_kv, encode_kv
+from store.types import Codec, Lookup
+
+if TYPE_CHECKING:
+    from agentkv_cluster.engines.page_store import PageStore
+
+_ROOT_HASH = hashlib.blake2b(b"agentkv-engine-root", digest_size=16).digest()
+
+
+class EngineAdapterError(Exception):
+    """Base class for engine-adapter failures."""
+
+
+class UnsupportedCache(EngineAdapterError, ValueError):
+    """The cache is not a batch-1 `DynamicCache` of full-attention layers."""
+
+
+class CorruptPage(EngineAdapterError):
+    """A stored page decoded to the wrong shape or dtype for its identity."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdapterConfig:
+    """How the adapter cuts and names pages."""
+
+    page_tokens: int = 64
+    tenant: str = "default"
+    adapter_version: str = ""  # LoRA adapter id; "" for the base model
+
+    def __post_init__(self) -> None:
+        if self.page_tokens < 1:
+            raise ValueError(f"page_tokens must be >= 1, got {self.page_tokens}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoredPage:
+    """One page the adapter has written: its identity, store key and size."""
+
+    identity: PageIdentity
+    key: bytes
+    spec: CodecSpec
+    nbytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoreReceipt:
+    """What one `store` call wrote (pages already resident are not rewritten)."""
+
+    session: str
+    tokens: int
+    pages: tuple[StoredPage, ...]
+    written: int  # pages newly written
+    bytes_written: int
+    seconds: float
+
+
+@dataclass(slots=True)
+class RestoreResult:
+    """A rebuilt cache and where its tokens came from."""
+
+    cache: DynamicCache
+    restored_tokens: int
+    recomputed_tokens: int
+    pages_hit: int
+    bytes_read: int
+    logits: torch.Tensor | None = None  # last-position logits when tokens were recomputed
+    seconds: float = 0.0
+
+
+def cache_to_kv(cache: DynamicCache) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack a batch-1 cache into K, V tensors shaped [layers, kv_heads, tokens, head_dim]."""
+    layers = getattr(cache, "layers", None)
+    if not layers or any(layer.keys is None for layer in layers):
+        raise UnsupportedCache("cache is empty or not a layered DynamicCache")
+    if layers[0].keys.shape[0] != 1:
+        raise UnsupportedCache(f"batch size must be 1, got {layers[0].keys.shape[0]}")
+    if any(getattr(layer, "is_sliding", False) for layer in layers):
+        raise UnsupportedCache("sliding-window layers keep only a window; pages need all tokens")
+    k = torch.stack([layer.keys[0] for layer in layers])
+    v = torch.stack([layer.values[0] for layer in layers])
+    return k, v
+
+
+def pages_to_cache(ks: Sequence[torch.Tensor], vs: Sequence[torch.Tensor]) -> DynamicCache:
+    """A `DynamicCache` from consecutive pages, each [layers, kv_heads, tokens, head_dim].
+
+    Each layer's tensor is joined once and handed to the layer as is:
+    `DynamicLayer.update` would copy it a second time (restore is on the TTFT path).
+    """
+    cache = DynamicCache()
+    for i in range(ks[0].shape[0]):
+        k = torch.cat([page[i] for page in ks], dim=1)[None]
+        v = torch.cat([page[i] for page in vs], dim=1)[None]
+        layer = DynamicLayer()
+        layer.lazy_initialization(k, v)
+        layer.keys, layer.values = k, v
+        cache.layers.append(layer)
+    return cache
+
+
+def drop_cache(cache: DynamicCache) -> None:
+    """Free the cache's tensors (the tool call is running; the pages are stored)."""
+    cache.reset()  # DynamicLayer.reset drops keys/values rather than zeroing them
+
+
+def page_ranges(num_tokens: int, page_tokens: int) -> list[tuple[int, int]]:
+    return [(s, min(s + page_tokens, num_tokens)) for s in range(0, num_tokens, page_tokens)]
+
+
+def chain_hashes(token_ids: Sequence[int], page_tokens: int) -> list[bytes]:
+    """Per page, a hash of every token up to the page's end (parent hash + own tokens)."""
+    out, parent = [], _ROOT_HASH
+    for start, end in page_ranges(len(token_ids), page_tokens):
+        body = torch.tensor(list(token_ids[start:end]), dtype=torch.int64).numpy().tobytes()
+        parent = hashlib.blake2b(parent + body, digest_size=16).digest()
+        out.append(parent)
+    return out
+
+
+def prefill(model, token_ids: Sequence[int], cache: DynamicCache) -> torch.Tensor:
+    """Run ``token_ids`` through the model on top of ``cache``; logits [tokens, vocab]."""
+    ids = torch.tensor([list(token_ids)], dtype=torch.long)
+    with torch.inference_mode():
+        out = model(input_ids=ids, cache=cache, use_cache=True)
+    return out.logits[0]
+
+
+@dataclass(slots=True)
+class _SessionTable:
+    """The engine's page table for one session: (chain hash, codec tag) -> page."""
+
+    pages: dict[tuple[bytes, str], StoredPage] = field(default_factory=dict)
+
+
+class HfKVAdapter:
+    """Stores, drops and restores one model's `DynamicCache` as AgentKV pages."""
+
+    def __init__(self, loaded: LoadedModel, store: PageStore, config: AdapterConfig | None = None):
+        self._loaded = loaded
+        self._store = store
+        self._config = config or AdapterConfig()
+        self._tables: dict[str, _SessionTable] = {}
+
+    @property
+    def config(self) -> AdapterConfig:
+        return self._config
+
+    def identity(self, session: str, start: int, end: int, event_version: int) -> PageIdentity:
+        m = self._loaded
+        return PageIdentity(
+            model_version=m.model_version,
+            adapter_version=self._config.adapter_version,
+            tokenizer_version=m.tokenizer_version,
+            rope_config=m.rope_config,
+            tenant=self._config.tenant,
+            session=session,
+            start=start,
+            end=end,
+            event_version=event_version,
+        )
+
+    def pages(self, session: str) -> list[StoredPage]:
+        """Pages recorded for ``session``, in insertion order."""
+        table = self._tables.get(session)
+        return list(table.pages.values()) if table else []
+
+    def store(
+        self,
+        session: str,
+        token_ids: Sequence[int],
+        cache: DynamicCache,
+        *,
+        event_version: int,
+        specs: Sequence[CodecSpec] = (CodecSpec.full(),),
+    ) -> StoreReceipt:
+        """Write every page of ``cache`` (covering ``token_ids``) in each form of ``specs``."""
+        t0 = time.perf_counter()
+        k, v = cache_to_kv(cache)
+        if k.shape[2] != len(token_ids):
+            raise UnsupportedCache(f"cache holds {k.shape[2]} tokens, token_ids has {len(token_ids)}")
+        table = self._tables.setdefault(session, _SessionTable())
+        ranges = page_ranges(len(token_ids), self._config.page_tokens)
+        stored, written, nbytes = [], 0, 0
+        for (start, end), chain in zip(ranges, chain_hashes(token_ids, self._config.page_tokens)):
+            for spec in specs:
+                known = table.pages.get((chain, _spec_tag(spec)))
+                if known is not None and known.key in self._store:
+                    stored.append(known)
+                    continue
+                ident = self.identity(session, start, end, event_version)
+                enc = encode_kv(k[:, :, start:end], v[:, :, start:end], spec, identity=ident.pack())
+                blob = enc.to_bytes()
+                key = _page_key(ident, chain, spec)
+                self._store.put(key, blob)
+                page = StoredPage(identity=ident, key=key, spec=spec, nbytes=len(blob))
+                table.pages[(chain, _spec_tag(spec))] = page
+                stored.append(page)
+                written, nbytes = written + 1, nbytes + len(blob)
+        return StoreReceipt(session=session, tokens=len(token_ids), pages=tuple(stored),
+                            written=written, bytes_written=nbytes,
+                            seconds=time.perf_counter() - t0)
+
+    def restore(
+        self,
+        session: str,
+        token_ids: Sequence[int],
+        *,
+        spec: CodecSpec | None = None,
+        recompute: bool = True,
+    ) -> RestoreResult:
+        """Rebuild the cache for ``token_ids``: the longest resident prefix of pages in
+        form ``spec``, then (if ``recompute``) a prefill of the remaining tokens."""
+        t0 = time.perf_counter()
+        spec = spec or CodecSpec.full()
+        ks, vs, restored, nbytes = self._read_prefix(session, token_ids, spec)
+        cache = pages_to_cache(ks, vs) if ks else DynamicCache()
+        logits, missing = None, len(token_ids) - restored
+        if recompute and missing:
+            logits = prefill(self._loaded.model, token_ids[restored:], cache)[-1]
+        return RestoreResult(cache=cache, restored_tokens=restored,
+                             recomputed_tokens=missing if recompute else 0,
+                             pages_hit=len(ks), bytes_read=nbytes, logits=logits,
+                             seconds=time.perf_counter() - t0)
+
+    def _read_prefix(self, session: str, token_ids: Sequence[int], spec: CodecSpec):
+        table = self._tables.get(session, _SessionTable())
+        ranges = page_ranges(len(token_ids), self._config.page_tokens)
+        ks, vs, restored, nbytes = [], [], 0, 0
+        for (start, end), chain in zip(ranges, chain_hashes(token_ids, self._config.page_tokens)):
+            page = table.pages.get((chain, _spec_tag(spec)))
+            if page is None:
+                break
+            # Same model, tokenizer, RoPE, tenant, session and positions, or no reuse.
+            want = self.identity(session, start, end, page.identity.event_version)
+            if not page.identity.compatible_with(want):
+                break
+            found, blob = self._store.get(page.key)
+            if found is not Lookup.HIT:
+                break  # evicted: the rest of the prefix is recomputed
+            enc = EncodedKV.from_bytes(blob)
+            if enc.identity != want.pack():
+                raise CorruptPage(f"slot for page {page.key.hex()} holds another page's bytes")
+            if enc.spec.codec is Codec.FULL:  # from_bytes already copied out of the store
+                k, v = enc.tensors["k"], enc.tensors["v"]
+            else:
+                k, v = decode_kv(enc)
+            self._check_shape(k, end - start, page)
+            ks.append(k)
+            vs.append(v)
+            restored, nbytes = end, nbytes + len(blob)
+        return ks, vs, restored, nbytes
+
+    def _check_shape(self, k: torch.Tensor, tokens: int, page: StoredPage) -> None:
+        m = self._loaded
+        want = (m.num_layers, m.kv_heads, tokens, m.head_dim)
+        if tuple(k.shape) != want or k.dtype != m.dtype:
+            raise CorruptPage(f"page {page.key.hex()} decoded to {tuple(k.shape)} {k.dtype}, "
+                              f"identity says {want} {m.dtype}")
+
+
+def _page_key(identity: PageIdentity, chain: bytes, spec: CodecSpec) -> bytes:
+    h = hashlib.blake2b(digest_size=32)
+    h.update(identity.digest())
+    h.update(chain)
+    h.update(_spec_tag(spec).encode())
+    return h.digest()
+
+
+def _spec_tag(spec: CodecSpec) -> str:
+    """Every parameter of the form (the label alone merges group sizes)."""
+    d = spec.to_dict()
+    return f"{spec.label}/g{d['group_size']}/b{d['bits']}/k{d['key_grouping']}/r{d['rank']}"

@@ -1,0 +1,345 @@
+"""What every policy sees and returns: the page record, the eviction interface, plan types.
+
+The simulator and the Ray service code against this module only; the classes
+that produce these records live next to it:
+
+- ``predictor.Predictor(config)``: ``predict(page, now, queue_pressure=0.0) -> Prediction``,
+  ``observe_reuse(page, reused, now)``, ``observe_tool(tool_class, duration_s)``.
+- ``value.ValueModel(profile, cost)``: ``value(page, now) -> float``; ``PROFILES[name]``.
+- ``placement.PlacementPlanner(value_model, cost, risk)``:
+  ``plan(pages, capacities, now) -> PlacementPlan``;
+  ``replan(touched_ids, now) -> PlacementDelta`` (only the touched pages and
+  what they displace are reconsidered).
+- ``gap.GapPlanner(cost, predictor, config)``: ``plan(tool_start, pages, now) -> GapPlan``;
+  ``early_return(plan, pages, now) -> EarlyReturnReport``.
+- ``risk.RiskController(config)``: ``decide(page) -> RiskDecision``;
+  ``risk_proxy(page, demoted_to, prediction_error) -> float``.
+- ``credits.CreditManager(config)``: ``acquire(request, now) -> CreditGrant``,
+  ``release(grant, now)``, ``poll(now) -> list[CreditGrant]``.
+- ``baselines``: ``LruPolicy``, ``TtlPolicy``, ``SemanticPolicy``, ``ArcPolicy``;
+  ``agentkv.AgentKvPolicy``: all implement ``EvictionPolicy``.
+
+Time is always passed in as ``now`` (seconds, any epoch); nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from agentkv_cluster.lifecycle.types import PageId, StateType
+from store.types import Codec, Tier
+
+
+class PolicyError(Exception):
+    """Base of every error raised by the policy layer."""
+
+
+class InvalidPageView(PolicyError, ValueError):
+    """A PageView field is out of range (negative size, probability outside [0, 1], ...)."""
+
+
+class UnknownPage(PolicyError, KeyError):
+    """A page id that the policy or planner does not track."""
+
+
+class DuplicatePage(PolicyError, ValueError):
+    """``on_insert`` of a page id that is already tracked."""
+
+
+class InfeasiblePlan(PolicyError):
+    """Pinned pages alone exceed a tier's capacity; nothing was changed."""
+
+
+@dataclass(slots=True, kw_only=True)
+class PageView:
+    """The policy's view of one KV state page (hot, mutable, slotted).
+
+    The caller owns the record: it fills the predictions (``reuse_prob``,
+    ``predicted_idle_s``) and the type defaults (``correctness_weight``), mutates
+    it on events and tells the policy/planner which ids it touched.
+    """
+
+    page_id: PageId
+    size_bytes: int  # full-precision bytes (m_i at Codec.FULL)
+    state_type: StateType
+    session: str = ""
+    tenant: str = ""
+    tier: Tier = Tier.HBM
+    codec: Codec = Codec.FULL
+    position: int = 0  # first token of the page within its session (prefix order)
+    tokens: int = 0  # tokens the page covers: [position, position + tokens)
+    created: float = 0.0
+    last_access: float = 0.0
+    access_count: int = 0
+    predicted_idle_s: float = 0.0  # predicted time until next access
+    reuse_prob: float = 0.5  # p_reuse, eq. 2
+    confidence: float = 1.0  # predictor confidence in [0, 1]
+    recompute_cost_s: float = 0.0  # C_recomp: seconds to re-prefill / re-run
+    recompute_tokens: int = 0
+    dependency: float = 0.0  # D_i: unfinished reachable consumers, critical-path weight
+    correctness_weight: float = 0.0  # Q_i in [0, 1]
+    importance: float = 0.0  # approximate attention importance (semantic baseline)
+    tool_class: str = ""  # tool whose call this page waits on, if any
+    task_depth: int = 0
+    successors: int = 0  # number of successor nodes in the event graph
+    branch_confidence: float = 1.0
+    prefix_share: int = 1  # how many sessions share this (prefix) page
+    produces_structured: bool = False  # feeds code / JSON output (risk controller)
+    pinned: bool = False  # in use by the engine: never a victim, always in HBM
+
+    def validate(self) -> None:
+        """Raise InvalidPageView when a field is out of range."""
+        if self.size_bytes < 0:
+            raise InvalidPageView(f"page {self.page_id}: size_bytes {self.size_bytes} < 0")
+        for name in ("reuse_prob", "confidence", "correctness_weight", "branch_confidence"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise InvalidPageView(f"page {self.page_id}: {name}={value} outside [0, 1]")
+        for name in ("predicted_idle_s", "recompute_cost_s", "dependency", "importance"):
+            if getattr(self, name) < 0.0:
+                raise InvalidPageView(f"page {self.page_id}: {name} < 0")
+
+
+@runtime_checkable
+class EvictionPolicy(Protocol):
+    """One interface for LRU, TTL, semantic, ARC and AgentKV.
+
+    The policy tracks the pages resident in the fast tier. ``select_victims``
+    evicts exactly enough (the shortest prefix of its victim order whose bytes
+    reach ``need_bytes``) and stops tracking them, or returns ``[]`` and changes
+    nothing when the unpinned pages cannot cover ``need_bytes``.
+    ``on_remove`` forgets a page entirely (retired, deleted) without counting it
+    as an eviction.
+    """
+
+    name: str
+
+    def on_insert(self, page: PageView, now: float) -> None: ...
+
+    def on_access(self, page: PageView, now: float) -> None: ...
+
+    def on_update(self, page: PageView, now: float) -> None: ...
+
+    def on_remove(self, page_id: PageId) -> None: ...
+
+    def select_victims(self, need_bytes: int, now: float) -> list[PageId]: ...
+
+    def resident_bytes(self) -> int: ...
+
+
+# ---------------------------------------------------------------- costs
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostModel:
+    """Bytes, bandwidth and error per tier and codec (shared by planners and simulator)."""
+
+    link_bytes_per_s: Mapping[Tier, float] = field(
+        default_factory=lambda: {Tier.HBM: 900e9, Tier.HOST: 24e9, Tier.NVME: 6e9}
+    )
+    fixed_overhead_s: Mapping[Tier, float] = field(
+        default_factory=lambda: {Tier.HBM: 0.0, Tier.HOST: 1.2e-3, Tier.NVME: 2.5e-3}
+    )
+    # stored bytes / full bytes; INT4 incl. scales = the paper's 3.2:1
+    codec_ratio: Mapping[Codec, float] = field(
+        default_factory=lambda: {
+            Codec.FULL: 1.0, Codec.INT8: 0.53, Codec.INT4: 1 / 3.2,
+            Codec.LOW_RANK: 0.25, Codec.RECOMPUTE: 0.0,
+        }
+    )
+    # expected relative error of a restore from this codec (quality risk R_i)
+    codec_error: Mapping[Codec, float] = field(
+        default_factory=lambda: {
+            Codec.FULL: 0.0, Codec.INT8: 0.01, Codec.INT4: 0.05,
+            Codec.LOW_RANK: 0.12, Codec.RECOMPUTE: 0.0,
+        }
+    )
+    codec_bytes_per_s: float = 200e9  # compress + decompress throughput over full bytes
+    energy_per_byte: float = 1e-11  # E_i weight per moved byte (seconds-equivalent)
+
+    def stored_bytes(self, size_bytes: int, codec: Codec) -> int:
+        return int(round(size_bytes * self.codec_ratio[codec]))
+
+    def move_time(self, size_bytes: int, tier: Tier, codec: Codec) -> float:
+        """T_move of eq. 6: evict + compress + restore + decompress for one page."""
+        if codec is Codec.RECOMPUTE:
+            return 0.0
+        stored = size_bytes * self.codec_ratio[codec]
+        codec_s = 0.0 if codec is Codec.FULL else 2.0 * size_bytes / self.codec_bytes_per_s
+        link = self.link_bytes_per_s[tier]
+        return 2.0 * (self.fixed_overhead_s[tier] + stored / link) + codec_s
+
+    def restore_time(self, size_bytes: int, tier: Tier, codec: Codec) -> float:
+        """L_i(k, q): one restore (read + decompress) from ``tier`` in ``codec``."""
+        if tier is Tier.HBM:
+            return 0.0
+        stored = size_bytes * self.codec_ratio[codec]
+        codec_s = 0.0 if codec is Codec.FULL else size_bytes / self.codec_bytes_per_s
+        return self.fixed_overhead_s[tier] + stored / self.link_bytes_per_s[tier] + codec_s
+
+
+# ---------------------------------------------------------------- predictions
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prediction:
+    p_reuse: float
+    idle_quantiles: Mapping[float, float]  # quantile -> seconds until next access
+    confidence: float
+    confident: bool  # confidence >= threshold; else callers use the conservative policy
+
+
+# ---------------------------------------------------------------- placement
+
+
+@dataclass(frozen=True, kw_only=True)
+class Placement:
+    page_id: PageId
+    tier: Tier  # Codec.RECOMPUTE pages hold no bytes; their tier is reported as NVME
+    codec: Codec
+    stored_bytes: int  # bytes charged to ``tier``
+    reference_tier: Tier | None = None  # where a FULL reference copy is kept, if any
+    reference_bytes: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlacementPlan:
+    """A full plan. Columnar (numpy arrays, read-only) so 1M pages stay cheap."""
+
+    page_ids: object  # np.ndarray[int64]
+    tiers: object  # np.ndarray[int8] of Tier values
+    codecs: object  # np.ndarray[int8] of Codec values
+    stored_bytes: object  # np.ndarray[int64]
+    reference_tiers: object  # np.ndarray[int8], -1 = no reference copy
+    used_bytes: Mapping[Tier, int]
+    capacities: Mapping[Tier, int]
+    objective: float  # sum of eq. 4 costs over non-HBM pages
+    planned_at: float = 0.0
+
+    def __len__(self) -> int:
+        return len(self.page_ids)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlacementDelta:
+    """What an incremental replan changed: only pages whose placement moved."""
+
+    changes: tuple[Placement, ...]
+    used_bytes: Mapping[Tier, int]
+    considered: int  # pages re-evaluated (touched + displaced)
+
+
+# ---------------------------------------------------------------- tool gaps
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolStart:
+    session: str
+    call_id: str
+    tool_class: str
+    started_at: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Migration:
+    page_id: PageId
+    start_at: float
+    to_tier: Tier
+    codec: Codec
+    moved_bytes: int
+    t_move_s: float
+    hideable: float  # H_i of eq. 6
+    expected_return: float = 0.0  # predicted tool return as seen from this wave's start
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prefetch:
+    page_id: PageId
+    start_at: float  # predicted return - T_move
+    from_tier: Tier
+    codec: Codec
+    moved_bytes: int
+    link_credit_bytes: int  # reserved on the link for this prefetch
+
+
+@dataclass(frozen=True, kw_only=True)
+class GapPlan:
+    tool_start: ToolStart
+    predicted_return: float
+    migrations: tuple[Migration, ...]  # ordered by start_at (progressive demotion)
+    prefetches: tuple[Prefetch, ...]  # ordered by start_at
+    cancel_on_early_return: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class EarlyReturnReport:
+    returned_at: float
+    cancelled_prefetches: tuple[PageId, ...]
+    cancelled_migrations: tuple[PageId, ...]  # not yet started when the tool returned
+    resident_prefix: tuple[PageId, ...]  # largest prefix (by position) still in HBM
+    resident_prefix_tokens: int  # position where the resident prefix ends
+
+
+# ---------------------------------------------------------------- risk
+
+
+@dataclass(frozen=True, kw_only=True)
+class RiskDecision:
+    page_id: PageId
+    keep_reference: bool  # keep a FULL reference copy in a lower tier
+    checkpoint: bool  # verify against the reference after a lossy restore
+    recompute_entry: bool  # keep token ids + identity to re-prefill
+    max_lossy_codec: Codec  # most aggressive codec allowed for the working copy
+
+
+# ---------------------------------------------------------------- credits
+
+
+class Resource(enum.Enum):
+    HBM = "hbm"
+    HOST = "host"
+    LINK = "link"
+
+
+class CreditOutcome(enum.Enum):
+    GRANTED = "granted"
+    LOWER_PRECISION = "lower_precision"  # granted for fewer bytes at ``codec``
+    DELAYED = "delayed"  # queued; a later ``poll`` grants it
+
+
+@dataclass(frozen=True, kw_only=True)
+class CreditRequest:
+    session: str
+    resource: Resource
+    amount: int  # bytes
+    link: str = "default"  # link (or memory pool) the bucket belongs to
+    codec: Codec = Codec.FULL
+    allow_lower_precision: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class CreditGrant:
+    ticket: int
+    request: CreditRequest
+    outcome: CreditOutcome
+    amount: int  # bytes actually charged (0 while DELAYED)
+    codec: Codec
+    granted_at: float | None  # None while DELAYED
+
+
+# ---------------------------------------------------------------- AgentKV switches
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mechanisms:
+    """Which AgentKV mechanisms are on (Table 5 ablations turn one off)."""
+
+    gap_prefetch: bool = True
+    reversible_compression: bool = True
+    event_dependency: bool = True
+    risk_control: bool = True
+    adaptive_precision: bool = True  # off = one fixed lossy codec (INT8)
+

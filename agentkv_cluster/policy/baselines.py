@@ -1,0 +1,288 @@
+"""Baseline eviction policies behind the one ``EvictionPolicy`` interface.
+
+Each is a small override of ``_victim_order``; bookkeeping (tracking, the
+"evict exactly enough or change nothing" rule, pinned pages) is shared.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping
+
+from agentkv_cluster.policy.base import DuplicatePage, PageId, PageView, StateType, UnknownPage
+
+# Semantic priority of each state type (higher = keep longer). Mirrors the
+# default policies of paper Table 1: prefixes and verified results are kept,
+# failed branches retire first.
+SEMANTIC_TYPE_PRIORITY: Mapping[StateType, float] = {
+    StateType.FIXED_PREFIX: 1.0,
+    StateType.VERIFIED_RESULT: 0.9,
+    StateType.TASK_INPUT: 0.8,
+    StateType.EVIDENCE: 0.6,
+    StateType.TOOL_OBSERVATION: 0.5,
+    StateType.TEMP_REASONING: 0.3,
+    StateType.FAILED_BRANCH: 0.0,
+}
+
+
+class TrackedPolicy:
+    """Shared bookkeeping: the resident set and exact-victim selection."""
+
+    name = "tracked"
+
+    def __init__(self) -> None:
+        self._pages: dict[PageId, PageView] = {}
+        self._bytes = 0
+
+    # -- interface
+    def on_insert(self, page: PageView, now: float) -> None:
+        page.validate()
+        if page.page_id in self._pages:
+            raise DuplicatePage(f"{self.name}: page {page.page_id} is already tracked")
+        self._pages[page.page_id] = page
+        self._bytes += page.size_bytes
+        self._inserted(page, now)
+
+    def on_access(self, page: PageView, now: float) -> None:
+        self._require(page.page_id)
+        self._replace(page)
+        self._accessed(page, now)
+
+    def on_update(self, page: PageView, now: float) -> None:
+        self._require(page.page_id)
+        page.validate()
+        self._replace(page)
+
+    def on_remove(self, page_id: PageId) -> None:
+        self._require(page_id)
+        self._bytes -= self._pages.pop(page_id).size_bytes
+        self._removed(page_id)
+
+    def select_victims(self, need_bytes: int, now: float) -> list[PageId]:
+        if need_bytes < 0:
+            raise ValueError(f"need_bytes must be >= 0, got {need_bytes}")
+        if need_bytes == 0:
+            return []
+        victims = take_exactly(self._victim_order(now), self._pages, need_bytes)
+        for page_id in victims:
+            self._bytes -= self._pages.pop(page_id).size_bytes
+            self._evicted(page_id)
+        return victims
+
+    def resident_bytes(self) -> int:
+        return self._bytes
+
+    def __contains__(self, page_id: object) -> bool:
+        return page_id in self._pages
+
+    def __len__(self) -> int:
+        return len(self._pages)
+
+    # -- hooks for subclasses
+    def _victim_order(self, now: float) -> Iterable[PageId]:
+        raise NotImplementedError
+
+    def _inserted(self, page: PageView, now: float) -> None:
+        pass
+
+    def _accessed(self, page: PageView, now: float) -> None:
+        pass
+
+    def _removed(self, page_id: PageId) -> None:
+        pass
+
+    def _evicted(self, page_id: PageId) -> None:
+        self._removed(page_id)
+
+    # -- helpers
+    def _require(self, page_id: PageId) -> None:
+        if page_id not in self._pages:
+            raise UnknownPage(f"{self.name}: page {page_id} is not tracked")
+
+    def _replace(self, page: PageView) -> None:
+        self._bytes += page.size_bytes - self._pages[page.page_id].size_bytes
+        self._pages[page.page_id] = page
+
+
+def take_exactly(
+    order: Iterable[PageId], pages: Mapping[PageId, PageView], need_bytes: int
+) -> list[PageId]:
+    """Shortest prefix of ``order`` (pinned pages skipped) covering ``need_bytes``, or []."""
+    victims: list[PageId] = []
+    freed = 0
+    for page_id in order:
+        page = pages[page_id]
+        if page.pinned:
+            continue
+        victims.append(page_id)
+        freed += page.size_bytes
+        if freed >= need_bytes:
+            return victims
+    return []
+
+
+class LruPolicy(TrackedPolicy):
+    """Least recently used first."""
+
+    name = "lru"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._order: OrderedDict[PageId, None] = OrderedDict()
+
+    def _inserted(self, page: PageView, now: float) -> None:
+        self._order[page.page_id] = None
+
+    def _accessed(self, page: PageView, now: float) -> None:
+        self._order.move_to_end(page.page_id)
+
+    def _removed(self, page_id: PageId) -> None:
+        del self._order[page_id]
+
+    def _victim_order(self, now: float) -> Iterator[PageId]:
+        return iter(self._order)
+
+
+class TtlPolicy(TrackedPolicy):
+    """Evict the page whose predicted remaining idle time x size is largest.
+
+    Remaining idle = last_access + predicted_idle_s - now, floored at 0 (a page
+    past its predicted return is about to be used). Ties: older access first.
+    """
+
+    name = "ttl"
+
+    def _victim_order(self, now: float) -> list[PageId]:
+        def key(page: PageView) -> tuple[float, float, PageId]:
+            remaining = max(0.0, page.last_access + page.predicted_idle_s - now)
+            return (-remaining * page.size_bytes, page.last_access, page.page_id)
+
+        return [p.page_id for p in sorted(self._pages.values(), key=key)]
+
+
+class SemanticPolicy(TrackedPolicy):
+    """Evict the lowest semantic priority: type + importance + correctness weight."""
+
+    name = "semantic"
+
+    def __init__(self, type_priority: Mapping[StateType, float] = SEMANTIC_TYPE_PRIORITY) -> None:
+        super().__init__()
+        self._type_priority = dict(type_priority)
+
+    def priority(self, page: PageView) -> float:
+        return (
+            self._type_priority[page.state_type]
+            + page.importance
+            + page.correctness_weight
+        )
+
+    def _victim_order(self, now: float) -> list[PageId]:
+        def key(page: PageView) -> tuple[float, float, PageId]:
+            return (self.priority(page), page.last_access, page.page_id)
+
+        return [p.page_id for p in sorted(self._pages.values(), key=key)]
+
+
+class _SizedList:
+    """An LRU-ordered id -> size map that keeps its byte total (O(1) updates)."""
+
+    __slots__ = ("items", "bytes")
+
+    def __init__(self) -> None:
+        self.items: OrderedDict[PageId, int] = OrderedDict()
+        self.bytes = 0
+
+    def push(self, page_id: PageId, size: int) -> None:
+        self.items[page_id] = size
+        self.bytes += size
+
+    def pop(self, page_id: PageId) -> int:
+        size = self.items.pop(page_id)
+        self.bytes -= size
+        return size
+
+    def discard(self, page_id: PageId) -> None:
+        if page_id in self.items:
+            self.pop(page_id)
+
+    def pop_oldest(self) -> None:
+        _, size = self.items.popitem(last=False)
+        self.bytes -= size
+
+
+class ArcPolicy(TrackedPolicy):
+    """Adaptive Replacement Cache (Megiddo & Modha), counted in bytes.
+
+    T1 holds pages seen once, T2 pages seen at least twice; B1/B2 are ghost
+    lists of recently evicted ids. A ghost hit on insert adapts the target size
+    ``p`` of T1. ``capacity_bytes`` is the fast-tier size the ghosts are sized to.
+    """
+
+    name = "arc"
+
+    def __init__(self, capacity_bytes: int) -> None:
+        if capacity_bytes <= 0:
+            raise ValueError(f"capacity_bytes must be > 0, got {capacity_bytes}")
+        super().__init__()
+        self.capacity = capacity_bytes
+        self.p = 0.0  # target bytes of T1
+        self._t1, self._t2 = _SizedList(), _SizedList()
+        self._b1, self._b2 = _SizedList(), _SizedList()
+
+    @property
+    def lists(self) -> dict[str, list[PageId]]:
+        """LRU-to-MRU contents of T1, T2, B1, B2 (for tests and metrics)."""
+        named = (("t1", self._t1), ("t2", self._t2), ("b1", self._b1), ("b2", self._b2))
+        return {n: list(lst.items) for n, lst in named}
+
+    def _inserted(self, page: PageView, now: float) -> None:
+        pid, size = page.page_id, page.size_bytes
+        b1, b2 = self._b1.bytes, self._b2.bytes
+        if pid in self._b1.items:
+            self.p = min(float(self.capacity), self.p + max(b2 / max(b1, 1), 1.0) * size)
+            self._b1.pop(pid)
+            self._t2.push(pid, size)
+        elif pid in self._b2.items:
+            self.p = max(0.0, self.p - max(b1 / max(b2, 1), 1.0) * size)
+            self._b2.pop(pid)
+            self._t2.push(pid, size)
+        else:
+            self._t1.push(pid, size)
+        self._trim_ghosts()
+
+    def _accessed(self, page: PageView, now: float) -> None:
+        self._removed(page.page_id)
+        self._t2.push(page.page_id, page.size_bytes)
+
+    def _removed(self, page_id: PageId) -> None:
+        self._t1.discard(page_id)
+        self._t2.discard(page_id)
+
+    def _evicted(self, page_id: PageId) -> None:
+        if page_id in self._t1.items:
+            self._b1.push(page_id, self._t1.pop(page_id))
+        else:
+            self._b2.push(page_id, self._t2.pop(page_id))
+        self._trim_ghosts()
+
+    def _victim_order(self, now: float) -> Iterator[PageId]:
+        """REPLACE repeated: take from T1 while it exceeds p, else from T2."""
+        t1 = [pid for pid in self._t1.items if not self._pages[pid].pinned]
+        t2 = [pid for pid in self._t2.items if not self._pages[pid].pinned]
+        t1_bytes = self._t1.bytes
+        i = j = 0
+        while i < len(t1) or j < len(t2):
+            if i < len(t1) and (t1_bytes > self.p or j >= len(t2)):
+                t1_bytes -= self._t1.items[t1[i]]
+                i += 1
+                yield t1[i - 1]
+            else:
+                j += 1
+                yield t2[j - 1]
+
+    def _trim_ghosts(self) -> None:
+        t1, t2, b1, b2 = self._t1, self._t2, self._b1, self._b2
+        while b1.items and t1.bytes + b1.bytes > self.capacity:
+            b1.pop_oldest()
+        while b2.items and t1.bytes + t2.bytes + b1.bytes + b2.bytes > 2 * self.capacity:
+            b2.pop_oldest()

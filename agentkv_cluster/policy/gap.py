@@ -1,0 +1,168 @@
+"""Tool-gap migration and prefetch, eq. (6): H_i = min(1, T_gap / T_move).
+
+On a tool start the session is not evicted wholesale. Pages are ranked by
+predicted idle time and future dependency (idle / (1 + D)). A short gap moves
+only small, low-value pages that the gap fully hides. Otherwise migration is
+progressive: a wave starts at each quantile of the tool's duration law and a
+page joins the first wave whose *remaining* predicted gap hides its T_move with
+a slack that grows with its value, so large or valuable pages move only once
+the tool is in its long tail. Prefetch of a moved page starts at
+predicted return - T_move and carries a link-credit reservation. An early
+return cancels unfinished prefetches and not-yet-started migrations and
+reports the largest prefix (by token position) still resident in HBM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from agentkv_cluster.policy.base import (
+    CostModel, EarlyReturnReport, GapPlan, Migration, PageId, PageView, Prefetch, ToolStart,
+)
+from agentkv_cluster.policy.predictor import LogNormal, Predictor
+from agentkv_cluster.policy.risk import RiskController
+from agentkv_cluster.policy.value import ValueModel
+from store.types import Codec, Tier
+
+
+@dataclass(frozen=True, kw_only=True)
+class GapConfig:
+    short_gap_s: float = 1.0  # predicted remaining gap below this is "short"
+    small_page_bytes: int = 32 << 20  # short gaps move only pages up to this size ...
+    low_value_fraction: float = 0.5  # ... in the lower half of the session by value density
+    wave_quantiles: tuple[float, ...] = (0.0, 0.5, 0.75, 0.9, 0.97)  # of the tool duration
+    wave_fractions: tuple[float, ...] = (0.5, 0.75, 0.9, 1.0, 1.0)  # share of the move order
+    return_quantile: float = 0.5  # predicted return = this quantile of the remaining gap
+    value_slack: float = 2.0  # the densest page needs a gap of (1 + value_slack) x T_move
+    prefetch_min_reuse: float = 0.3  # pages less likely to be reused are not prefetched
+    codec: Codec = Codec.INT4  # working-copy codec, clamped by the risk decision
+    to_tier: Tier = Tier.HOST
+    prefetch: bool = True  # False = the "no gap prefetch" ablation
+
+
+class GapPlanner:
+    """Pure tool-gap planner; callers execute the plan and call ``early_return``."""
+
+    def __init__(self, cost: CostModel, predictor: Predictor, value_model: ValueModel,
+                 risk: RiskController | None = None, config: GapConfig | None = None) -> None:
+        self.cost = cost
+        self.predictor = predictor
+        self.value_model = value_model
+        self.risk = risk or RiskController()
+        self.config = config or GapConfig()
+
+    def plan(self, tool_start: ToolStart, pages: Sequence[PageView], now: float) -> GapPlan:
+        cfg = self.config
+        law = self.predictor.tools.distribution(tool_start.tool_class)
+        gap = law.remaining_quantile(cfg.return_quantile, max(0.0, now - tool_start.started_at))
+        predicted_return = now + gap
+        movable = [p for p in pages if p.session == tool_start.session
+                   and p.tier is Tier.HBM and not p.pinned and self.risk.guard_demotion(p)]
+        density = {p.page_id: self.value_model.density(p) for p in movable}
+        by_value = sorted(density, key=lambda k: (density[k], k))
+        value_rank = {pid: r / max(len(by_value), 1) for r, pid in enumerate(by_value)}
+        if gap < cfg.short_gap_s:
+            waves = [(now, gap, 1.0)]
+            movable = [p for p in movable if p.size_bytes <= cfg.small_page_bytes
+                       and value_rank[p.page_id] < cfg.low_value_fraction]
+        else:
+            waves = self._waves(law, tool_start.started_at, now)
+        # move order: long predicted idle and weak future dependency first, low value on ties
+        movable.sort(key=lambda p: (-p.predicted_idle_s / (1.0 + p.dependency),
+                                    value_rank[p.page_id], p.page_id))
+        migrations = []
+        for r, page in enumerate(movable):
+            m = self._migration(page, r / len(movable), value_rank[page.page_id], waves)
+            if m is not None:
+                migrations.append(m)
+        migrations.sort(key=lambda m: (m.start_at, m.page_id))
+        return GapPlan(tool_start=tool_start, predicted_return=predicted_return,
+                       migrations=tuple(migrations),
+                       prefetches=self._prefetches(migrations, pages))
+
+    def early_return(self, plan: GapPlan, pages: Sequence[PageView], now: float) -> EarlyReturnReport:
+        """The tool returned at ``now``: cancel what is unfinished, report the resident prefix."""
+        by_id = {p.page_id: p for p in pages}
+        started = {m.page_id for m in plan.migrations if m.start_at <= now}
+        cancelled_migrations = tuple(m.page_id for m in plan.migrations if m.start_at > now)
+        done, cancelled = set(), []
+        for f in plan.prefetches:
+            size = by_id[f.page_id].size_bytes
+            if f.start_at + self.cost.restore_time(size, f.from_tier, f.codec) <= now:
+                done.add(f.page_id)
+            else:
+                cancelled.append(f.page_id)
+        prefix: list[PageId] = []
+        end = 0
+        for page in sorted((p for p in pages if p.session == plan.tool_start.session),
+                           key=lambda p: (p.position, p.page_id)):
+            moved_out = page.page_id in started or page.tier is not Tier.HBM
+            if moved_out and page.page_id not in done:
+                break
+            prefix.append(page.page_id)
+            end = page.position + page.tokens
+        return EarlyReturnReport(returned_at=now, cancelled_prefetches=tuple(cancelled),
+                                 cancelled_migrations=cancelled_migrations,
+                                 resident_prefix=tuple(prefix), resident_prefix_tokens=end)
+
+    # ------------------------------------------------------------ helpers
+    def _waves(self, law: LogNormal, started_at: float,
+               now: float) -> list[tuple[float, float, float]]:
+        """(start, predicted remaining gap, value fraction allowed) of each wave from now on."""
+        cfg = self.config
+        out: list[tuple[float, float, float]] = []
+        for q, fraction in zip(cfg.wave_quantiles, cfg.wave_fractions, strict=True):
+            start = max(now, started_at + (law.quantile(q) if q > 0 else 0.0))
+            remaining = law.remaining_quantile(cfg.return_quantile, start - started_at)
+            if out and start <= out[-1][0]:
+                out[-1] = (out[-1][0], out[-1][1], fraction)  # already due: widen this wave
+            else:
+                out.append((start, remaining, fraction))
+        return out
+
+    def _migration(self, page: PageView, order: float, value_rank: float,
+                   waves: list[tuple[float, float, float]]) -> Migration | None:
+        """The first wave that admits the page's move order and hides its T_move with a
+        slack that grows with its value rank."""
+        codec = self._codec(page)
+        t_move = self.cost.move_time(page.size_bytes, self.config.to_tier, codec)
+        slack = 1.0 + self.config.value_slack * value_rank
+        for start, remaining, fraction in waves:
+            if order < fraction and remaining >= slack * t_move:
+                return Migration(
+                    page_id=page.page_id, start_at=start, to_tier=self.config.to_tier,
+                    codec=codec, moved_bytes=self.cost.stored_bytes(page.size_bytes, codec),
+                    t_move_s=t_move, hideable=min(1.0, remaining / t_move) if t_move else 1.0,
+                    expected_return=start + remaining)
+        return None
+
+    def _codec(self, page: PageView) -> Codec:
+        limit = self.risk.decide(page).max_lossy_codec
+        return min(self.config.codec, limit)
+
+    def _prefetches(self, migrations: list[Migration],
+                    pages: Sequence[PageView]) -> tuple[Prefetch, ...]:
+        """Prefetches of one wave share the link: scheduled back to back in prefix
+        (position) order so the last lands at that wave's expected return and each
+        starts no later than expected return - its own T_move; an early return then
+        finds the longest possible prefix resident."""
+        if not self.config.prefetch:
+            return ()
+        by_id = {p.page_id: p for p in pages}
+        waves: dict[float, list[Migration]] = {}
+        for m in migrations:
+            if by_id[m.page_id].reuse_prob >= self.config.prefetch_min_reuse:
+                waves.setdefault(m.expected_return, []).append(m)
+        out = []
+        for expected_return, group in waves.items():
+            group.sort(key=lambda m: (by_id[m.page_id].position, m.page_id))
+            start = expected_return - sum(m.t_move_s for m in group)
+            for m in group:
+                begin = max(start, m.start_at + m.t_move_s / 2.0)  # after evict + compress
+                out.append(Prefetch(page_id=m.page_id, start_at=begin, from_tier=m.to_tier,
+                                    codec=m.codec, moved_bytes=m.moved_bytes,
+                                    link_credit_bytes=m.moved_bytes))
+                start = begin + m.t_move_s
+        out.sort(key=lambda f: (f.start_at, f.page_id))
+        return tuple(out)

@@ -1,0 +1,228 @@
+"""Lifecycle prediction (paper §2.2): features phi, p_reuse = sigmoid(w.phi), idle-time law.
+
+- ``features`` builds phi from observable protocol data only.
+- ``LogisticReuse``: eq. 2 with online SGD; biases start at the type priors.
+- ``ToolDurations``: per-tool-class log-normal fitted online (Welford on log
+  durations) with a prior; quantiles of the *remaining* idle time given the
+  time already elapsed, so a long-running tool predicts a longer tail.
+- ``Calibration``: Brier score and a reliability table over a bounded window.
+- ``Predictor`` composes them; its confidence mixes data volume for the tool
+  class with calibration, and below the threshold callers go conservative.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from statistics import NormalDist
+
+import numpy as np
+
+from agentkv_cluster.lifecycle.types import TYPE_DEFAULTS
+from agentkv_cluster.policy.base import PageView, Prediction, StateType
+
+TYPES: tuple[StateType, ...] = tuple(StateType)
+FEATURE_NAMES: tuple[str, ...] = (
+    *(f"type:{t.value}" for t in TYPES),
+    "log_since_last_event", "task_depth", "successors", "log_tool_p50", "log_tool_p90",
+    "branch_confidence", "log_prefix_share", "log_recompute_tokens", "queue_pressure",
+)
+_N_TYPES = len(TYPES)
+_TYPE_INDEX = {t: i for i, t in enumerate(TYPES)}
+_STD_NORMAL = NormalDist()
+
+
+def _logit(p: float) -> float:
+    return math.log(p / (1.0 - p))
+
+
+def sigmoid(x: float) -> float:
+    if x >= 0:
+        return 1.0 / (1.0 + math.exp(-x))
+    z = math.exp(x)
+    return z / (1.0 + z)
+
+
+@dataclass(slots=True)
+class LogNormal:
+    mu: float  # mean of log duration
+    sigma: float
+    n: int  # observations behind the fit (0 = prior only)
+
+    def quantile(self, q: float) -> float:
+        return math.exp(self.mu + self.sigma * _STD_NORMAL.inv_cdf(q))
+
+    def cdf(self, t: float) -> float:
+        return 0.0 if t <= 0 else _STD_NORMAL.cdf((math.log(t) - self.mu) / self.sigma)
+
+    def remaining_quantile(self, q: float, elapsed: float) -> float:
+        """q-quantile of T - elapsed given T > elapsed (conditional residual life)."""
+        f = self.cdf(elapsed)
+        target = min(f + q * (1.0 - f), 1.0 - 1e-12)
+        return max(0.0, math.exp(self.mu + self.sigma * _STD_NORMAL.inv_cdf(target)) - elapsed)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PredictorConfig:
+    prior_median_s: float = 2.0  # tool duration prior for an unseen class
+    prior_sigma: float = 1.0
+    prior_weight: int = 4  # pseudo-observations of the prior
+    min_sigma: float = 0.05
+    learning_rate: float = 0.05
+    calibration_window: int = 4096
+    confidence_threshold: float = 0.5
+    quantiles: tuple[float, ...] = (0.5, 0.9, 0.99)
+
+
+class ToolDurations:
+    """Online log-normal per tool class (Welford's update on log durations)."""
+
+    def __init__(self, config: PredictorConfig) -> None:
+        self.config = config
+        self._stats: dict[str, list[float]] = {}  # class -> [n, mean, m2]
+
+    def observe(self, tool_class: str, duration_s: float) -> None:
+        if not duration_s > 0:
+            raise ValueError(f"tool duration must be > 0, got {duration_s}")
+        stats = self._stats.setdefault(tool_class, [0.0, 0.0, 0.0])
+        x = math.log(duration_s)
+        stats[0] += 1
+        d = x - stats[1]
+        stats[1] += d / stats[0]
+        stats[2] += d * (x - stats[1])
+
+    def distribution(self, tool_class: str) -> LogNormal:
+        """Posterior-style blend of the prior and the observed log-moments."""
+        cfg = self.config
+        n, mean, m2 = self._stats.get(tool_class, (0.0, 0.0, 0.0))
+        k = cfg.prior_weight
+        mu0 = math.log(cfg.prior_median_s)
+        mu = (k * mu0 + n * mean) / (k + n)
+        var = (k * cfg.prior_sigma**2 + m2 + k * n / (k + n) * (mean - mu0) ** 2) / (k + n)
+        return LogNormal(mu=mu, sigma=max(cfg.min_sigma, math.sqrt(var)), n=int(n))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReliabilityBin:
+    lo: float
+    hi: float
+    count: int
+    mean_predicted: float
+    observed_rate: float
+
+
+class Calibration:
+    """Brier score and reliability table of (predicted p, outcome) over a window."""
+
+    def __init__(self, window: int) -> None:
+        self._pairs: deque[tuple[float, int]] = deque(maxlen=window)
+
+    def record(self, p: float, outcome: bool) -> None:
+        self._pairs.append((p, int(outcome)))
+
+    def __len__(self) -> int:
+        return len(self._pairs)
+
+    def brier(self) -> float:
+        if not self._pairs:
+            raise ValueError("no outcomes recorded yet")
+        return sum((p - y) ** 2 for p, y in self._pairs) / len(self._pairs)
+
+    def reliability(self, bins: int = 10) -> list[ReliabilityBin]:
+        """Non-empty bins [i/bins, (i+1)/bins); p == 1.0 falls into the last bin."""
+        acc: dict[int, list[float]] = {}
+        for p, y in self._pairs:
+            i = min(int(p * bins), bins - 1)
+            a = acc.setdefault(i, [0, 0.0, 0])
+            a[0] += 1
+            a[1] += p
+            a[2] += y
+        return [
+            ReliabilityBin(lo=i / bins, hi=(i + 1) / bins, count=int(c),
+                           mean_predicted=s / c, observed_rate=y / c)
+            for i, (c, s, y) in sorted(acc.items())
+        ]
+
+
+class LogisticReuse:
+    """p_reuse = sigmoid(w . phi), eq. 2, trained online by SGD on log-loss."""
+
+    def __init__(self, learning_rate: float) -> None:
+        self.learning_rate = learning_rate
+        self.w = np.zeros(len(FEATURE_NAMES))
+        for t, i in _TYPE_INDEX.items():  # one-hot type biases start at the Table 1 priors
+            self.w[i] = _logit(TYPE_DEFAULTS[t].reuse_prob)
+
+    def predict(self, phi: np.ndarray) -> float:
+        return sigmoid(float(self.w @ phi))
+
+    def update(self, phi: np.ndarray, outcome: bool) -> float:
+        """One SGD step; returns the prediction made before the step."""
+        p = self.predict(phi)
+        self.w -= self.learning_rate * (p - float(outcome)) * phi
+        return p
+
+
+class Predictor:
+    """Reuse probability, next-access distribution and confidence for one page."""
+
+    def __init__(self, config: PredictorConfig | None = None) -> None:
+        self.config = config or PredictorConfig()
+        self.tools = ToolDurations(self.config)
+        self.reuse = LogisticReuse(self.config.learning_rate)
+        self.calibration = Calibration(self.config.calibration_window)
+
+    def features(self, page: PageView, now: float, queue_pressure: float = 0.0) -> np.ndarray:
+        """phi_i of §2.2 (see FEATURE_NAMES), from observable protocol data only."""
+        phi = np.zeros(len(FEATURE_NAMES))
+        phi[_TYPE_INDEX[page.state_type]] = 1.0
+        dist = self.tools.distribution(page.tool_class)
+        phi[_N_TYPES:] = (
+            math.log1p(max(0.0, now - page.last_access)),
+            page.task_depth / 10.0,
+            page.successors / 10.0,
+            math.log1p(dist.quantile(0.5)),
+            math.log1p(dist.quantile(0.9)),
+            page.branch_confidence - 1.0,  # 0 for a committed path
+            math.log(max(page.prefix_share, 1)),
+            math.log1p(page.recompute_tokens) / 10.0,
+            queue_pressure,
+        )
+        return phi
+
+    def predict(self, page: PageView, now: float, queue_pressure: float = 0.0) -> Prediction:
+        phi = self.features(page, now, queue_pressure)
+        dist = self.tools.distribution(page.tool_class)
+        elapsed = max(0.0, now - page.last_access)
+        quantiles = {q: dist.remaining_quantile(q, elapsed) for q in self.config.quantiles}
+        confidence = self.confidence(page.tool_class)
+        return Prediction(
+            p_reuse=self.reuse.predict(phi),
+            idle_quantiles=quantiles,
+            confidence=confidence,
+            confident=confidence >= self.config.confidence_threshold,
+        )
+
+    def observe_reuse(self, page: PageView, reused: bool, now: float,
+                      queue_pressure: float = 0.0) -> None:
+        """Online update from an observed access (or retirement without reuse)."""
+        p = self.reuse.update(self.features(page, now, queue_pressure), reused)
+        self.calibration.record(p, reused)
+
+    def observe_tool(self, tool_class: str, duration_s: float) -> None:
+        self.tools.observe(tool_class, duration_s)
+
+    def confidence(self, tool_class: str) -> float:
+        """min(data volume for the class, calibration skill); both in [0, 1].
+
+        Data: n / (n + prior_weight). Calibration: 1 - Brier / 0.25 (0.25 is the
+        Brier score of always predicting 0.5), counted once 32 outcomes exist.
+        """
+        n = self.tools.distribution(tool_class).n
+        data = n / (n + self.config.prior_weight)
+        if len(self.calibration) < 32:
+            return data
+        skill = max(0.0, 1.0 - self.calibration.brier() / 0.25)
+        return min(data, skill)
+

@@ -1,0 +1,54 @@
+"""Page bytes <-> store.codecs: a KV page is K then V, each [layers, kv_heads, tokens, head_dim]."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from agentkv_cluster.runtime.records import KvShape, PageMeta
+from store.codecs import CodecSpec, EncodedKV, decode_kv, encode_kv
+from store.types import Codec
+
+_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+_SPECS = {Codec.INT8: CodecSpec.int8(), Codec.INT4: CodecSpec.int4()}
+
+
+class UnsupportedCodec(ValueError):
+    """A lossy codec asked for a page without KV geometry, or a codec the service never uses."""
+
+
+def _kv_views(raw: np.ndarray, shape: KvShape) -> tuple[torch.Tensor, torch.Tensor]:
+    half = shape.nbytes() // 2
+    dims = (shape.layers, shape.kv_heads, shape.tokens, shape.head_dim)
+    flat = torch.from_numpy(raw[: 2 * half])
+    k = flat[:half].view(_DTYPES[shape.dtype]).reshape(dims)
+    v = flat[half:].view(_DTYPES[shape.dtype]).reshape(dims)
+    return k, v
+
+
+def spec_for(codec: Codec) -> CodecSpec:
+    spec = _SPECS.get(codec)
+    if spec is None:
+        raise UnsupportedCodec(f"the service stores pages FULL, INT8 or INT4, not {codec.name}")
+    return spec
+
+
+def encode_page(raw: np.ndarray, meta: PageMeta, codec: Codec, out: np.ndarray) -> int:
+    """Write ``raw`` (the full page) in ``codec`` form into ``out``; returns bytes written."""
+    if codec is Codec.FULL:
+        out[: meta.length] = raw[: meta.length]
+        return meta.length
+    if meta.shape is None:
+        raise UnsupportedCodec("a page without KV geometry can only be stored FULL")
+    k, v = _kv_views(raw, meta.shape)
+    return encode_kv(k, v, spec_for(codec)).write_into(out)
+
+
+def decode_into(src: np.ndarray, meta: PageMeta, dst: np.ndarray) -> None:
+    """Decode an encoded page in ``src`` into full-precision bytes in ``dst``."""
+    if meta.shape is None:
+        raise UnsupportedCodec("a page without KV geometry has no lossy form")
+    k, v = decode_kv(EncodedKV.from_bytes(src))
+    half = meta.shape.nbytes() // 2
+    dst[:half] = k.contiguous().view(torch.uint8).reshape(-1).numpy()
+    dst[half: 2 * half] = v.contiguous().view(torch.uint8).reshape(-1).numpy()

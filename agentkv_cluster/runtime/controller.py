@@ -1,0 +1,417 @@
+"""The controller's bookkeeping: a thin loop around the pure lifecycle and policy objects.
+
+``Controller`` holds no Ray and does no I/O. It turns engine calls and orchestrator
+events into ``Action`` lists (demote, restore, delete) using the event graph, one
+eviction policy per HBM actor and a ``Strategy`` (LRU baseline or AgentKV); the
+executor carries the actions out and reports back with ``finished``. Time is
+passed in. One lock guards the state because the controller actor is threaded.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentkv_cluster.lifecycle import events as ev
+from agentkv_cluster.lifecycle.graph import EventGraph
+from agentkv_cluster.lifecycle.graph_records import Blocker
+from agentkv_cluster.lifecycle.types import TYPE_DEFAULTS
+from agentkv_cluster.policy.base import EvictionPolicy, GapPlan, PageView
+from agentkv_cluster.runtime.records import (
+    Action, ActionKind, PageLost, PageMeta, PageRecord, UnknownPageKey, UnknownSession,
+)
+from agentkv_cluster.runtime.strategies import Strategy
+from store.types import Codec, Tier
+
+_PAGE_LIST_FIELDS = ("prefix_pages", "input_pages", "consumes", "supersedes", "pages")
+
+
+class HbmFull(Exception):
+    """Pinned pages alone fill the HBM actor: nothing can be admitted or restored."""
+
+
+@dataclass(slots=True)
+class HbmBudget:
+    capacity: int
+    policy: EvictionPolicy
+    used: int = 0
+    sessions: int = 0
+
+
+@dataclass(slots=True)
+class SessionState:
+    hbm: str
+    pages: set[int] = field(default_factory=set)
+    tools: dict[str, tuple[str, float, GapPlan | None]] = field(default_factory=dict)
+
+
+class Controller:
+    """Bookkeeping for every page, session and HBM actor of one cluster."""
+
+    def __init__(self, strategy: Strategy) -> None:
+        self.strategy = strategy
+        self.graph = EventGraph()
+        self.pages: dict[int, PageRecord] = {}
+        self.by_key: dict[tuple[bytes, str], int] = {}  # (key, hbm) -> gid
+        self.by_pid: dict[tuple[str, str, int], int] = {}
+        self.sessions: dict[tuple[str, str], SessionState] = {}
+        self.hbms: dict[str, HbmBudget] = {}
+        self._scheduled: list[tuple[float, int, Action]] = []
+        self._seq = itertools.count()
+        self._gids = itertools.count(1)
+        self.lock = threading.RLock()
+        self.idle = threading.Condition(self.lock)  # notified whenever a page stops being busy
+        self.stats = {"events": 0, "demotes": 0, "restores": 0, "prefetches": 0, "lost": 0}
+
+    # -- topology -------------------------------------------------------------------------
+    def add_hbm(self, name: str, capacity: int) -> None:
+        with self.lock:
+            self.hbms[name] = HbmBudget(capacity=capacity, policy=self.strategy.new_policy(capacity))
+
+    def remove_hbm(self, name: str) -> list[int]:
+        """An HBM actor died: only its HBM copies are gone. Returns gids with no copy left."""
+        with self.lock:
+            self.hbms.pop(name, None)
+            lost = []
+            for state in self.sessions.values():
+                if state.hbm == name:
+                    state.hbm = self._least_loaded()
+                    self.hbms[state.hbm].sessions += 1
+            for rec in list(self.pages.values()):
+                if rec.hbm != name:
+                    continue
+                rec.resident, rec.busy, rec.pins = False, False, 0
+                rec.view.pinned = False
+                state = self.sessions.get((rec.meta.tenant, rec.meta.session))
+                self.by_key.pop((rec.meta.key, name), None)
+                if state is not None:
+                    rec.hbm = state.hbm
+                    self.by_key.setdefault((rec.meta.key, rec.hbm), rec.gid)
+                if not rec.copies:
+                    lost.append(rec.gid)
+            self.stats["lost"] += len(lost)
+            self.idle.notify_all()
+            return lost
+
+    def _least_loaded(self) -> str:
+        if not self.hbms:
+            raise HbmFull("no HBM actor is alive")
+        return min(self.hbms, key=lambda n: (self.hbms[n].sessions, n))
+
+    def open_session(self, tenant: str, session: str) -> str:
+        with self.lock:
+            state = self.sessions.get((tenant, session))
+            if state is None:
+                state = SessionState(hbm=self._least_loaded())
+                self.sessions[(tenant, session)] = state
+                self.hbms[state.hbm].sessions += 1
+            return state.hbm
+
+    def _session(self, tenant: str, session: str) -> SessionState:
+        state = self.sessions.get((tenant, session))
+        if state is None:
+            raise UnknownSession(f"session {session!r} is not open")
+        return state
+
+    # -- engine side -------------------------------------------------------------------------
+    def admit(self, owner: str, session: str, metas: list[PageMeta], now: float,
+              copies: dict[bytes, dict[Codec, Tier]] | None = None, pool: str = ""
+              ) -> tuple[list[tuple[int, bool]], list[Action]]:
+        """Pages the engine hands over (or adopts from the directory, with ``copies``).
+
+        Returns [(gid, needs_bytes)] and the demotions that must run first."""
+        with self.lock:
+            state = self._session(owner, session)
+            out: list[tuple[int, bool]] = []
+            actions: list[Action] = []
+            for meta in metas:
+                gid = self.by_key.get((meta.key, state.hbm))
+                rec = self.pages.get(gid) if gid is not None else None
+                if rec is None:
+                    rec = self._new_record(meta, state.hbm, now)
+                    if copies and meta.key in copies:
+                        rec.copies, rec.pool = dict(copies[meta.key]), pool
+                self.by_pid[(owner, session, meta.page_id)] = rec.gid
+                state.pages.add(rec.gid)
+                if rec.resident or rec.busy or (copies and rec.copies):
+                    out.append((rec.gid, False))
+                    continue
+                actions += self._make_room(rec.hbm, meta.length, now)
+                self._insert(rec, now, Codec.FULL)
+                out.append((rec.gid, True))
+            return out, actions
+
+    def _new_record(self, meta: PageMeta, hbm: str, now: float) -> PageRecord:
+        gid = next(self._gids)
+        d = TYPE_DEFAULTS[meta.state_type]
+        view = PageView(page_id=gid, size_bytes=meta.length, state_type=meta.state_type,
+                        session=meta.session, tenant=meta.tenant, position=meta.page_id,
+                        created=now, last_access=now, reuse_prob=d.reuse_prob,
+                        correctness_weight=d.correctness_weight, recompute_tokens=meta.tokens)
+        rec = PageRecord(gid=gid, meta=meta, view=view, hbm=hbm)
+        self.pages[gid] = rec
+        self.by_key[(meta.key, hbm)] = gid
+        return rec
+
+    def _insert(self, rec: PageRecord, now: float, codec: Codec) -> None:
+        budget = self.hbms[rec.hbm]
+        rec.view.tier, rec.view.codec = Tier.HBM, codec
+        self.strategy.prepare(rec, now)
+        budget.policy.on_insert(rec.view, now)
+        budget.used += rec.meta.length
+        rec.resident, rec.resident_codec = True, codec
+
+    def _evict(self, rec: PageRecord, tracked: bool) -> None:
+        if tracked:
+            self.hbms[rec.hbm].policy.on_remove(rec.gid)
+        self.hbms[rec.hbm].used -= rec.meta.length
+        rec.resident = False
+
+    def _make_room(self, hbm: str, need: int, now: float) -> list[Action]:
+        budget = self.hbms[hbm]
+        short = budget.used + need - budget.capacity
+        if short <= 0:
+            return []
+        victims = budget.policy.select_victims(short, now)
+        if not victims:
+            raise HbmFull(f"{hbm}: {short} bytes needed, pinned pages fill it")
+        actions = []
+        for gid in victims:
+            rec = self.pages[gid]
+            self._evict(rec, tracked=False)  # select_victims already stopped tracking it
+            rec.busy = True
+            tier, codec, reference = self.strategy.demotion(rec, budget.policy, now)
+            actions.append(Action(kind=ActionKind.DEMOTE, gid=gid, hbm=rec.hbm, tier=tier,
+                                  codec=codec, reference=reference, start_at=now,
+                                  reason="pressure", session=rec.meta.session))
+        self.stats["demotes"] += len(actions)
+        return actions
+
+    def resolve(self, owner: str, session: str, keys: Iterable[bytes]) -> list[int]:
+        """Keys (as returned by ``store_pages``) -> gids, checking the session may use them."""
+        with self.lock:
+            state = self._session(owner, session)
+            gids = []
+            for key in keys:
+                gid = self.by_key.get((key, state.hbm))
+                if gid is None or gid not in state.pages:
+                    raise UnknownPageKey("page not stored in this session")
+                gids.append(gid)
+            return gids
+
+    def wait_idle(self, gids: list[int], timeout_s: float) -> bool:
+        """Block until no page of ``gids`` has a demote or restore in flight."""
+        with self.idle:
+            return self.idle.wait_for(
+                lambda: not any(self.pages[g].busy for g in gids if g in self.pages), timeout_s)
+
+    def access(self, gids: list[int], now: float) -> tuple[list[Action], list[Action]]:
+        """The engine needs ``gids`` in HBM: pin them. Returns (demotions, restores).
+
+        Callers first ``wait_idle(gids)``: a page being demoted has no copy yet."""
+        with self.lock:
+            self._cancel(gids)
+            demotes: list[Action] = []
+            restores: list[Action] = []
+            for gid in gids:
+                rec = self.pages[gid]
+                rec.view.last_access = now
+                rec.view.access_count += 1
+                if rec.resident:
+                    self.hbms[rec.hbm].policy.on_access(rec.view, now)
+                elif not rec.copies:
+                    raise PageLost(f"page {rec.meta.page_id} of {rec.meta.session} has no copy")
+                else:
+                    rec.view.pinned = True  # while making room: never its own victim
+                    demotes += self._make_room(rec.hbm, rec.meta.length, now)
+                    tier, codec = self.strategy.restore_source(rec)
+                    self._insert(rec, now, codec)
+                    rec.busy = True
+                    restores.append(Action(kind=ActionKind.RESTORE, gid=gid, hbm=rec.hbm,
+                                           tier=tier, codec=codec, start_at=now, reason="access",
+                                           session=rec.meta.session))
+                rec.pins += 1
+                rec.view.pinned = True
+                self.hbms[rec.hbm].policy.on_update(rec.view, now)
+            self.stats["restores"] += len(restores)
+            return demotes, restores
+
+    def unpin(self, gids: Iterable[int], now: float) -> None:
+        with self.lock:
+            for gid in gids:
+                rec = self.pages.get(gid)
+                if rec is not None and rec.pins > 0:
+                    rec.pins -= 1
+                    rec.view.pinned = rec.pins > 0
+                    if rec.resident and rec.hbm in self.hbms:
+                        self.hbms[rec.hbm].policy.on_update(rec.view, now)
+
+    # -- executor feedback -----------------------------------------------------------------
+    def finished(self, action: Action, ok: bool, now: float, info: dict[str, Any]) -> None:
+        with self.lock:
+            self.idle.notify_all()
+            rec = self.pages.get(action.gid)
+            if rec is None:
+                return
+            rec.busy = False
+            if action.kind is ActionKind.DEMOTE:
+                for tier, codec in info.get("copies", ()):
+                    rec.copies[Codec(codec)] = Tier(tier)
+                rec.pool = info.get("pool") or rec.pool
+                if not ok and rec.hbm in self.hbms and not rec.resident:
+                    # the HBM copy was kept on failure: track it again
+                    self._insert(rec, now, rec.resident_codec)
+            elif action.kind is ActionKind.RESTORE:
+                if ok:
+                    rec.restored_at = now
+                    rec.hidden_s = info.get("elapsed_s", 0.0) if action.reason == "prefetch" else 0.0
+                elif rec.resident and rec.hbm in self.hbms:
+                    self._evict(rec, tracked=True)
+                    rec.pins = 0
+                    rec.view.pinned = False
+
+    # -- orchestrator events -----------------------------------------------------------------
+    def translate(self, owner: str, session: str, data: dict[str, Any]) -> ev.Event:
+        """Wire event -> typed event with engine page ids mapped to global ids."""
+        data = dict(data, tenant=owner, session=session)
+        with self.lock:
+            for name in _PAGE_LIST_FIELDS:
+                if isinstance(data.get(name), list):
+                    data[name] = [self._gid(owner, session, pid) for pid in data[name]]
+            if isinstance(data.get("produces"), list):
+                data["produces"] = [
+                    [self._gid(owner, session, r[0]), *r[1:]] if isinstance(r, list) and r else r
+                    for r in data["produces"]]
+        return ev.event_from_dict(data)
+
+    def _gid(self, owner: str, session: str, pid: Any) -> Any:
+        if type(pid) is not int:
+            return pid  # left for event_from_dict to reject with a precise message
+        gid = self.by_pid.get((owner, session, pid))
+        if gid is None:
+            raise ev.UnknownReference(f"page {pid} was not stored in session {session!r}")
+        return gid
+
+    def apply(self, event: ev.Event, now: float) -> list[Action]:
+        """Run one event through the graph and the strategy; returns actions due now."""
+        with self.lock:
+            state = self._session(event.tenant, event.session)
+            touched = self.graph.apply(event, now)
+            self.stats["events"] += 1
+            for gid in touched:
+                rec = self.pages.get(gid)
+                if rec is not None:
+                    try:
+                        rec.view.dependency = self.graph.dependency_strength(gid)
+                    except KeyError:
+                        pass  # a page the engine stored but no event produced yet
+            actions: list[Action] = []
+            if isinstance(event, ev.ToolStart):
+                self._tool_start(state, event, now)
+            elif isinstance(event, ev.ObservationReturn):
+                self._tool_return(state, event, now)
+            elif isinstance(event, ev.ModelCall):
+                self._cancel(list(state.pages))
+            if isinstance(event, ev.TaskEnd):
+                self._cancel(list(state.pages))
+                touched = frozenset(state.pages)
+            for gid in sorted(touched):
+                if gid in self.pages and gid in state.pages and self._retirable(gid):
+                    actions.append(self._retire(gid, state, now))
+            return actions + self.due(now)
+
+    def _retirable(self, gid: int) -> bool:
+        try:
+            blockers = self.graph.blockers(gid)
+        except KeyError:
+            return False
+        if blockers == {Blocker.AUDIT}:
+            # The audit summary is the page's identity and type, which the service keeps.
+            self.graph.record_audit_summary(gid)
+            return True
+        return not blockers
+
+    def _tool_start(self, state: SessionState, event: ev.ToolStart, now: float) -> None:
+        budget = self.hbms[state.hbm]
+        recs = [self.pages[g] for g in sorted(state.pages)
+                if self.pages[g].resident and not self.pages[g].busy and self.pages[g].pins == 0
+                and self.pages[g].hbm == state.hbm]
+        actions, plan = self.strategy.gap_plan(recs, event, budget.policy, now)
+        state.tools[event.call_id] = (event.tool, now, plan)
+        for action in actions:
+            heapq.heappush(self._scheduled, (action.start_at, next(self._seq), action))
+
+    def _tool_return(self, state: SessionState, event: ev.ObservationReturn, now: float) -> None:
+        tool = state.tools.pop(event.call_id, None)
+        if tool is None:
+            return
+        recs = [self.pages[g] for g in sorted(state.pages) if g in self.pages]
+        self.strategy.tool_return(tool[2], recs, self.hbms[state.hbm].policy, tool[0], tool[1], now)
+        # Migrations not started yet are cancelled; prefetches already queued still run.
+        self._cancel([g for g in state.pages], kinds=(ActionKind.DEMOTE,))
+
+    def _cancel(self, gids: list[int], kinds: tuple[ActionKind, ...] = (ActionKind.DEMOTE,)) -> None:
+        drop = set(gids)
+        kept = [item for item in self._scheduled
+                if not (item[2].gid in drop and item[2].kind in kinds)]
+        if len(kept) != len(self._scheduled):
+            heapq.heapify(kept)
+            self._scheduled = kept
+
+    def _retire(self, gid: int, state: SessionState, now: float) -> Action:
+        rec = self.pages.pop(gid)
+        if rec.resident:
+            self._evict(rec, tracked=True)
+        self.by_key.pop((rec.meta.key, rec.hbm), None)
+        state.pages.discard(gid)
+        self.graph.retire(gid)
+        shared = any((rec.meta.key, h) in self.by_key for h in self.hbms)
+        return Action(kind=ActionKind.DELETE, gid=gid, hbm=rec.hbm, start_at=now,
+                      reason="shared" if shared else "retire", session=rec.meta.session,
+                      tenant=rec.meta.namespace, key=rec.meta.key, pool=rec.pool)
+
+    def due(self, now: float) -> list[Action]:
+        """Scheduled gap migrations and prefetches whose start time has come."""
+        with self.lock:
+            out: list[Action] = []
+            while self._scheduled and self._scheduled[0][0] <= now:
+                _, _, action = heapq.heappop(self._scheduled)
+                rec = self.pages.get(action.gid)
+                if rec is None or rec.busy or rec.hbm not in self.hbms or rec.hbm != action.hbm:
+                    continue
+                if action.kind is ActionKind.DEMOTE:
+                    if rec.resident and rec.pins == 0:
+                        self._evict(rec, tracked=True)
+                        rec.busy = True
+                        out.append(action)
+                        self.stats["demotes"] += 1
+                    continue
+                if rec.resident or not rec.copies:
+                    continue
+                out += self._prefetch(rec, now)
+            return out
+
+    def _prefetch(self, rec: PageRecord, now: float) -> list[Action]:
+        try:
+            demotes = self._make_room(rec.hbm, rec.meta.length, now)
+        except HbmFull:
+            return []  # prefetch is best effort: the access path restores on demand
+        tier, codec = self.strategy.restore_source(rec)
+        self._insert(rec, now, codec)
+        rec.busy = True
+        self.stats["prefetches"] += 1
+        return demotes + [Action(kind=ActionKind.RESTORE, gid=rec.gid, hbm=rec.hbm, tier=tier,
+                                 codec=codec, start_at=now, reason="prefetch",
+                                 session=rec.meta.session)]
+
+    def next_due(self) -> float | None:
+        with self.lock:
+            return self._scheduled[0][0] if self._scheduled else None
+
+    def record(self, gid: int) -> PageRecord:
+        with self.lock:
+            return self.pages[gid]

@@ -1,0 +1,233 @@
+"""The controller actor: the ``Controller`` bookkeeping, an ``Executor`` and a reconcile loop.
+
+Every engine call and orchestrator event of the API front lands here; the loop
+starts scheduled gap migrations and prefetches when their time comes. Bytes never
+pass through this actor: it tells HBM and pool actors what to move.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from agentkv_cluster.lifecycle.events import EventValidationError
+from agentkv_cluster.runtime.controller import Controller, HbmFull
+from agentkv_cluster.runtime.executor import Executor, LinkCredits
+from agentkv_cluster.runtime.handles import ActorGone, Handle
+from agentkv_cluster.runtime.mover import RemoteSpan
+from agentkv_cluster.runtime.records import (
+    ActionKind, LoadReport, PageLost, PageMeta, UnknownPageKey, UnknownSession,
+)
+from agentkv_cluster.runtime.strategies import make_strategy
+from store.types import Codec, Lookup, Tier
+
+
+class RequestRefused(Exception):
+    """Bad input from the engine or orchestrator; nothing was changed."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ControllerSpec:
+    policy: str = "agentkv"
+    per_link: int = 4
+    per_session: int = 2
+    credits: bool = True
+    tick_s: float = 0.01
+
+
+class ControllerActor:
+    def __init__(self, spec: ControllerSpec, directory: Any = None) -> None:
+        self.spec = spec
+        self.controller = Controller(make_strategy(spec.policy))
+        self.credits = LinkCredits(spec.per_link, spec.per_session, enabled=spec.credits)
+        self.hbms: dict[str, Handle] = {}
+        self.pools: dict[str, Handle] = {}
+        self.hbm_pool: dict[str, str] = {}
+        self.executor = Executor(self.controller, self.hbms, self.pools, self.hbm_pool, self.credits)
+        self.directory = directory
+        self._stop = threading.Event()
+        self._loop = threading.Thread(target=self._reconcile, name="agentkv-reconcile", daemon=True)
+        self._loop.start()
+
+    def ping(self) -> str:
+        return "controller"
+
+    # -- topology -------------------------------------------------------------------------
+    def add_pool(self, name: str, handle: Handle) -> None:
+        self.pools[name] = handle
+
+    def add_hbm(self, name: str, handle: Handle, capacity: int, pool: str) -> None:
+        self.hbms[name] = handle
+        self.hbm_pool[name] = pool
+        self.controller.add_hbm(name, capacity)
+
+    def remove_hbm(self, name: str) -> int:
+        """The HBM actor died: its copies are gone; returns how many pages had no other copy."""
+        self.hbms.pop(name, None)
+        return len(self.controller.remove_hbm(name))
+
+    def replace_pool(self, name: str, handle: Handle) -> None:
+        self.pools[name] = handle
+
+    # -- reconcile loop --------------------------------------------------------------------
+    def _reconcile(self) -> None:
+        while not self._stop.is_set():
+            nxt = self.controller.next_due()
+            now = time.monotonic()
+            if nxt is None or nxt > now:
+                self._stop.wait(min(self.spec.tick_s, max(0.0, (nxt or now + 1) - now)))
+                continue
+            self.executor.submit(self.controller.due(now))
+
+    def close(self) -> None:
+        self._stop.set()
+        self.executor.close()
+
+    # -- engine and orchestrator calls -----------------------------------------------------
+    def open_session(self, tenant: str, session: str) -> str:
+        try:
+            return self.controller.open_session(tenant, session)
+        except HbmFull as exc:
+            raise RequestRefused(str(exc)) from None
+
+    def store(self, tenant: str, session: str, metas: list[PageMeta],
+              spans: list[RemoteSpan]) -> list[int]:
+        now = time.monotonic()
+        try:
+            admitted, demotes = self.controller.admit(tenant, session, metas, now)
+        except (UnknownSession, HbmFull) as exc:
+            raise RequestRefused(str(exc)) from None
+        self._check(self.executor.run(demotes))
+        hbm = self.controller.sessions[(tenant, session)].hbm
+        for (gid, needs), meta, span in zip(admitted, metas, spans):
+            if needs:
+                self._ingest(hbm, gid, meta, span)
+        return [gid for gid, _ in admitted]
+
+    def _ingest(self, hbm: str, gid: int, meta: PageMeta, span: RemoteSpan) -> None:
+        try:
+            self.hbms[hbm].ingest(meta.key, span)
+        except ActorGone:
+            self.remove_hbm(hbm)
+            raise
+
+    def _check(self, results: list[dict[str, Any]]) -> None:
+        for r in results:
+            if not r["ok"] and "ActorGone" in r.get("error", ""):
+                a = r["action"]
+                if a.hbm in self.hbms and not self.hbms[a.hbm].alive(5.0):
+                    self.remove_hbm(a.hbm)
+
+    def event(self, tenant: str, session: str, data: dict[str, Any]) -> dict[str, Any]:
+        now = time.monotonic()
+        try:
+            event = self.controller.translate(tenant, session, data)
+            actions = self.controller.apply(event, now)
+        except (EventValidationError, UnknownSession) as exc:
+            raise RequestRefused(f"{type(exc).__name__}: {exc}") from None
+        self.executor.submit(actions)
+        return {"kind": event.kind.value, "actions": len(actions),
+                "retired": sum(a.kind is ActionKind.DELETE for a in actions)}
+
+    def load(self, tenant: str, session: str, keys: list[bytes]) -> list[LoadReport]:
+        t0 = time.monotonic()
+        try:
+            gids = self.controller.resolve(tenant, session, keys)
+        except (UnknownSession, UnknownPageKey) as exc:
+            raise RequestRefused(str(exc)) from None
+        before = {g: self.controller.record(g) for g in gids}
+        was_resident = {g: r.resident and not r.busy for g, r in before.items()}
+        self.controller.wait_idle(gids, 60.0)
+        waited = time.monotonic() - t0
+        try:
+            demotes, restores = self.controller.access(gids, time.monotonic())
+        except (PageLost, HbmFull) as exc:
+            raise RequestRefused(f"{type(exc).__name__}: {exc}") from None
+        results = self.executor.run(demotes + restores)
+        self._check(results)
+        by_gid = {r["action"].gid: r for r in results if r["action"].kind is ActionKind.RESTORE}
+        failed = [g for g, r in by_gid.items() if not r["ok"]]
+        if failed:
+            self.controller.unpin(gids, time.monotonic())
+            raise RequestRefused(f"{len(failed)} page(s) could not be restored: "
+                                 f"{by_gid[failed[0]].get('error')}")
+        total = time.monotonic() - t0
+        return [self._report(g, was_resident[g], by_gid.get(g), waited, total) for g in gids]
+
+    def _report(self, gid: int, hit: bool, result: dict[str, Any] | None, waited: float,
+                total: float) -> LoadReport:
+        rec = self.controller.record(gid)
+        if result is not None:
+            source, delay, hidden = result["source"], total, 0.0
+        else:
+            source, delay = "hbm", 0.0 if hit else waited
+            hidden, rec.hidden_s = rec.hidden_s, 0.0
+        return LoadReport(key=rec.meta.key, source=source, delay_s=delay, hidden_s=hidden,
+                          exact=rec.resident_codec is Codec.FULL, codec=rec.resident_codec,
+                          nbytes=rec.meta.length)
+
+    def release(self, tenant: str, session: str, keys: list[bytes]) -> int:
+        try:
+            gids = self.controller.resolve(tenant, session, keys)
+        except (UnknownSession, UnknownPageKey) as exc:
+            raise RequestRefused(str(exc)) from None
+        self.controller.unpin(gids, time.monotonic())
+        return len(gids)
+
+    def hbm_of(self, tenant: str, session: str) -> str:
+        return self.controller.sessions[(tenant, session)].hbm
+
+    # -- prefix sharing --------------------------------------------------------------------
+    def lookup(self, tenant: str, session: str, metas: list[PageMeta], namespaces: list[str]
+               ) -> int:
+        """Length of the leading run of ``metas`` the cluster holds: in this session's HBM,
+        or found through the directory on any pool (then adopted with its copies)."""
+        hbm = self.hbm_of(tenant, session)
+        n = 0
+        for meta, ns in zip(metas, namespaces):
+            if self._known(meta, hbm) or self._adopt(tenant, session, meta, ns):
+                n += 1
+                continue
+            break
+        return n
+
+    def _known(self, meta: PageMeta, hbm: str) -> bool:
+        with self.controller.lock:
+            gid = self.controller.by_key.get((meta.key, hbm))
+            rec = self.controller.pages.get(gid) if gid is not None else None
+            if rec is None or not (rec.resident or rec.copies):
+                return False
+            state = self.controller.sessions[(meta.tenant, meta.session)]
+            state.pages.add(rec.gid)
+            self.controller.by_pid[(meta.tenant, meta.session, meta.page_id)] = rec.gid
+            return True
+
+    def _adopt(self, tenant: str, session: str, meta: PageMeta, ns: str) -> bool:
+        if self.directory is None:
+            return False
+        lookup, entry = self.directory.get(ns, meta.key)
+        if lookup is not Lookup.HIT or entry.node not in self.pools:
+            return False
+        held = self.pools[entry.node].holds(meta.key)
+        if not held:
+            return False
+        copies = {Codec(c): Tier(t) for t, c in held}
+        self.controller.admit(tenant, session, [meta], time.monotonic(),
+                              copies={meta.key: copies}, pool=entry.node)
+        return True
+
+    # -- recovery and stats ------------------------------------------------------------------
+    def republish(self) -> int:
+        return sum(int(p.republish()) for p in self.pools.values())
+
+    def stats(self) -> dict[str, Any]:
+        c = self.controller
+        with c.lock:
+            occupancy = {n: b.used for n, b in c.hbms.items()}
+            pages = len(c.pages)
+        return {"controller": dict(c.stats), "pages": pages, "hbm_used": occupancy,
+                "traffic": dict(self.executor.traffic.by_tier),
+                "max_in_flight": dict(self.credits.max_in_flight),
+                "credit_waits": list(self.credits.waits[-10000:])}

@@ -1,0 +1,179 @@
+"""Carries the controller's actions out on the actors, under link credits.
+
+Restores take one credit of their link (pool -> HBM actor) from a ``CreditManager``
+(the pure policy object, count-based here: one credit = one transfer in flight),
+so a restore storm waits in the delay queue, served round-robin over sessions.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, defaultdict
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentkv_cluster.policy.base import CreditGrant, CreditOutcome, CreditRequest, Resource
+from agentkv_cluster.policy.credits import BucketSpec, CreditConfig, CreditManager
+from agentkv_cluster.runtime.controller import Controller
+from agentkv_cluster.runtime.records import Action, ActionKind
+from store.types import Codec, Tier
+
+
+class LinkCredits:
+    """Blocking front of ``CreditManager``: at most ``per_link`` transfers per link at once."""
+
+    def __init__(self, per_link: int, per_session: int, enabled: bool = True) -> None:
+        self.per_link, self.per_session, self.enabled = per_link, per_session, enabled
+        self._managers: dict[str, CreditManager] = {}
+        self._granted: dict[int, CreditGrant] = {}
+        self._cv = threading.Condition()
+        self.in_flight: Counter[str] = Counter()
+        self.max_in_flight: Counter[str] = Counter()
+        self.waits: list[float] = []
+
+    def _manager(self, link: str) -> CreditManager:
+        mgr = self._managers.get(link)
+        if mgr is None:
+            mgr = CreditManager(CreditConfig(
+                buckets={(Resource.LINK, link): BucketSpec(capacity=self.per_link)},
+                session={Resource.LINK: BucketSpec(capacity=self.per_session)}))
+            self._managers[link] = mgr
+        return mgr
+
+    def acquire(self, session: str, link: str, timeout_s: float = 60.0) -> CreditGrant | None:
+        t0 = time.monotonic()
+        with self._cv:
+            if self.enabled:
+                mgr = self._manager(link)
+                grant = mgr.acquire(CreditRequest(session=session, resource=Resource.LINK,
+                                                  amount=1, link=link), t0)
+                while grant.outcome is CreditOutcome.DELAYED:
+                    got = self._granted.pop(grant.ticket, None)
+                    if got is not None:
+                        grant = got
+                        break
+                    if not self._cv.wait(min(0.05, timeout_s)) and \
+                            time.monotonic() - t0 > timeout_s:
+                        mgr.cancel(grant.ticket)
+                        raise TimeoutError(f"no credit on {link} after {timeout_s} s")
+                    self._poll(mgr)
+            else:
+                grant = None
+            self.in_flight[link] += 1
+            self.max_in_flight[link] = max(self.max_in_flight[link], self.in_flight[link])
+            self.waits.append(time.monotonic() - t0)
+            return grant
+
+    def _poll(self, mgr: CreditManager) -> None:
+        for g in mgr.poll(time.monotonic()):
+            self._granted[g.ticket] = g
+
+    def release(self, link: str, grant: CreditGrant | None) -> None:
+        with self._cv:
+            self.in_flight[link] -= 1
+            if grant is not None:
+                mgr = self._managers[link]
+                mgr.release(grant, time.monotonic())
+                self._poll(mgr)
+            self._cv.notify_all()
+
+
+@dataclass(slots=True)
+class TierTraffic:
+    """Bytes that crossed each link, by destination tier (the demo's "bytes per tier")."""
+
+    by_tier: Counter[str] = field(default_factory=Counter)
+    by_tenant_tier: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
+
+    def add(self, tenant: str, tier: str, n: int) -> None:
+        self.by_tier[tier] += n
+        self.by_tenant_tier[(tenant, tier)] += n
+
+
+class Executor:
+    """Runs actions on a thread pool; reports each back to the controller."""
+
+    def __init__(self, controller: Controller, hbms: dict[str, Any], pools: dict[str, Any],
+                 hbm_pool: dict[str, str], credits: LinkCredits) -> None:
+        self.controller = controller
+        self.hbms, self.pools, self.hbm_pool = hbms, pools, hbm_pool
+        self.credits = credits
+        self.traffic = TierTraffic()
+        self.rejects: Counter[str] = Counter()
+        self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="agentkv-exec")
+        self._lock = threading.Lock()
+
+    def submit(self, actions: list[Action]) -> list[Future]:
+        return [self._pool.submit(self._run, a) for a in actions]
+
+    def run(self, actions: list[Action]) -> list[dict[str, Any]]:
+        """Run and wait; demotions first (they make the room restores use)."""
+        first = [a for a in actions if a.kind is not ActionKind.RESTORE]
+        done = [f.result() for f in self.submit(first)]
+        return done + [f.result() for f in self.submit(
+            [a for a in actions if a.kind is ActionKind.RESTORE])]
+
+    def _run(self, action: Action) -> dict[str, Any]:
+        t0 = time.monotonic()
+        info: dict[str, Any] = {}
+        ok = False
+        try:
+            if action.kind is ActionKind.DEMOTE:
+                info = self._demote(action)
+            elif action.kind is ActionKind.RESTORE:
+                info = self._restore(action)
+            else:
+                info = self._delete(action)
+            ok = True
+        except Exception as exc:  # noqa: BLE001 - reported to the controller and the caller
+            info = {"error": f"{type(exc).__name__}: {exc}"}
+        info["elapsed_s"] = time.monotonic() - t0
+        self.controller.finished(action, ok, time.monotonic(), info)
+        return {"action": action, "ok": ok, **info}
+
+    def _pool_for(self, rec_pool: str, hbm: str) -> tuple[str, Any]:
+        name = rec_pool or self.hbm_pool[hbm]
+        return name, self.pools[name]
+
+    def _demote(self, a: Action) -> dict[str, Any]:
+        rec = self.controller.record(a.gid)
+        targets = []
+        if a.codec not in rec.copies:
+            targets.append((int(a.tier), int(a.codec)))
+        if a.reference and Codec.FULL not in rec.copies:
+            targets.append((int(Tier.NVME), int(Codec.FULL)))
+        name, pool = self._pool_for(rec.pool, a.hbm)
+        receipt = self.hbms[a.hbm].demote(rec.meta, targets, pool)
+        for tier, _codec in receipt.copies:
+            self.traffic.add(rec.meta.tenant, Tier(tier).name.lower(), 0)
+        self.traffic.add(rec.meta.tenant, "pool", receipt.link_bytes)
+        return {"copies": list(receipt.copies), "pool": name, "link_bytes": receipt.link_bytes}
+
+    def _restore(self, a: Action) -> dict[str, Any]:
+        rec = self.controller.record(a.gid)
+        name, pool = self._pool_for(rec.pool, a.hbm)
+        link = f"{name}>{a.hbm}"
+        grant = self.credits.acquire(a.session, link)
+        try:
+            receipt = self.hbms[a.hbm].restore(rec.meta, int(a.tier), int(a.codec), pool)
+        finally:
+            self.credits.release(link, grant)
+        self.traffic.add(rec.meta.tenant, "hbm", receipt.link_bytes)
+        source = Tier(receipt.tier).name.lower()
+        if self.hbm_pool.get(a.hbm) != name:
+            source = "remote"
+        return {"source": source, "link_bytes": receipt.link_bytes, "exact": receipt.exact}
+
+    def _delete(self, a: Action) -> dict[str, Any]:
+        """A retired page: drop its HBM copy; its pool copies too unless another HBM shares it."""
+        hbm = self.hbms.get(a.hbm)
+        dropped = bool(hbm.drop(a.key)) if hbm is not None else False
+        removed = 0
+        if a.reason != "shared" and a.pool in self.pools:
+            removed = int(self.pools[a.pool].delete(a.key, a.tenant))
+        return {"dropped": dropped, "removed": removed}
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,221 @@
+"""The service behind the wire server: authenticates, validates, stages bytes, calls the controller.
+
+The tenant of every request is the verified token's tenant, never a request field.
+Page keys are blinded per tenant (or under the opt-in PUBLIC namespace), so a
+lookup by another tenant, or with any identity field changed, cannot match.
+Engine bytes are staged in this process's NIXL-registered memory; the HBM actor
+pulls them, so they never pass through the Ray object store.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from typing import Any
+
+from agentkv_cluster.api.errors import AccessDenied, InvalidArgument, NotFound, Unauthenticated
+from agentkv_cluster.api.metrics import ServiceMetrics
+from agentkv_cluster.lifecycle.identity import IdentityError, PageIdentity
+from agentkv_cluster.lifecycle.types import StateType
+from agentkv_cluster.runtime.controller_actor import RequestRefused
+from agentkv_cluster.runtime.handles import Handle
+from agentkv_cluster.runtime.mover import Mover
+from agentkv_cluster.runtime.pool_actor import ensure_tenant
+from agentkv_cluster.runtime.records import KvShape, PageMeta
+from security.blinding import DirectoryBlinder
+from security.errors import AccessDenied as SecurityDenied
+from security.errors import InvalidToken
+from security.keyring import PUBLIC_NAMESPACE, FileKeySource, TenantKeyring
+from security.principals import AccessPolicy, Principal, TokenIssuer
+
+CHUNK = 4  # pages staged per controller call; 8 API threads x 4 <= staging slots
+_DTYPES = ("float16", "bfloat16", "float32")
+
+
+class ServiceFront:
+    """Implements ``agentkv_cluster.api.server.ServiceBackend`` on a deployed topology."""
+
+    def __init__(self, controller: Handle, hbms: dict[str, Handle], keys_dir: str,
+                 issuer: TokenIssuer, metrics: ServiceMetrics, page_bytes: int) -> None:
+        self.controller = controller
+        self.hbms = hbms
+        self.keys_dir = keys_dir
+        self.issuer = issuer
+        self.metrics = metrics
+        self.page_bytes = page_bytes
+        self.keyring = TenantKeyring(FileKeySource(keys_dir))
+        self.blinder = DirectoryBlinder(self.keyring)
+        self.access = AccessPolicy()
+        self.mover = Mover(f"front-{id(self):x}", page_bytes, 8 * CHUNK)
+        self._loads: dict[int, tuple[str, str, list[bytes], list[Any]]] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def endpoint(self) -> Any:
+        return self.mover.endpoint()
+
+    def introduce(self, endpoint: Any) -> None:
+        self.mover.introduce(endpoint)
+
+    # -- auth ----------------------------------------------------------------------------------
+    def authenticate(self, token: str) -> Principal:
+        try:
+            return self.issuer.verify(token, time.time())
+        except InvalidToken as exc:
+            raise Unauthenticated(str(exc)) from None
+
+    def _call(self, method: str, *args: Any) -> Any:
+        try:
+            return self.controller.call(method, *args)
+        except RequestRefused as exc:
+            text = str(exc)
+            if "not open" in text or "not stored" in text:
+                raise NotFound(text) from None
+            raise InvalidArgument(text) from None
+
+    # -- sessions and events -----------------------------------------------------------------
+    def open_session(self, principal: Principal, session: str) -> dict[str, Any]:
+        if not 0 < len(session) <= 256:
+            raise InvalidArgument("session must be 1..256 characters")
+        ensure_tenant(self.keys_dir, principal.tenant)
+        hbm = self._call("open_session", principal.tenant, session)
+        return {"session": session, "tenant": principal.tenant, "hbm": hbm}
+
+    def send_event(self, principal: Principal, session: str, event: dict[str, Any]) -> dict[str, Any]:
+        if "tenant" in event or "session" in event:
+            raise InvalidArgument("tenant and session come from the token and the request")
+        return self._call("event", principal.tenant, session, event)
+
+    # -- engine side --------------------------------------------------------------------------
+    def _namespace(self, principal: Principal, identity: PageIdentity, action: str) -> str:
+        ns = identity.tenant
+        if ns != principal.tenant and ns != PUBLIC_NAMESPACE:
+            raise AccessDenied("page identity names another tenant")
+        try:
+            self.access.check(principal, ns, action)
+        except SecurityDenied as exc:
+            raise AccessDenied(str(exc)) from None
+        if ns == PUBLIC_NAMESPACE:
+            ensure_tenant(self.keys_dir, PUBLIC_NAMESPACE)
+        return ns
+
+    def _meta(self, principal: Principal, session: str, page: dict[str, Any], action: str,
+              length: int) -> PageMeta:
+        try:
+            identity = PageIdentity.unpack(page["identity"])
+        except (KeyError, TypeError, IdentityError) as exc:
+            raise InvalidArgument(f"bad page identity: {exc}") from None
+        ns = self._namespace(principal, identity, action)
+        shape = _shape(page, length)
+        try:
+            state_type = StateType(page.get("state_type", "temp_reasoning"))
+        except ValueError:
+            raise InvalidArgument(f"unknown state_type {page.get('state_type')!r:.40}") from None
+        pid = page.get("page_id", identity.start)
+        if type(pid) is not int or pid < 0:
+            raise InvalidArgument("page_id must be a non-negative int")
+        digest = identity.digest()
+        return PageMeta(key=self.blinder.blind_key(ns, digest), digest=digest,
+                        tenant=principal.tenant, namespace=ns, session=session, page_id=pid,
+                        state_type=state_type, length=length,
+                        tokens=identity.end - identity.start, shape=shape)
+
+    def store_pages(self, principal: Principal, session: str, pages: list[dict[str, Any]]
+                    ) -> dict[str, Any]:
+        metas, datas = [], []
+        for page in pages:
+            data = page.get("data")
+            if not isinstance(data, bytes) or not 0 < len(data) <= self.page_bytes:
+                raise InvalidArgument(f"page data must be 1..{self.page_bytes} bytes")
+            metas.append(self._meta(principal, session, page, "write", len(data)))
+            datas.append(data)
+        for i in range(0, len(metas), CHUNK):
+            self._store_chunk(principal, session, metas[i:i + CHUNK], datas[i:i + CHUNK])
+        for meta in metas:
+            self.metrics.transfer(principal.tenant, "hbm", meta.length)
+        return {"keys": [m.key for m in metas]}
+
+    def _store_chunk(self, principal: Principal, session: str, metas: list[PageMeta],
+                     datas: list[bytes]) -> None:
+        slots = [self.mover.take_slot() for _ in metas]
+        try:
+            spans = []
+            for slot, data in zip(slots, datas):
+                self.mover.slot_view(slot, len(data))[:] = memoryview(data)
+                spans.append(self.mover.slot_span(slot, len(data)))
+            self._call("store", principal.tenant, session, metas, spans)
+        finally:
+            for slot in slots:
+                self.mover.give_slot(slot)
+
+    def lookup_prefix(self, principal: Principal, session: str, identities: list[bytes]
+                      ) -> dict[str, Any]:
+        metas: list[PageMeta] = []
+        refused = ""
+        for i, raw in enumerate(identities):
+            try:
+                metas.append(self._meta(principal, session, {"identity": raw, "page_id": i},
+                                        "read", 1))
+            except (AccessDenied, InvalidArgument) as exc:
+                refused = f"{type(exc).__name__}: {exc}"
+                break
+        namespaces = [self.blinder.namespace(m.namespace) for m in metas]
+        n = self._call("lookup", principal.tenant, session, metas, namespaces) if metas else 0
+        return {"length": n, "keys": [m.key for m in metas[:n]], "refused": refused}
+
+    def prepare_load(self, principal: Principal, session: str, keys: list[bytes]) -> dict[str, Any]:
+        reports = self._call("load", principal.tenant, session, keys)
+        for r in reports:
+            self.metrics.restore(principal.tenant, r.source, r.delay_s, r.hidden_s)
+            if r.source != "hbm":
+                self.metrics.transfer(principal.tenant, "hbm", r.nbytes)
+        with self._lock:
+            load_id = next(self._ids)
+            self._loads[load_id] = (principal.tenant, session, keys, reports)
+        return {"load_id": load_id, "pages": [
+            {"key": r.key, "source": r.source, "delay_ms": r.delay_s * 1e3,
+             "hidden_ms": r.hidden_s * 1e3, "exact": r.exact, "codec": r.codec.name}
+            for r in reports]}
+
+    def complete_load(self, principal: Principal, session: str, load_id: int) -> dict[str, Any]:
+        with self._lock:
+            entry = self._loads.get(load_id)
+            if entry is None or entry[:2] != (principal.tenant, session):
+                raise NotFound("unknown load id")
+            del self._loads[load_id]
+        _, _, keys, reports = entry
+        hbm = self.hbms[self._call("hbm_of", principal.tenant, session)]
+        out = []
+        for key, report in zip(keys, reports):
+            slot = self.mover.take_slot()
+            try:
+                hbm.serve(key, self.mover.slot_span(slot, report.nbytes))
+                data = self.mover.slot_view(slot, report.nbytes).tobytes()
+            finally:
+                self.mover.give_slot(slot)
+            out.append({"key": key, "data": data, "exact": report.exact})
+        return {"pages": out}
+
+    def release(self, principal: Principal, session: str, keys: list[bytes]) -> dict[str, Any]:
+        return {"released": self._call("release", principal.tenant, session, keys)}
+
+    def ready(self) -> tuple[bool, str]:
+        ok = self.controller.alive(5.0)
+        return ok, "ready" if ok else "controller unreachable"
+
+
+def _shape(page: dict[str, Any], length: int) -> KvShape | None:
+    dims = page.get("shape")
+    if dims is None:
+        return None
+    dtype = page.get("dtype", "float16")
+    if not isinstance(dims, list) or len(dims) != 4 or \
+            not all(type(d) is int and d > 0 for d in dims) or dtype not in _DTYPES:
+        raise InvalidArgument("shape must be [layers, kv_heads, tokens, head_dim] and dtype "
+                              f"one of {_DTYPES}")
+    shape = KvShape(layers=dims[0], kv_heads=dims[1], tokens=dims[2], head_dim=dims[3],
+                    dtype=dtype)
+    if shape.nbytes() != length:
+        raise InvalidArgument(f"shape gives {shape.nbytes()} bytes, data has {length}")
+    return shape

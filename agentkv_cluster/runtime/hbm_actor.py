@@ -1,0 +1,171 @@
+"""HBM page actor: one per GPU (or ``hbm_slot`` on CPU-only nodes); a shell around one arena.
+
+It stores, serves, demotes and restores pages as the controller's actions say and
+decides nothing itself. Compression runs here ("on an idle GPU stream"), so only
+compressed bytes cross the link to the pool; bytes move by NIXL only.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from agentkv_cluster.runtime.codec_glue import decode_into, encode_page
+from agentkv_cluster.runtime.mover import Endpoint, Mover, RemoteSpan
+from agentkv_cluster.runtime.records import PageMeta, UnknownPageKey
+from store.hbm import HbmArena
+from store.types import Codec, Tier
+
+
+@dataclass(frozen=True, kw_only=True)
+class HbmSpec:
+    name: str
+    page_bytes: int
+    num_pages: int
+    device: str | None = None
+    staging_slots: int = 4
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoteReceipt:
+    copies: tuple[tuple[int, int], ...]  # (tier, codec) now held by the pool
+    link_bytes: int  # bytes that crossed the link
+    pool: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class RestoreReceipt:
+    tier: int
+    codec: int
+    link_bytes: int
+    exact: bool
+
+
+class HbmActor:
+    """Owns an ``HbmArena``; each page sits in one arena page, registered with NIXL."""
+
+    def __init__(self, spec: HbmSpec) -> None:
+        self.spec = spec
+        self.arena = HbmArena(spec.page_bytes, spec.num_pages, spec.device)
+        self.mover = Mover(f"hbm-{spec.name}", spec.page_bytes, spec.staging_slots)
+        # The whole arena is one NIXL region; a peer addresses page i at i * page_bytes.
+        # HbmArena exposes no public whole-buffer accessor yet (asked of STORE-A).
+        self._whole = self.mover.register(self.arena._buf)  # noqa: SLF001
+        self._pages: dict[bytes, int] = {}  # key -> arena page
+        self._lock = threading.Lock()
+
+    # -- identity -----------------------------------------------------------------------------
+    def endpoint(self) -> Endpoint:
+        return self.mover.endpoint()
+
+    def introduce(self, endpoint: Endpoint) -> None:
+        self.mover.introduce(endpoint)
+
+    def ping(self) -> str:
+        return self.spec.name
+
+    def stats(self) -> dict[str, Any]:
+        s = self.arena.stats()
+        return {"name": self.spec.name, "pages": len(self._pages), "used_pages": s.used_pages,
+                "capacity_bytes": self.arena.capacity_bytes, "used_bytes": s.used_bytes}
+
+    def keys(self) -> list[bytes]:
+        return list(self._pages)
+
+    # -- page slots -------------------------------------------------------------------------
+    def _span(self, page: int, length: int) -> RemoteSpan:
+        return RemoteSpan(endpoint=self.mover.endpoint(), region=self._whole.pack(),
+                          offset=page * self.spec.page_bytes, length=length)
+
+    def _alloc(self, key: bytes) -> int:
+        with self._lock:
+            old = self._pages.pop(key, None)
+            if old is not None:
+                self.arena.free(old)
+            page = self.arena.alloc()
+            self._pages[key] = page
+            return page
+
+    def _page(self, key: bytes) -> int:
+        page = self._pages.get(key)
+        if page is None:
+            raise UnknownPageKey("page is not resident in this HBM actor")
+        return page
+
+    def ingest(self, key: bytes, src: RemoteSpan) -> int:
+        """Pull a page from a peer's staging (the API front) into a fresh arena page."""
+        page = self._alloc(key)
+        try:
+            self.mover.pull(src, self._whole, page * self.spec.page_bytes)
+        except Exception:
+            self.drop(key)
+            raise
+        self.arena._lengths[page] = src.length  # noqa: SLF001 - NIXL wrote the bytes
+        return src.length
+
+    def serve(self, key: bytes, dst: RemoteSpan) -> int:
+        """Push a resident page into a peer's span (a load back to the engine front)."""
+        page = self._page(key)
+        return self.mover.push(self._whole, page * self.spec.page_bytes, dst)
+
+    def drop(self, key: bytes) -> bool:
+        with self._lock:
+            page = self._pages.pop(key, None)
+            if page is not None:
+                self.arena.free(page)
+            return page is not None
+
+    def read(self, key: bytes) -> bytes:
+        """Test and debug helper: the resident bytes (never on the hot path)."""
+        page = self._page(key)
+        return self.arena.read(page)
+
+    # -- tier moves ---------------------------------------------------------------------------
+    def demote(self, meta: PageMeta, targets: list[tuple[int, int]], pool: Any,
+               drop: bool = True) -> DemoteReceipt:
+        """Encode the page for each (tier, codec) target, let ``pool`` pull and seal it."""
+        page = self._page(meta.key)
+        raw = self.arena.view(page)[: meta.length].numpy()
+        link = 0
+        copies = []
+        for tier, codec in targets:
+            slot = self.mover.take_slot()
+            try:
+                n = encode_page(raw, meta, Codec(codec), self.mover.slot_view(slot))
+                receipt = pool.store_from(meta, Tier(tier), Codec(codec),
+                                          self.mover.slot_span(slot, n))
+            finally:
+                self.mover.give_slot(slot)
+            link += n
+            copies.append((int(receipt["tier"]), int(codec)))
+        if drop:
+            self.drop(meta.key)
+        return DemoteReceipt(copies=tuple(copies), link_bytes=link, pool=pool.name)
+
+    def restore(self, meta: PageMeta, tier: int, codec: int, pool: Any) -> RestoreReceipt:
+        """Have ``pool`` push the sealed-then-opened form into staging, decode into the arena."""
+        page = self._alloc(meta.key)
+        try:
+            if Codec(codec) is Codec.FULL:
+                span = self._span(page, meta.length)
+                got = pool.restore_into(meta, Tier(tier), Codec(codec), span)
+            else:
+                slot = self.mover.take_slot()
+                try:
+                    span = self.mover.slot_span(slot, self.mover.slot_bytes)
+                    got = pool.restore_into(meta, Tier(tier), Codec(codec), span)
+                    dst = self.arena.view(page)[: meta.length].numpy()
+                    decode_into(self.mover.slot_view(slot, got["nbytes"]), meta, dst)
+                finally:
+                    self.mover.give_slot(slot)
+        except Exception:
+            self.drop(meta.key)
+            raise
+        self.arena._lengths[page] = meta.length  # noqa: SLF001 - written in place
+        return RestoreReceipt(tier=int(got["tier"]), codec=int(codec),
+                              link_bytes=int(got["nbytes"]), exact=Codec(codec) is Codec.FULL)
+
+    def close(self) -> None:
+        self.mover.close()
+

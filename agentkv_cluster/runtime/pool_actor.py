@@ -1,0 +1,301 @@
+"""Cluster memory-pool actor: one per node, fronting that node's host pool and NVMe shard.
+
+Pages arrive already in their codec's form (the HBM actor compresses), are sealed
+with the tenant's key on the way in and opened on the way out, and every copy is
+published in the directory. Each stored record carries a small plaintext header
+(key, namespace, codec, location id; no tenant data) so a restarted actor rebuilds
+its index from the host-pool segment and the NVMe shard, and can repopulate an
+emptied directory. Generations are read back from the records and never lowered.
+"""
+
+from __future__ import annotations
+
+import secrets
+import struct
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from agentkv_cluster.runtime.mover import Endpoint, Mover, RemoteSpan
+from agentkv_cluster.runtime.records import PageMeta
+from security.blinding import DirectoryBlinder, size_bucket
+from security.errors import InvalidSeal, KeyExists
+from security.keyring import FileKeySource, TenantKeyring
+from security.sealing import TenantSealer, sealed_size
+from store.directory import DirectoryEntry
+from store.host_pool import HostPool, PoolFull, SlotEmpty, TornRead
+from store.nvme import NvmeShard, NvmeShardConfig
+from store.types import Codec, Lookup, Tier
+
+_REC = struct.Struct(">4sI")  # magic, header length
+_MAGIC = b"AKVR"
+
+
+class PageMissing(Exception):
+    """The pool holds no readable copy of that page in that form."""
+
+
+class SealRejected(Exception):
+    """A stored copy failed to open (tampered, wrong binding, erased key): counted, not served."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolSpec:
+    name: str  # unique per node; also the directory's ``node``
+    host_slot_bytes: int
+    host_slots: int
+    nvme_dir: str
+    nvme_bytes: int
+    keys_dir: str
+    staging_slots: int = 4
+
+
+@dataclass(slots=True)
+class _Copy:
+    tier: Tier
+    slot: int  # host pool slot; -1 on NVMe
+    loc: int  # location id bound into the seal
+    seal_gen: int
+    dir_gen: int
+    nbytes: int  # plaintext (encoded) bytes
+    namespace: str
+
+
+def _nvme_key(key: bytes, codec: Codec) -> bytes:
+    return key + bytes((int(codec),))
+
+
+class PoolActor:
+    """Seals, stores, opens and serves pages of every tenant on one node."""
+
+    def __init__(self, spec: PoolSpec, directory: Any) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.directory = directory
+        self.keyring = TenantKeyring(FileKeySource(spec.keys_dir))
+        self.sealer = TenantSealer(self.keyring)
+        self.blinder = DirectoryBlinder(self.keyring)
+        self.mover = Mover(f"pool-{spec.name}-{secrets.token_hex(3)}",
+                           sealed_size(spec.host_slot_bytes) + 4096, spec.staging_slots)
+        self.host = self._open_host()
+        self.nvme = NvmeShard(spec.nvme_dir, NvmeShardConfig(max_bytes=spec.nvme_bytes))
+        self._index: dict[tuple[bytes, Codec], _Copy] = {}
+        self._loc_base = secrets.randbits(32) << 24
+        self._loc_next = 0
+        self._lock = threading.RLock()
+        self._dir_gens: dict[str, int] = {}
+        self.rejects = 0
+        self._rebuild()
+
+    # -- start-up and recovery ---------------------------------------------------------------
+    def _open_host(self) -> HostPool:
+        name = f"akv-{self.spec.name}"
+        slot = sealed_size(self.spec.host_slot_bytes) + 1024
+        try:
+            return HostPool.create(name, slot, self.spec.host_slots)
+        except FileExistsError:
+            return HostPool.attach(name, writer=True)  # restart: take over the old segment
+
+    def _rebuild(self) -> None:
+        """Index every record found on the host segment and the NVMe shard."""
+        for slot, _version, _length in list(self.host.slots()):
+            try:
+                header, _ = _parse(self.host.read(slot))
+            except (SlotEmpty, TornRead, ValueError):
+                self.host.free(slot)
+                continue
+            self._adopt(header, Tier.HOST, slot)
+        for nkey in self.nvme.keys():
+            data = self.nvme.get(nkey)
+            if data is Lookup.MISS:
+                continue
+            try:
+                header, _ = _parse(data)
+            except ValueError:
+                continue
+            self._adopt(header, Tier.NVME, -1)
+
+    def _adopt(self, h: dict[str, Any], tier: Tier, slot: int) -> None:
+        codec = Codec(h["c"])
+        self._index[(h["k"], codec)] = _Copy(tier=tier, slot=slot, loc=h["loc"], seal_gen=h["sg"],
+                                             dir_gen=h["dg"], nbytes=h["n"], namespace=h["ns"])
+        self._dir_gens[h["ns"]] = max(self._dir_gens.get(h["ns"], 0), h["dg"])
+
+    def republish(self) -> int:
+        """Re-insert every local copy into the directory (after Redis lost its data)."""
+        with self._lock:
+            entries = {}
+            for (key, codec), copy in self._index.items():
+                ns = self.blinder.namespace(copy.namespace)
+                if self.directory.current_generation(ns) < copy.dir_gen:
+                    self.directory.advance_generation(ns, copy.dir_gen)
+                entries[(ns, key)] = self._entry(key, codec, copy)
+            self.directory.restore(list(entries.values()))
+            return len(entries)
+
+    # -- identity -------------------------------------------------------------------------------
+    def endpoint(self) -> Endpoint:
+        return self.mover.endpoint()
+
+    def introduce(self, endpoint: Endpoint) -> None:
+        self.mover.introduce(endpoint)
+
+    def ping(self) -> str:
+        return self.name
+
+    def stats(self) -> dict[str, Any]:
+        host = self.host.stats()
+        nv = self.nvme.stats()
+        return {"name": self.name, "copies": len(self._index), "host_used_bytes": host.used_bytes,
+                "nvme_live_bytes": nv.live_bytes, "rejects": self.rejects}
+
+    def holds(self, key: bytes) -> list[tuple[int, int]]:
+        with self._lock:
+            return [(int(c.tier), int(codec)) for (k, codec), c in self._index.items() if k == key]
+
+    # -- directory ------------------------------------------------------------------------------
+    def _dir_generation(self, ns: str) -> int:
+        gen = self.directory.current_generation(ns)
+        if gen == 0:
+            gen = self.directory.open_generation(ns)
+        self._dir_gens[ns] = gen
+        return gen
+
+    def _entry(self, key: bytes, codec: Codec, copy: _Copy) -> DirectoryEntry:
+        return DirectoryEntry(
+            key=key, tenant_ns=self.blinder.namespace(copy.namespace), tier=copy.tier,
+            node=self.name, location=f"{copy.tier.name.lower()}:{copy.loc}", codec=codec,
+            size_bucket=size_bucket(copy.nbytes), generation=copy.dir_gen)
+
+    # -- data path ------------------------------------------------------------------------------
+    def store_from(self, meta: PageMeta, tier: Tier, codec: Codec, src: RemoteSpan) -> dict[str, int]:
+        """Pull an encoded page from ``src``, seal it, store it on ``tier`` (HOST spills to NVMe)."""
+        slot = self.mover.take_slot()
+        try:
+            self.mover.pull(src, self.mover.staging_region, slot * self.mover.slot_bytes)
+            plain = self.mover.slot_view(slot, src.length)
+            with self._lock:
+                return self._store(meta, tier, codec, plain)
+        finally:
+            self.mover.give_slot(slot)
+
+    def _store(self, meta: PageMeta, tier: Tier, codec: Codec, plain: Any) -> dict[str, int]:
+        ns_dir = self.blinder.namespace(meta.namespace)
+        dir_gen = self._dir_generation(ns_dir)
+        seal_gen = self.keyring.current_generation(meta.namespace)
+        loc = self._loc_base | self._loc_next
+        self._loc_next += 1
+        self.delete_copy(meta.key, codec)
+        header = msgpack.packb({"k": meta.key, "ns": meta.namespace, "c": int(codec), "loc": loc,
+                                "sg": seal_gen, "dg": dir_gen, "n": len(plain)})
+        for where in ((Tier.HOST, Tier.NVME) if tier is Tier.HOST else (Tier.NVME,)):
+            record = bytearray(_REC.size + len(header) + sealed_size(len(plain)))
+            _REC.pack_into(record, 0, _MAGIC, len(header))
+            record[_REC.size:_REC.size + len(header)] = header
+            self.sealer.seal(meta.namespace, meta.digest, seal_gen, int(where), loc, plain,
+                             out=memoryview(record)[_REC.size + len(header):])
+            if where is Tier.HOST:
+                try:
+                    slot = self.host.alloc()
+                except PoolFull:
+                    continue  # spill to NVMe
+                self.host.write(slot, record)
+            else:
+                slot = -1
+                self.nvme.put(_nvme_key(meta.key, codec), record, dir_gen)
+            copy = _Copy(tier=where, slot=slot, loc=loc, seal_gen=seal_gen, dir_gen=dir_gen,
+                         nbytes=len(plain), namespace=meta.namespace)
+            self._index[(meta.key, codec)] = copy
+            self.directory.put(self._entry(meta.key, codec, copy))
+            return {"tier": int(where), "nbytes": len(plain)}
+        raise PageMissing("unreachable: NVMe always accepts or raises")  # pragma: no cover
+
+    def restore_into(self, meta: PageMeta, tier: Tier, codec: Codec, dst: RemoteSpan
+                     ) -> dict[str, int]:
+        """Open the (key, codec) copy and push its plaintext into ``dst``."""
+        slot = self.mover.take_slot()
+        try:
+            with self._lock:
+                copy = self._index.get((meta.key, codec))
+                if copy is None:
+                    raise PageMissing(f"no {codec.name} copy of that page in {self.name}")
+                record = self._read(meta.key, codec, copy)
+                _, sealed = _parse(record)
+                out = self.mover.slot_view(slot)
+                try:
+                    self.sealer.open(copy.namespace, meta.digest, copy.seal_gen, int(copy.tier),
+                                     copy.loc, sealed, out=out)
+                except InvalidSeal:
+                    self.rejects += 1
+                    raise SealRejected("stored copy failed to open") from None
+            span = RemoteSpan(endpoint=dst.endpoint, region=dst.region, offset=dst.offset,
+                              length=copy.nbytes)
+            self.mover.push(self.mover.staging_region, slot * self.mover.slot_bytes, span)
+            return {"tier": int(copy.tier), "nbytes": copy.nbytes}
+        finally:
+            self.mover.give_slot(slot)
+
+    def _read(self, key: bytes, codec: Codec, copy: _Copy) -> bytes | memoryview:
+        if copy.tier is Tier.HOST:
+            try:
+                return self.host.read(copy.slot)
+            except (SlotEmpty, TornRead):
+                raise PageMissing("host copy vanished") from None
+        data = self.nvme.get(_nvme_key(key, codec))
+        if data is Lookup.MISS:
+            del self._index[(key, codec)]
+            raise PageMissing("NVMe copy failed its checksum")
+        return data
+
+    def delete_copy(self, key: bytes, codec: Codec) -> bool:
+        with self._lock:
+            copy = self._index.pop((key, codec), None)
+            if copy is None:
+                return False
+            if copy.tier is Tier.HOST:
+                self.host.free(copy.slot)
+            else:
+                self.nvme.delete(_nvme_key(key, codec))
+            return True
+
+    def delete(self, key: bytes, namespace: str) -> int:
+        """Drop every copy of a page and its directory entry; returns copies removed."""
+        with self._lock:
+            gone = sum(self.delete_copy(key, c) for c in Codec)
+            if gone:
+                self.directory.delete(self.blinder.namespace(namespace), key)
+            return gone
+
+    def close(self, unlink: bool = True) -> None:
+        self.nvme.close()
+        self.host.close()
+        if unlink:
+            self.host.unlink()
+        self.mover.close()
+
+
+def _parse(record: bytes | memoryview) -> tuple[dict[str, Any], memoryview]:
+    view = memoryview(record)
+    if len(view) < _REC.size:
+        raise ValueError("record too short")
+    magic, hlen = _REC.unpack_from(view)
+    if magic != _MAGIC or _REC.size + hlen > len(view):
+        raise ValueError("not a pool record")
+    header = msgpack.unpackb(bytes(view[_REC.size:_REC.size + hlen]), raw=False)
+    return header, view[_REC.size + hlen:]
+
+
+def ensure_tenant(keys_dir: str, tenant: str) -> None:
+    """Create the tenant's keys on first use (idempotent across racing processes)."""
+    keyring = TenantKeyring(FileKeySource(keys_dir))
+    if keyring.generations(tenant):
+        return
+    try:
+        keyring.create_tenant(tenant)
+    except KeyExists:
+        pass
+
+
+__all__ = ["PageMissing", "PoolActor", "PoolSpec", "SealRejected", "ensure_tenant"]

@@ -1,0 +1,156 @@
+"""Glue from the controller to one policy family: the LRU baseline or AgentKV.
+
+A strategy answers four questions with the pure policy objects and nothing else:
+which eviction policy runs per HBM actor, in what form a victim is kept, which
+copy a restore reads, and what a tool start schedules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from agentkv_cluster.lifecycle import events as ev
+from agentkv_cluster.policy.agentkv import AgentKvConfig, AgentKvPolicy
+from agentkv_cluster.policy.base import CostModel, EvictionPolicy, GapPlan, ToolStart
+from agentkv_cluster.policy.baselines import LruPolicy
+from agentkv_cluster.policy.predictor import Predictor
+from agentkv_cluster.runtime.records import Action, ActionKind, PageRecord
+from store.types import Codec, Tier
+
+# Restore cost through the real actors on the 2-core reference machine (NIXL + AES-GCM +
+# torch dequantisation), so the gap planner's T_move is this service's, not the paper's.
+RUNTIME_COST = CostModel(
+    link_bytes_per_s={Tier.HBM: 8e9, Tier.HOST: 0.6e9, Tier.NVME: 0.4e9},
+    fixed_overhead_s={Tier.HBM: 0.0, Tier.HOST: 4e-3, Tier.NVME: 6e-3},
+    codec_bytes_per_s=0.5e9,
+)
+_SERVICE_CODECS = (Codec.FULL, Codec.INT8, Codec.INT4)
+
+
+def _clamp(codec: Codec, shaped: bool) -> Codec:
+    """The service stores FULL, INT8 and INT4; opaque pages (no KV geometry) only FULL."""
+    if not shaped:
+        return Codec.FULL
+    return codec if codec in _SERVICE_CODECS else Codec.INT4
+
+
+class Strategy(Protocol):
+    name: str
+
+    def new_policy(self, capacity: int) -> EvictionPolicy: ...
+
+    def demotion(self, rec: PageRecord, policy: EvictionPolicy, now: float
+                 ) -> tuple[Tier, Codec, bool]: ...
+
+    def restore_source(self, rec: PageRecord) -> tuple[Tier, Codec]: ...
+
+    def prepare(self, rec: PageRecord, now: float) -> None: ...
+
+    def gap_plan(self, recs: Sequence[PageRecord], event: ev.ToolStart, policy: EvictionPolicy,
+                 now: float) -> tuple[list[Action], GapPlan | None]: ...
+
+    def tool_return(self, plan: GapPlan | None, recs: Sequence[PageRecord],
+                    policy: EvictionPolicy, tool: str, started: float, now: float) -> None: ...
+
+
+class LruStrategy:
+    """The paper's LRU baseline: evict least recently used, keep FULL on the host, restore FULL."""
+
+    name = "lru"
+
+    def new_policy(self, capacity: int) -> EvictionPolicy:
+        return LruPolicy()
+
+    def demotion(self, rec: PageRecord, policy: EvictionPolicy, now: float
+                 ) -> tuple[Tier, Codec, bool]:
+        return Tier.HOST, Codec.FULL, False
+
+    def restore_source(self, rec: PageRecord) -> tuple[Tier, Codec]:
+        codec = Codec.FULL if Codec.FULL in rec.copies else min(rec.copies)
+        return rec.copies[codec], codec
+
+    def prepare(self, rec: PageRecord, now: float) -> None:
+        return None
+
+    def gap_plan(self, recs, event, policy, now):  # noqa: ANN001 - see Strategy
+        return [], None
+
+    def tool_return(self, plan, recs, policy, tool, started, now) -> None:  # noqa: ANN001
+        return None
+
+
+class AgentKvStrategy:
+    """Value-ordered eviction, risk-bounded compression, tool-gap migration and prefetch."""
+
+    name = "agentkv"
+
+    def __init__(self, config: AgentKvConfig | None = None) -> None:
+        self.config = config or AgentKvConfig(cost=RUNTIME_COST)
+        self.predictor = Predictor(self.config.predictor)
+
+    def new_policy(self, capacity: int) -> EvictionPolicy:
+        return AgentKvPolicy(self.config, predictor=self.predictor)
+
+    def prepare(self, rec: PageRecord, now: float) -> None:
+        """Fill the predictor's view of the page before a policy decision."""
+        view = rec.view
+        pred = self.predictor.predict(view, now)
+        view.reuse_prob = min(1.0, max(0.0, 0.5 * (pred.p_reuse + view.reuse_prob)))
+        view.predicted_idle_s = pred.idle_quantiles.get(0.5, 0.0)
+        view.confidence = pred.confidence
+
+    def demotion(self, rec: PageRecord, policy: EvictionPolicy, now: float
+                 ) -> tuple[Tier, Codec, bool]:
+        assert isinstance(policy, AgentKvPolicy)
+        placement = policy.demotion(rec.view)
+        codec = _clamp(placement.codec, rec.meta.shape is not None)
+        tier = placement.tier if placement.tier in (Tier.HOST, Tier.NVME) else Tier.HOST
+        return tier, codec, placement.reference_tier is not None and codec is not Codec.FULL
+
+    def restore_source(self, rec: PageRecord) -> tuple[Tier, Codec]:
+        codec = max(rec.copies)  # the smallest form moves the fewest bytes; verify uses FULL
+        return rec.copies[codec], codec
+
+    def gap_plan(self, recs: Sequence[PageRecord], event: ev.ToolStart, policy: EvictionPolicy,
+                 now: float) -> tuple[list[Action], GapPlan | None]:
+        assert isinstance(policy, AgentKvPolicy)
+        by_id = {r.gid: r for r in recs}
+        for rec in recs:
+            rec.view.tool_class = event.tool
+            self.prepare(rec, now)
+        start = ToolStart(session=event.session, call_id=event.call_id, tool_class=event.tool,
+                          started_at=now)
+        plan = policy.on_tool_start(start, [r.view for r in recs], now)
+        actions = []
+        for m in plan.migrations:
+            rec = by_id[m.page_id]
+            codec = _clamp(m.codec, rec.meta.shape is not None)
+            reference = codec is not Codec.FULL and policy.risk.decide(rec.view).keep_reference
+            actions.append(Action(kind=ActionKind.DEMOTE, gid=m.page_id, hbm=rec.hbm,
+                                  tier=m.to_tier, codec=codec, reference=reference,
+                                  start_at=m.start_at, reason="gap", session=event.session))
+        for f in plan.prefetches:
+            rec = by_id[f.page_id]
+            actions.append(Action(kind=ActionKind.RESTORE, gid=f.page_id, hbm=rec.hbm,
+                                  tier=f.from_tier, codec=_clamp(f.codec, rec.meta.shape is not None),
+                                  start_at=f.start_at, reason="prefetch", session=event.session))
+        return actions, plan
+
+    def tool_return(self, plan: GapPlan | None, recs: Sequence[PageRecord],
+                    policy: EvictionPolicy, tool: str, started: float, now: float) -> None:
+        if plan is not None and isinstance(policy, AgentKvPolicy):
+            policy.on_tool_return(plan, [r.view for r in recs], now)
+        else:
+            self.predictor.observe_tool(tool, max(now - started, 1e-6))
+
+
+def make_strategy(name: str) -> Strategy:
+    if name == "lru":
+        return LruStrategy()
+    if name == "agentkv":
+        return AgentKvStrategy()
+    raise ValueError(f"unknown policy {name!r}; expected 'agentkv' or 'lru'")
+
+
+__all__ = ["AgentKvStrategy", "LruStrategy", "RUNTIME_COST", "Strategy", "make_strategy"]

@@ -1,0 +1,196 @@
+"""The only module that calls ``ray.remote``: makes the actor classes remote and places them.
+
+``deploy`` starts, on a running Ray cluster, one pool actor per node, one HBM actor
+per GPU (or per ``hbm_slot`` resource on CPU-only nodes), the directory (Redis, or an
+embedded one in its own actor) and the controller. ``deploy_local`` builds the same
+objects in this process for tests and tools that need no Ray.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentkv_cluster.config import AgentKvConfig
+from agentkv_cluster.runtime import handles
+from agentkv_cluster.runtime.controller_actor import ControllerActor, ControllerSpec
+from agentkv_cluster.runtime.directory_glue import DirectoryShell, RedisSpec, open_directory
+from agentkv_cluster.runtime.handles import Handle
+from agentkv_cluster.runtime.hbm_actor import HbmActor, HbmSpec
+from agentkv_cluster.runtime.pool_actor import PoolActor, PoolSpec
+
+
+@dataclass(kw_only=True)
+class Topology:
+    controller: Handle
+    directory: Any
+    pools: dict[str, Handle] = field(default_factory=dict)
+    hbms: dict[str, Handle] = field(default_factory=dict)
+    hbm_pool: dict[str, str] = field(default_factory=dict)
+    pool_node: dict[str, str] = field(default_factory=dict)  # pool -> Ray node id
+    workdir: Path = Path(".")
+    pool_specs: dict[str, PoolSpec] = field(default_factory=dict)
+
+
+class ControllerShell(ControllerActor):
+    """ControllerActor that opens its directory in its own process."""
+
+    def __init__(self, spec: ControllerSpec, directory: Any) -> None:
+        super().__init__(spec, open_directory(directory))
+
+
+class PoolShell(PoolActor):
+    """PoolActor that opens its directory in its own process (Redis clients do not pickle)."""
+
+    def __init__(self, spec: PoolSpec, directory: Any) -> None:
+        super().__init__(spec, open_directory(directory))
+
+
+def _ray():
+    import ray
+
+    return ray
+
+
+def start_ray(cfg: AgentKvConfig) -> None:
+    """Join ``cfg.ray.address`` or start a small local Ray."""
+    ray = _ray()
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if ray.is_initialized():
+        return
+    if cfg.ray.address:
+        ray.init(address=cfg.ray.address, namespace=cfg.ray.namespace, log_to_driver=False)
+    else:
+        ray.init(namespace=cfg.ray.namespace, object_store_memory=cfg.ray.object_store_memory,
+                 num_cpus=cfg.ray.num_cpus or 4, resources={cfg.hbm.resource: 1},
+                 include_dashboard=False, log_to_driver=False)
+
+
+def _affinity(node_id: str) -> dict[str, Any]:
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)}
+
+
+def _hbm_slots(node: dict[str, Any], resource: str) -> tuple[str, int]:
+    res = node.get("Resources", {})
+    if res.get("GPU", 0) >= 1:
+        return "GPU", int(res["GPU"])
+    return resource, int(res.get(resource, 0))
+
+
+def pool_spec(cfg: AgentKvConfig, name: str, workdir: Path) -> PoolSpec:
+    nvme = Path(cfg.pool.nvme_dir) if cfg.pool.nvme_dir else workdir / "nvme"
+    keys = cfg.security.tenant_keys_dir or str(workdir / "keys")
+    Path(keys).mkdir(parents=True, exist_ok=True)
+    slots = max(1, cfg.pool.pool_bytes // cfg.pool.slot_bytes)
+    return PoolSpec(name=name, host_slot_bytes=cfg.pool.slot_bytes, host_slots=slots,
+                    nvme_dir=str(nvme / name), nvme_bytes=cfg.pool.nvme_bytes, keys_dir=keys)
+
+
+def spawn_pool(topo: Topology, spec: PoolSpec, node_id: str) -> Handle:
+    ray = _ray()
+    cls = ray.remote(PoolShell)
+    opts = {"num_cpus": 0, "max_concurrency": 8, "name": f"akv-pool-{spec.name}",
+            **_affinity(node_id)}
+    handle = handles.create(cls, spec.name, opts, spec, topo.directory)
+    topo.pools[spec.name], topo.pool_node[spec.name], topo.pool_specs[spec.name] = \
+        handle, node_id, spec
+    return handle
+
+
+def spawn_hbm(cfg: AgentKvConfig, name: str, node_id: str, kind: str) -> Handle:
+    ray = _ray()
+    spec = HbmSpec(name=name, page_bytes=cfg.hbm.page_bytes, num_pages=cfg.hbm.num_pages,
+                   device=cfg.hbm.device)
+    opts: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 8, **_affinity(node_id)}
+    if kind == "GPU":
+        opts["num_gpus"] = 1
+    else:
+        opts["resources"] = {kind: 1}
+    return handles.create(ray.remote(HbmActor), name, opts, spec)
+
+
+def deploy(cfg: AgentKvConfig, workdir: Path | None = None, *, policy: str | None = None,
+           credits: bool = True, hbm_capacity: int | None = None) -> Topology:
+    """Place the whole service on the running Ray cluster (every alive node)."""
+    ray = _ray()
+    workdir = workdir or Path(tempfile.mkdtemp(prefix="agentkv-"))
+    if cfg.directory.redis_url:
+        directory: Any = RedisSpec(url=cfg.directory.redis_url, prefix=cfg.directory.prefix)
+    else:
+        directory = handles.create(ray.remote(DirectoryShell), "directory",
+                                   {"num_cpus": 0, "max_concurrency": 8})
+    spec = ControllerSpec(policy=policy or cfg.controller.policy, per_link=cfg.credits.per_link,
+                          per_session=cfg.credits.per_session, credits=credits,
+                          tick_s=cfg.controller.tick_s)
+    controller = handles.create(ray.remote(ControllerShell), "controller",
+                                {"num_cpus": 0, "max_concurrency": 64}, spec, directory)
+    topo = Topology(controller=controller, directory=directory, workdir=workdir)
+    nodes = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: n["NodeID"])
+    for i, node in enumerate(nodes):
+        add_node(cfg, topo, node, i, hbm_capacity)
+    connect(topo)
+    return topo
+
+
+def add_node(cfg: AgentKvConfig, topo: Topology, node: dict[str, Any], index: int,
+             hbm_capacity: int | None = None) -> None:
+    """One pool actor, and an HBM actor per GPU / hbm_slot, on one Ray node."""
+    pool = f"node{index}"
+    spawn_pool(topo, pool_spec(cfg, pool, topo.workdir), node["NodeID"])
+    topo.controller.add_pool(pool, topo.pools[pool])
+    kind, count = _hbm_slots(node, cfg.hbm.resource)
+    capacity = hbm_capacity or cfg.hbm.page_bytes * cfg.hbm.num_pages
+    for g in range(count):
+        name = f"{pool}-hbm{g}"
+        topo.hbms[name] = spawn_hbm(cfg, name, node["NodeID"], kind)
+        topo.hbm_pool[name] = pool
+        topo.controller.add_hbm(name, topo.hbms[name], capacity, pool)
+
+
+def introduce(a: Handle | Any, b: Handle | Any) -> None:
+    """Introduce two NIXL agents to each other (objects with endpoint()/introduce())."""
+    a.introduce(b.endpoint())
+    b.introduce(a.endpoint())
+
+
+def connect(topo: Topology, front: Any | None = None) -> None:
+    """Every HBM actor with every pool actor, and the API front with every HBM actor."""
+    for hbm in topo.hbms.values():
+        for pool in topo.pools.values():
+            introduce(hbm, pool)
+        if front is not None:
+            introduce(hbm, front)
+
+
+def restart_pool(topo: Topology, name: str) -> Handle:
+    """Kill-and-replace recovery: a fresh pool actor rebuilds its index from the tiers."""
+    old = topo.pools[name]
+    old.kill()
+    handle = spawn_pool(topo, topo.pool_specs[name], topo.pool_node[name])
+    for hbm in topo.hbms.values():
+        introduce(hbm, handle)
+    topo.controller.replace_pool(name, handle)
+    return handle
+
+
+def shutdown(topo: Topology) -> None:
+    for handle in [*topo.hbms.values()]:
+        try:
+            handle.call("close", timeout_s=10)
+        except Exception:  # noqa: BLE001 - best effort at teardown
+            pass
+    for handle in topo.pools.values():
+        try:
+            handle.call("close", timeout_s=10)
+        except Exception:  # noqa: BLE001 - best effort at teardown
+            pass
+    try:
+        topo.controller.call("close", timeout_s=10)
+    except Exception:  # noqa: BLE001 - best effort at teardown
+        pass

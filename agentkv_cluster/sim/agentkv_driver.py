@@ -1,0 +1,71 @@
+"""Driver around ``AgentKvPolicy``: its value order, its demotion form, its gap plans.
+
+Composition only. A victim's form comes from ``AgentKvPolicy.demotion`` (phase 2
+of the placement planner under the risk decision). Its prefetch comes from the
+gap planner: the victim's idle period is the tool call it waits on, so the loop
+asks ``on_tool_start`` for that one page and starts the planned prefetch, if
+the plan has one. The predictor learns tool durations from every observed read.
+"""
+
+from __future__ import annotations
+
+from store.types import Codec, Tier
+
+from agentkv_cluster.policy.agentkv import AgentKvConfig, AgentKvPolicy
+from agentkv_cluster.policy.base import Mechanisms, PageView, ToolStart
+from agentkv_cluster.policy.predictor import Predictor
+from agentkv_cluster.policy.risk import RiskController
+from agentkv_cluster.sim.config import SimConfig
+from agentkv_cluster.sim.drivers import Demotion, PageFactory, cost_model
+
+
+class AgentKvDriver:
+    def __init__(self, cfg: SimConfig, mechanisms: Mechanisms, predictor: Predictor) -> None:
+        self.cost = cost_model(cfg)
+        self.policy = AgentKvPolicy(AgentKvConfig(cost=self.cost, mechanisms=mechanisms),
+                                    predictor=predictor)
+        self.name = self.policy.name
+        # The event graph's retirement signal is the "event dependency" mechanism.
+        self.retires_on_end_of_life = mechanisms.event_dependency
+        # The predictor's idle quantiles, and hence the value model's occupancy term,
+        # are remaining times given the time already elapsed.
+        self.remaining_idle = True
+        self.risk_controller = RiskController()  # the metric, identical for every policy
+        self._views = PageFactory(cfg)
+
+    def make_view(self, **fields: object) -> PageView:
+        return self._views.make_view(**fields)  # type: ignore[arg-type]
+
+    def demote(self, page: PageView, now: float) -> Demotion:
+        p = self.policy.demotion(page)
+        return Demotion(tier=p.tier, codec=p.codec, stored_bytes=p.stored_bytes,
+                        reference=p.reference_tier is not None)
+
+    def prefetch_at(self, page: PageView, demotion: Demotion, now: float) -> float | None:
+        if demotion.codec is Codec.RECOMPUTE:
+            return None  # nothing stored to bring back
+        start = ToolStart(session=page.session, call_id=str(page.page_id),
+                          tool_class=page.tool_class, started_at=page.last_access)
+        plan = self.policy.on_tool_start(start, [page], now)
+        for f in plan.prefetches:
+            if f.page_id == page.page_id:
+                return f.start_at
+        return None
+
+    def restore_s(self, page: PageView, demotion: Demotion) -> float:
+        if demotion.codec is Codec.RECOMPUTE:
+            return page.recompute_cost_s
+        return self.cost.restore_time(page.size_bytes, demotion.tier, demotion.codec)
+
+    def observe_read(self, page: PageView, idle_s: float) -> None:
+        if idle_s > 0:
+            self.policy.predictor.observe_tool(page.tool_class, idle_s)
+
+    def risk(self, page: PageView, demotion: Demotion, predicted_idle_s: float,
+             actual_idle_s: float) -> float:
+        return self.risk_controller.risk_proxy(
+            page, tier=demotion.tier, codec=demotion.codec,
+            predicted_idle_s=max(predicted_idle_s, 1e-9), actual_idle_s=max(actual_idle_s, 1e-9))
+
+
+__all__ = ["AgentKvDriver", "Tier"]

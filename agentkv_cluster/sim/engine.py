@@ -1,0 +1,281 @@
+"""The discrete-event loop: one batch, one policy driver, exact bookkeeping of HBM bytes.
+
+Events, in time order: a page is produced (CREATE), read again (ACCESS), its
+end-of-life signal arrives (EOL), or a planned prefetch starts (PREFETCH).
+HBM holds at most ``capacity_bytes``; whenever bytes must come in, the policy
+picks victims ("exactly enough or nothing") and the driver says where and in
+what form each victim goes. Restores and prefetches share one host link and
+queue on it. The loop records facts only; ``metrics`` turns them into numbers.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+
+from store.types import Codec, Tier
+
+from agentkv_cluster.policy.base import PageView
+from agentkv_cluster.sim.drivers import Demotion, PolicyDriver
+from agentkv_cluster.sim.metrics import wrong_eviction_weight
+from agentkv_cluster.sim.workload import TYPE_ORDER, Batch
+
+# Event kinds; the integer orders same-time events (produce, read, signal, prefetch).
+CREATE, ACCESS, EOL, PREFETCH = 0, 1, 2, 3
+
+IN_HBM, LOWER, PREFETCHING, NOT_YET, RETIRED = 0, 1, 2, 3, 4
+
+
+@dataclass(slots=True)
+class _Slot:
+    """Simulator-side state of one page (the policy sees only the PageView)."""
+
+    view: PageView
+    where: int = NOT_YET
+    demotion: Demotion | None = None
+    ready_at: float = 0.0  # when an in-flight prefetch lands
+    restore_ms: float = 0.0  # full duration of that prefetch
+    prefetch_token: int = 0  # bumps to cancel a scheduled prefetch
+    next_access: int = 0
+    predicted_gap: float = 0.0  # predictor's guess of the current idle gap, from last use
+    demotions: int = 0
+    unread_prefetch: int = 0  # stored bytes prefetched and not read (yet)
+
+
+@dataclass(slots=True)
+class BatchTrace:
+    """Facts recorded for one batch: one entry per read, per eviction, per transfer."""
+
+    access_bytes: list[int] = field(default_factory=list)
+    access_hit: list[bool] = field(default_factory=list)
+    access_visible_ms: list[float] = field(default_factory=list)
+    access_restore_ms: list[float] = field(default_factory=list)  # 0 for hits
+    access_risk: list[float] = field(default_factory=list)  # risk proxy of the restore
+    access_weight: list[float] = field(default_factory=list)  # correctness weight
+    access_wrong: list[float] = field(default_factory=list)  # wrong-eviction weight
+    transfer_bytes: int = 0  # lower tier -> HBM (restores + prefetches), stored bytes
+    demoted_bytes: int = 0  # HBM -> lower tier, stored bytes
+    wasted_prefetch_bytes: int = 0  # prefetched pages that were never read
+    overflow_events: int = 0  # bytes had to come in but the policy could free none
+
+
+class BatchRun:
+    """Runs one batch against one driver. Single use."""
+
+    def __init__(self, batch: Batch, driver: PolicyDriver, *, trace: BatchTrace | None = None,
+                 jitter: bool = True) -> None:
+        self.batch = batch
+        self.driver = driver
+        self.policy = driver.policy
+        self.trace = trace if trace is not None else BatchTrace()
+        self.used = 0
+        self.link_free_at = 0.0
+        self._jitter = jitter
+        self._events: list[tuple[float, int, int, int, int]] = []
+        self._seq = 0
+        self.slots = [self._make_slot(i) for i in range(batch.n_pages)]
+
+    def _make_slot(self, i: int) -> _Slot:
+        b = self.batch
+        st = TYPE_ORDER[int(b.types[i])]
+        view = self.driver.make_view(
+            page_id=i, size_bytes=int(b.sizes[i]), state_type=st, created=float(b.created[i]),
+            predicted_idle_s=float(b.predicted_idle[i][0]),
+            session=b.sessions[i] if b.sessions else "", tool_class=
+            b.tool_classes[i] if b.tool_classes else "")
+        return _Slot(view=view, predicted_gap=view.predicted_idle_s)
+
+    def _push(self, t: float, kind: int, page: int, token: int = 0) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (t, kind, self._seq, page, token))
+
+    def run(self) -> BatchTrace:
+        b = self.batch
+        for i in range(b.n_pages):
+            self._push(float(b.created[i]), CREATE, i)
+            for t in b.access_times[i]:
+                self._push(float(t), ACCESS, i)
+            if math.isfinite(b.eol[i]):
+                self._push(float(b.eol[i]), EOL, i)
+        handlers = (self._on_create, self._on_access, self._on_eol, self._on_prefetch)
+        while self._events:
+            t, kind, _, page, token = heapq.heappop(self._events)
+            handlers[kind](page, t, token)
+        for s in self.slots:
+            if s.unread_prefetch:
+                self.trace.wasted_prefetch_bytes += s.unread_prefetch
+        return self.trace
+
+    # ------------------------------------------------------------ space
+    def _make_room(self, need: int, now: float) -> bool:
+        """Free ``need`` bytes of HBM through the policy; False if it cannot."""
+        over = self.used + need - self.batch.capacity_bytes
+        if over <= 0:
+            return True
+        self._refresh_predictions(now)
+        victims = self.policy.select_victims(over, now)
+        if not victims:
+            self.trace.overflow_events += 1
+            return False
+        for pid in victims:
+            self._demote(self.slots[pid], now)
+        return True
+
+    def _demote(self, s: _Slot, now: float) -> None:
+        d = self.driver.demote(s.view, now)
+        # Planned while the page is still in HBM (the gap planner moves HBM pages).
+        start = self.driver.prefetch_at(s.view, d, now)
+        s.where, s.demotion = LOWER, d
+        s.demotions += 1
+        s.view.tier, s.view.codec = d.tier, d.codec
+        self.used -= s.view.size_bytes
+        self.trace.demoted_bytes += d.stored_bytes
+        s.prefetch_token += 1
+        if start is not None:
+            self._push(max(start, now), PREFETCH, s.view.page_id, s.prefetch_token)
+
+    def _admit(self, s: _Slot, now: float) -> None:
+        s.view.tier, s.view.codec = Tier.HBM, Codec.FULL
+        self.used += s.view.size_bytes
+        self.policy.on_insert(s.view, now)
+
+    def _restore_ms(self, s: _Slot) -> float:
+        d = s.demotion
+        assert d is not None
+        ms = self.driver.restore_s(s.view, d) * 1e3
+        if self._jitter:
+            ms += float(self.batch.jitter_ms[s.view.page_id])
+        return ms
+
+    # ------------------------------------------------------------ handlers
+    def _on_create(self, i: int, now: float, _token: int) -> None:
+        s = self.slots[i]
+        s.view.last_access = now
+        if self._make_room(s.view.size_bytes, now):
+            s.where = IN_HBM
+            self._admit(s, now)
+        else:  # no room at all: the page is written straight to the lower tier
+            s.where = LOWER
+            s.demotion = self.driver.demote(s.view, now)
+            s.view.tier, s.view.codec = s.demotion.tier, s.demotion.codec
+
+    def _on_prefetch(self, i: int, now: float, token: int) -> None:
+        s = self.slots[i]
+        if s.where != LOWER or token != s.prefetch_token:
+            return
+        if not self._room_for_prefetch(s, now):
+            return
+        d = s.demotion
+        assert d is not None
+        start = max(now, self.link_free_at)
+        ms = self._restore_ms(s)
+        self.link_free_at = start + ms / 1e3
+        s.where, s.ready_at, s.restore_ms = PREFETCHING, start + ms / 1e3, ms
+        s.view.tier, s.view.codec = Tier.HBM, Codec.FULL
+        self.used += s.view.size_bytes
+        self.trace.transfer_bytes += d.stored_bytes
+        s.unread_prefetch += d.stored_bytes
+
+    def _room_for_prefetch(self, s: _Slot, now: float) -> bool:
+        """A prefetch may only displace pages the policy itself ranks below it.
+
+        The page joins the policy's resident set first; if the policy then picks
+        it among the victims, the prefetch is dropped and the other picks stay.
+        """
+        view = s.view
+        over = self.used + view.size_bytes - self.batch.capacity_bytes
+        self._refresh_predictions(now)
+        self.policy.on_insert(view, now)
+        if over <= 0:
+            return True
+        victims = self.policy.select_victims(over, now)
+        if not victims or view.page_id in victims:
+            for pid in victims:
+                if pid != view.page_id:
+                    self.policy.on_insert(self.slots[pid].view, now)
+            if view.page_id not in victims:
+                self.policy.on_remove(view.page_id)
+            return False
+        for pid in victims:
+            self._demote(self.slots[pid], now)
+        return True
+
+    def _on_access(self, i: int, now: float, _token: int) -> None:
+        s = self.slots[i]
+        tr = self.trace
+        view = s.view
+        risk = wrong = 0.0
+        if s.where == IN_HBM:
+            hit, visible, total = True, 0.0, 0.0
+            self.policy.on_access(view, now)
+        else:
+            hit = False
+            d = s.demotion
+            assert d is not None
+            risk = self.driver.risk(view, d, s.predicted_gap, now - view.last_access)
+            wrong = wrong_eviction_weight(view, d)
+            if s.where == PREFETCHING:
+                s.unread_prefetch = 0
+                total = s.restore_ms
+                visible = max(0.0, (s.ready_at - now) * 1e3)
+                s.where = IN_HBM
+                self.policy.on_access(view, now)
+            else:
+                s.prefetch_token += 1  # cancel the planned prefetch: the read came first
+                start = max(now, self.link_free_at)
+                ms = self._restore_ms(s)
+                self.link_free_at = start + ms / 1e3
+                total = ms
+                visible = (start - now) * 1e3 + ms
+                tr.transfer_bytes += d.stored_bytes
+                if self._make_room(view.size_bytes, now):
+                    s.where = IN_HBM
+                    self._admit(s, now)
+        tr.access_bytes.append(view.size_bytes)
+        tr.access_hit.append(hit)
+        tr.access_visible_ms.append(visible)
+        tr.access_restore_ms.append(total)
+        tr.access_risk.append(risk)
+        tr.access_weight.append(view.correctness_weight)
+        tr.access_wrong.append(wrong)
+        self.driver.observe_read(view, now - view.last_access)
+        self._after_read(s, now)
+
+    def _after_read(self, s: _Slot, now: float) -> None:
+        view = s.view
+        s.next_access += 1
+        view.last_access = now
+        view.access_count += 1
+        gaps = self.batch.predicted_idle[view.page_id]
+        if s.next_access < len(gaps):
+            s.predicted_gap = view.predicted_idle_s = float(gaps[s.next_access])
+        if s.where == IN_HBM:
+            self.policy.on_update(view, now)
+
+    def _on_eol(self, i: int, now: float, _token: int) -> None:
+        # The event graph reports no unfinished consumer any more (commit, failure,
+        # superseded): dependency drops to 0, and a policy that acts on the event
+        # graph retires the page from every tier.
+        s = self.slots[i]
+        s.view.dependency = 0.0
+        resident = s.where in (IN_HBM, PREFETCHING)
+        if not self.driver.retires_on_end_of_life:
+            if resident:
+                self.policy.on_update(s.view, now)
+            return
+        if resident:
+            self.policy.on_remove(s.view.page_id)
+            self.used -= s.view.size_bytes
+        s.where = RETIRED
+        s.prefetch_token += 1
+
+    def _refresh_predictions(self, now: float) -> None:
+        """Give policies that read ``predicted_idle_s`` as *remaining* idle time the
+        predictor's current estimate (its guess of the gap minus the time elapsed)."""
+        if not self.driver.remaining_idle:
+            return
+        for s in self.slots:
+            if s.where in (IN_HBM, PREFETCHING, LOWER):
+                v = s.view
+                v.predicted_idle_s = max(0.0, s.predicted_gap - (now - v.last_access))

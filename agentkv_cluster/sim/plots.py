@@ -1,0 +1,79 @@
+"""PNG plots of the paper's Figures 5, 6 and 7 (matplotlib, Agg backend).
+
+matplotlib is imported inside the functions so that importing the simulator
+stays cheap and headless machines never need a display.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from agentkv_cluster.sim.metrics import PolicyMetrics
+
+Points = Sequence[tuple[float, Mapping[str, PolicyMetrics]]]
+
+_STYLE = {"lru": "o-", "ttl": "s-", "semantic": "^-", "agentkv": "D-", "arc": "v--"}
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _policy_lines(points: Points, metric: str, title: str, ylabel: str, path: Path) -> Path:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    x = [v for v, _ in points]
+    for name in points[0][1]:
+        ax.plot(x, [getattr(res[name], metric) for _, res in points],
+                _STYLE.get(name, "-"), label=name, markersize=4)
+    ax.set_xlabel("HBM budget (fraction of working set)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def budget_figures(points: Points, out_dir: Path) -> list[Path]:
+    """Fig. 5 (byte hit rate) and Fig. 6 (restore delay P95) against the HBM budget."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return [
+        _policy_lines(points, "byte_hit_pct", "Fig. 5: byte hit rate vs HBM budget",
+                      "byte hit rate (%)", out_dir / "fig5_byte_hit_vs_budget.png"),
+        _policy_lines(points, "p95_ms", "Fig. 6: restore delay P95 vs HBM budget",
+                      "P95 restore delay (ms)", out_dir / "fig6_p95_vs_budget.png"),
+    ]
+
+
+def noise_figure(points: Points, out_dir: Path, policy: str = "agentkv") -> list[Path]:
+    """Fig. 7: AgentKV P95 and risk proxy against the prediction log-error sigma."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    x = [v for v, _ in points]
+    ax.plot(x, [res[policy].p95_ms for _, res in points], "D-", color="tab:blue",
+            label=f"{policy} P95 (ms)")
+    ax.set_xlabel("prediction noise (log-error sigma)")
+    ax.set_ylabel("P95 restore delay (ms)", color="tab:blue")
+    ax.set_ylim(bottom=0)
+    ax2 = ax.twinx()
+    ax2.plot(x, [res[policy].risk_pct for _, res in points], "o--", color="tab:red",
+             label="risk proxy (%)")
+    ax2.set_ylabel("risk proxy (%)", color="tab:red")
+    ax2.set_ylim(bottom=0)
+    ax.set_title("Fig. 7: prediction noise vs AgentKV tail delay and risk")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = out_dir / "fig7_noise.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return [path]

@@ -1,0 +1,1 @@
+"""Agent event traces: one documented JSON-lines format, converters, and replay."""

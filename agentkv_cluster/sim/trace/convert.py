@@ -1,0 +1,246 @@
+"""Converters from public traces (``../shared/traces``) to the AgentKV trace format.
+
+- Mooncake FAST'25 (``timestamp`` ms, ``input_length``, ``output_length``,
+  ``hash_ids``): ``hash_ids`` are 512-token prefix blocks and become shared
+  prefix pages. A request that extends the whole context of an earlier request
+  continues that conversation; the gap between two requests of a conversation
+  becomes a ``think`` tool gap.
+- Azure LLM inference 2023 (``TIMESTAMP, ContextTokens, GeneratedTokens``): no
+  session or prefix information, so each request is its own one-call session
+  with fresh blocks (the replay then has nothing to reuse; it shows only
+  capacity pressure).
+- TraceLab round traces (Claude Code / Codex): ``prefix_tokens`` of each round
+  are kept blocks of the previous context, ``newly_append_tokens`` new blocks,
+  ``tools[*].tool_wall_latency_ms`` real tool gaps.
+
+Every converter returns a ``ParseResult``; source lines it cannot use are
+reported with their line number.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from agentkv_cluster.lifecycle.types import StateType
+from agentkv_cluster.sim.trace.format import (
+    DEFAULT_BLOCK_TOKENS, LineError, ParseResult, TraceEvent, TraceFormatError, read_trace,
+)
+
+FORMATS = ("agentkv", "mooncake", "azure", "tracelab")
+
+
+def _json_lines(path: Path, out: ParseResult):
+    try:
+        fh = open(path, encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise TraceFormatError(f"cannot read trace {path}: {exc.strerror}") from None
+    with fh:
+        for no, raw in enumerate(fh, start=1):
+            out.lines = no
+            if not raw.strip():
+                continue
+            try:
+                yield no, json.loads(raw)
+            except json.JSONDecodeError as exc:
+                out.errors.append(LineError(no, f"invalid JSON ({exc.msg})"))
+
+
+def _need(d: Any, key: str, kind: type | tuple[type, ...]) -> Any:
+    if not isinstance(d, dict):
+        raise ValueError(f"expected a JSON object, got {type(d).__name__}")
+    if key not in d:
+        raise ValueError(f"missing field {key!r}")
+    v = d[key]
+    if isinstance(v, bool) or not isinstance(v, kind):
+        raise ValueError(f"field {key!r} has the wrong type ({type(v).__name__})")
+    return v
+
+
+class _Conversations:
+    """Groups Mooncake requests: a request continues the conversation whose latest
+    context it extends (all but possibly its last, partial block)."""
+
+    def __init__(self) -> None:
+        self._owner: dict[int, int] = {}  # block id -> conversation of its latest use
+        self._last_len: dict[int, int] = {}  # conversation -> blocks in its latest request
+        self._next = 0
+
+    def assign(self, blocks: list[int]) -> tuple[int, bool]:
+        deepest = -1
+        for i in range(len(blocks) - 1, -1, -1):
+            if blocks[i] in self._owner:
+                deepest = i
+                break
+        conv = self._owner.get(blocks[deepest]) if deepest >= 1 else None
+        new = conv is None or self._last_len[conv] - 1 > deepest + 1
+        if new:
+            conv, self._next = self._next, self._next + 1
+        for b in blocks:
+            self._owner[b] = conv
+        self._last_len[conv] = len(blocks)
+        return conv, new
+
+
+def convert_mooncake(path: Path) -> ParseResult:
+    out = ParseResult()
+    convs = _Conversations()
+    last: dict[int, float] = {}  # conversation -> ts of its latest request
+    for no, d in _json_lines(path, out):
+        try:
+            ts = _need(d, "timestamp", (int, float)) / 1000.0
+            tokens = _need(d, "input_length", int)
+            blocks = _need(d, "hash_ids", list)
+            if ts < 0 or tokens < 0:
+                raise ValueError("timestamp and input_length must be >= 0")
+            if not blocks or not all(isinstance(b, int) and not isinstance(b, bool)
+                                     for b in blocks):
+                raise ValueError("hash_ids must be a non-empty list of integers")
+        except ValueError as exc:
+            out.errors.append(LineError(no, str(exc)))
+            continue
+        conv, new = convs.assign(blocks)
+        session = f"conv-{conv}"
+        if not new:  # the time since the previous turn is a think / tool gap
+            prev = last[conv]
+            out.events.append(TraceEvent(session=session, ts=prev, kind="tool_start",
+                                         tool_class="think", tool_duration_s=max(0.0, ts - prev)))
+        out.events.append(TraceEvent(
+            session=session, ts=ts, kind="model_call", tokens=tokens, prefix_blocks=tuple(blocks),
+            state=StateType.TASK_INPUT if new else StateType.TOOL_OBSERVATION))
+        last[conv] = ts
+    for conv, ts in last.items():
+        out.events.append(TraceEvent(session=f"conv-{conv}", ts=ts, kind="task_end"))
+    return out
+
+
+def _azure_time(text: str) -> float:
+    # Seven fractional digits: datetime takes at most six.
+    head, _, frac = text.strip().partition(".")
+    base = datetime.strptime(head, "%Y-%m-%d %H:%M:%S")
+    return base.timestamp() + (float("0." + frac) if frac else 0.0)
+
+
+def convert_azure(path: Path) -> ParseResult:
+    out = ParseResult()
+    try:
+        fh = open(path, encoding="utf-8", errors="replace", newline="")
+    except OSError as exc:
+        raise TraceFormatError(f"cannot read trace {path}: {exc.strerror}") from None
+    t0 = None
+    next_block = 0
+    with fh:
+        reader = csv.reader(fh)
+        for no, row in enumerate(reader, start=1):
+            out.lines = no
+            if no == 1 and row and row[0].strip().upper() == "TIMESTAMP":
+                continue
+            if not row:
+                continue
+            try:
+                if len(row) != 3:
+                    raise ValueError(f"expected 3 columns, got {len(row)}")
+                ts = _azure_time(row[0])
+                tokens = int(row[1])
+                if tokens < 0 or int(row[2]) < 0:
+                    raise ValueError("token counts must be >= 0")
+            except ValueError as exc:
+                out.errors.append(LineError(no, str(exc)))
+                continue
+            t0 = ts if t0 is None else t0
+            n = max(1, math.ceil(tokens / DEFAULT_BLOCK_TOKENS))
+            blocks = tuple(range(next_block, next_block + n))
+            next_block += n
+            session = f"req-{no}"
+            out.events.append(TraceEvent(session=session, ts=ts - t0, kind="model_call",
+                                         tokens=tokens, prefix_blocks=blocks,
+                                         state=StateType.TASK_INPUT))
+            out.events.append(TraceEvent(session=session, ts=ts - t0, kind="task_end"))
+    return out
+
+
+def _iso(text: Any) -> float:
+    if not isinstance(text, str):
+        raise ValueError(f"timestamp must be a string, got {text!r}")
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+class _TraceLabSession:
+    def __init__(self, first_block: int) -> None:
+        self.blocks: list[int] = []
+        self.next = first_block
+
+    def context(self, prefix_tokens: int, total_tokens: int) -> tuple[int, ...]:
+        keep = min(prefix_tokens // DEFAULT_BLOCK_TOKENS, len(self.blocks))
+        need = max(1, math.ceil(total_tokens / DEFAULT_BLOCK_TOKENS))
+        fresh = list(range(self.next, self.next + max(0, need - keep)))
+        self.next += len(fresh)
+        self.blocks = self.blocks[:keep] + fresh
+        return tuple(self.blocks)
+
+
+def convert_tracelab(path: Path) -> ParseResult:
+    out = ParseResult()
+    rows = []
+    for no, d in _json_lines(path, out):
+        try:
+            session = _need(d, "session_id", str)
+            total = _need(d, "input_tokens_total", int)
+            prefix = d.get("prefix_tokens") or 0
+            if not isinstance(prefix, int) or prefix < 0 or total < 0:
+                raise ValueError("token counts must be integers >= 0")
+            events = _need(d, "timing_events", list)
+            if not events:
+                raise ValueError("timing_events is empty")
+            ts = min(_iso(e.get("timestamp")) for e in events if isinstance(e, dict))
+            tools = [(str(t.get("tool_name") or "tool"), _iso(t["emitted_at"]),
+                      float(t["tool_wall_latency_ms"]) / 1000.0)
+                     for t in _need(d, "tools", list)
+                     if isinstance(t, dict) and t.get("tool_wall_latency_ms") is not None]
+        except (ValueError, KeyError, TypeError) as exc:
+            out.errors.append(LineError(no, f"unusable round: {exc}"))
+            continue
+        rows.append((ts, session, total, prefix, tools))
+    if not rows:
+        return out
+    t0 = min(r[0] for r in rows)
+    sessions: dict[str, _TraceLabSession] = {}
+    last: dict[str, float] = {}
+    for ts, session, total, prefix, tools in sorted(rows, key=lambda r: (r[1], r[0])):
+        s = sessions.setdefault(session, _TraceLabSession(len(sessions) * 1_000_000))
+        first = not s.blocks
+        out.events.append(TraceEvent(
+            session=session, ts=ts - t0, kind="model_call", tokens=total,
+            prefix_blocks=s.context(prefix, total),
+            state=StateType.TASK_INPUT if first else StateType.TOOL_OBSERVATION))
+        for name, emitted, latency in tools:
+            out.events.append(TraceEvent(session=session, ts=max(emitted - t0, ts - t0),
+                                         kind="tool_start", tool_class=name,
+                                         tool_duration_s=latency))
+        last[session] = max(last.get(session, 0.0), ts - t0)
+    for session, ts in last.items():
+        out.events.append(TraceEvent(session=session, ts=ts, kind="task_end"))
+    return out
+
+
+CONVERTERS: dict[str, Callable[[Path], ParseResult]] = {
+    "agentkv": read_trace,
+    "mooncake": convert_mooncake,
+    "azure": convert_azure,
+    "tracelab": convert_tracelab,
+}
+
+
+def load_trace(path: Path, fmt: str) -> ParseResult:
+    """Read ``path`` in format ``fmt`` as AgentKV trace events."""
+    try:
+        converter = CONVERTERS[fmt]
+    except KeyError:
+        raise TraceFormatError(
+            f"unknown trace format {fmt!r}; known: {', '.join(FORMATS)}") from None
+    return converter(Path(path))

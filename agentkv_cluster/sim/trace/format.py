@@ -1,0 +1,193 @@
+"""The AgentKV trace format: JSON lines of agent workflow events.
+
+One object per line::
+
+    {"session": "s1", "ts": 0.0, "kind": "model_call", "tokens": 6758,
+     "prefix_blocks": [0, 1, 2], "state": "task_input"}
+    {"session": "s1", "ts": 0.4, "kind": "tool_start", "tool_class": "search",
+     "tool_duration_s": 4.2}
+    {"session": "s1", "ts": 4.6, "kind": "observation_return", "tokens": 1200}
+    {"session": "s1", "ts": 9.0, "kind": "task_end"}
+
+- ``session`` (str, required), ``ts`` (seconds, number >= 0, required),
+  ``kind`` (required): ``model_call`` | ``tool_start`` | ``observation_return`` | ``task_end``.
+- ``model_call``: ``tokens`` (int >= 0, context length) and ``prefix_blocks``
+  (list of int): the KV blocks of the whole context in order, ``block_tokens``
+  tokens each; equal ids are the same reusable KV (shared prefixes). Optional
+  ``state``: the lifecycle type of the blocks this call introduces.
+- ``tool_start``: ``tool_class`` (str) and ``tool_duration_s`` (number >= 0).
+- ``observation_return``: optional ``tokens``.
+- Optional everywhere: ``block_tokens`` (int > 0, default 512).
+
+Every line that is not a valid event is reported with its 1-based line number;
+nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentkv_cluster.lifecycle.types import StateType
+
+KINDS = ("model_call", "tool_start", "observation_return", "task_end")
+DEFAULT_BLOCK_TOKENS = 512
+_STATES = {t.value: t for t in StateType}
+
+
+class TraceFormatError(ValueError):
+    """A trace cannot be used at all (missing file, nothing valid in it)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TraceEvent:
+    session: str
+    ts: float
+    kind: str
+    tokens: int = 0
+    prefix_blocks: tuple[int, ...] = ()
+    block_tokens: int = DEFAULT_BLOCK_TOKENS
+    tool_class: str = ""
+    tool_duration_s: float = 0.0
+    state: StateType | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"session": self.session, "ts": self.ts, "kind": self.kind}
+        if self.kind == "model_call":
+            d["tokens"] = self.tokens
+            d["prefix_blocks"] = list(self.prefix_blocks)
+            if self.state is not None:
+                d["state"] = self.state.value
+        elif self.kind == "tool_start":
+            d["tool_class"] = self.tool_class
+            d["tool_duration_s"] = self.tool_duration_s
+        elif self.kind == "observation_return" and self.tokens:
+            d["tokens"] = self.tokens
+        if self.block_tokens != DEFAULT_BLOCK_TOKENS:
+            d["block_tokens"] = self.block_tokens
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class LineError:
+    line: int  # 1-based
+    reason: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.reason}"
+
+
+@dataclass(kw_only=True)
+class ParseResult:
+    """Valid events in file order plus every rejected line."""
+
+    events: list[TraceEvent] = field(default_factory=list)
+    errors: list[LineError] = field(default_factory=list)
+    lines: int = 0
+
+
+class _Bad(Exception):
+    pass
+
+
+def _number(d: dict, key: str, *, required: bool, minimum: float = 0.0) -> float:
+    if key not in d:
+        if required:
+            raise _Bad(f"missing field {key!r}")
+        return 0.0
+    v = d[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
+        raise _Bad(f"field {key!r} must be a number, got {v!r}")
+    if v < minimum:
+        raise _Bad(f"field {key!r} must be >= {minimum}, got {v!r}")
+    return float(v)
+
+
+def _int(d: dict, key: str, *, required: bool, minimum: int = 0, default: int = 0) -> int:
+    if key not in d:
+        if required:
+            raise _Bad(f"missing field {key!r}")
+        return default
+    v = d[key]
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise _Bad(f"field {key!r} must be an integer, got {v!r}")
+    if v < minimum:
+        raise _Bad(f"field {key!r} must be >= {minimum}, got {v!r}")
+    return v
+
+
+def event_from_dict(d: Any) -> TraceEvent:
+    """Validate one decoded line; raises ``_Bad`` with the reason."""
+    if not isinstance(d, dict):
+        raise _Bad(f"expected a JSON object, got {type(d).__name__}")
+    session = d.get("session")
+    if not isinstance(session, str) or not session:
+        raise _Bad("field 'session' must be a non-empty string")
+    kind = d.get("kind")
+    if kind not in KINDS:
+        raise _Bad(f"unknown event kind {kind!r} (expected one of {', '.join(KINDS)})")
+    ts = _number(d, "ts", required=True)
+    block_tokens = _int(d, "block_tokens", required=False, minimum=1,
+                        default=DEFAULT_BLOCK_TOKENS)
+    if kind == "model_call":
+        blocks = d.get("prefix_blocks")
+        if not isinstance(blocks, list) or not all(
+                isinstance(b, int) and not isinstance(b, bool) for b in blocks):
+            raise _Bad("field 'prefix_blocks' must be a list of integers")
+        state = d.get("state")
+        if state is not None and state not in _STATES:
+            raise _Bad(f"unknown state {state!r}")
+        return TraceEvent(session=session, ts=ts, kind=kind,
+                          tokens=_int(d, "tokens", required=True),
+                          prefix_blocks=tuple(blocks), block_tokens=block_tokens,
+                          state=_STATES[state] if state is not None else None)
+    if kind == "tool_start":
+        tool = d.get("tool_class")
+        if not isinstance(tool, str) or not tool:
+            raise _Bad("field 'tool_class' must be a non-empty string")
+        return TraceEvent(session=session, ts=ts, kind=kind, tool_class=tool,
+                          tool_duration_s=_number(d, "tool_duration_s", required=True),
+                          block_tokens=block_tokens)
+    return TraceEvent(session=session, ts=ts, kind=kind, block_tokens=block_tokens,
+                      tokens=_int(d, "tokens", required=False))
+
+
+def parse_lines(lines: Iterable[str]) -> ParseResult:
+    """Parse AgentKV trace lines; blank lines are skipped, bad ones reported."""
+    out = ParseResult()
+    for no, raw in enumerate(lines, start=1):
+        out.lines = no
+        if not raw.strip():
+            continue
+        try:
+            out.events.append(event_from_dict(json.loads(raw)))
+        except json.JSONDecodeError as exc:
+            out.errors.append(LineError(no, f"invalid JSON ({exc.msg})"))
+        except _Bad as exc:
+            out.errors.append(LineError(no, str(exc)))
+    return out
+
+
+def read_trace(path: Path) -> ParseResult:
+    return parse_lines(_open_lines(path))
+
+
+def write_trace(events: Iterable[TraceEvent], path: Path) -> int:
+    n = 0
+    with open(path, "w", encoding="utf-8") as fh:
+        for e in events:
+            fh.write(json.dumps(e.to_dict(), separators=(",", ":")) + "\n")
+            n += 1
+    return n
+
+
+def _open_lines(path: Path) -> Iterator[str]:
+    try:
+        fh = open(path, encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise TraceFormatError(f"cannot read trace {path}: {exc.strerror}") from None
+    with fh:
+        yield from fh

@@ -1,0 +1,379 @@
+"""Store data-plane benchmark: every figure side by side with its baseline, in one run.
+
+  host pool   put/get vs a plain numpy copy of the same buffers (256 KiB, 2 MiB, 16 MiB)
+  nvme shard  put/get vs raw os.write / os.readv of the same buffers, NIXL POSIX and plain
+  nixl ucx    write/read into another process vs a numpy copy (report only)
+  codecs      INT8 / INT4 encode and decode GB/s of fp16 input, one thread
+  directory   embedded and Redis (own redis-server on a free port) ops/s
+
+Ratios are what matter on a noisy machine; targets are checked on them.
+
+    .venv/bin/python benchmarks/bench_store.py [--rounds 7] [--dir /tmp] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np
+from rich.console import Console
+from rich.progress import Progress
+
+from store.directory import DirectoryEntry, EmbeddedDirectory
+from store.host_pool import HostPool
+from store.nvme import FsyncPolicy, NvmeShard, NvmeShardConfig
+from store.nvme_format import checksum
+from store.transport import TransferJob, TransferOp, nixl_available
+from store.types import Codec, Tier
+
+KIB, MIB = 1 << 10, 1 << 20
+SIZES = (256 * KIB, 2 * MIB, 16 * MIB)
+console = Console(width=170)
+rows: list[dict] = []
+
+
+def aligned(n: int, fill: bool = False) -> np.ndarray:
+    buf = np.frombuffer(mmap.mmap(-1, n), dtype=np.uint8)
+    buf[:] = np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8) if fill else 0
+    return buf
+
+
+def median_time(fn: Callable[[], object], reps: int) -> float:
+    """Median seconds per call of ``fn`` over ``reps`` calls (after one warm-up)."""
+    fn()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def report(
+    group: str,
+    case: str,
+    value: str,
+    ratio: float | None,
+    target: float | None,
+    unit: str = "ratio",
+) -> None:
+    """One line; ``ratio`` is the figure the target is checked on (in ``unit``)."""
+    verdict = (
+        "" if target is None else ("PASS" if ratio is not None and ratio >= target else "FAIL")
+    )
+    rows.append(
+        {
+            "group": group,
+            "case": case,
+            "value": value,
+            "checked": ratio,
+            "unit": unit,
+            "target": target,
+            "verdict": verdict,
+        }
+    )
+    r = "" if ratio is None or unit != "ratio" else f"ratio {ratio:5.2f}"
+    t = "" if target is None else f"target {unit} >= {target:g} {verdict}"
+    console.print(f"{group:<10} {case:<36} {value:<46} {r:<11} {t}", highlight=False)
+
+
+def gbps(nbytes: int, seconds: float) -> float:
+    return nbytes / seconds / 1e9
+
+
+def bench_host_pool(rounds: int) -> None:
+    for size in SIZES:
+        src, dst = aligned(size, fill=True), aligned(size)
+        pool = HostPool.create(f"akv-bench-{os.getpid()}-{uuid.uuid4().hex[:6]}", size, 2)
+        try:
+            slot = pool.alloc()
+            reps = max(5, (64 * MIB) // size)
+            copy = put = get = 0.0
+            copies, puts, gets = [], [], []
+            for _ in range(rounds):  # interleaved so drift hits all three alike
+                copies.append(median_time(lambda d=dst, s=src: np.copyto(d, s), reps))
+                puts.append(median_time(lambda p=pool, k=slot, s=src: p.write(k, s), reps))
+                gets.append(median_time(lambda p=pool, k=slot, d=dst: p.read(k, out=d), reps))
+            copy, put, get = (statistics.median(x) for x in (copies, puts, gets))
+            assert bytes(pool.read(slot, out=dst)) == src.tobytes()
+        finally:
+            pool.close()
+            pool.unlink()
+        target = 0.8 if size >= 2 * MIB else None
+        label = f"{size // KIB} KiB" if size < MIB else f"{size // MIB} MiB"
+        base = f"copy {gbps(size, copy):5.2f} GB/s"
+        report(
+            "host_pool",
+            f"put {label}",
+            f"{gbps(size, put):5.2f} GB/s vs {base}",
+            copy / put,
+            target,
+        )
+        report(
+            "host_pool",
+            f"get {label}",
+            f"{gbps(size, get):5.2f} GB/s vs {base}",
+            copy / get,
+            target,
+        )
+
+
+def _nvme_round(
+    root: Path, size: int, count: int, src: np.ndarray, dst: np.ndarray, use_nixl: bool
+) -> tuple[float, ...]:
+    """One round, record by record interleaved (page-cache writeback hits both alike):
+    median seconds of (os.write, shard put, os.readv, shard get, os.readv + crc32c)."""
+    fd = os.open(root / "raw.bin", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    shard = NvmeShard(root / "shard", NvmeShardConfig(fsync=FsyncPolicy.NONE, use_nixl=use_nixl))
+    times: list[list[float]] = [[], [], [], [], []]
+
+    def timed(slot: int, fn: Callable[[], object]) -> None:
+        t = time.perf_counter()
+        fn()
+        times[slot].append(time.perf_counter() - t)
+
+    for i in range(count):
+        timed(0, lambda: os.write(fd, src))
+        timed(1, lambda i=i: shard.put(b"k%d" % i, src, 1))
+    for i in range(count):
+        timed(2, lambda i=i: os.preadv(fd, [dst], i * size))
+        timed(3, lambda i=i: shard.get(b"k%d" % i, out=dst))
+        timed(4, lambda i=i: (os.preadv(fd, [dst], i * size), checksum(dst)))
+    assert bytes(dst) == src.tobytes()
+    shard.close()
+    os.close(fd)
+    (root / "raw.bin").unlink()
+    shutil.rmtree(root / "shard")
+    return tuple(statistics.median(t) for t in times)
+
+
+def bench_nvme(rounds: int, base_dir: str) -> None:
+    engines = [("nixl-posix", True)] if nixl_available() else []
+    engines.append(("plain-io", False))
+    root = Path(tempfile.mkdtemp(prefix="akv-bench-nvme-", dir=base_dir))
+    try:
+        for size in SIZES:
+            src, dst = aligned(size, fill=True), aligned(size)
+            count = max(4, (32 * MIB) // size)
+            label = f"{size // KIB} KiB" if size < MIB else f"{size // MIB} MiB"
+            for name, use_nixl in engines:
+                runs = [_nvme_round(root, size, count, src, dst, use_nixl) for _ in range(rounds)]
+                raw_w, put, raw_r, get, floor = (statistics.median(col) for col in zip(*runs))
+                report(
+                    "nvme",
+                    f"put {label} [{name}]",
+                    f"{gbps(size, put):5.2f} GB/s vs os.write {gbps(size, raw_w):5.2f} GB/s",
+                    raw_w / put,
+                    0.8,
+                )
+                report(
+                    "nvme",
+                    f"get {label} [{name}]",
+                    f"{gbps(size, get):5.2f} GB/s vs os.readv {gbps(size, raw_r):5.2f} GB/s",
+                    raw_r / get,
+                    0.8,
+                )
+                report(
+                    "nvme",
+                    "  (get vs os.readv + crc32c verify)",
+                    f"{gbps(size, get):5.2f} GB/s vs {gbps(size, floor):5.2f} GB/s",
+                    floor / get,
+                    None,
+                )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def bench_ucx(rounds: int) -> None:
+    if not nixl_available():
+        report("nixl_ucx", "cross-process", "skipped: NIXL not installed", None, None)
+        return
+    from store.transport.nixl_ucx import NixlUcxTransport
+    from store.transport.peer import PeerProcess
+
+    size = 16 * MIB
+    transport = NixlUcxTransport()
+    peer = PeerProcess(transport, size)
+    try:
+        src, dst = aligned(size, fill=True), aligned(size)
+        region = transport.register(src)
+        back = transport.register(dst)
+
+        def move(op: TransferOp, local) -> None:
+            job = TransferJob(op=op, local=local, remote=peer.region, length=size)
+            transport.wait(transport.submit(job))
+
+        reps = 8
+        copy = statistics.median(
+            median_time(lambda: np.copyto(dst, src), reps) for _ in range(rounds)
+        )
+        write = statistics.median(
+            median_time(lambda: move(TransferOp.WRITE, region), reps) for _ in range(rounds)
+        )
+        read = statistics.median(
+            median_time(lambda: move(TransferOp.READ, back), reps) for _ in range(rounds)
+        )
+        assert bytes(dst) == src.tobytes() == peer.read(0, size)
+        base = f"copy {gbps(size, copy):5.2f} GB/s"
+        report(
+            "nixl_ucx",
+            "write 16 MiB to another process",
+            f"{gbps(size, write):5.2f} GB/s vs {base}",
+            copy / write,
+            None,
+        )
+        report(
+            "nixl_ucx",
+            "read 16 MiB from another process",
+            f"{gbps(size, read):5.2f} GB/s vs {base}",
+            copy / read,
+            None,
+        )
+    finally:
+        peer.close()
+        transport.close()
+
+
+def bench_codecs(rounds: int) -> None:
+    import torch
+
+    from store.codecs import CodecSpec, decode_kv, encode_kv
+
+    torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(0)
+    shape = (30, 3, 512, 64)  # SmolLM2-135M: 30 layers, 3 KV heads x 64, 512 tokens
+    k = torch.randn(shape, generator=gen).to(torch.float16)
+    v = torch.randn(shape, generator=gen).to(torch.float16)
+    nbytes = (k.numel() + v.numel()) * 2
+    for codec in (Codec.INT8, Codec.INT4):
+        spec = CodecSpec(codec=codec)
+        enc_t = statistics.median(
+            median_time(lambda s=spec: encode_kv(k, v, s), 3) for _ in range(rounds)
+        )
+        enc = encode_kv(k, v, spec)
+        dec_t = statistics.median(median_time(lambda e=enc: decode_kv(e), 3) for _ in range(rounds))
+        ratio = nbytes / enc.nbytes
+        for verb, seconds in (("encode", enc_t), ("decode", dec_t)):
+            rate = gbps(nbytes, seconds)
+            report(
+                "codec",
+                f"{codec.name} {verb} (1 thread)",
+                f"{rate:5.2f} GB/s of fp16, {ratio:4.2f}x smaller",
+                rate,
+                0.5,
+                "GB/s",
+            )
+
+
+def _entries(ns: str, n: int, generation: int) -> list[DirectoryEntry]:
+    return [
+        DirectoryEntry(
+            key=i.to_bytes(32, "little"),
+            tenant_ns=ns,
+            tier=Tier.HOST,
+            node="node-0",
+            location=f"pool:{i}",
+            codec=Codec.INT8,
+            size_bucket=4,
+            generation=generation,
+        )
+        for i in range(n)
+    ]
+
+
+def _directory_rates(directory, n: int, batch: int) -> tuple[float, float, float]:
+    """(puts/s, single gets/s, pipelined lookups/s) for one backend."""
+    gen = directory.open_generation("bench")
+    entries = _entries("bench", n, gen)
+    t = time.perf_counter()
+    for e in entries:
+        directory.put(e)
+    puts = n / (time.perf_counter() - t)
+    keys = [e.key for e in entries]
+    t = time.perf_counter()
+    for key in keys[:2000]:
+        directory.get("bench", key)
+    singles = min(n, 2000) / (time.perf_counter() - t)
+    t = time.perf_counter()
+    hits = 0
+    for i in range(0, n, batch):
+        hits += sum(1 for look, _ in directory.get_many("bench", keys[i : i + batch]) if _)
+    many = n / (time.perf_counter() - t)
+    assert hits == n
+    return puts, singles, many
+
+
+def bench_directory(n: int) -> None:
+    from store.directory.redis_backend import RedisDirectory
+    from tests.support.redis_proc import RedisProcess
+
+    rates = {"embedded": _directory_rates(EmbeddedDirectory(), n, 1000)}
+    server = RedisProcess().start()
+    try:
+        redis_dir = RedisDirectory(server.url)
+        rates["redis"] = _directory_rates(redis_dir, n, 1000)
+        redis_dir.close()
+    finally:
+        server.close()
+    for name, (puts, singles, many) in rates.items():
+        target = 20_000 if name == "redis" else None
+        report("directory", f"{name} put (atomic, one by one)", f"{puts:10,.0f} ops/s", None, None)
+        report(
+            "directory", f"{name} get (one round trip each)", f"{singles:10,.0f} ops/s", None, None
+        )
+        report(
+            "directory",
+            f"{name} pipelined lookups (1000/batch)",
+            f"{many:10,.0f} lookups/s",
+            many,
+            target,
+            "lookups/s",
+        )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per figure")
+    parser.add_argument("--dir", default=tempfile.gettempdir(), help="where NVMe files go")
+    parser.add_argument("--entries", type=int, default=20_000, help="directory entries")
+    parser.add_argument("--json", type=Path, help="also write every row here")
+    args = parser.parse_args()
+    steps = [
+        ("host pool", lambda: bench_host_pool(args.rounds)),
+        ("nvme shard", lambda: bench_nvme(args.rounds, args.dir)),
+        ("nixl ucx", lambda: bench_ucx(args.rounds)),
+        ("codecs", lambda: bench_codecs(args.rounds)),
+        ("directory", lambda: bench_directory(args.entries)),
+    ]
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("store benchmarks", total=len(steps))
+        for name, step in steps:
+            progress.update(task, description=name)
+            step()
+            progress.advance(task)
+    failed = [r for r in rows if r["verdict"] == "FAIL"]
+    console.print(
+        f"{len(rows)} figures, {sum(r['verdict'] == 'PASS' for r in rows)} targets PASS, "
+        f"{len(failed)} FAIL",
+        highlight=False,
+    )
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

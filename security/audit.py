@@ -1,0 +1,252 @@
+"""Append-only, hash-chained audit log with Ed25519-signed checkpoints.
+
+One JSON object per line: ``seq``, ``time``, ``kind``, ``data``, ``prev`` (hash of
+the previous record) and ``hash`` (SHA-256 of the other fields). Every
+``checkpoint_every`` records a ``checkpoint`` record signs (count, head); after
+every append the head file ``LOG.head`` holds a signed (count, head) so that
+cutting records off the end is detected. ``verify_log`` checks all of it offline
+with only the public key; anchors (positions from receipts or checkpoints kept
+elsewhere) detect a rollback of log and head file together.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from security.errors import AuditLogError
+from security.principals import Principal
+from security.signing import Signer, Verifier, atomic_write, canonical_json, fingerprint
+
+GENESIS = "0" * 64
+CHECKPOINT = "checkpoint"
+_KIND_RE = re.compile(r"[a-z][a-z0-9_.]{0,47}")
+_MAX_DATA = 65536
+_CHECKPOINT_DOMAIN = b"agentkv-audit-checkpoint/v1\0"
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuditPosition:
+    """Where a record sits: its sequence number and its hash."""
+
+    seq: int
+    hash: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerifyReport:
+    ok: bool
+    records: int
+    checkpoints: int
+    head: str
+    problems: tuple[str, ...]
+
+
+def head_path(path: Path) -> Path:
+    return path.with_name(path.name + ".head")
+
+
+def _record_hash(seq: int, time: float, kind: str, data: object, prev: str) -> str:
+    body = canonical_json({"seq": seq, "time": time, "kind": kind, "data": data, "prev": prev})
+    return hashlib.sha256(body).hexdigest()
+
+
+def _checkpoint_message(count: int, head: str) -> bytes:
+    return _CHECKPOINT_DOMAIN + canonical_json({"count": count, "head": head})
+
+
+class AuditLog:
+    """Appends records; thread-safe; refuses to extend a log whose chain is broken."""
+
+    def __init__(self, path: str | os.PathLike[str], signer: Signer, *,
+                 checkpoint_every: int = 64, fsync: bool = True) -> None:
+        if checkpoint_every < 1:
+            raise ValueError("checkpoint_every must be >= 1")
+        self.path = Path(path)
+        self.signer = signer
+        self.checkpoint_every = checkpoint_every
+        self.fsync = fsync
+        self._lock = threading.Lock()
+        self._seq, self._prev, self._time, self._since = self._recover()
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+
+    def _recover(self) -> tuple[int, str, float, int]:
+        seq, prev, last_time, since = 0, GENESIS, float("-inf"), 0
+        if not self.path.exists():
+            return seq, prev, last_time, since
+        for lineno, rec in _read_records(self.path):
+            if isinstance(rec, str) or rec.get("seq") != seq or rec.get("prev") != prev or \
+                    rec.get("hash") != _record_hash(seq, rec["time"], rec["kind"], rec["data"], prev):
+                raise AuditLogError(f"{self.path}: chain broken at line {lineno}; refusing to append")
+            seq, prev, last_time = seq + 1, rec["hash"], rec["time"]
+            since = 0 if rec["kind"] == CHECKPOINT else since + 1
+        return seq, prev, last_time, since
+
+    @property
+    def head(self) -> AuditPosition:
+        return AuditPosition(seq=self._seq - 1, hash=self._prev)
+
+    def append(self, kind: str, data: Mapping[str, object], now: float) -> AuditPosition:
+        """Append one record; returns its position."""
+        if not isinstance(kind, str) or not _KIND_RE.fullmatch(kind) or kind == CHECKPOINT:
+            raise ValueError(f"invalid audit record kind: {kind!r:.60}")
+        payload = dict(data)
+        if len(canonical_json(payload)) > _MAX_DATA:
+            raise ValueError("audit record data is larger than 64 KiB")
+        with self._lock:
+            pos = self._write(kind, payload, now)
+            self._since += 1
+            if self._since >= self.checkpoint_every:
+                self._write_checkpoint(now)
+            self._write_head()
+            return pos
+
+    def checkpoint(self, now: float) -> AuditPosition:
+        """Sign the current head into the log now (also done on ``close``)."""
+        with self._lock:
+            pos = self._write_checkpoint(now)
+            self._write_head()
+            return pos
+
+    def close(self, now: float | None = None) -> None:
+        if self._fd < 0:
+            return
+        if now is not None and self._since:
+            self.checkpoint(now)
+        os.close(self._fd)
+        self._fd = -1
+
+    def _write(self, kind: str, data: dict, now: float) -> AuditPosition:
+        if self._fd < 0:
+            raise AuditLogError("audit log is closed")
+        now = float(now)
+        if now < self._time:
+            raise ValueError("audit time went backwards")
+        record_hash = _record_hash(self._seq, now, kind, data, self._prev)
+        line = canonical_json({"seq": self._seq, "time": now, "kind": kind, "data": data,
+                               "prev": self._prev, "hash": record_hash}) + b"\n"
+        os.write(self._fd, line)
+        if self.fsync:
+            os.fsync(self._fd)
+        pos = AuditPosition(seq=self._seq, hash=record_hash)
+        self._seq, self._prev, self._time = self._seq + 1, record_hash, now
+        return pos
+
+    def _write_checkpoint(self, now: float) -> AuditPosition:
+        sig = self.signer.sign(_checkpoint_message(self._seq, self._prev))
+        data = {"count": self._seq, "head": self._prev, "sig": sig.hex(),
+                "key": fingerprint(self.signer.public_raw())}
+        self._since = 0
+        return self._write(CHECKPOINT, data, max(float(now), self._time))
+
+    def _write_head(self) -> None:
+        sig = self.signer.sign(_checkpoint_message(self._seq, self._prev))
+        atomic_write(head_path(self.path), canonical_json(
+            {"count": self._seq, "head": self._prev, "sig": sig.hex()}) + b"\n")
+
+
+def _read_records(path: Path) -> Iterable[tuple[int, dict | str]]:
+    """(line number, record) or (line number, problem text) for each line."""
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            try:
+                rec = json.loads(raw)
+            except ValueError:
+                yield lineno, f"line {lineno}: not a JSON record (edited or cut)"
+                continue
+            if not isinstance(rec, dict) or set(rec) != {"seq", "time", "kind", "data", "prev", "hash"} \
+                    or not isinstance(rec["time"], (int, float)) or not isinstance(rec["kind"], str):
+                yield lineno, f"line {lineno}: record has the wrong shape"
+                continue
+            yield lineno, rec
+
+
+def _check_checkpoint(rec: dict, seq: int, prev: str, verifier: Verifier) -> str | None:
+    data = rec["data"]
+    if not isinstance(data, dict) or data.get("count") != seq or data.get("head") != prev:
+        return f"seq {seq}: checkpoint does not match the chain before it"
+    try:
+        sig = bytes.fromhex(data.get("sig", ""))
+    except (TypeError, ValueError):
+        sig = b""
+    if not verifier.verify(sig, _checkpoint_message(seq, prev)):
+        return f"seq {seq}: checkpoint signature does not verify"
+    return None
+
+
+def _check_head(path: Path, hashes: list[str], verifier: Verifier) -> list[str]:
+    hp = head_path(path)
+    try:
+        head = json.loads(hp.read_bytes())
+        count, head_hash, sig = int(head["count"]), str(head["head"]), bytes.fromhex(head["sig"])
+    except FileNotFoundError:
+        return [f"head file {hp} is missing (cannot rule out truncation)"]
+    except (ValueError, KeyError, TypeError):
+        return [f"head file {hp} is malformed"]
+    if not verifier.verify(sig, _checkpoint_message(count, head_hash)):
+        return ["head file signature does not verify"]
+    if count > len(hashes):
+        return [f"truncated: signed head has {count} records, log has {len(hashes)}"]
+    if count < len(hashes):
+        return [f"{len(hashes) - count} records after the signed head are not covered by a signature"]
+    if count and hashes[-1] != head_hash or not count and head_hash != GENESIS:
+        return ["log end does not match the signed head (rewritten)"]
+    return []
+
+
+def verify_log(path: str | os.PathLike[str], public_key: Verifier, *,
+               anchors: Iterable[AuditPosition] = ()) -> VerifyReport:
+    """Check hashes, links, order, time, signatures, the signed head and the anchors."""
+    path = Path(path)
+    problems: list[str] = []
+    hashes: list[str] = []
+    prev, last_time, checkpoints = GENESIS, float("-inf"), 0
+    if not path.exists():
+        return VerifyReport(ok=False, records=0, checkpoints=0, head=GENESIS,
+                            problems=(f"{path} does not exist",))
+    for lineno, rec in _read_records(path):
+        seq = len(hashes)
+        if isinstance(rec, str):
+            problems.append(rec)
+            break
+        if rec["seq"] != seq:
+            problems.append(f"line {lineno}: seq {rec['seq']} where {seq} was expected "
+                            "(record deleted, inserted or reordered)")
+        if rec["prev"] != prev:
+            problems.append(f"line {lineno}: link to the previous record is broken")
+        if rec["hash"] != _record_hash(rec["seq"], rec["time"], rec["kind"], rec["data"], rec["prev"]):
+            problems.append(f"line {lineno}: record hash does not match its contents (edited)")
+        if rec["time"] < last_time:
+            problems.append(f"line {lineno}: time goes backwards")
+        if rec["kind"] == CHECKPOINT:
+            checkpoints += 1
+            bad = _check_checkpoint(rec, seq, prev, public_key)
+            if bad:
+                problems.append(bad)
+        if problems:
+            break  # after the first break the rest of the chain proves nothing
+        hashes.append(rec["hash"])
+        prev, last_time = rec["hash"], rec["time"]
+    if not problems:
+        problems.extend(_check_head(path, hashes, public_key))
+    for anchor in anchors:
+        if anchor.seq >= len(hashes) or hashes[anchor.seq] != anchor.hash:
+            problems.append(f"rollback: anchored record seq {anchor.seq} is not in the log")
+    return VerifyReport(ok=not problems, records=len(hashes), checkpoints=checkpoints,
+                        head=prev, problems=tuple(problems))
+
+
+def denial_recorder(log: AuditLog, clock: Callable[[], float]) -> Callable[[Principal, str, str], None]:
+    """An ``AccessPolicy`` hook that appends every cross-tenant denial to ``log``."""
+
+    def record(principal: Principal, namespace: str, action: str) -> None:
+        log.append("access.denied", {"tenant": principal.tenant, "subject": principal.subject,
+                                     "namespace": namespace[:80], "action": action}, clock())
+
+    return record

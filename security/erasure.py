@@ -1,0 +1,177 @@
+"""Crypto-shredding with signed receipts.
+
+``Eraser.erase_tenant`` / ``erase_generation`` destroy the keys first (so every
+copy anywhere becomes undecryptable even if a deleter fails), then call each
+registered tier deleter, append an audit record and return an Ed25519-signed
+``ErasureReceipt`` that anyone can check offline with the public key.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from security.audit import AuditLog, AuditPosition
+from security.errors import InvalidReceipt, SecurityError
+from security.keyring import TenantKeyring, validate_generation, validate_namespace
+from security.signing import Signer, Verifier, canonical_json, fingerprint
+
+RECEIPT_VERSION = 1
+_DOMAIN = b"agentkv-erasure-receipt/v1\0"
+_TIER_RE = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+_MAX_RECEIPT = 65536
+
+
+@dataclass(frozen=True, kw_only=True)
+class EraseScope:
+    """What a tier deleter must delete: a whole tenant, or one generation of it."""
+
+    tenant: str
+    generation: int | None  # None: every generation
+
+
+# A deleter removes every page of the scope from its tier and returns how many it removed.
+TierDeleter = Callable[[EraseScope], int]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ErasureReceipt:
+    version: int = RECEIPT_VERSION
+    tenant: str
+    scope: str  # "tenant" | "generation"
+    generation: int | None
+    key_ids: tuple[str, ...]
+    counts: tuple[tuple[str, int], ...]  # (tier, pages deleted); -1 where the deleter failed
+    failed_tiers: tuple[str, ...] = ()
+    time: float
+    audit_seq: int
+    audit_hash: str
+    signer: str = ""  # public-key fingerprint
+    signature: str = field(default="", repr=False)
+
+    def body(self) -> dict:
+        data = asdict(self)
+        data.pop("signature")
+        data["key_ids"], data["counts"] = list(self.key_ids), [list(c) for c in self.counts]
+        data["failed_tiers"] = list(self.failed_tiers)
+        return data
+
+    def signed_message(self) -> bytes:
+        return _DOMAIN + canonical_json(self.body())
+
+    def audit_position(self) -> AuditPosition:
+        return AuditPosition(seq=self.audit_seq, hash=self.audit_hash)
+
+    def to_json(self) -> str:
+        return json.dumps({**self.body(), "signature": self.signature}, sort_keys=True, indent=2)
+
+
+def sign_receipt(receipt: ErasureReceipt, signer: Signer) -> ErasureReceipt:
+    unsigned = ErasureReceipt(**{**_fields(receipt), "signer": fingerprint(signer.public_raw()),
+                                 "signature": ""})
+    sig = signer.sign(unsigned.signed_message()).hex()
+    return ErasureReceipt(**{**_fields(unsigned), "signature": sig})
+
+
+def _fields(receipt: ErasureReceipt) -> dict:
+    return {name: getattr(receipt, name) for name in receipt.__dataclass_fields__}
+
+
+def _parse(text: str | bytes) -> ErasureReceipt:
+    if len(text) > _MAX_RECEIPT:
+        raise InvalidReceipt("receipt is larger than 64 KiB")
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        raise InvalidReceipt("receipt is not JSON") from None
+    expected = set(ErasureReceipt.__dataclass_fields__)
+    if not isinstance(raw, dict) or set(raw) != expected:
+        raise InvalidReceipt(f"receipt must have exactly the fields {sorted(expected)}")
+    try:
+        receipt = ErasureReceipt(
+            version=_typed(raw["version"], int), tenant=_typed(raw["tenant"], str),
+            scope=_typed(raw["scope"], str),
+            generation=None if raw["generation"] is None else _typed(raw["generation"], int),
+            key_ids=tuple(_typed(k, str) for k in _typed(raw["key_ids"], list)),
+            counts=tuple((_typed(c[0], str), _typed(c[1], int))
+                         for c in _typed(raw["counts"], list) if _typed(c, list) and len(c) == 2),
+            failed_tiers=tuple(_typed(t, str) for t in _typed(raw["failed_tiers"], list)),
+            time=float(_typed(raw["time"], (int, float))), audit_seq=_typed(raw["audit_seq"], int),
+            audit_hash=_typed(raw["audit_hash"], str), signer=_typed(raw["signer"], str),
+            signature=_typed(raw["signature"], str))
+    except (TypeError, IndexError) as exc:
+        raise InvalidReceipt(f"receipt field has the wrong type: {exc}") from None
+    if receipt.version != RECEIPT_VERSION or receipt.scope not in ("tenant", "generation"):
+        raise InvalidReceipt("unknown receipt version or scope")
+    if len(receipt.counts) != len(raw["counts"]):
+        raise InvalidReceipt("receipt counts must be [tier, count] pairs")
+    return receipt
+
+
+def _typed(value: object, kind: type | tuple[type, ...]):
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise TypeError(f"{value!r:.40} is not {kind}")
+    return value
+
+
+def verify_receipt(receipt: str | bytes | ErasureReceipt, public_key: Verifier) -> ErasureReceipt:
+    """Parse (if needed) and verify a receipt; raises ``InvalidReceipt``."""
+    parsed = receipt if isinstance(receipt, ErasureReceipt) else _parse(receipt)
+    if parsed.signer != fingerprint(public_key.raw):
+        raise InvalidReceipt("receipt was signed by a different key")
+    try:
+        sig = bytes.fromhex(parsed.signature)
+    except ValueError:
+        raise InvalidReceipt("receipt signature is not hex") from None
+    if not public_key.verify(sig, parsed.signed_message()):
+        raise InvalidReceipt("receipt signature does not verify (receipt altered or forged)")
+    return parsed
+
+
+class Eraser:
+    """Destroys keys, deletes pages in every registered tier, and signs a receipt."""
+
+    def __init__(self, keyring: TenantKeyring, audit: AuditLog, signer: Signer) -> None:
+        self.keyring = keyring
+        self.audit = audit
+        self.signer = signer
+        self._tiers: dict[str, TierDeleter] = {}
+
+    def register_tier(self, name: str, delete_fn: TierDeleter) -> None:
+        if not _TIER_RE.fullmatch(name) or name in self._tiers:
+            raise ValueError(f"invalid or duplicate tier name: {name!r:.40}")
+        self._tiers[name] = delete_fn
+
+    def erase_tenant(self, tenant: str, now: float) -> ErasureReceipt:
+        validate_namespace(tenant)
+        key_ids = self.keyring.destroy_tenant(tenant)
+        return self._finish(EraseScope(tenant=tenant, generation=None), key_ids, now)
+
+    def erase_generation(self, tenant: str, generation: int, now: float) -> ErasureReceipt:
+        validate_namespace(tenant)
+        validate_generation(generation)
+        key_ids = self.keyring.destroy_generation(tenant, generation)
+        return self._finish(EraseScope(tenant=tenant, generation=generation), key_ids, now)
+
+    def _finish(self, scope: EraseScope, key_ids: list[str], now: float) -> ErasureReceipt:
+        counts: list[tuple[str, int]] = []
+        failed: list[str] = []
+        for name, delete_fn in self._tiers.items():
+            try:
+                counts.append((name, int(delete_fn(scope))))
+            except (OSError, SecurityError, ValueError, RuntimeError):
+                # The keys are gone already, so pages left behind stay unreadable.
+                counts.append((name, -1))
+                failed.append(name)
+        kind = "tenant" if scope.generation is None else "generation"
+        pos = self.audit.append("erasure", {
+            "tenant": scope.tenant, "scope": kind, "generation": scope.generation,
+            "key_ids": key_ids, "counts": [list(c) for c in counts], "failed_tiers": failed,
+        }, now)
+        receipt = ErasureReceipt(
+            tenant=scope.tenant, scope=kind, generation=scope.generation, key_ids=tuple(key_ids),
+            counts=tuple(counts), failed_tiers=tuple(failed), time=float(now),
+            audit_seq=pos.seq, audit_hash=pos.hash)
+        return sign_receipt(receipt, self.signer)

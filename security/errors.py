@@ -1,0 +1,49 @@
+"""The exceptions of ``security``: one per failure a caller must tell apart.
+
+Messages never contain key material.
+"""
+
+from __future__ import annotations
+
+
+class SecurityError(Exception):
+    """Base class of every error raised by ``security``."""
+
+
+class InvalidSeal(SecurityError):
+    """A sealed page failed to open: wrong key, tenant, slot, generation, tier or tampering.
+
+    Callers treat it as a cache miss; the reason is deliberately not distinguished.
+    """
+
+
+class KeyUnavailable(SecurityError):
+    """A key does not exist (never created, or destroyed by erasure)."""
+
+
+class KeyExists(SecurityError):
+    """A key with that name already exists; keys are never overwritten."""
+
+
+class InvalidName(SecurityError, ValueError):
+    """A tenant, namespace or key name that does not match the allowed pattern."""
+
+
+class InvalidToken(SecurityError):
+    """A principal token that is malformed, forged, or expired."""
+
+
+class AccessDenied(SecurityError):
+    """A principal asked for a namespace it may not use."""
+
+
+class InvalidReceipt(SecurityError):
+    """An erasure receipt that is malformed or whose signature does not verify."""
+
+
+class AuditLogError(SecurityError):
+    """The audit log cannot be appended to (for example its tail is corrupt)."""
+
+
+class InvalidSigningKey(SecurityError):
+    """A signing or public key file that cannot be loaded."""

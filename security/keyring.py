@@ -1,0 +1,355 @@
+"""Tenant keys: a KEK per (tenant, generation) from a pluggable ``KeySource``.
+
+Data keys are derived with HKDF from the KEK and a random 64-bit epoch chosen
+by the sealing process; each data key is retired before it reaches the NIST
+SP 800-38D limit of 2**32 random-nonce encryptions. Key material never appears
+in a log line, exception message or directory entry.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from security import _primitives as prim
+from security.errors import InvalidName, InvalidSeal, KeyExists, KeyUnavailable
+
+PUBLIC_NAMESPACE = "_public"
+_TENANT_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+_KEY_NAME_RE = re.compile(r"[a-z0-9_][a-z0-9_.-]{0,127}")
+_KEK_RE = re.compile(r"(?P<ns>[a-z0-9_][a-z0-9_-]*)\.g(?P<gen>\d{8})\.kek")
+MAX_GENERATION = 99_999_999
+NIST_RANDOM_NONCE_LIMIT = 2**32  # SP 800-38D §8.3: invocations per key with random IVs
+
+
+def validate_namespace(namespace: object) -> str:
+    """A tenant name (``[a-z0-9][a-z0-9_-]{0,62}``) or the PUBLIC namespace."""
+    if not isinstance(namespace, str) or not (
+        namespace == PUBLIC_NAMESPACE or _TENANT_RE.fullmatch(namespace)
+    ):
+        raise InvalidName(f"invalid tenant or namespace name: {namespace!r:.80}")
+    return namespace
+
+
+def validate_generation(generation: object) -> int:
+    if type(generation) is not int or not 1 <= generation <= MAX_GENERATION:
+        raise InvalidName(f"generation must be an int in 1..{MAX_GENERATION}: {generation!r:.40}")
+    return generation
+
+
+def kek_name(namespace: str, generation: int) -> str:
+    return f"{namespace}.g{generation:08d}.kek"
+
+
+def blind_name(namespace: str) -> str:
+    return f"{namespace}.blind.key"
+
+
+class KeySource(Protocol):
+    """Where 32-byte keys live: files, a Kubernetes Secret volume, or a KMS."""
+
+    def read(self, name: str) -> bytes: ...  # raises KeyUnavailable
+
+    def create(self, name: str, material: bytes) -> None: ...  # raises KeyExists
+
+    def destroy(self, name: str) -> bool: ...  # True if it existed
+
+    def names(self) -> list[str]: ...
+
+
+def _check_key_name(name: str) -> str:
+    if not _KEY_NAME_RE.fullmatch(name):
+        raise InvalidName(f"invalid key name: {name!r:.80}")
+    return name
+
+
+def _decode_material(raw: bytes, name: str) -> bytes:
+    if len(raw) == prim.KEY_BYTES:
+        return raw
+    try:  # a Secret created from text holds base64
+        decoded = base64.b64decode(raw.strip(), validate=True)
+    except ValueError:
+        decoded = b""
+    if len(decoded) != prim.KEY_BYTES:
+        raise KeyUnavailable(f"key {name} is not 32 raw bytes or base64 of 32 bytes")
+    return decoded
+
+
+class FileKeySource:
+    """One file per key in a flat directory (a mounted Kubernetes Secret works read-only)."""
+
+    def __init__(self, directory: str | os.PathLike[str], *, writable: bool = True) -> None:
+        self.directory = Path(directory)
+        self.writable = writable
+        if writable:
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        elif not self.directory.is_dir():
+            raise KeyUnavailable(f"key directory {self.directory} does not exist")
+
+    def read(self, name: str) -> bytes:
+        return _decode_material(self.read_blob(name), name)
+
+    def read_blob(self, name: str) -> bytes:
+        """The stored bytes as they are (a wrapped key for ``WrappedKeySource``)."""
+        path = self.directory / _check_key_name(name)
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            raise KeyUnavailable(f"key {name} does not exist") from None
+
+    def create(self, name: str, material: bytes) -> None:
+        self._require_writable()
+        path = self.directory / _check_key_name(name)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            raise KeyExists(f"key {name} already exists") from None
+        try:
+            os.write(fd, material)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._sync_dir()
+
+    def destroy(self, name: str) -> bool:
+        self._require_writable()
+        path = self.directory / _check_key_name(name)
+        try:
+            fd = os.open(path, os.O_WRONLY)
+        except FileNotFoundError:
+            return False
+        try:  # overwrite before unlinking (best effort on CoW/flash, see docs/security.md)
+            size = os.fstat(fd).st_size
+            os.write(fd, b"\0" * size)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        path.unlink()
+        self._sync_dir()
+        return True
+
+    def names(self) -> list[str]:
+        return sorted(p.name for p in self.directory.iterdir() if _KEY_NAME_RE.fullmatch(p.name))
+
+    def _require_writable(self) -> None:
+        if not self.writable:
+            raise KeyUnavailable(f"key directory {self.directory} is read-only")
+
+    def _sync_dir(self) -> None:
+        fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+class KeyWrapper(Protocol):
+    """Envelope encryption: an external KMS implements these two calls."""
+
+    def wrap(self, material: bytes, name: str) -> bytes: ...
+
+    def unwrap(self, blob: bytes, name: str) -> bytes: ...  # raises KeyUnavailable
+
+
+class LocalKeyWrapper:
+    """A ``KeyWrapper`` with a local 32-byte master key (AES-256-GCM, name as AAD)."""
+
+    def __init__(self, master_key: bytes) -> None:
+        self._aead = prim.Aead(master_key)
+
+    def wrap(self, material: bytes, name: str) -> bytes:
+        nonce = prim.random_bytes(prim.NONCE_BYTES)
+        return nonce + self._aead.encrypt(nonce, material, name.encode())
+
+    def unwrap(self, blob: bytes, name: str) -> bytes:
+        try:
+            return self._aead.decrypt(blob[: prim.NONCE_BYTES], blob[prim.NONCE_BYTES :], name.encode())
+        except (InvalidSeal, ValueError):
+            raise KeyUnavailable(f"key {name} does not unwrap") from None
+
+
+class BlobStore(Protocol):
+    """What ``WrappedKeySource`` stores wrapped keys in (``FileKeySource`` is one)."""
+
+    def read_blob(self, name: str) -> bytes: ...
+
+    def create(self, name: str, material: bytes) -> None: ...
+
+    def destroy(self, name: str) -> bool: ...
+
+    def names(self) -> list[str]: ...
+
+
+class WrappedKeySource:
+    """Stores only wrapped keys in ``inner``; ``wrapper`` (a KMS) unwraps on read."""
+
+    def __init__(self, inner: BlobStore, wrapper: KeyWrapper) -> None:
+        self.inner = inner
+        self.wrapper = wrapper
+
+    def read(self, name: str) -> bytes:
+        material = self.wrapper.unwrap(self.inner.read_blob(name), name)
+        if len(material) != prim.KEY_BYTES:
+            raise KeyUnavailable(f"key {name} unwraps to the wrong length")
+        return material
+
+    def create(self, name: str, material: bytes) -> None:
+        self.inner.create(name, self.wrapper.wrap(material, name))
+
+    def destroy(self, name: str) -> bool:
+        return self.inner.destroy(name)
+
+    def names(self) -> list[str]:
+        return self.inner.names()
+
+
+@dataclass(frozen=True, kw_only=True)
+class KeyringConfig:
+    nonce_limit: int = NIST_RANDOM_NONCE_LIMIT  # seals per data key before a fresh epoch
+    open_cache_size: int = 1024  # derived data keys kept for opening
+
+
+@dataclass(slots=True)
+class _SealKey:
+    epoch: int
+    aead: prim.Aead
+    used: int
+
+
+def _derive(kek: bytes, namespace: str, generation: int, epoch: int) -> prim.Aead:
+    info = b"agentkv/dek/v1\0" + namespace.encode() + b"\0"
+    info += generation.to_bytes(8, "big") + epoch.to_bytes(8, "big")
+    return prim.Aead(prim.hkdf_sha256(kek, info))
+
+
+class TenantKeyring:
+    """KEKs per (namespace, generation), derived data keys, nonce budgets, blinding secrets."""
+
+    def __init__(self, source: KeySource, config: KeyringConfig = KeyringConfig()) -> None:
+        if not 1 <= config.nonce_limit <= NIST_RANDOM_NONCE_LIMIT:
+            raise ValueError("nonce_limit must be in 1..2**32 (NIST SP 800-38D)")
+        self.source = source
+        self.config = config
+        self._lock = threading.Lock()
+        self._keks: dict[tuple[str, int], bytes] = {}
+        self._seal: dict[tuple[str, int], _SealKey] = {}
+        self._open: OrderedDict[tuple[str, int, int], prim.Aead] = OrderedDict()
+        self.retired_epochs = 0  # data keys retired by the nonce budget, for metrics
+
+    # -- lifecycle -------------------------------------------------------------
+    def create_tenant(self, namespace: str) -> int:
+        """Create the blinding secret and generation 1; returns 1."""
+        validate_namespace(namespace)
+        if self.generations(namespace):
+            raise KeyExists(f"tenant {namespace} already has keys")
+        self.source.create(blind_name(namespace), prim.random_bytes(prim.KEY_BYTES))
+        self.source.create(kek_name(namespace, 1), prim.random_bytes(prim.KEY_BYTES))
+        return 1
+
+    def rotate(self, namespace: str) -> int:
+        """Add generation ``current + 1``; older generations stay readable."""
+        generation = self.current_generation(namespace) + 1
+        self.source.create(kek_name(namespace, validate_generation(generation)),
+                           prim.random_bytes(prim.KEY_BYTES))
+        return generation
+
+    def generations(self, namespace: str) -> list[int]:
+        validate_namespace(namespace)
+        found = (_KEK_RE.fullmatch(n) for n in self.source.names())
+        return sorted(int(m["gen"]) for m in found if m and m["ns"] == namespace)
+
+    def current_generation(self, namespace: str) -> int:
+        gens = self.generations(namespace)
+        if not gens:
+            raise KeyUnavailable(f"tenant {namespace} has no keys")
+        return gens[-1]
+
+    def key_id(self, namespace: str, generation: int) -> str:
+        """A public name for a KEK: namespace, generation and a keyed fingerprint."""
+        kek = self._kek(namespace, generation)
+        return f"{namespace}/g{generation}/{prim.hkdf_sha256(kek, b'agentkv/key-id/v1', 8).hex()}"
+
+    def blind_secret(self, namespace: str) -> bytes:
+        return self.source.read(blind_name(validate_namespace(namespace)))
+
+    # -- data keys -------------------------------------------------------------
+    def seal_key(self, namespace: str, generation: int) -> tuple[int, prim.Aead]:
+        """The (epoch, data key) for one more seal; counts it against the nonce budget."""
+        slot = (namespace, generation)
+        with self._lock:
+            current = self._seal.get(slot)
+            if current is None or current.used >= self.config.nonce_limit:
+                if current is not None:
+                    self.retired_epochs += 1
+                kek = self._kek_locked(namespace, generation)
+                epoch = int.from_bytes(prim.random_bytes(8), "big") or 1
+                current = _SealKey(epoch, _derive(kek, namespace, generation, epoch), 0)
+                self._seal[slot] = current
+            current.used += 1
+            return current.epoch, current.aead
+
+    def open_key(self, namespace: str, generation: int, epoch: int) -> prim.Aead:
+        """The data key of an epoch (raises KeyUnavailable once erased)."""
+        slot = (namespace, generation, epoch)
+        with self._lock:
+            aead = self._open.get(slot)
+            if aead is not None:
+                self._open.move_to_end(slot)
+                return aead
+            aead = _derive(self._kek_locked(namespace, generation), namespace, generation, epoch)
+            self._open[slot] = aead
+            if len(self._open) > self.config.open_cache_size:
+                self._open.popitem(last=False)
+            return aead
+
+    def nonce_uses(self, namespace: str, generation: int) -> int:
+        """Seals made with the current data key of (namespace, generation)."""
+        current = self._seal.get((namespace, generation))
+        return 0 if current is None else current.used
+
+    # -- erasure ---------------------------------------------------------------
+    def destroy_generation(self, namespace: str, generation: int) -> list[str]:
+        """Crypto-shred one generation; returns the destroyed key ids."""
+        key_id = self.key_id(namespace, generation)
+        self.source.destroy(kek_name(namespace, generation))
+        self._forget(namespace, {generation})
+        return [key_id]
+
+    def destroy_tenant(self, namespace: str) -> list[str]:
+        """Crypto-shred every generation and the blinding secret of a namespace."""
+        gens = self.generations(namespace)
+        ids = [self.key_id(namespace, g) for g in gens]
+        for generation in gens:
+            self.source.destroy(kek_name(namespace, generation))
+        if self.source.destroy(blind_name(namespace)):
+            ids.append(f"{namespace}/blind")
+        self._forget(namespace, set(gens))
+        if not ids:
+            raise KeyUnavailable(f"tenant {namespace} has no keys (never created or already erased)")
+        return ids
+
+    def _forget(self, namespace: str, generations: set[int]) -> None:
+        with self._lock:
+            for cache in (self._keks, self._seal):
+                for slot in [s for s in cache if s[0] == namespace and s[1] in generations]:
+                    del cache[slot]
+            for slot in [s for s in self._open if s[0] == namespace and s[1] in generations]:
+                del self._open[slot]
+
+    def _kek(self, namespace: str, generation: int) -> bytes:
+        with self._lock:
+            return self._kek_locked(namespace, generation)
+
+    def _kek_locked(self, namespace: str, generation: int) -> bytes:
+        slot = (validate_namespace(namespace), validate_generation(generation))
+        kek = self._keks.get(slot)
+        if kek is None:
+            kek = self.source.read(kek_name(namespace, generation))
+            self._keks[slot] = kek
+        return kek

@@ -1,0 +1,33 @@
+"""Generational page directory: contract, embedded backend; Redis backend in ``redis_backend``."""
+
+from store.directory.base import (
+    DirectoryAccessDenied,
+    DirectoryBackend,
+    DirectoryEntry,
+    DirectoryError,
+    DirectoryUnavailable,
+    EntryInUse,
+    GenerationRegression,
+    InvalidEntry,
+    MissingEntry,
+    ReadOnlyGeneration,
+    RefcountUnderflow,
+    UnknownGeneration,
+)
+from store.directory.embedded import EmbeddedDirectory
+
+__all__ = [
+    "DirectoryAccessDenied",
+    "DirectoryBackend",
+    "DirectoryEntry",
+    "DirectoryError",
+    "DirectoryUnavailable",
+    "EmbeddedDirectory",
+    "EntryInUse",
+    "GenerationRegression",
+    "InvalidEntry",
+    "MissingEntry",
+    "ReadOnlyGeneration",
+    "RefcountUnderflow",
+    "UnknownGeneration",
+]

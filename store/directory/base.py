@@ -1,0 +1,143 @@
+"""The generational directory contract: page key -> where the page lives.
+
+Each namespace (a tenant, or a tenant's prefix family) has a current
+generation. ``open_generation`` starts the next one and seals every older one:
+sealed entries stay readable and releasable, but accept no new entries and no
+new references, and are reclaimable once their reference count is zero.
+Generations only go up, also across a backend restart (see ``advance_generation``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol, runtime_checkable
+
+from store.types import Codec, Lookup, Tier
+
+NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")  # safe inside keys and ACL glob patterns
+MAX_KEY_BYTES = 64
+MAX_FIELD_CHARS = 256
+
+
+class DirectoryError(Exception):
+    """Base class of directory failures."""
+
+
+class InvalidEntry(DirectoryError, ValueError):
+    """A malformed entry, key or namespace; nothing was changed."""
+
+
+class ReadOnlyGeneration(DirectoryError):
+    """The entry's generation is sealed: no new entries or references."""
+
+
+class UnknownGeneration(DirectoryError):
+    """The generation has not been opened in this namespace."""
+
+
+class GenerationRegression(DirectoryError):
+    """Refused: the change would lower a namespace's generation."""
+
+
+class EntryInUse(DirectoryError):
+    """The entry still has references; it cannot be deleted."""
+
+
+class RefcountUnderflow(DirectoryError):
+    """``decref`` on an entry whose reference count is already zero."""
+
+
+class MissingEntry(DirectoryError):
+    """No entry under this key (for operations where absence is an error, not a MISS)."""
+
+
+class DirectoryUnavailable(DirectoryError):
+    """The backing service cannot be reached."""
+
+
+class DirectoryAccessDenied(DirectoryError):
+    """The backing service refused the credentials for this namespace (ACL)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DirectoryEntry:
+    key: bytes  # opaque (blinded) page identity digest
+    tenant_ns: str
+    tier: Tier
+    node: str
+    location: str  # shard/slot inside the node, e.g. "nvme0:3:8192" or "pool:17"
+    codec: Codec
+    size_bucket: int
+    generation: int
+    refcount: int = 0
+
+    def __post_init__(self) -> None:
+        check_key(self.key)
+        check_namespace(self.tenant_ns)
+        if not isinstance(self.tier, Tier) or not isinstance(self.codec, Codec):
+            raise InvalidEntry("tier must be a Tier and codec a Codec")
+        for name in ("node", "location"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not 0 < len(value) <= MAX_FIELD_CHARS:
+                raise InvalidEntry(f"{name} must be a 1..{MAX_FIELD_CHARS} character string")
+        for name, low in (("size_bucket", 0), ("generation", 1), ("refcount", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise InvalidEntry(f"{name} must be an int >= {low}, got {value!r}")
+
+    def with_refcount(self, refcount: int) -> DirectoryEntry:
+        return replace(self, refcount=refcount)
+
+
+def check_namespace(namespace: str) -> None:
+    if not isinstance(namespace, str) or not NAMESPACE_RE.match(namespace):
+        raise InvalidEntry(f"namespace must match {NAMESPACE_RE.pattern}, got {namespace!r}")
+
+
+def check_key(key: bytes) -> None:
+    if not isinstance(key, bytes) or not 0 < len(key) <= MAX_KEY_BYTES:
+        raise InvalidEntry(f"key must be 1..{MAX_KEY_BYTES} bytes")
+
+
+@runtime_checkable
+class DirectoryBackend(Protocol):
+    def put(self, entry: DirectoryEntry) -> None:
+        """Insert or update (location, tier, codec...) in the namespace's current, unsealed
+        generation. An update keeps the stored refcount; an insert takes ``entry.refcount``."""
+
+    def get(self, namespace: str, key: bytes) -> tuple[Lookup, DirectoryEntry | None]: ...
+
+    def get_many(
+        self, namespace: str, keys: Sequence[bytes]
+    ) -> list[tuple[Lookup, DirectoryEntry | None]]: ...
+
+    def delete(self, namespace: str, key: bytes) -> Lookup:
+        """HIT when removed, MISS when absent; EntryInUse while references remain."""
+
+    def incref(self, namespace: str, key: bytes) -> int:
+        """The new count. MissingEntry if absent; ReadOnlyGeneration if its generation is sealed."""
+
+    def decref(self, namespace: str, key: bytes) -> int:
+        """The new count. MissingEntry if absent; RefcountUnderflow at zero."""
+
+    def open_generation(self, namespace: str) -> int: ...
+
+    def current_generation(self, namespace: str) -> int:
+        """0 when no generation has been opened."""
+
+    def seal_generation(self, namespace: str, generation: int) -> None: ...
+
+    def advance_generation(self, namespace: str, generation: int) -> None:
+        """Raise the current generation to ``generation`` (repopulation after a restart);
+        GenerationRegression if it is lower than the current one."""
+
+    def restore(self, entries: Sequence[DirectoryEntry]) -> None:
+        """Re-insert entries found on the tiers after a restart, in any generation up to
+        the current one (sealed ones included); refcounts start at zero."""
+
+    def reclaimable(self, namespace: str) -> list[DirectoryEntry]:
+        """Entries of sealed generations with no references, oldest generation first."""
+
+    def close(self) -> None: ...

@@ -1,0 +1,242 @@
+"""RedisDirectory: the directory on a real redis-server (the only module importing redis).
+
+Key layout, one namespace per tenant (or tenant prefix family)::
+
+    {prefix}:{<ns>}:meta          hash  gen, sealed
+    {prefix}:{<ns>}:e:<hexkey>    msgpack [tier, node, location, codec, size_bucket, gen]
+    {prefix}:{<ns>}:r:<hexkey>    reference count
+    {prefix}:{<ns>}:g:<gen>       set of hex keys in that generation
+    {prefix}:{<ns>}:gens          set of generations that have entries
+
+The braces are literal: a Redis Cluster hash tag, so a namespace's keys share a
+slot and its scripts stay single-slot; an ACL key pattern ``~akv:{<ns>}:*``
+confines a tenant's user to its namespace. Changes run as Lua scripts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import msgpack
+import redis
+from redis import exceptions as rexc
+
+from store.directory import _lua
+from store.directory.base import (
+    DirectoryAccessDenied,
+    DirectoryEntry,
+    DirectoryError,
+    DirectoryUnavailable,
+    EntryInUse,
+    GenerationRegression,
+    InvalidEntry,
+    MissingEntry,
+    ReadOnlyGeneration,
+    RefcountUnderflow,
+    UnknownGeneration,
+    check_key,
+    check_namespace,
+)
+from store.types import Codec, Lookup, Tier
+
+_ERRORS: dict[str, type[DirectoryError]] = {
+    "AKV_READONLY": ReadOnlyGeneration,
+    "AKV_UNKNOWN_GEN": UnknownGeneration,
+    "AKV_REGRESSION": GenerationRegression,
+    "AKV_IN_USE": EntryInUse,
+    "AKV_UNDERFLOW": RefcountUnderflow,
+    "AKV_MISSING": MissingEntry,
+}
+_BATCH = 1000  # keys per MGET in get_many
+T = TypeVar("T")
+
+
+class RedisDirectory:
+    def __init__(self, url: str, prefix: str = "akv", *, socket_timeout_s: float = 5.0) -> None:
+        check_namespace(prefix)
+        self.prefix = prefix
+        self._client = redis.Redis.from_url(
+            url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s
+        )
+        self._scripts = {
+            name: self._client.register_script(getattr(_lua, name))
+            for name in ("PUT", "ADJUST", "DELETE", "OPEN", "SEAL", "ADVANCE", "STATE")
+        }
+        self._floor: dict[str, int] = {}  # highest generation seen per namespace
+
+    # ------------------------------------------------------------------ keys
+    def _base(self, ns: str) -> str:
+        check_namespace(ns)
+        return f"{self.prefix}:{{{ns}}}:"
+
+    def _entry_keys(self, ns: str, key: bytes) -> tuple[str, str, str]:
+        check_key(key)
+        base, hexkey = self._base(ns), key.hex()
+        return f"{base}e:{hexkey}", f"{base}r:{hexkey}", hexkey
+
+    def _run(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        return _call(lambda: self._scripts[name](keys=keys, args=args))
+
+    def _seen(self, ns: str, generation: int) -> int:
+        if generation > self._floor.get(ns, 0):
+            self._floor[ns] = generation
+        return generation
+
+    # ------------------------------------------------------------------ entries
+    def put(self, entry: DirectoryEntry) -> None:
+        self._put(entry, restore=False)
+
+    def _put(self, entry: DirectoryEntry, restore: bool) -> None:
+        if not isinstance(entry, DirectoryEntry):
+            raise InvalidEntry(f"expected a DirectoryEntry, got {type(entry).__name__}")
+        ns = entry.tenant_ns
+        base = self._base(ns)
+        ekey, rkey, hexkey = self._entry_keys(ns, entry.key)
+        packed = msgpack.packb(
+            [
+                int(entry.tier),
+                entry.node,
+                entry.location,
+                int(entry.codec),
+                entry.size_bucket,
+                entry.generation,
+            ]
+        )
+        cur = self._run(
+            "PUT",
+            [f"{base}meta", ekey, rkey, f"{base}g:{entry.generation}", f"{base}gens"],
+            [
+                entry.generation,
+                packed,
+                hexkey,
+                self._floor.get(ns, 0),
+                f"{base}g:",
+                0 if restore else entry.refcount,
+                int(restore),
+            ],
+        )
+        self._seen(ns, int(cur))
+
+    def get(self, namespace: str, key: bytes) -> tuple[Lookup, DirectoryEntry | None]:
+        return self.get_many(namespace, [key])[0]
+
+    def get_many(
+        self, namespace: str, keys: Sequence[bytes]
+    ) -> list[tuple[Lookup, DirectoryEntry | None]]:
+        names: list[str] = []
+        for key in keys:
+            ekey, rkey, _ = self._entry_keys(namespace, key)
+            names += (ekey, rkey)
+        out: list[tuple[Lookup, DirectoryEntry | None]] = []
+        for i in range(0, len(names), 2 * _BATCH):
+            values = _call(lambda i=i: self._client.mget(names[i : i + 2 * _BATCH]))
+            for j in range(0, len(values), 2):
+                raw, ref = values[j], values[j + 1]
+                if raw is None:
+                    out.append((Lookup.MISS, None))
+                else:
+                    out.append((Lookup.HIT, _decode(namespace, keys[(i + j) // 2], raw, ref)))
+        return out
+
+    def delete(self, namespace: str, key: bytes) -> Lookup:
+        ekey, rkey, hexkey = self._entry_keys(namespace, key)
+        gone = self._run("DELETE", [ekey, rkey], [hexkey, f"{self._base(namespace)}g:"])
+        return Lookup.HIT if int(gone) else Lookup.MISS
+
+    def incref(self, namespace: str, key: bytes) -> int:
+        return self._adjust(namespace, key, +1)
+
+    def decref(self, namespace: str, key: bytes) -> int:
+        return self._adjust(namespace, key, -1)
+
+    def _adjust(self, namespace: str, key: bytes, delta: int) -> int:
+        ekey, rkey, _ = self._entry_keys(namespace, key)
+        meta = f"{self._base(namespace)}meta"
+        return int(self._run("ADJUST", [meta, ekey, rkey], [delta, self._floor.get(namespace, 0)]))
+
+    # ------------------------------------------------------------------ generations
+    def open_generation(self, namespace: str) -> int:
+        meta = f"{self._base(namespace)}meta"
+        return self._seen(
+            namespace, int(self._run("OPEN", [meta], [self._floor.get(namespace, 0)]))
+        )
+
+    def _state(self, namespace: str) -> tuple[int, bool]:
+        meta = f"{self._base(namespace)}meta"
+        cur, sealed = self._run("STATE", [meta], [self._floor.get(namespace, 0)])
+        return self._seen(namespace, int(cur)), bool(int(sealed))
+
+    def current_generation(self, namespace: str) -> int:
+        return self._state(namespace)[0]
+
+    def seal_generation(self, namespace: str, generation: int) -> None:
+        meta = f"{self._base(namespace)}meta"
+        self._seen(
+            namespace, int(self._run("SEAL", [meta], [generation, self._floor.get(namespace, 0)]))
+        )
+
+    def advance_generation(self, namespace: str, generation: int) -> None:
+        meta = f"{self._base(namespace)}meta"
+        self._seen(
+            namespace,
+            int(self._run("ADVANCE", [meta], [generation, self._floor.get(namespace, 0)])),
+        )
+
+    def restore(self, entries: Sequence[DirectoryEntry]) -> None:
+        for entry in entries:  # validate all first: nothing changes on a bad batch
+            if entry.generation > self.current_generation(entry.tenant_ns):
+                raise UnknownGeneration(f"{entry.tenant_ns} has no generation {entry.generation}")
+        for entry in entries:
+            self._put(entry, restore=True)
+
+    def reclaimable(self, namespace: str) -> list[DirectoryEntry]:
+        cur, sealed = self._state(namespace)
+        base = self._base(namespace)
+        gens = sorted(int(g) for g in _call(lambda: self._client.smembers(f"{base}gens")))
+        found: list[DirectoryEntry] = []
+        for gen in gens:
+            if gen > cur or (gen == cur and not sealed):
+                continue
+            members = sorted(_call(lambda g=gen: self._client.smembers(f"{base}g:{g}")))
+            keys = [bytes.fromhex(m.decode()) for m in members]
+            for _lookup, entry in self.get_many(namespace, keys):
+                if entry is not None and entry.refcount == 0 and entry.generation == gen:
+                    found.append(entry)
+        return found
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _decode(ns: str, key: bytes, raw: bytes, ref: bytes | None) -> DirectoryEntry:
+    tier, node, location, codec, bucket, gen = msgpack.unpackb(raw)
+    return DirectoryEntry(
+        key=key,
+        tenant_ns=ns,
+        tier=Tier(tier),
+        node=node,
+        location=location,
+        codec=Codec(codec),
+        size_bucket=bucket,
+        generation=gen,
+        refcount=int(ref or 0),
+    )
+
+
+def _call(fn: Callable[[], T]) -> T:
+    """Run one Redis call, translating its failures into directory errors."""
+    try:
+        return fn()
+    except (rexc.ConnectionError, rexc.TimeoutError) as exc:
+        raise DirectoryUnavailable(f"redis unreachable: {exc}") from exc
+    except (rexc.NoPermissionError, rexc.AuthenticationError) as exc:
+        raise DirectoryAccessDenied(str(exc)) from exc
+    except rexc.ResponseError as exc:
+        message = str(exc)
+        for tag, error in _ERRORS.items():
+            if tag in message:
+                raise error(message.split(tag, 1)[1].strip()) from None
+        if message.startswith("NOPERM"):
+            raise DirectoryAccessDenied(message) from exc
+        raise DirectoryError(message) from exc

@@ -1,0 +1,176 @@
+"""HBM arena: fixed-size pages carved out of one preallocated torch uint8 tensor per device."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+class ArenaError(Exception):
+    """Base class for arena failures."""
+
+
+class ArenaFull(ArenaError):
+    """Every page is allocated."""
+
+
+class PageNotAllocated(ArenaError, KeyError):
+    """The page index is free or out of range."""
+
+
+class PagePinned(ArenaError):
+    """A pinned page cannot be freed until every pin is released."""
+
+
+class PageTooLarge(ArenaError, ValueError):
+    """The data does not fit in one page."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArenaStats:
+    device: str
+    page_bytes: int
+    num_pages: int
+    used_pages: int
+    pinned_pages: int
+    used_bytes: int  # bytes actually written into allocated pages
+
+    @property
+    def free_pages(self) -> int:
+        return self.num_pages - self.used_pages
+
+    @property
+    def fragmentation(self) -> float:
+        """Share of allocated page bytes that hold no data (internal fragmentation)."""
+        held = self.used_pages * self.page_bytes
+        return 0.0 if held == 0 else 1.0 - self.used_bytes / held
+
+
+class HbmArena:
+    """``num_pages`` pages of ``page_bytes`` in one tensor on ``device`` (default: cuda or cpu).
+
+    alloc/free are O(1) through a FIFO free queue (oldest freed page is reused first).
+    Not thread-safe: one owner (the HBM actor) drives it.
+    """
+
+    def __init__(
+        self, page_bytes: int, num_pages: int, device: str | torch.device | None = None
+    ) -> None:
+        if page_bytes <= 0 or num_pages <= 0:
+            raise ValueError(
+                f"page_bytes and num_pages must be positive, got {page_bytes}, {num_pages}"
+            )
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        self.page_bytes = page_bytes
+        self.num_pages = num_pages
+        # zeros, not empty: touching every page now keeps first-touch faults off the hot path.
+        self._buf = torch.zeros((num_pages, page_bytes), dtype=torch.uint8, device=self.device)
+        self._free: deque[int] = deque(range(num_pages))
+        self._allocated = np.zeros(num_pages, dtype=bool)
+        self._pins = np.zeros(num_pages, dtype=np.int64)
+        self._lengths = np.zeros(num_pages, dtype=np.int64)
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.page_bytes * self.num_pages
+
+    @property
+    def buffer(self) -> torch.Tensor:
+        """The whole arena, [num_pages, page_bytes] uint8, for one transport registration."""
+        return self._buf
+
+    def page_offset(self, page: int) -> int:
+        """Byte offset of ``page`` inside :attr:`buffer`."""
+        self._check(page)
+        return page * self.page_bytes
+
+    def alloc(self) -> int:
+        if not self._free:
+            raise ArenaFull(
+                f"all {self.num_pages} pages of {self.page_bytes} B on {self.device} are in use"
+            )
+        page = self._free.popleft()
+        self._allocated[page] = True
+        self._lengths[page] = 0
+        return page
+
+    def free(self, page: int) -> None:
+        self._check(page)
+        if self._pins[page]:
+            raise PagePinned(f"page {page} is pinned {self._pins[page]} time(s)")
+        self._allocated[page] = False
+        self._lengths[page] = 0
+        self._free.append(page)
+
+    def pin(self, page: int) -> None:
+        self._check(page)
+        self._pins[page] += 1
+
+    def unpin(self, page: int) -> None:
+        self._check(page)
+        if not self._pins[page]:
+            raise ArenaError(f"page {page} is not pinned")
+        self._pins[page] -= 1
+
+    def is_pinned(self, page: int) -> bool:
+        self._check(page)
+        return bool(self._pins[page])
+
+    def view(self, page: int) -> torch.Tensor:
+        """The whole page as a uint8 tensor view (writes through; no copy)."""
+        self._check(page)
+        return self._buf[page]
+
+    def write(
+        self, page: int, data: bytes | bytearray | memoryview | np.ndarray | torch.Tensor
+    ) -> int:
+        """Copy ``data`` into the page (tensors of any dtype/device are copied as raw bytes)."""
+        self._check(page)
+        if isinstance(data, torch.Tensor):
+            src = data.detach().contiguous().reshape(-1).view(torch.uint8)
+        else:
+            src = (
+                np.frombuffer(data, dtype=np.uint8)
+                if not isinstance(data, np.ndarray)
+                else data.view(np.uint8).reshape(-1)
+            )
+        n = int(src.shape[0])
+        if n > self.page_bytes:
+            raise PageTooLarge(f"{n} bytes do not fit a {self.page_bytes}-byte page")
+        dst = self._buf[page, :n]
+        if isinstance(src, torch.Tensor):
+            dst.copy_(src)
+        elif self.device.type == "cpu":
+            dst.numpy()[:] = src
+        else:
+            dst.copy_(torch.from_numpy(src.copy()), non_blocking=False)
+        self._lengths[page] = n
+        return n
+
+    def read(self, page: int) -> bytes:
+        """The bytes last written to the page."""
+        self._check(page)
+        return self._buf[page, : int(self._lengths[page])].cpu().numpy().tobytes()
+
+    def length(self, page: int) -> int:
+        self._check(page)
+        return int(self._lengths[page])
+
+    def stats(self) -> ArenaStats:
+        return ArenaStats(
+            device=str(self.device),
+            page_bytes=self.page_bytes,
+            num_pages=self.num_pages,
+            used_pages=int(self._allocated.sum()),
+            pinned_pages=int((self._pins > 0).sum()),
+            used_bytes=int(self._lengths.sum()),
+        )
+
+    def _check(self, page: int) -> None:
+        if not (0 <= page < self.num_pages) or not self._allocated[page]:
+            raise PageNotAllocated(f"page {page} is not allocated in this arena")

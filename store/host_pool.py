@@ -1,0 +1,365 @@
+"""Host pool: a slab of fixed-size page slots in one /dev/shm segment shared by processes.
+
+Segment layout (all offsets 4 KiB aligned)::
+
+    [header 4 KiB][slot table: num_slots x 64 B][data: num_slots x slot_bytes]
+
+A slot-table row is eight uint64: seq, version, length, state, writer_pid,
+data_offset and two spare words. ``seq`` is a seqlock: the writer makes it
+odd, copies, publishes length/version, makes it even again. A reader copies
+between two reads of ``seq`` and retries when they differ, so it returns a
+whole old page or a whole new page, never a mix. A writer that dies mid-copy
+leaves ``seq`` odd: readers report TornRead, and the next writer to attach
+turns such slots into empty ones. x86-64 keeps stores in program order, which
+this protocol relies on (ARM would need explicit fences).
+
+One writer (an exclusive flock on the segment, dropped by the kernel if the
+writer dies) and any number of readers. The segment is opened with os.open +
+mmap, never multiprocessing.shared_memory (a reader that exits would unlink it).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import struct
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Self
+
+import numpy as np
+
+SHM_DIR = "/dev/shm"
+COPY_CHUNK = 4 << 20  # shared memory copies fastest in 2-16 MiB chunks
+_PAGE = 4096
+_MAGIC = b"AKVHPOOL"
+_VERSION = 1
+_HEAD = struct.Struct(
+    "<8sIIQQQQQ"
+)  # magic, version, row_bytes, slot_bytes, num_slots, table, data, size
+_ROW = 8  # uint64 words per slot row (64 B: one cache line)
+SEQ, VER, LEN, STATE, PID, OFF = range(6)
+_FREE, _USED = 0, 1
+_READ_RETRIES = 10_000
+
+
+class PoolError(Exception):
+    """Base class for host pool failures."""
+
+
+class PoolFull(PoolError):
+    """Every slot is allocated."""
+
+
+class PoolBusy(PoolError):
+    """Another live process already holds the writer role."""
+
+
+class PoolFormatError(PoolError):
+    """The segment is not a host pool this code reads."""
+
+
+class NotWriter(PoolError):
+    """Only the writer may allocate, write or free."""
+
+
+class SlotEmpty(PoolError, KeyError):
+    """The slot is free, or allocated but holds no complete page."""
+
+
+class TornRead(PoolError):
+    """No consistent copy could be taken (the writer died mid-write, or never let go)."""
+
+
+class PageTooLarge(PoolError, ValueError):
+    """The data does not fit in one slot."""
+
+
+class EmptyPage(PoolError, ValueError):
+    """Zero bytes is not a page (a zero length marks a slot that holds none)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolStats:
+    name: str
+    slot_bytes: int
+    num_slots: int
+    used_slots: int
+    used_bytes: int  # bytes of page data held in allocated slots
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.slot_bytes * self.num_slots
+
+    @property
+    def free_slots(self) -> int:
+        return self.num_slots - self.used_slots
+
+    @property
+    def fragmentation(self) -> float:
+        """Share of allocated slot bytes that hold no page data (internal fragmentation)."""
+        held = self.used_slots * self.slot_bytes
+        return 0.0 if held == 0 else 1.0 - self.used_bytes / held
+
+
+def _round_up(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+def _path(name: str) -> str:
+    if not name or "/" in name or name.startswith("."):
+        raise ValueError(f"pool name must be a plain file name, got {name!r}")
+    return os.path.join(SHM_DIR, name)
+
+
+def _copy(dst: np.ndarray, src: np.ndarray) -> None:
+    for start in range(0, src.shape[0], COPY_CHUNK):
+        dst[start : start + COPY_CHUNK] = src[start : start + COPY_CHUNK]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class HostPool:
+    """Use :meth:`create` (writer) or :meth:`attach` (reader, or writer after a crash)."""
+
+    def __init__(self, name: str, fd: int, mm: mmap.mmap, writer: bool) -> None:
+        self.name = name
+        self._fd, self._mm, self.writer = fd, mm, writer
+        magic, version, row_bytes, slot_bytes, num_slots, table_off, _data_off, size = (
+            _HEAD.unpack_from(mm)
+        )
+        if magic != _MAGIC or version != _VERSION or row_bytes != _ROW * 8 or size != len(mm):
+            raise PoolFormatError(f"{name}: not a version-{_VERSION} host pool segment")
+        self.slot_bytes, self.num_slots = slot_bytes, num_slots
+        self._bytes = np.frombuffer(mm, dtype=np.uint8)
+        self._table = np.frombuffer(mm, dtype=np.uint64, count=num_slots * _ROW, offset=table_off)
+        self._table = self._table.reshape(num_slots, _ROW)
+        # Scalar seqlock words go through a memoryview: ~10x cheaper per access than numpy scalars.
+        self._words = memoryview(mm)[table_off : table_off + num_slots * _ROW * 8].cast("Q")
+        self._pid = os.getpid()
+        self._free: deque[int] = deque()
+        if writer:
+            self._recover()
+
+    @classmethod
+    def create(cls, name: str, slot_bytes: int, num_slots: int) -> HostPool:
+        """Create, size and pre-fault a new segment and become its writer."""
+        if slot_bytes <= 0 or num_slots <= 0:
+            raise ValueError(
+                f"slot_bytes and num_slots must be positive, got {slot_bytes}, {num_slots}"
+            )
+        slot_bytes = _round_up(slot_bytes, _PAGE)
+        table_off = _PAGE
+        data_off = _round_up(table_off + num_slots * _ROW * 8, _PAGE)
+        size = data_off + slot_bytes * num_slots
+        fd = os.open(_path(name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            try:
+                os.posix_fallocate(fd, 0, size)  # tmpfs allocates now: ENOSPC here, not mid-write
+            except OSError as exc:
+                raise PoolFull(f"/dev/shm cannot hold a {size}-byte pool: {exc}") from exc
+            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+            _HEAD.pack_into(
+                mm, 0, _MAGIC, _VERSION, _ROW * 8, slot_bytes, num_slots, table_off, data_off, size
+            )
+            table = np.frombuffer(mm, dtype=np.uint64, count=num_slots * _ROW, offset=table_off)
+            table = table.reshape(num_slots, _ROW)
+            table[:, OFF] = data_off + np.arange(num_slots, dtype=np.uint64) * slot_bytes
+            del table
+        except BaseException:
+            os.close(fd)
+            os.unlink(_path(name))
+            raise
+        return cls(name, fd, mm, writer=True)
+
+    @classmethod
+    def attach(cls, name: str, *, writer: bool = False) -> HostPool:
+        """Map an existing segment. ``writer=True`` takes over the writer role (after a crash)."""
+        fd = os.open(_path(name), os.O_RDWR)
+        try:
+            if writer:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError as exc:
+                    raise PoolBusy(f"{name}: another process is the writer") from exc
+            size = os.fstat(fd).st_size
+            if size < _HEAD.size:
+                raise PoolFormatError(f"{name}: segment of {size} bytes is too small")
+            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+            return cls(name, fd, mm, writer)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _recover(self) -> None:
+        """Writer start-up: rebuild the free queue; empty any slot a dead writer left mid-write."""
+        torn = (self._table[:, SEQ] & np.uint64(1)) == 1
+        for slot in np.flatnonzero(torn):
+            self._table[slot, LEN] = 0
+            self._table[slot, SEQ] += np.uint64(1)
+        free = np.flatnonzero(self._table[:, STATE] == _FREE)
+        self._free = deque(int(s) for s in free)
+
+    # -- writer ---------------------------------------------------------------
+    def alloc(self) -> int:
+        self._need_writer()
+        if not self._free:
+            raise PoolFull(
+                f"{self.name}: all {self.num_slots} slots of {self.slot_bytes} B are in use"
+            )
+        slot = self._free.popleft()
+        base = slot * _ROW
+        self._words[base + LEN] = 0
+        self._words[base + STATE] = _USED
+        return slot
+
+    def write(self, slot: int, data: bytes | bytearray | memoryview | np.ndarray) -> int:
+        """Replace the slot's page with ``data``; returns the slot's new version."""
+        self._need_writer()
+        w, base = self._words, self._base(slot)
+        src = (
+            data.reshape(-1).view(np.uint8)
+            if isinstance(data, np.ndarray)
+            else np.frombuffer(data, np.uint8)
+        )
+        n = src.shape[0]
+        if n > self.slot_bytes:
+            raise PageTooLarge(f"{n} bytes do not fit a {self.slot_bytes}-byte slot")
+        if n == 0:
+            raise EmptyPage(f"{self.name}: refusing to write an empty page to slot {slot}")
+        if w[base + STATE] != _USED:
+            raise SlotEmpty(f"{self.name}: slot {slot} is not allocated")
+        off = w[base + OFF]
+        w[base + PID] = self._pid
+        w[base + SEQ] += 1  # odd: writing
+        _copy(self._bytes[off : off + n], src)
+        w[base + LEN] = n
+        w[base + VER] += 1
+        w[base + SEQ] += 1  # even: published
+        return w[base + VER]
+
+    def free(self, slot: int) -> None:
+        self._need_writer()
+        w, base = self._words, self._base(slot)
+        if w[base + STATE] != _USED:
+            raise SlotEmpty(f"{self.name}: slot {slot} is not allocated")
+        w[base + SEQ] += 1
+        w[base + STATE] = _FREE
+        w[base + LEN] = 0
+        w[base + SEQ] += 1  # a reader mid-copy sees seq move and retries
+        self._free.append(slot)
+
+    # -- readers (and the writer) ---------------------------------------------
+    def read(
+        self, slot: int, out: bytearray | memoryview | np.ndarray | None = None
+    ) -> memoryview | bytes:
+        """A consistent copy of the slot's page: into ``out`` (returns a view of it) or bytes."""
+        return self.read_versioned(slot, out)[0]
+
+    def read_versioned(self, slot: int, out=None) -> tuple[memoryview | bytes, int]:
+        """Like :meth:`read`, also returning the version the copy belongs to."""
+        w, base = self._words, self._base(slot)
+        dst = (
+            None
+            if out is None
+            else np.frombuffer(out, np.uint8)
+            if not isinstance(out, np.ndarray)
+            else out
+        )
+        for attempt in range(_READ_RETRIES):
+            seq = w[base + SEQ]
+            if seq & 1:
+                if not _pid_alive(w[base + PID]):
+                    raise TornRead(f"{self.name}: slot {slot}'s writer died mid-write")
+                time.sleep(0 if attempt < 100 else 0.0001)
+                continue
+            n, version, off = w[base + LEN], w[base + VER], w[base + OFF]
+            if w[base + STATE] != _USED or n == 0:
+                if w[base + SEQ] == seq:
+                    raise SlotEmpty(f"{self.name}: slot {slot} holds no page")
+                continue
+            if dst is None:
+                buf = np.empty(n, dtype=np.uint8)
+            elif dst.nbytes < n:
+                raise ValueError(f"out holds {dst.nbytes} bytes, page is {n}")
+            else:
+                buf = dst[:n]
+            _copy(buf, self._bytes[off : off + n])
+            if w[base + SEQ] == seq:
+                return (buf.tobytes() if dst is None else memoryview(buf)), version
+        raise TornRead(f"{self.name}: slot {slot} changed on every one of {_READ_RETRIES} attempts")
+
+    def slots(self) -> Iterator[tuple[int, int, int]]:
+        """(slot, version, length) of every allocated slot holding a page (a snapshot)."""
+        held = np.flatnonzero((self._table[:, STATE] == _USED) & (self._table[:, LEN] > 0))
+        for slot in held:
+            row = self._table[slot]
+            yield int(slot), int(row[VER]), int(row[LEN])
+
+    @property
+    def buffer(self) -> np.ndarray:
+        """The whole mapped segment as uint8, for one transport registration (e.g. NIXL)."""
+        return self._bytes
+
+    def slot_offset(self, slot: int) -> int:
+        """Byte offset of ``slot``'s data inside the segment (and :attr:`buffer`)."""
+        return self._words[self._base(slot) + OFF]
+
+    def stats(self) -> PoolStats:
+        used = self._table[:, STATE] == _USED
+        return PoolStats(
+            name=self.name,
+            slot_bytes=self.slot_bytes,
+            num_slots=self.num_slots,
+            used_slots=int(used.sum()),
+            used_bytes=int(self._table[used, LEN].sum()),
+        )
+
+    def close(self) -> None:
+        """Unmap and drop the writer lock; the segment stays for other processes."""
+        if self._mm is None:
+            return
+        self._words.release()
+        del self._bytes, self._table, self._words
+        try:
+            self._mm.close()
+        except BufferError:
+            pass  # a caller still holds `buffer` (e.g. a transport registration): unmapped on GC
+        if self.writer:  # mmap holds a dup of the fd, so closing ours alone may keep the lock
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._mm = None
+
+    def unlink(self) -> None:
+        """Remove the segment name (mappings stay valid until each process closes)."""
+        try:
+            os.unlink(_path(self.name))
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _base(self, slot: int) -> int:
+        if not 0 <= slot < self.num_slots:
+            raise SlotEmpty(f"{self.name}: slot {slot} is out of range [0, {self.num_slots})")
+        return slot * _ROW
+
+    def _need_writer(self) -> None:
+        if not self.writer:
+            raise NotWriter(f"{self.name}: this handle is a reader")

@@ -1,0 +1,461 @@
+"""NvmeShard: append-only segment files with checksummed records and crash recovery.
+
+Bytes move through a ``Transport`` (NIXL POSIX when installed, plain file I/O
+otherwise), so both paths share every line here. A record is published in
+the index only after all of its bytes are written (and synced, per policy);
+a failed write is truncated away, so a full disk leaves the shard as it was.
+One lock serialises callers; one process owns a shard directory (flock). The
+recovery scan reads headers with plain ``pread`` (small, once per open).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import mmap
+import os
+import threading
+from pathlib import Path
+from typing import Any, Self
+
+import numpy as np
+
+from store import nvme_format as fmt
+from store.nvme_types import (
+    CompactionReport,
+    DiskFull,
+    FsyncPolicy,
+    InvalidRecord,
+    NvmeShardConfig,
+    RecordLocation,
+    ShardClosed,
+    ShardError,
+    ShardIOError,
+    ShardLocked,
+    ShardStats,
+)
+from store.transport import (
+    FileSpan,
+    Region,
+    TransferJob,
+    TransferOp,
+    TransferStatus,
+    file_transport,
+)
+from store.types import Lookup
+
+_SEGMENT_GLOB = "seg-*.akv"  # seg-00000012.akv; indices only grow
+_FILE_SPAN = 1 << 40  # offsets a segment's registration admits; registration allocates nothing
+_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+
+__all__ = [
+    "CompactionReport",
+    "DiskFull",
+    "FsyncPolicy",
+    "InvalidRecord",
+    "NvmeShard",
+    "NvmeShardConfig",
+    "RecordLocation",
+    "ShardClosed",
+    "ShardError",
+    "ShardIOError",
+    "ShardLocked",
+    "ShardStats",
+]
+
+
+class _Segment:
+    __slots__ = ("fd", "index", "keys", "path", "region", "size")
+
+    def __init__(self, index: int, path: Path, fd: int, region: Region, size: int) -> None:
+        self.index, self.path, self.fd, self.region, self.size = index, path, fd, region, size
+        self.keys: set[bytes] = set()  # every key with a record or tombstone in this file
+
+
+class NvmeShard:
+    """One shard directory; ``put``/``get``/``delete`` by opaque key, ``compact`` retired space."""
+
+    def __init__(self, directory: str | os.PathLike[str], config: NvmeShardConfig | None = None):
+        self.config = config or NvmeShardConfig()
+        self.path = Path(directory)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._lock_fd = _lock_directory(self.path)
+        self._io = file_transport(prefer_nixl=self.config.use_nixl)
+        self._scratch = _aligned(self.config.align)
+        self._scratch_region = self._io.register(self._scratch)
+        self._read_buf: np.ndarray | None = None
+        self._read_region: Region | None = None
+        self._segments: dict[int, _Segment] = {}
+        self._index: dict[bytes, RecordLocation] = {}
+        self._tombs: dict[bytes, tuple[int, int]] = {}  # key -> (seq, segment)
+        self._live: dict[int, int] = {}  # segment -> live record bytes
+        self._next_seq = 1
+        self._unsynced = 0
+        self._corrupt = 0
+        self._syncs = 0
+        self._closed = False
+        self._recover()
+
+    # ---------------------------------------------------------------- public API
+    def put(self, key: bytes, data: Any, generation: int) -> RecordLocation:
+        """Append ``data`` under ``key``; published only once fully written."""
+        _check_key(key)
+        if not isinstance(generation, int) or generation < 0:
+            raise InvalidRecord(f"generation must be a non-negative int, got {generation!r}")
+        payload = _as_bytes_view(data)
+        if payload.nbytes > self.config.max_record_bytes:
+            raise InvalidRecord(
+                f"payload of {payload.nbytes} B exceeds max_record_bytes "
+                f"{self.config.max_record_bytes}"
+            )
+        with self._lock:
+            self._check_open()
+            seq = self._next_seq
+            loc = self._append(key, payload, generation, seq, 0)
+            self._next_seq += 1
+            self._publish(key, loc)
+            return loc
+
+    def get(self, key: bytes, out: Any = None) -> bytes | memoryview | Lookup:
+        """The payload (bytes, or a view of ``out`` when given), or ``Lookup.MISS``.
+
+        A record whose checksum fails or whose bytes are gone is a miss, and is
+        dropped from the index.
+        """
+        _check_key(key)
+        with self._lock:
+            self._check_open()
+            loc = self._index.get(key)
+            if loc is None:
+                return Lookup.MISS
+            view = self._read_payload(loc, out)
+            if view is None or fmt.checksum(view) != loc.crc:
+                self._corrupt += 1
+                self._unpublish(key)
+                return Lookup.MISS
+            return view if out is not None else bytes(view)
+
+    def locate(self, key: bytes) -> tuple[Lookup, RecordLocation | None]:
+        with self._lock:
+            loc = self._index.get(key)
+        return (Lookup.HIT, loc) if loc is not None else (Lookup.MISS, None)
+
+    def delete(self, key: bytes) -> Lookup:
+        """Retire ``key`` (a tombstone makes it survive restarts); HIT if it existed."""
+        _check_key(key)
+        with self._lock:
+            self._check_open()
+            if key not in self._index:
+                return Lookup.MISS
+            seq = self._next_seq
+            loc = self._append(key, memoryview(b""), 0, seq, fmt.FLAG_TOMBSTONE)
+            self._next_seq += 1
+            self._unpublish(key)
+            self._tombs[key] = (seq, loc.segment)
+            return Lookup.HIT
+
+    def keys(self) -> list[bytes]:
+        with self._lock:
+            return list(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def stats(self) -> ShardStats:
+        with self._lock:
+            return ShardStats(
+                records=len(self._index),
+                segments=len(self._segments),
+                file_bytes=sum(s.size for s in self._segments.values()),
+                live_bytes=sum(self._live.values()),
+                corrupt_records=self._corrupt,
+                syncs=self._syncs,
+                engine=type(self._io).__name__,
+            )
+
+    def sync(self) -> None:
+        with self._lock:
+            self._check_open()
+            self._sync_active()
+
+    def compact(self, min_dead_ratio: float = 0.5) -> CompactionReport:
+        from store.nvme_compact import compact_segments  # keeps this module small
+
+        with self._lock:
+            self._check_open()
+            return compact_segments(self, min_dead_ratio)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            if self.config.fsync is not FsyncPolicy.NONE:
+                self._sync_active()
+            for seg in self._segments.values():
+                self._io.deregister(seg.region)
+                os.close(seg.fd)
+            self._io.close()
+            os.close(self._lock_fd)
+            self._closed = True
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- writing
+    def _active(self, need: int) -> _Segment:
+        active = self._segments[max(self._segments)]
+        if active.size and active.size + need > self.config.segment_bytes:
+            if self.config.fsync is not FsyncPolicy.NONE:
+                self._sync_active()
+            active = self._new_segment(active.index + 1)
+        return active
+
+    def _check_space(self, need: int, tombstone: bool) -> None:
+        total = sum(s.size for s in self._segments.values())
+        # Tombstones (one header block) are exempt from the quota: a full shard must still
+        # be able to retire records, or it could never make room again.
+        quota = self.config.max_bytes
+        if quota is not None and not tombstone and total + need > quota:
+            raise DiskFull(
+                f"shard quota {self.config.max_bytes} B: {total} B used, record needs {need} B"
+            )
+        if _free_bytes(self.path) < need:
+            raise DiskFull(f"file system of {self.path} has less than {need} B free")
+
+    def _append(
+        self, key: bytes, payload: memoryview, generation: int, seq: int, flags: int
+    ) -> RecordLocation:
+        align = self.config.align
+        block = fmt.header_block(len(key), align)
+        n = payload.nbytes
+        crc = fmt.checksum(payload)
+        seg = self._active(fmt.round_up(block + n, align))
+        offset = fmt.round_up(seg.size, align)
+        self._check_space(offset - seg.size + block + n, bool(flags & fmt.FLAG_TOMBSTONE))
+        header = fmt.RecordHeader(
+            flags=flags, key=key, generation=generation, payload_len=n, seq=seq, payload_crc=crc
+        )
+        self._scratch[:block] = 0
+        fmt.pack_header_into(memoryview(self._scratch), header)
+        self._write(seg, offset, block, payload)
+        seg.size = offset + block + n
+        seg.keys.add(key)
+        self._after_write(seg)
+        return RecordLocation(
+            segment=seg.index,
+            offset=offset,
+            payload_offset=offset + block,
+            length=n,
+            generation=generation,
+            seq=seq,
+            crc=crc,
+        )
+
+    def _write(self, seg: _Segment, offset: int, block: int, payload: memoryview) -> None:
+        jobs = [
+            self._io.submit(
+                TransferJob(
+                    op=TransferOp.WRITE,
+                    local=self._scratch_region,
+                    remote=seg.region,
+                    length=block,
+                    remote_offset=offset,
+                )
+            )
+        ]
+        region = self._io.register(np.frombuffer(payload, np.uint8)) if payload.nbytes else None
+        try:
+            if region is not None:
+                jobs.append(
+                    self._io.submit(
+                        TransferJob(
+                            op=TransferOp.WRITE,
+                            local=region,
+                            remote=seg.region,
+                            length=payload.nbytes,
+                            remote_offset=offset + block,
+                        )
+                    )
+                )
+            results = [self._io.wait(j) for j in jobs]
+        finally:
+            if region is not None:
+                self._io.deregister(region)
+        failed = [r for r in results if r.status is not TransferStatus.DONE]
+        if failed:
+            os.ftruncate(seg.fd, seg.size)  # roll back: nothing of the record stays
+            need = block + payload.nbytes
+            if any(r.errno in _FULL_ERRNOS for r in failed) or _free_bytes(self.path) < need:
+                raise DiskFull(f"writing {need} B to {seg.path} failed: {failed[0].error}")
+            raise ShardIOError(f"writing to {seg.path} failed: {failed[0].error}")
+
+    def _after_write(self, seg: _Segment) -> None:
+        policy = self.config.fsync
+        self._unsynced += 1
+        if policy is FsyncPolicy.EVERY_RECORD or (
+            policy is FsyncPolicy.EVERY_N and self._unsynced >= self.config.fsync_every_n
+        ):
+            self._fsync(seg.fd)
+            self._unsynced = 0
+
+    def _sync_active(self) -> None:
+        if self._segments and self._unsynced:
+            self._fsync(self._segments[max(self._segments)].fd)
+        self._unsynced = 0
+
+    def _fsync(self, fd: int) -> None:
+        os.fsync(fd)
+        self._syncs += 1
+
+    def _publish(self, key: bytes, loc: RecordLocation) -> None:
+        self._unpublish(key)
+        self._index[key] = loc
+        self._live[loc.segment] = self._live.get(loc.segment, 0) + _record_bytes(loc)
+
+    def _unpublish(self, key: bytes) -> None:
+        old = self._index.pop(key, None)
+        if old is not None:
+            self._live[old.segment] -= _record_bytes(old)
+
+    # ---------------------------------------------------------------- reading
+    def _read_payload(self, loc: RecordLocation, out: Any) -> memoryview | None:
+        n = loc.length
+        if n == 0:
+            return memoryview(b"")
+        if out is None:
+            if self._read_buf is None or self._read_buf.nbytes < n:
+                self._grow_read_buffer(n)
+            region, target = self._read_region, self._read_buf
+        else:
+            target = np.frombuffer(out, np.uint8)
+            if target.nbytes < n or not target.flags.writeable:
+                raise InvalidRecord(f"out must be a writable buffer of >= {n} bytes")
+            region = self._io.register(target)
+        try:
+            job = self._io.submit(
+                TransferJob(
+                    op=TransferOp.READ,
+                    local=region,
+                    remote=self._segments[loc.segment].region,
+                    length=n,
+                    remote_offset=loc.payload_offset,
+                )
+            )
+            ok = self._io.wait(job).status is TransferStatus.DONE
+        finally:
+            if out is not None:
+                self._io.deregister(region)
+        return memoryview(target)[:n] if ok else None
+
+    def _grow_read_buffer(self, n: int) -> None:
+        if self._read_region is not None:
+            self._io.deregister(self._read_region)
+        self._read_buf = _aligned(fmt.round_up(max(n, 1 << 20), self.config.align))
+        self._read_region = self._io.register(self._read_buf)
+
+    # ---------------------------------------------------------------- recovery
+    def _new_segment(self, index: int) -> _Segment:
+        path = self.path / f"seg-{index:08d}.akv"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        if self.config.fsync is not FsyncPolicy.NONE:
+            _fsync_dir(self.path)
+        size = os.fstat(fd).st_size
+        seg = _Segment(index, path, fd, self._io.register(FileSpan(fd=fd, length=_FILE_SPAN)), size)
+        self._segments[index] = seg
+        self._live.setdefault(index, 0)
+        return seg
+
+    def _recover(self) -> None:
+        """Rebuild the index from the segment files: newest sequence number wins."""
+        names = sorted(self.path.glob(_SEGMENT_GLOB))
+        best: dict[bytes, RecordLocation] = {}
+        last_end = 0
+        for path in names:
+            seg = self._new_segment(int(path.stem.split("-")[1]))
+            last_end = 0
+            for rec in fmt.scan_segment(seg.fd, seg.size, self.config.align):
+                h = rec.header
+                seg.keys.add(h.key)
+                self._next_seq = max(self._next_seq, h.seq + 1)
+                last_end = rec.end
+                if h.is_tombstone:
+                    if h.seq > self._tombs.get(h.key, (0, 0))[0]:
+                        self._tombs[h.key] = (h.seq, seg.index)
+                    continue
+                if h.key not in best or best[h.key].seq <= h.seq:
+                    best[h.key] = RecordLocation(
+                        segment=seg.index,
+                        offset=rec.offset,
+                        payload_offset=rec.payload_offset,
+                        length=h.payload_len,
+                        generation=h.generation,
+                        seq=h.seq,
+                        crc=h.payload_crc,
+                    )
+        if not self._segments:
+            self._new_segment(0)
+        else:  # cut a torn tail so the next append starts on clean ground
+            active = self._segments[max(self._segments)]
+            if active.size > last_end:
+                os.ftruncate(active.fd, last_end)
+                active.size = last_end
+        for key, loc in best.items():
+            if loc.seq > self._tombs.get(key, (0, 0))[0]:
+                self._publish(key, loc)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ShardClosed(f"shard {self.path} is closed")
+
+
+def _record_bytes(loc: RecordLocation) -> int:
+    return loc.payload_offset - loc.offset + loc.length
+
+
+def _check_key(key: bytes) -> None:
+    if not isinstance(key, bytes) or not 0 < len(key) <= fmt.MAX_KEY_BYTES:
+        raise InvalidRecord(f"key must be 1..{fmt.MAX_KEY_BYTES} bytes, got {key!r:.60}")
+
+
+def _as_bytes_view(data: Any) -> memoryview:
+    try:
+        view = memoryview(data)
+    except TypeError as exc:
+        raise InvalidRecord(f"payload must support the buffer protocol: {exc}") from exc
+    if not view.c_contiguous:
+        raise InvalidRecord("payload must be C-contiguous")
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
+def _aligned(n: int) -> np.ndarray:
+    """A page-aligned, pre-faulted buffer (anonymous mmap): reads into it run at full speed."""
+    buf = np.frombuffer(mmap.mmap(-1, n), dtype=np.uint8)
+    buf[:] = 0
+    return buf
+
+
+def _free_bytes(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _lock_directory(path: Path) -> int:
+    fd = os.open(path / "LOCK", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ShardLocked(f"{path} is open in another process") from None
+    return fd

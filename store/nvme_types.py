@@ -1,0 +1,90 @@
+"""Configuration, records, reports and errors of NVMe shards (see ``store.nvme``)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class ShardError(Exception):
+    """Base class of NVMe shard failures."""
+
+
+class DiskFull(ShardError):
+    """The record does not fit (quota or file system); nothing was written or published."""
+
+
+class ShardIOError(ShardError):
+    """A write failed for another reason; the shard was rolled back to its previous state."""
+
+
+class ShardLocked(ShardError):
+    """Another process holds this shard directory."""
+
+
+class ShardClosed(ShardError):
+    """The shard was used after ``close()``."""
+
+
+class InvalidRecord(ShardError, ValueError):
+    """Bad key, generation or payload handed to the shard."""
+
+
+class FsyncPolicy(enum.Enum):
+    NONE = "none"
+    EVERY_RECORD = "every-record"
+    EVERY_N = "every-n"
+    ON_CLOSE = "on-close"
+
+
+@dataclass(frozen=True, kw_only=True)
+class NvmeShardConfig:
+    segment_bytes: int = 256 << 20
+    max_bytes: int | None = None  # quota over all segment files; None = file system limit
+    max_record_bytes: int = 1 << 30  # larger payloads are refused (InvalidRecord)
+    fsync: FsyncPolicy = FsyncPolicy.ON_CLOSE
+    fsync_every_n: int = 64
+    align: int = 4096
+    use_nixl: bool = True  # NIXL POSIX when installed
+
+    def __post_init__(self) -> None:
+        if self.align < 512 or self.align & (self.align - 1):
+            raise ValueError(f"align must be a power of two >= 512, got {self.align}")
+        if self.segment_bytes < self.align:
+            raise ValueError("segment_bytes must be at least align")
+        if self.max_bytes is not None and self.max_bytes <= 0:
+            raise ValueError("max_bytes must be positive")
+        if self.max_record_bytes < 1:
+            raise ValueError("max_record_bytes must be positive")
+        if self.fsync_every_n < 1:
+            raise ValueError("fsync_every_n must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class RecordLocation:
+    segment: int
+    offset: int
+    payload_offset: int
+    length: int
+    generation: int
+    seq: int
+    crc: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardStats:
+    records: int
+    segments: int
+    file_bytes: int
+    live_bytes: int
+    corrupt_records: int
+    syncs: int  # fsync calls made, per the fsync policy
+    engine: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompactionReport:
+    segments_removed: int
+    bytes_reclaimed: int
+    records_moved: int
+    records_dropped: int

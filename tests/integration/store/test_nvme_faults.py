@@ -1,0 +1,208 @@
+"""NVMe shard fault injection on real files: bit flips, truncation, killed writers, full disks."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from store.nvme import DiskFull, NvmeShard, NvmeShardConfig
+from store.transport import nixl_available
+from store.types import Lookup
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[3]
+ENGINES = [
+    pytest.param(False, id="plain-io"),
+    pytest.param(
+        True, id="nixl-posix", marks=pytest.mark.skipif(not nixl_available(), reason="no NIXL")
+    ),
+]
+
+
+def blob(n: int, seed: int) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
+
+
+def seg_path(root: Path, segment: int) -> Path:
+    return root / f"seg-{segment:08d}.akv"
+
+
+def flip_bit(path: Path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([byte ^ 0x10]))
+
+
+@pytest.fixture
+def filled(tmp_path):
+    """A shard directory holding k0..k4 (100 kB each), closed."""
+    data = {f"k{i}".encode(): blob(100_000, i) for i in range(5)}
+    with NvmeShard(tmp_path) as shard:
+        for k, v in data.items():
+            shard.put(k, v, 1)
+        locs = {k: shard.locate(k)[1] for k in data}
+    return tmp_path, data, locs
+
+
+@pytest.mark.parametrize("use_nixl", ENGINES)
+def test_bit_flipped_payload_is_a_miss(filled, use_nixl):
+    root, data, locs = filled
+    flip_bit(seg_path(root, 0), locs[b"k2"].payload_offset + 5_000)
+    with NvmeShard(root, NvmeShardConfig(use_nixl=use_nixl)) as shard:
+        assert shard.get(b"k2") is Lookup.MISS
+        assert shard.stats().corrupt_records == 1
+        assert shard.get(b"k2") is Lookup.MISS  # dropped from the index, stays a miss
+        assert all(shard.get(k) == v for k, v in data.items() if k != b"k2")
+
+
+def test_bit_flipped_header_hides_only_that_record(filled):
+    root, data, locs = filled
+    flip_bit(seg_path(root, 0), locs[b"k1"].offset + 30)  # inside the header fields
+    with NvmeShard(root) as shard:
+        assert sorted(shard.keys()) == [b"k0", b"k2", b"k3", b"k4"]
+        assert all(shard.get(k) == data[k] for k in sorted(shard.keys()))
+
+
+@pytest.mark.parametrize("cut", ["in-header", "in-padding", "in-payload", "one-byte-short"])
+def test_truncated_tail_record_is_dropped_and_the_rest_rebuilt(filled, cut):
+    root, data, locs = filled
+    last = locs[b"k4"]
+    at = {
+        "in-header": last.offset + 20,
+        "in-padding": last.offset + 2_000,
+        "in-payload": last.payload_offset + 50_000,
+        "one-byte-short": last.payload_offset + last.length - 1,
+    }[cut]
+    os.truncate(seg_path(root, 0), at)
+    with NvmeShard(root) as shard:
+        assert sorted(shard.keys()) == [b"k0", b"k1", b"k2", b"k3"]
+        assert all(shard.get(k) == data[k] for k in sorted(shard.keys()))
+        end_k3 = locs[b"k3"].payload_offset + locs[b"k3"].length
+        assert seg_path(root, 0).stat().st_size == end_k3  # torn tail cut away
+        shard.put(b"k5", b"fresh", 2)
+    with NvmeShard(root) as shard:
+        assert sorted(shard.keys()) == [b"k0", b"k1", b"k2", b"k3", b"k5"]
+        assert shard.get(b"k5") == b"fresh"
+
+
+def test_record_whose_file_was_cut_under_a_live_shard_is_a_miss(filled):
+    root, data, locs = filled
+    with NvmeShard(root) as shard:
+        os.truncate(seg_path(root, 0), locs[b"k4"].payload_offset + 10)
+        assert shard.get(b"k4") is Lookup.MISS
+        assert shard.get(b"k3") == data[b"k3"]
+
+
+WRITER = textwrap.dedent("""
+    import sys
+    from store.nvme import NvmeShard, NvmeShardConfig
+    shard = NvmeShard(sys.argv[1], NvmeShardConfig(segment_bytes=64 << 20))
+    for i in range(100_000):
+        shard.put(b"k%d" % i, bytes([i % 251]) * (4 << 20), 1)
+        print("stored", i, flush=True)
+""")
+
+
+@pytest.mark.parametrize("extra_records", [0, 2, 5])
+def test_writer_killed_mid_append_leaves_no_torn_record(tmp_path, extra_records):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
+    stored = 0
+    while stored < 3 + extra_records:
+        line = proc.stdout.readline()
+        assert line != "", "writer died early"
+        stored += line.startswith("stored ")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
+    with NvmeShard(tmp_path) as shard:
+        keys = shard.keys()
+        assert len(keys) >= 3 + extra_records
+        for key in keys:
+            i = int(key[1:])
+            assert shard.get(key) == bytes([i % 251]) * (4 << 20)
+        indices = sorted(int(k[1:]) for k in keys)
+        assert indices == list(range(len(indices)))  # a prefix: nothing lost before the kill
+        ends = [shard.locate(k)[1] for k in keys]
+        last = max(ends, key=lambda loc: loc.seq)
+        assert seg_path(tmp_path, last.segment).stat().st_size == last.payload_offset + last.length
+
+
+def test_full_tmpfs_fails_cleanly(tmp_path):
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    if (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
+            capture_output=True,
+            check=False,
+        ).returncode
+        != 0
+    ):
+        pytest.skip("mounting a tmpfs is not permitted here")
+    try:
+        stored = {}
+        with NvmeShard(mnt / "shard") as shard:
+            with pytest.raises(DiskFull):
+                for i in range(20):
+                    shard.put(b"k%d" % i, blob(200_000, i), 1)
+                    stored[b"k%d" % i] = blob(200_000, i)
+            size = seg_path(mnt / "shard", 0).stat().st_size
+            assert len(stored) >= 3 and sorted(shard.keys()) == sorted(stored)
+            assert all(shard.get(k) == v for k, v in stored.items())
+        assert seg_path(mnt / "shard", 0).stat().st_size == size
+        with NvmeShard(mnt / "shard") as shard:
+            assert sorted(shard.keys()) == sorted(stored)
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+FSIZE_WRITER = textwrap.dedent("""
+    import json, resource, signal, sys
+    from store.nvme import NvmeShard, NvmeShardConfig
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    limit = (1 << 20) + (100 << 10)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    shard = NvmeShard(sys.argv[1], NvmeShardConfig(use_nixl=sys.argv[2] == "1"))
+    shard.put(b"a", b"A" * (512 << 10), 1)
+    size_before = shard.stats().file_bytes
+    try:
+        shard.put(b"b", b"B" * (768 << 10), 1)
+        error = None
+    except Exception as exc:
+        error = type(exc).__name__
+    print(json.dumps({"error": error, "keys": sorted(k.decode() for k in shard.keys()),
+                      "size_before": size_before, "size_after": shard.stats().file_bytes,
+                      "a_ok": shard.get(b"a") == b"A" * (512 << 10)}))
+    shard.close()
+""")
+
+
+@pytest.mark.parametrize("use_nixl", ENGINES)
+def test_write_refused_by_the_os_rolls_back(tmp_path, use_nixl):
+    """The file system refuses mid-record (RLIMIT_FSIZE): the partial record is cut away."""
+    out = subprocess.run(
+        [sys.executable, "-c", FSIZE_WRITER, str(tmp_path), str(int(use_nixl))],
+        cwd=REPO,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    expected_errors = {"DiskFull"} if not use_nixl else {"DiskFull", "ShardIOError"}
+    assert report["error"] in expected_errors
+    assert report["keys"] == ["a"] and report["a_ok"]
+    assert report["size_after"] == report["size_before"]
+    assert os.path.getsize(seg_path(tmp_path, 0)) == report["size_before"]

@@ -1,0 +1,189 @@
+"""Acceptance 7: every kind of audit-log tampering is detected offline with only the public key."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from security.audit import AuditLog, AuditPosition, head_path, verify_log
+from security.errors import AuditLogError
+from security.signing import Signer, Verifier
+
+
+@pytest.fixture
+def log(tmp_path, signer):
+    path = tmp_path / "audit.log"
+    audit = AuditLog(path, signer, checkpoint_every=4)
+    positions = [audit.append("key.create" if i % 2 else "access.denied", {"tenant": "acme", "i": i},
+                              100.0 + i) for i in range(10)]
+    audit.close(now=200.0)
+    return path, Verifier(signer.public_raw()), positions
+
+
+def _lines(path):
+    return path.read_bytes().splitlines(keepends=True)
+
+
+def _write(path, lines):
+    path.write_bytes(b"".join(lines))
+
+
+def test_untouched_log_verifies(log):
+    path, verifier, positions = log
+    report = verify_log(path, verifier, anchors=positions)
+    assert report.ok, report.problems
+    assert (report.records, report.checkpoints) == (13, 3)  # 10 records + checkpoints at 4, 8, close
+
+
+def test_other_public_key_fails(log):
+    path, _, _ = log
+    report = verify_log(path, Verifier(Signer.generate().public_raw()))
+    assert not report.ok and "signature does not verify" in report.problems[0]
+
+
+def _edit(lines):
+    rec = json.loads(lines[2])
+    rec["data"]["tenant"] = "evil"
+    lines[2] = json.dumps(rec).encode() + b"\n"
+    return lines
+
+
+def _edit_and_rehash(lines):
+    from security.audit import _record_hash
+
+    rec = json.loads(lines[2])
+    rec["data"]["tenant"] = "evil"
+    rec["hash"] = _record_hash(rec["seq"], rec["time"], rec["kind"], rec["data"], rec["prev"])
+    lines[2] = json.dumps(rec).encode() + b"\n"
+    return lines
+
+
+def _append_chained(lines):
+    from security.audit import _record_hash
+
+    last = json.loads(lines[-1])
+    rec = {"seq": last["seq"] + 1, "time": last["time"], "kind": "admin", "data": {"fake": 1},
+           "prev": last["hash"]}
+    rec["hash"] = _record_hash(rec["seq"], rec["time"], rec["kind"], rec["data"], rec["prev"])
+    return lines + [json.dumps(rec).encode() + b"\n"]
+
+
+TAMPERING = {
+    "append a correctly chained forged record": (_append_chained, "not covered by a signature"),
+    "edit a field": (_edit, "edited"),
+    "edit and recompute the hash": (_edit_and_rehash, "link to the previous record is broken"),
+    "delete a record": (lambda ls: ls[:3] + ls[4:], "seq 4 where 3 was expected"),
+    "swap two records": (lambda ls: ls[:2] + [ls[3], ls[2]] + ls[4:], "seq 3 where 2 was expected"),
+    "duplicate a record": (lambda ls: ls[:3] + [ls[2]] + ls[3:], "seq 2 where 3 was expected"),
+    "truncate the tail": (lambda ls: ls[:-2], "truncated: signed head has 13 records, log has 11"),
+    "cut a line in half": (lambda ls: ls[:-1] + [ls[-1][:40]], "not a JSON record"),
+    "append an unsigned record": (lambda ls: ls + [ls[-1]], "seq 12 where 13 was expected"),
+    "flip one byte": (lambda ls: ls[:5] + [ls[5].replace(b'"i":', b'"j":')] + ls[6:], "edited"),
+    "replace a checkpoint signature": (
+        lambda ls: ls[:4] + [ls[4].replace(b'"sig":"', b'"sig":"00')] + ls[5:], "edited"),
+    "empty the log": (lambda ls: [], "truncated"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(TAMPERING))
+def test_tampering_is_detected(log, kind):
+    path, verifier, _ = log
+    change, message = TAMPERING[kind]
+    _write(path, change(_lines(path)))
+    report = verify_log(path, verifier)
+    assert not report.ok
+    assert any(message in p for p in report.problems), report.problems
+
+
+def test_rollback_of_log_and_head_is_detected_against_an_anchor(tmp_path, signer):
+    path = tmp_path / "audit.log"
+    audit = AuditLog(path, signer, checkpoint_every=1)
+    audit.append("key.create", {"tenant": "acme"}, 1.0)
+    shutil.copy(path, tmp_path / "old.log")
+    shutil.copy(head_path(path), tmp_path / "old.log.head")
+    erased = audit.append("erasure", {"tenant": "acme"}, 2.0)  # the position a receipt carries
+    audit.close()
+    verifier = Verifier(signer.public_raw())
+    assert verify_log(path, verifier, anchors=[erased]).ok
+    shutil.copy(tmp_path / "old.log", path)  # roll both files back to a consistent, signed state
+    shutil.copy(tmp_path / "old.log.head", head_path(path))
+    assert verify_log(path, verifier).ok  # consistent on its own: that is what a rollback is
+    report = verify_log(path, verifier, anchors=[erased])
+    assert not report.ok and report.problems == (f"rollback: anchored record seq {erased.seq} is not in the log",)
+    forged = AuditPosition(seq=0, hash="f" * 64)
+    assert not verify_log(path, verifier, anchors=[forged]).ok
+
+
+def test_missing_or_forged_head_file(log, signer):
+    path, verifier, _ = log
+    head = head_path(path)
+    saved = head.read_bytes()
+    head.unlink()
+    assert "missing" in verify_log(path, verifier).problems[0]
+    rec = json.loads(saved)
+    rec["count"] = 99
+    head.write_text(json.dumps(rec))
+    assert verify_log(path, verifier).problems == ("head file signature does not verify",)
+    head.write_text("{not json")
+    assert verify_log(path, verifier).problems[0].endswith("is malformed")
+
+
+def test_time_going_backwards_is_refused_and_detected(tmp_path, signer):
+    audit = AuditLog(tmp_path / "a.log", signer)
+    audit.append("admin", {"x": 1}, 10.0)
+    with pytest.raises(ValueError, match="backwards"):
+        audit.append("admin", {"x": 2}, 9.0)
+    audit.close()
+
+
+def test_reopen_continues_the_chain(tmp_path, signer):
+    path = tmp_path / "a.log"
+    first = AuditLog(path, signer, checkpoint_every=100)
+    first.append("admin", {"n": 1}, 1.0)
+    first.close()
+    second = AuditLog(path, signer, checkpoint_every=100)
+    pos = second.append("admin", {"n": 2}, 2.0)
+    second.close(now=3.0)
+    assert pos.seq == 1
+    assert verify_log(path, Verifier(signer.public_raw())).ok
+
+
+def test_refuses_to_append_to_a_broken_log(log, signer):
+    path, _, _ = log
+    _write(path, _edit(_lines(path)))
+    with pytest.raises(AuditLogError, match="chain broken at line 3"):
+        AuditLog(path, signer)
+
+
+@pytest.mark.parametrize(("kind", "data"), [("checkpoint", {}), ("Bad Kind", {}), ("", {}),
+                                            ("admin", {"blob": "x" * 70_000})])
+def test_bad_records_are_refused(tmp_path, signer, kind, data):
+    audit = AuditLog(tmp_path / "a.log", signer)
+    with pytest.raises(ValueError):
+        audit.append(kind, data, 1.0)
+    audit.close()
+    assert (tmp_path / "a.log").read_bytes() == b""
+
+
+def test_cross_tenant_denials_are_recorded(tmp_path, signer):
+    from security.audit import denial_recorder
+    from security.errors import AccessDenied
+    from security.principals import AccessPolicy, TokenIssuer
+
+    path = tmp_path / "a.log"
+    audit = AuditLog(path, signer, checkpoint_every=1)
+    clock = iter([5.0, 6.0]).__next__
+    policy = AccessPolicy(on_denied=denial_recorder(audit, clock))
+    issuer = TokenIssuer(b"k" * 32)
+    acme = issuer.verify(issuer.issue("acme", subject="svc", now=0.0), 1.0)
+    for action in ("read", "write"):
+        with pytest.raises(AccessDenied):
+            policy.check(acme, "globex", action)
+    audit.close()
+    records = [json.loads(line) for line in path.read_bytes().splitlines()]
+    denied = [r for r in records if r["kind"] == "access.denied"]
+    assert [(r["time"], r["data"]["namespace"], r["data"]["action"]) for r in denied] == [
+        (5.0, "globex", "read"), (6.0, "globex", "write")]
+    assert verify_log(path, Verifier(signer.public_raw())).ok

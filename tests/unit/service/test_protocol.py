@@ -1,0 +1,63 @@
+"""Wire framing and request validation (pure; no sockets)."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from agentkv_cluster.api import protocol as p
+
+
+def test_request_round_trip() -> None:
+    frame = p.encode_request(7, "event", {"session": "s"}, "tok")
+    length = p.frame_length(frame[:4], 1 << 20)
+    req = p.decode_request(frame[4:])
+    assert length == len(frame) - 4
+    assert (req.version, req.request_id, req.op, req.auth, req.args) == (
+        1, 7, "event", "tok", {"session": "s"})
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (b"\xc1", p.ErrorCode.MALFORMED),  # never-used msgpack byte
+        (msgpack.packb([1, 2]), p.ErrorCode.MALFORMED),
+        (msgpack.packb({"v": 2, "id": 1, "op": "hello"}), p.ErrorCode.UNSUPPORTED_VERSION),
+        (msgpack.packb({"v": True, "id": 1, "op": "hello"}), p.ErrorCode.MALFORMED),
+        (msgpack.packb({"v": 1, "id": -1, "op": "hello"}), p.ErrorCode.MALFORMED),
+        (msgpack.packb({"v": 1, "id": 1, "op": ""}), p.ErrorCode.MALFORMED),
+        (msgpack.packb({"v": 1, "id": 1, "op": "x", "args": [1]}), p.ErrorCode.MALFORMED),
+        (msgpack.packb({"v": 1, "id": 1, "op": "x", "auth": 5}), p.ErrorCode.MALFORMED),
+        (msgpack.packb({1: 2}), p.ErrorCode.MALFORMED),  # non-string map key
+    ],
+)
+def test_bad_requests_raise_the_right_code(body: bytes, code: p.ErrorCode) -> None:
+    with pytest.raises(p.ProtocolError) as info:
+        p.decode_request(body)
+    assert info.value.code is code
+
+
+def test_oversized_frame_is_fatal_and_empty_is_not() -> None:
+    with pytest.raises(p.ProtocolError) as info:
+        p.frame_length(p.HEADER.pack(1025), 1024)
+    assert info.value.code is p.ErrorCode.OVERSIZED and info.value.fatal
+    with pytest.raises(p.ProtocolError) as info:
+        p.frame_length(p.HEADER.pack(0), 1024)
+    assert info.value.code is p.ErrorCode.MALFORMED and not info.value.fatal
+
+
+def test_error_reply_decodes_to_remote_error() -> None:
+    frame = p.error_reply(9, p.ErrorCode.FORBIDDEN, "no")
+    with pytest.raises(p.RemoteError) as info:
+        p.decode_reply(frame[4:])
+    assert (info.value.code, info.value.message) == ("forbidden", "no")
+    assert p.decode_reply(p.ok_reply(3, {"a": b"b"})[4:])["result"] == {"a": b"b"}
+
+
+def test_arg_checks_reject_bool_for_int() -> None:
+    with pytest.raises(p.ProtocolError) as info:
+        p.arg({"load_id": True}, "load_id", int)
+    assert info.value.code is p.ErrorCode.BAD_ARGS
+    assert p.bytes_list({"keys": [b"a", b"b"]}, "keys") == [b"a", b"b"]
+    with pytest.raises(p.ProtocolError):
+        p.bytes_list({"keys": [b"a", "b"]}, "keys")

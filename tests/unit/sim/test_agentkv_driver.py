@@ -1,0 +1,55 @@
+"""AgentKV through the simulator: compressed demotion, gap prefetch, retirement."""
+
+from __future__ import annotations
+
+import pytest
+from store.types import Codec, Tier
+
+from agentkv_cluster.lifecycle.types import StateType as S
+from agentkv_cluster.policy.base import Mechanisms
+from agentkv_cluster.policy.predictor import Predictor
+from agentkv_cluster.sim.agentkv_driver import AgentKvDriver
+from agentkv_cluster.sim.config import MB, SimConfig
+from agentkv_cluster.sim.engine import RETIRED, BatchRun
+from tests.unit.sim.conftest import make_batch
+
+CFG = SimConfig()
+INT4_RESTORE_MS = 1.2 + 100 * MB / 3.2 / 24e9 * 1e3
+
+
+def scenario():
+    # A (evidence) idles 20 s; B and C are read soon. C's creation evicts A.
+    return make_batch(
+        sizes_mb=[100, 100, 100], created=[0.0, 0.5, 1.0], reads=[[20.0], [2.0], [1.5]],
+        capacity_mb=250, types=[S.EVIDENCE, S.TOOL_OBSERVATION, S.TOOL_OBSERVATION],
+        predicted=[[20.0], [1.5], [0.5]], eol=[20.0, 2.0, 1.5])
+
+
+def run(mech: Mechanisms):
+    r = BatchRun(scenario(), AgentKvDriver(CFG, mech, Predictor()))
+    return r, r.run()
+
+
+def test_victim_is_compressed_and_its_restore_is_hidden_by_the_gap_prefetch():
+    r, tr = run(Mechanisms())
+    d = r.slots[0].demotion
+    assert (d.tier, d.codec, d.reference) == (Tier.HOST, Codec.INT4, True)
+    assert d.stored_bytes == 31_250_000
+    assert tr.access_hit == [True, True, False]
+    assert tr.access_restore_ms[2] == pytest.approx(INT4_RESTORE_MS)
+    assert tr.access_visible_ms[2] == 0.0  # landed before the read
+    assert tr.transfer_bytes == 31_250_000 and tr.wasted_prefetch_bytes == 0
+    assert [s.where for s in r.slots] == [RETIRED] * 3  # every consumer done
+
+
+def test_without_gap_prefetch_the_same_restore_is_visible():
+    _, tr = run(Mechanisms(gap_prefetch=False))
+    assert tr.access_visible_ms[2] == pytest.approx(INT4_RESTORE_MS)
+    assert tr.transfer_bytes == 31_250_000
+
+
+def test_without_event_dependency_committed_pages_linger_and_cost_transfers():
+    r, tr = run(Mechanisms(event_dependency=False))
+    assert tr.access_visible_ms[2] == pytest.approx(INT4_RESTORE_MS)
+    assert tr.transfer_bytes > 31_250_000  # a committed page was prefetched for nothing
+    assert RETIRED not in [s.where for s in r.slots]

@@ -1,0 +1,113 @@
+"""HBM arena: O(1) FIFO alloc/free, capacity, pins, reads and writes (cpu; cuda when present)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from store.hbm import ArenaError, ArenaFull, HbmArena, PageNotAllocated, PagePinned, PageTooLarge
+
+
+@pytest.fixture
+def arena():
+    return HbmArena(page_bytes=4096, num_pages=4, device="cpu")
+
+
+def test_default_device_follows_cuda_availability():
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert HbmArena(64, 2).device.type == expected
+
+
+def test_alloc_hands_out_every_page_then_fails_cleanly(arena):
+    assert [arena.alloc() for _ in range(4)] == [0, 1, 2, 3]
+    with pytest.raises(ArenaFull, match="all 4 pages"):
+        arena.alloc()
+    assert arena.stats().used_pages == 4 and arena.stats().free_pages == 0
+
+
+def test_free_queue_is_fifo(arena):
+    pages = [arena.alloc() for _ in range(4)]
+    arena.free(pages[2])
+    arena.free(pages[0])
+    assert arena.alloc() == 2 and arena.alloc() == 0
+
+
+def test_write_read_and_view_share_bytes(arena):
+    page = arena.alloc()
+    assert arena.write(page, b"abc") == 3
+    assert arena.read(page) == b"abc" and arena.length(page) == 3
+    arena.view(page)[:3] = torch.tensor([120, 121, 122], dtype=torch.uint8)
+    assert arena.read(page) == b"xyz"
+    t = torch.arange(8, dtype=torch.float16)
+    arena.write(page, t)
+    assert arena.read(page) == t.numpy().tobytes()
+    arena.write(page, np.arange(5, dtype=np.uint8))
+    assert arena.read(page) == bytes(range(5))
+
+
+def test_whole_buffer_and_offsets_address_the_same_bytes(arena):
+    arena.alloc()
+    page = arena.alloc()
+    arena.write(page, b"here")
+    flat = arena.buffer.reshape(-1)
+    off = arena.page_offset(page)
+    assert off == 4096 and bytes(flat[off : off + 4].numpy()) == b"here"
+    assert arena.buffer.shape == (4, 4096) and arena.buffer.dtype == torch.uint8
+
+
+def test_too_large_write_changes_nothing(arena):
+    page = arena.alloc()
+    arena.write(page, b"keep")
+    with pytest.raises(PageTooLarge):
+        arena.write(page, bytes(4097))
+    assert arena.read(page) == b"keep"
+
+
+def test_pins_block_free_until_released(arena):
+    page = arena.alloc()
+    arena.pin(page)
+    arena.pin(page)
+    assert arena.is_pinned(page) and arena.stats().pinned_pages == 1
+    arena.unpin(page)
+    with pytest.raises(PagePinned, match="1 time"):
+        arena.free(page)
+    arena.unpin(page)
+    arena.free(page)
+    with pytest.raises(ArenaError, match="not allocated"):
+        arena.unpin(page)
+
+
+def test_freed_or_unknown_pages_are_rejected(arena):
+    page = arena.alloc()
+    arena.free(page)
+    for bad in (page, -1, 4):
+        with pytest.raises(PageNotAllocated):
+            arena.read(bad)
+    with pytest.raises(PageNotAllocated):
+        arena.free(page)
+
+
+def test_stats_report_fragmentation(arena):
+    a, b = arena.alloc(), arena.alloc()
+    arena.write(a, bytes(4096))
+    arena.write(b, bytes(1024))
+    stats = arena.stats()
+    assert stats.used_bytes == 5120 and stats.fragmentation == pytest.approx(1 - 5120 / 8192)
+
+
+def test_bad_geometry_is_rejected():
+    with pytest.raises(ValueError):
+        HbmArena(0, 4)
+
+
+@pytest.mark.gpu
+def test_cuda_arena_round_trips_device_tensors():
+    arena = HbmArena(1 << 20, 2, device="cuda")
+    page = arena.alloc()
+    t = torch.randn(1024, device="cuda")
+    arena.write(page, t)
+    assert arena.view(page).is_cuda
+    assert arena.read(page) == t.cpu().numpy().tobytes()
+    arena.write(page, b"host bytes")
+    assert arena.read(page) == b"host bytes"

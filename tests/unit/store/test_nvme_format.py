@@ -1,0 +1,95 @@
+"""The NVMe record format: header round trip, each kind of damage, resynchronising scan."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from store import nvme_format as fmt
+
+
+def packed(key: bytes = b"key", **fields) -> bytes:
+    header = fmt.RecordHeader(
+        **{
+            "flags": 0,
+            "key": key,
+            "generation": 3,
+            "payload_len": 10,
+            "seq": 42,
+            "payload_crc": 7,
+            **fields,
+        }
+    )
+    buf = bytearray(fmt.header_block(len(key), 512))
+    fmt.pack_header_into(memoryview(buf), header)
+    return bytes(buf)
+
+
+def test_header_round_trip():
+    h = fmt.parse_header(packed(b"k" * 255, flags=fmt.FLAG_TOMBSTONE, generation=2**40))
+    assert (h.key, h.generation, h.payload_len, h.seq, h.payload_crc) == (
+        b"k" * 255,
+        2**40,
+        10,
+        42,
+        7,
+    )
+    assert h.is_tombstone
+
+
+@pytest.mark.parametrize(
+    "damage,message",
+    [
+        (lambda b: b[:20], "truncated header"),
+        (lambda b: b"XKVR" + b[4:], "bad magic"),
+        (lambda b: b[:4] + b"\x02\x00" + b[6:], "unknown record version"),
+        (lambda b: b[:20] + bytes([b[20] ^ 1]) + b[21:], "header checksum mismatch"),
+        (lambda b: b[: fmt.HEADER.size + 1], "bad or truncated key"),
+        (
+            lambda b: b[: fmt.HEADER.size] + b"kez" + b[fmt.HEADER.size + 3 :],
+            "header checksum mismatch",
+        ),
+    ],
+)
+def test_damaged_headers_are_rejected(damage, message):
+    with pytest.raises(fmt.RecordFormatError, match=message):
+        fmt.parse_header(damage(packed()))
+
+
+def test_sizes_are_aligned():
+    assert fmt.header_block(1, 4096) == 4096
+    assert fmt.header_block(255, 512) == 512
+    assert fmt.round_up(4097, 4096) == 8192 and fmt.round_up(4096, 4096) == 4096
+
+
+def _record(key: bytes, payload: bytes, seq: int, align: int) -> bytes:
+    header = fmt.RecordHeader(
+        flags=0,
+        key=key,
+        generation=1,
+        payload_len=len(payload),
+        seq=seq,
+        payload_crc=fmt.checksum(payload),
+    )
+    buf = bytearray(fmt.header_block(len(key), align))
+    fmt.pack_header_into(memoryview(buf), header)
+    body = bytes(buf) + payload
+    return body + bytes(fmt.round_up(len(body), align) - len(body))
+
+
+def test_scan_skips_a_damaged_record_and_finds_the_next(tmp_path):
+    align = 512
+    recs = [_record(b"k%d" % i, bytes([i]) * 1000, i + 1, align) for i in range(3)]
+    blob = bytearray(b"".join(recs))
+    blob[len(recs[0]) + 10] ^= 0xFF  # break the second record's header
+    path = tmp_path / "seg"
+    path.write_bytes(bytes(blob[: -(len(recs[2]) - 512 - 1000)]))  # last record exactly complete
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        found = list(fmt.scan_segment(fd, path.stat().st_size, align))
+    finally:
+        os.close(fd)
+    assert [r.header.key for r in found] == [b"k0", b"k2"]
+    assert found[1].offset == len(recs[0]) + len(recs[1])
+    assert found[1].end == path.stat().st_size

@@ -87,7 +87,7 @@ def report(
     )
     r = "" if ratio is None or unit != "ratio" else f"ratio {ratio:5.2f}"
     t = "" if target is None else f"target {unit} >= {target:g} {verdict}"
-    console.print(f"{group:<10} {case:<36} {value:<46} {r:<11} {t}", highlight=False)
+    console.print(f"{group:<10} {case:<36} {value:<46} {r:<11} {t}", highlight=False, markup=False)
 
 
 def gbps(nbytes: int, seconds: float) -> float:

@@ -62,7 +62,10 @@ def _checkpoint_message(count: int, head: str) -> bytes:
 
 
 class AuditLog:
-    """Appends records; thread-safe; refuses to extend a log whose chain is broken."""
+    """Appends records; thread-safe; refuses to extend a log whose chain is broken.
+
+    One writer process per log (the chain state lives in that process).
+    """
 
     def __init__(self, path: str | os.PathLike[str], signer: Signer, *,
                  checkpoint_every: int = 64, fsync: bool = True) -> None:
@@ -148,7 +151,7 @@ class AuditLog:
     def _write_head(self) -> None:
         sig = self.signer.sign(_checkpoint_message(self._seq, self._prev))
         atomic_write(head_path(self.path), canonical_json(
-            {"count": self._seq, "head": self._prev, "sig": sig.hex()}) + b"\n")
+            {"count": self._seq, "head": self._prev, "sig": sig.hex()}) + b"\n", fsync=self.fsync)
 
 
 def _read_records(path: Path) -> Iterable[tuple[int, dict | str]]:

@@ -1,7 +1,8 @@
 """Directory blinding: keyed-hash names and size buckets.
 
-A directory key is ``akv:{ns}:{hex(HMAC-SHA256(tenant blinding secret, digest))}``
-where ``ns`` is itself a keyed hash of the tenant: the directory (and anyone
+A directory entry key is ``akv:{<ns>}:e:<hex(HMAC-SHA256(tenant blinding secret, digest))>``
+(the store's Redis layout; the braces are a literal hash tag) where ``ns`` is
+itself a keyed hash of the tenant: the directory (and anyone
 who reads Redis) learns neither tenant names nor identities, and the same
 prefix under two tenants has two unrelated keys. Sizes are stored as
 power-of-two buckets, never as plaintext lengths.
@@ -58,6 +59,6 @@ class DirectoryBlinder:
                         hashlib.sha256).digest()
 
     def directory_key(self, tenant: str, identity_digest: bytes) -> bytes:
-        """``akv:{ns}:{hex}``: the full key in a Redis directory."""
+        """``akv:{<ns>}:e:<hex>``: the entry key in the Redis directory."""
         blinded = self.blind_key(tenant, identity_digest).hex().encode()
-        return KEY_PREFIX + self.namespace(tenant).encode() + b":" + blinded
+        return KEY_PREFIX + b"{" + self.namespace(tenant).encode() + b"}:e:" + blinded

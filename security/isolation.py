@@ -24,7 +24,7 @@ from security.keyring import TenantKeyring
 from security.sealing import TenantSealer
 from security.signing import canonical_json
 
-_NS_RE = re.compile(rb"akv:n[0-9a-f]{24}:")
+_NS_RE = re.compile(rb"akv:\{n[0-9a-f]{24}\}:")
 _EPOCH_TEXT_RE = re.compile(rb"(?<![0-9])(1[6-9][0-9]{8}|20[0-9]{8})(?![0-9])")
 # Keyed hashes in hex (names, blinded keys) are pseudo-random: blank them before searching,
 # so a run of digits inside a hash is not mistaken for a stored length or time.
@@ -152,9 +152,9 @@ def _denied(client: RedisClient, *args: object) -> tuple[bool, str]:
     try:
         client.execute_command(*args)
     except Exception as exc:  # noqa: BLE001 - redis-py's ResponseError family; security does not import redis
-        text = str(exc)
+        text = str(exc).removeprefix("this user has ")
         ok = "no permissions" in text or "NOPERM" in text or "not allowed" in text
-        return ok, text[:70]
+        return ok, text[:72]
     return False, "command was allowed"
 
 
@@ -195,7 +195,9 @@ def _acl_probes(a: _ProbeTenant, b: _ProbeTenant, key_a: bytes, key_b: bytes) ->
 def _seal_probes(sealer: TenantSealer, a: _ProbeTenant, b: _ProbeTenant) -> list[ProbeResult]:
     page = os.urandom(4096)
     sealed = bytes(sealer.seal(a.name, a.digest, 1, 1, 7, page))
+    sealer.keyring.rotate(a.name)  # generation 2 exists: a replay as gen 2 meets a real key
     cases = (("seal: other tenant cannot open", (b.name, a.digest, 1, 1, 7)),
+             ("seal: replay under a newer generation rejected", (a.name, a.digest, 2, 1, 7)),
              ("seal: page copied to another slot rejected", (a.name, a.digest, 1, 1, 8)),
              ("seal: page moved to another tier rejected", (a.name, a.digest, 1, 2, 7)),
              ("seal: other identity rejected", (a.name, b.digest, 1, 1, 7)))

@@ -23,7 +23,7 @@ from security.errors import InvalidName, InvalidSeal, KeyExists, KeyUnavailable
 PUBLIC_NAMESPACE = "_public"
 _TENANT_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 _KEY_NAME_RE = re.compile(r"[a-z0-9_][a-z0-9_.-]{0,127}")
-_KEK_RE = re.compile(r"(?P<ns>[a-z0-9_][a-z0-9_-]*)\.g(?P<gen>\d{8})\.kek")
+_KEK_RE = re.compile(r"(?P<ns>[a-z0-9_][a-z0-9_-]*)\.g(?P<gen>\d{8})\.(?P<kind>kek|gone)")
 MAX_GENERATION = 99_999_999
 NIST_RANDOM_NONCE_LIMIT = 2**32  # SP 800-38D §8.3: invocations per key with random IVs
 
@@ -45,6 +45,11 @@ def validate_generation(generation: object) -> int:
 
 def kek_name(namespace: str, generation: int) -> str:
     return f"{namespace}.g{generation:08d}.kek"
+
+
+def tombstone_name(namespace: str, generation: int) -> str:
+    """Left behind by ``destroy_generation`` so a generation number is never reused."""
+    return f"{namespace}.g{generation:08d}.gone"
 
 
 def blind_name(namespace: str) -> str:
@@ -253,16 +258,22 @@ class TenantKeyring:
         return 1
 
     def rotate(self, namespace: str) -> int:
-        """Add generation ``current + 1``; older generations stay readable."""
-        generation = self.current_generation(namespace) + 1
+        """Add a generation above every live or erased one; older ones stay readable."""
+        self.current_generation(namespace)  # the tenant must exist
+        generation = max(self._generations(namespace, ("kek", "gone"))) + 1
         self.source.create(kek_name(namespace, validate_generation(generation)),
                            prim.random_bytes(prim.KEY_BYTES))
         return generation
 
     def generations(self, namespace: str) -> list[int]:
+        """Live (not erased) generations, oldest first."""
+        return self._generations(namespace, ("kek",))
+
+    def _generations(self, namespace: str, kinds: tuple[str, ...]) -> list[int]:
         validate_namespace(namespace)
         found = (_KEK_RE.fullmatch(n) for n in self.source.names())
-        return sorted(int(m["gen"]) for m in found if m and m["ns"] == namespace)
+        return sorted(int(m["gen"]) for m in found
+                      if m and m["ns"] == namespace and m["kind"] in kinds)
 
     def current_generation(self, namespace: str) -> int:
         gens = self.generations(namespace)
@@ -318,6 +329,7 @@ class TenantKeyring:
         """Crypto-shred one generation; returns the destroyed key ids."""
         key_id = self.key_id(namespace, generation)
         self.source.destroy(kek_name(namespace, generation))
+        self.source.create(tombstone_name(namespace, generation), b"")
         self._forget(namespace, {generation})
         return [key_id]
 
@@ -329,6 +341,8 @@ class TenantKeyring:
             self.source.destroy(kek_name(namespace, generation))
         if self.source.destroy(blind_name(namespace)):
             ids.append(f"{namespace}/blind")
+        for generation in self._generations(namespace, ("gone",)):  # nothing of the tenant stays
+            self.source.destroy(tombstone_name(namespace, generation))
         self._forget(namespace, set(gens))
         if not ids:
             raise KeyUnavailable(f"tenant {namespace} has no keys (never created or already erased)")

@@ -1,4 +1,8 @@
-"""Per-tenant Redis ACL users limited to ``akv:{ns}:*``.
+"""Per-tenant Redis ACL users limited to ``akv:{<ns>}:*``.
+
+The braces are literal, as in the store's Redis directory layout: a Redis
+Cluster hash tag keeps a namespace's keys in one slot, and the ACL glob matches
+them verbatim.
 
 A tenant's user may read and write its own keys (plain commands, MULTI/EXEC and
 Lua; Redis 7 checks script key access against the same ACL) and nothing that
@@ -38,7 +42,7 @@ class TenantAclUser:
 
     @property
     def key_pattern(self) -> str:
-        return f"akv:{self.namespace}:*"
+        return f"akv:{{{self.namespace}}}:*"
 
 
 def make_user(namespace: str, *, username: str | None = None, password: str | None = None) -> TenantAclUser:

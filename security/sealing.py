@@ -42,9 +42,13 @@ def plaintext_size(sealed_len: int) -> int:
 
 
 def _bytes_view(buf: object) -> memoryview:
-    view = memoryview(buf)  # type: ignore[arg-type]
-    if view.ndim != 1 or view.format != "B":
-        view = view.cast("B")
+    try:
+        view = memoryview(buf)  # type: ignore[arg-type]
+        if view.ndim != 1 or view.format != "B":
+            view = view.cast("B")
+    except (TypeError, ValueError):
+        raise TypeError("pages must be C-contiguous buffers (bytes, bytearray, mmap, numpy; "
+                        "for a CPU torch tensor pass t.view(torch.uint8).numpy())") from None
     return view
 
 

@@ -51,13 +51,14 @@ def load_verifier(path: str | os.PathLike[str]) -> Verifier:
     return Verifier(data) if len(data) == 32 else Verifier.from_pem(data)
 
 
-def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
+def atomic_write(path: Path, data: bytes, mode: int = 0o644, *, fsync: bool = True) -> None:
     """Write via a temporary file + fsync + rename, so readers see old or new, never half."""
     tmp = path.with_name(f".{path.name}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         os.write(fd, data)
-        os.fsync(fd)
+        if fsync:
+            os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)

@@ -140,6 +140,7 @@ class HostPool:
             _HEAD.unpack_from(mm)
         )
         if magic != _MAGIC or version != _VERSION or row_bytes != _ROW * 8 or size != len(mm):
+            mm.close()
             raise PoolFormatError(f"{name}: not a version-{_VERSION} host pool segment")
         self.slot_bytes, self.num_slots = slot_bytes, num_slots
         self._bytes = np.frombuffer(mm, dtype=np.uint8)

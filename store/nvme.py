@@ -11,8 +11,6 @@ recovery scan reads headers with plain ``pread`` (small, once per open).
 from __future__ import annotations
 
 import errno
-import fcntl
-import mmap
 import os
 import threading
 from pathlib import Path
@@ -21,6 +19,14 @@ from typing import Any, Self
 import numpy as np
 
 from store import nvme_format as fmt
+from store.nvme_files import (
+    aligned_buffer,
+    as_bytes_view,
+    check_key,
+    free_bytes,
+    fsync_dir,
+    lock_directory,
+)
 from store.nvme_types import (
     CompactionReport,
     DiskFull,
@@ -44,9 +50,10 @@ from store.transport import (
 )
 from store.types import Lookup
 
-_SEGMENT_GLOB = "seg-*.akv"  # seg-00000012.akv; indices only grow
 _FILE_SPAN = 1 << 40  # offsets a segment's registration admits; registration allocates nothing
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+_STAGE_BYTES = 1 << 20  # header + payload up to this size go out in one job
+_FREE_MARGIN = 256 << 20  # re-read free space when the estimate gets this close
 
 __all__ = [
     "CompactionReport",
@@ -80,9 +87,9 @@ class NvmeShard:
         self.path = Path(directory)
         self.path.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._lock_fd = _lock_directory(self.path)
+        self._lock_fd = lock_directory(self.path)
         self._io = file_transport(prefer_nixl=self.config.use_nixl)
-        self._scratch = _aligned(self.config.align)
+        self._scratch = aligned_buffer(max(_STAGE_BYTES, 2 * self.config.align))
         self._scratch_region = self._io.register(self._scratch)
         self._read_buf: np.ndarray | None = None
         self._read_region: Region | None = None
@@ -94,16 +101,17 @@ class NvmeShard:
         self._unsynced = 0
         self._corrupt = 0
         self._syncs = 0
+        self._free_estimate = 0  # bytes the file system had free, less what we wrote since
         self._closed = False
         self._recover()
 
     # ---------------------------------------------------------------- public API
     def put(self, key: bytes, data: Any, generation: int) -> RecordLocation:
         """Append ``data`` under ``key``; published only once fully written."""
-        _check_key(key)
+        check_key(key)
         if not isinstance(generation, int) or generation < 0:
             raise InvalidRecord(f"generation must be a non-negative int, got {generation!r}")
-        payload = _as_bytes_view(data)
+        payload = as_bytes_view(data)
         if payload.nbytes > self.config.max_record_bytes:
             raise InvalidRecord(
                 f"payload of {payload.nbytes} B exceeds max_record_bytes "
@@ -123,7 +131,7 @@ class NvmeShard:
         A record whose checksum fails or whose bytes are gone is a miss, and is
         dropped from the index.
         """
-        _check_key(key)
+        check_key(key)
         with self._lock:
             self._check_open()
             loc = self._index.get(key)
@@ -143,7 +151,7 @@ class NvmeShard:
 
     def delete(self, key: bytes) -> Lookup:
         """Retire ``key`` (a tombstone makes it survive restarts); HIT if it existed."""
-        _check_key(key)
+        check_key(key)
         with self._lock:
             self._check_open()
             if key not in self._index:
@@ -180,7 +188,7 @@ class NvmeShard:
             self._sync_active()
 
     def compact(self, min_dead_ratio: float = 0.5) -> CompactionReport:
-        from store.nvme_compact import compact_segments  # keeps this module small
+        from store.nvme_maintenance import compact_segments  # keeps this module small
 
         with self._lock:
             self._check_open()
@@ -223,8 +231,13 @@ class NvmeShard:
             raise DiskFull(
                 f"shard quota {self.config.max_bytes} B: {total} B used, record needs {need} B"
             )
-        if _free_bytes(self.path) < need:
-            raise DiskFull(f"file system of {self.path} has less than {need} B free")
+        # statvfs only when the running estimate nears the need; a write that still finds
+        # the disk full is rolled back the same way.
+        if self._free_estimate < need + _FREE_MARGIN:
+            self._free_estimate = free_bytes(self.path)
+            if self._free_estimate < need:
+                raise DiskFull(f"file system of {self.path} has less than {need} B free")
+        self._free_estimate -= need
 
     def _append(
         self, key: bytes, payload: memoryview, generation: int, seq: int, flags: int
@@ -256,42 +269,38 @@ class NvmeShard:
         )
 
     def _write(self, seg: _Segment, offset: int, block: int, payload: memoryview) -> None:
-        jobs = [
-            self._io.submit(
-                TransferJob(
-                    op=TransferOp.WRITE,
-                    local=self._scratch_region,
-                    remote=seg.region,
-                    length=block,
-                    remote_offset=offset,
-                )
-            )
-        ]
-        region = self._io.register(np.frombuffer(payload, np.uint8)) if payload.nbytes else None
-        try:
-            if region is not None:
-                jobs.append(
-                    self._io.submit(
-                        TransferJob(
-                            op=TransferOp.WRITE,
-                            local=region,
-                            remote=seg.region,
-                            length=payload.nbytes,
-                            remote_offset=offset + block,
-                        )
-                    )
-                )
-            results = [self._io.wait(j) for j in jobs]
-        finally:
-            if region is not None:
+        """Header + payload to the file: small records staged into one job, large ones in two
+        (a copy into the staging buffer costs less than a second job up to _STAGE_BYTES)."""
+        n = payload.nbytes
+        if block + n <= self._scratch.nbytes:
+            if n:
+                self._scratch[block : block + n] = np.frombuffer(payload, np.uint8)
+            results = [
+                self._io.wait(self._submit_write(self._scratch_region, seg, offset, block + n))
+            ]
+        else:
+            region = self._io.register(np.frombuffer(payload, np.uint8))
+            try:
+                jobs = [
+                    self._submit_write(self._scratch_region, seg, offset, block),
+                    self._submit_write(region, seg, offset + block, n),
+                ]
+                results = [self._io.wait(j) for j in jobs]
+            finally:
                 self._io.deregister(region)
         failed = [r for r in results if r.status is not TransferStatus.DONE]
         if failed:
             os.ftruncate(seg.fd, seg.size)  # roll back: nothing of the record stays
-            need = block + payload.nbytes
-            if any(r.errno in _FULL_ERRNOS for r in failed) or _free_bytes(self.path) < need:
-                raise DiskFull(f"writing {need} B to {seg.path} failed: {failed[0].error}")
+            self._free_estimate = 0  # look at the file system again next time
+            if any(r.errno in _FULL_ERRNOS for r in failed) or free_bytes(self.path) < block + n:
+                raise DiskFull(f"writing {block + n} B to {seg.path} failed: {failed[0].error}")
             raise ShardIOError(f"writing to {seg.path} failed: {failed[0].error}")
+
+    def _submit_write(self, local: Region, seg: _Segment, offset: int, length: int) -> int:
+        job = TransferJob(
+            op=TransferOp.WRITE, local=local, remote=seg.region, length=length, remote_offset=offset
+        )
+        return self._io.submit(job)
 
     def _after_write(self, seg: _Segment) -> None:
         policy = self.config.fsync
@@ -354,7 +363,7 @@ class NvmeShard:
     def _grow_read_buffer(self, n: int) -> None:
         if self._read_region is not None:
             self._io.deregister(self._read_region)
-        self._read_buf = _aligned(fmt.round_up(max(n, 1 << 20), self.config.align))
+        self._read_buf = aligned_buffer(fmt.round_up(max(n, 1 << 20), self.config.align))
         self._read_region = self._io.register(self._read_buf)
 
     # ---------------------------------------------------------------- recovery
@@ -362,7 +371,7 @@ class NvmeShard:
         path = self.path / f"seg-{index:08d}.akv"
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         if self.config.fsync is not FsyncPolicy.NONE:
-            _fsync_dir(self.path)
+            fsync_dir(self.path)
         size = os.fstat(fd).st_size
         seg = _Segment(index, path, fd, self._io.register(FileSpan(fd=fd, length=_FILE_SPAN)), size)
         self._segments[index] = seg
@@ -370,42 +379,9 @@ class NvmeShard:
         return seg
 
     def _recover(self) -> None:
-        """Rebuild the index from the segment files: newest sequence number wins."""
-        names = sorted(self.path.glob(_SEGMENT_GLOB))
-        best: dict[bytes, RecordLocation] = {}
-        last_end = 0
-        for path in names:
-            seg = self._new_segment(int(path.stem.split("-")[1]))
-            last_end = 0
-            for rec in fmt.scan_segment(seg.fd, seg.size, self.config.align):
-                h = rec.header
-                seg.keys.add(h.key)
-                self._next_seq = max(self._next_seq, h.seq + 1)
-                last_end = rec.end
-                if h.is_tombstone:
-                    if h.seq > self._tombs.get(h.key, (0, 0))[0]:
-                        self._tombs[h.key] = (h.seq, seg.index)
-                    continue
-                if h.key not in best or best[h.key].seq <= h.seq:
-                    best[h.key] = RecordLocation(
-                        segment=seg.index,
-                        offset=rec.offset,
-                        payload_offset=rec.payload_offset,
-                        length=h.payload_len,
-                        generation=h.generation,
-                        seq=h.seq,
-                        crc=h.payload_crc,
-                    )
-        if not self._segments:
-            self._new_segment(0)
-        else:  # cut a torn tail so the next append starts on clean ground
-            active = self._segments[max(self._segments)]
-            if active.size > last_end:
-                os.ftruncate(active.fd, last_end)
-                active.size = last_end
-        for key, loc in best.items():
-            if loc.seq > self._tombs.get(key, (0, 0))[0]:
-                self._publish(key, loc)
+        from store.nvme_maintenance import rebuild_index
+
+        rebuild_index(self)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -414,48 +390,3 @@ class NvmeShard:
 
 def _record_bytes(loc: RecordLocation) -> int:
     return loc.payload_offset - loc.offset + loc.length
-
-
-def _check_key(key: bytes) -> None:
-    if not isinstance(key, bytes) or not 0 < len(key) <= fmt.MAX_KEY_BYTES:
-        raise InvalidRecord(f"key must be 1..{fmt.MAX_KEY_BYTES} bytes, got {key!r:.60}")
-
-
-def _as_bytes_view(data: Any) -> memoryview:
-    try:
-        view = memoryview(data)
-    except TypeError as exc:
-        raise InvalidRecord(f"payload must support the buffer protocol: {exc}") from exc
-    if not view.c_contiguous:
-        raise InvalidRecord("payload must be C-contiguous")
-    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
-
-
-def _aligned(n: int) -> np.ndarray:
-    """A page-aligned, pre-faulted buffer (anonymous mmap): reads into it run at full speed."""
-    buf = np.frombuffer(mmap.mmap(-1, n), dtype=np.uint8)
-    buf[:] = 0
-    return buf
-
-
-def _free_bytes(path: Path) -> int:
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _lock_directory(path: Path) -> int:
-    fd = os.open(path / "LOCK", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise ShardLocked(f"{path} is open in another process") from None
-    return fd

@@ -14,9 +14,9 @@ from typing import Any
 
 from agentkv_cluster.api import protocol as p
 
-EVENT_KINDS = (
-    "TASK_START", "MODEL_CALL", "TOOL_START", "OBSERVATION_RETURN",
-    "BRANCH_CREATE", "VERIFICATION_PASS", "ROLLBACK", "TASK_END",
+EVENT_KINDS = (  # agentkv_cluster.lifecycle.events.EventKind values
+    "task_start", "model_call", "tool_start", "observation_return",
+    "branch_create", "verification_pass", "rollback", "task_end",
 )
 
 
@@ -99,28 +99,28 @@ class SessionClient:
         return self._call("event", event={"kind": kind, **fields})
 
     def task_start(self, **fields: Any) -> dict[str, Any]:
-        return self.event("TASK_START", **fields)
+        return self.event("task_start", **fields)
 
     def model_call(self, **fields: Any) -> dict[str, Any]:
-        return self.event("MODEL_CALL", **fields)
+        return self.event("model_call", **fields)
 
     def tool_start(self, **fields: Any) -> dict[str, Any]:
-        return self.event("TOOL_START", **fields)
+        return self.event("tool_start", **fields)
 
     def observation_return(self, **fields: Any) -> dict[str, Any]:
-        return self.event("OBSERVATION_RETURN", **fields)
+        return self.event("observation_return", **fields)
 
     def branch_create(self, **fields: Any) -> dict[str, Any]:
-        return self.event("BRANCH_CREATE", **fields)
+        return self.event("branch_create", **fields)
 
     def verification_pass(self, **fields: Any) -> dict[str, Any]:
-        return self.event("VERIFICATION_PASS", **fields)
+        return self.event("verification_pass", **fields)
 
     def rollback(self, **fields: Any) -> dict[str, Any]:
-        return self.event("ROLLBACK", **fields)
+        return self.event("rollback", **fields)
 
     def task_end(self, **fields: Any) -> dict[str, Any]:
-        return self.event("TASK_END", **fields)
+        return self.event("task_end", **fields)
 
     # -- engine side ------------------------------------------------------------------
     def store_pages(self, pages: list[dict[str, Any]]) -> list[bytes]:

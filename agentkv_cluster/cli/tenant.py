@@ -94,7 +94,7 @@ def _directory_deleter(url: str, namespace: str):
     admin = redis.Redis.from_url(url)
 
     def delete(scope) -> int:
-        keys = list(admin.scan_iter(match=f"akv:{namespace}:*", count=1000))
+        keys = list(admin.scan_iter(match=f"akv:{{{namespace}}}:*", count=1000))
         return int(admin.delete(*keys)) if keys else 0
 
     return delete
@@ -129,4 +129,8 @@ def _erase(args: argparse.Namespace) -> int:
     if args.receipt_out is not None:
         args.receipt_out.write_text(text)
     sys.stdout.write(text)
+    if receipt.failed_tiers:
+        print(f"warning: keys destroyed, but deleting pages failed in: {', '.join(receipt.failed_tiers)}"
+              " (what is left there is ciphertext under destroyed keys)", file=sys.stderr)
+        return 1
     return 0

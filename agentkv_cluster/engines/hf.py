@@ -151,6 +151,15 @@ def prefill(model, token_ids: Sequence[int], cache: DynamicCache) -> torch.Tenso
     return out.logits[0]
 
 
+def greedy_decode(model, cache: DynamicCache, logits: torch.Tensor, max_new_tokens: int,
+                  eos_token_id: int | None = None) -> list[int]:
+    """Greedy tokens from the last position's ``logits``, each fed back through ``cache``."""
+    out = [int(logits.argmax())]
+    while len(out) < max_new_tokens and out[-1] != eos_token_id:
+        out.append(int(prefill(model, [out[-1]], cache)[-1].argmax()))
+    return out
+
+
 @dataclass(slots=True)
 class _SessionTable:
     """The engine's page table for one session: (chain hash, codec tag) -> page."""

@@ -83,7 +83,10 @@ class Event:
 
     @property
     def kind(self) -> EventKind:
-        return _KIND_OF[type(self)]
+        kind = _KIND_OF.get(type(self))
+        if kind is None:  # the bare base class, or a subclass made elsewhere
+            raise UnknownEventKind(f"not an event kind: {type(self).__name__}")
+        return kind
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

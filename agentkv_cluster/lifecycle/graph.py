@@ -21,6 +21,7 @@ from agentkv_cluster.lifecycle.graph_records import (
     TaskKey,
 )
 from agentkv_cluster.lifecycle.types import (
+    FAILABLE_TYPES,
     PageId,
     Reuse,
     StateType,
@@ -29,8 +30,6 @@ from agentkv_cluster.lifecycle.types import (
     retype,
     reuse_for,
 )
-
-_FAILABLE = frozenset({StateType.TEMP_REASONING, StateType.TOOL_OBSERVATION, StateType.EVIDENCE})
 
 
 class EventGraph(GraphBase):
@@ -287,7 +286,7 @@ class EventGraph(GraphBase):
     def _fail_pages(self, branch: Branch, touched: set[PageId]) -> None:
         for pid in branch.pages:
             rec = self._pages[pid]
-            if rec.tag.state_type in _FAILABLE:
+            if rec.tag.state_type in FAILABLE_TYPES:
                 rec.tag = retype(rec.tag, TypeSignal.BRANCH_FAILED)
             touched.add(pid)
 

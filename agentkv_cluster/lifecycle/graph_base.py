@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 from agentkv_cluster.lifecycle import events as ev
 from agentkv_cluster.lifecycle.graph_records import (
     Blocker,
     BranchStatus,
+    EdgeKind,
     GraphStats,
     Node,
     NodeInfo,
@@ -290,15 +289,12 @@ class GraphBase:
     def node_ids(self) -> frozenset[NodeId]:
         return frozenset(self._nodes)
 
-    def data_edges(self) -> Iterator[tuple[NodeId, NodeId]]:
-        """Distinct producer -> consumer pairs through any page."""
-        seen = set()
-        for rec in self._pages.values():
-            for src in rec.producers:
-                for dst in rec.consumers:
-                    if src != dst and (src, dst) not in seen:
-                        seen.add((src, dst))
-                        yield src, dst
+    def edges(self, kind: EdgeKind) -> frozenset[tuple[NodeId, NodeId]]:
+        """Distinct (src, dst) pairs: execution order, or producer -> consumer via a page."""
+        if kind is EdgeKind.CONTROL:
+            return frozenset((src, dst) for src, dsts in self._succ.items() for dst in dsts)
+        return frozenset((src, dst) for rec in self._pages.values() for src in rec.producers
+                         for dst in rec.consumers if src != dst)
 
     def current_generation(self, tenant: str) -> int:
         return self._generations.get(tenant, 0)
@@ -309,7 +305,7 @@ class GraphBase:
             nodes=len(self._nodes),
             summary_nodes=sum(1 for n in self._nodes.values() if n.kind is NodeKind.SUMMARY),
             control_edges=sum(len(s) for s in self._succ.values()),
-            data_edges=sum(1 for _ in self.data_edges()),
+            data_edges=len(self.edges(EdgeKind.DATA)),
             pages=len(self._pages),
             branches=sum(len(t.branches) for t in self._tasks.values()),
         )

@@ -148,7 +148,8 @@ class TypeTag:
         return TYPE_DEFAULTS[self.state_type]
 
 
-_FAILABLE = frozenset(
+# what a rollback turns into failed branch (a verified result stays verified)
+FAILABLE_TYPES = frozenset(
     {StateType.TEMP_REASONING, StateType.TOOL_OBSERVATION, StateType.EVIDENCE}
 )
 
@@ -160,7 +161,7 @@ def retype(tag: TypeTag, signal: TypeSignal) -> TypeTag:
         return replace(tag, cold=True)
     if signal is TypeSignal.VERIFIED and t is StateType.TEMP_REASONING:
         return replace(tag, state_type=StateType.VERIFIED_RESULT, cold=False)
-    if signal is TypeSignal.BRANCH_FAILED and t in _FAILABLE:
+    if signal is TypeSignal.BRANCH_FAILED and t in FAILABLE_TYPES:
         return replace(tag, state_type=StateType.FAILED_BRANCH, cold=True)
     if signal is TypeSignal.PREFIX_VERSION_BUMP and t is StateType.FIXED_PREFIX:
         return replace(tag, read_only=True)

@@ -14,7 +14,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from agentkv_cluster.policy.base import (
-    CostModel, EarlyReturnReport, GapPlan, Mechanisms, PageId, PageView, Placement, ToolStart,
+    CostModel,
+    EarlyReturnReport,
+    GapPlan,
+    Mechanisms,
+    PageId,
+    PageView,
+    Placement,
+    ToolStart,
 )
 from agentkv_cluster.policy.baselines import TrackedPolicy
 from agentkv_cluster.policy.gap import GapConfig, GapPlanner

@@ -1,23 +1,29 @@
 """What every policy sees and returns: the page record, the eviction interface, plan types.
 
-The simulator and the Ray service code against this module only; the classes
-that produce these records live next to it:
+The simulator and the Ray service code against this module; the classes that
+produce these records live next to it:
 
-- ``predictor.Predictor(config)``: ``predict(page, now, queue_pressure=0.0) -> Prediction``,
-  ``observe_reuse(page, reused, now)``, ``observe_tool(tool_class, duration_s)``.
-- ``value.ValueModel(profile, cost)``: ``value(page, now) -> float``; ``PROFILES[name]``.
-- ``placement.PlacementPlanner(value_model, cost, risk)``:
-  ``plan(pages, capacities, now) -> PlacementPlan``;
-  ``replan(touched_ids, now) -> PlacementDelta`` (only the touched pages and
-  what they displace are reconsidered).
-- ``gap.GapPlanner(cost, predictor, config)``: ``plan(tool_start, pages, now) -> GapPlan``;
-  ``early_return(plan, pages, now) -> EarlyReturnReport``.
-- ``risk.RiskController(config)``: ``decide(page) -> RiskDecision``;
-  ``risk_proxy(page, demoted_to, prediction_error) -> float``.
+- ``predictor.Predictor(config=None)``: ``predict(page, now, queue_pressure=0.0) -> Prediction``,
+  ``observe_reuse(page, reused, now)``, ``observe_tool(tool_class, duration_s)``,
+  ``confidence(tool_class)``; ``.tools.distribution(tool_class) -> LogNormal``;
+  ``.calibration.brier()`` / ``.reliability(bins)``.
+- ``value.ValueModel(profile, cost=None, *, use_dependency=True)``: ``value(page)``,
+  ``density(page)`` (V/m per GB); ``PROFILES[name]``, ``profile_for(task, ttft_slo_s=)``.
+- ``placement.PlacementPlanner(value_model, risk=None, config=None)``:
+  ``plan(pages, capacities, now) -> PlacementPlan``; ``replan(touched_ids, now) ->
+  PlacementDelta``; ``add(page)``, ``forget(page_id)``, ``placement(page_id) -> Placement``.
+- ``gap.GapPlanner(cost, predictor, value_model, risk=None, config=None)``:
+  ``plan(tool_start, pages, now) -> GapPlan``; ``early_return(plan, pages, now) ->
+  EarlyReturnReport``.
+- ``risk.RiskController(config=None)``: ``decide(page) -> RiskDecision``,
+  ``needs_checkpoint``, ``needs_recompute``, ``guard_demotion``,
+  ``risk_proxy(page, *, tier, codec, predicted_idle_s, actual_idle_s) -> float``.
 - ``credits.CreditManager(config)``: ``acquire(request, now) -> CreditGrant``,
-  ``release(grant, now)``, ``poll(now) -> list[CreditGrant]``.
-- ``baselines``: ``LruPolicy``, ``TtlPolicy``, ``SemanticPolicy``, ``ArcPolicy``;
-  ``agentkv.AgentKvPolicy``: all implement ``EvictionPolicy``.
+  ``poll(now) -> list[CreditGrant]``, ``release(grant, now)``, ``cancel(ticket)``.
+- ``baselines``: ``LruPolicy()``, ``TtlPolicy()``, ``SemanticPolicy()``,
+  ``ArcPolicy(capacity_bytes)``; ``agentkv.AgentKvPolicy(config=None, predictor=None)``
+  with ``demotion(page, free=None) -> Placement``, ``on_tool_start(...) -> GapPlan``,
+  ``on_tool_return(plan, pages, now) -> EarlyReturnReport``. All implement ``EvictionPolicy``.
 
 Time is always passed in as ``now`` (seconds, any epoch); nothing here reads a clock.
 """
@@ -98,8 +104,9 @@ class PageView:
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise InvalidPageView(f"page {self.page_id}: {name}={value} outside [0, 1]")
-        for name in ("predicted_idle_s", "recompute_cost_s", "dependency", "importance"):
-            if getattr(self, name) < 0.0:
+        for name in ("predicted_idle_s", "recompute_cost_s", "dependency", "importance",
+                     "position", "tokens"):
+            if getattr(self, name) < 0:
                 raise InvalidPageView(f"page {self.page_id}: {name} < 0")
 
 
@@ -161,7 +168,7 @@ class CostModel:
     energy_per_byte: float = 1e-11  # E_i weight per moved byte (seconds-equivalent)
 
     def stored_bytes(self, size_bytes: int, codec: Codec) -> int:
-        return int(round(size_bytes * self.codec_ratio[codec]))
+        return round(size_bytes * self.codec_ratio[codec])
 
     def move_time(self, size_bytes: int, tier: Tier, codec: Codec) -> float:
         """T_move of eq. 6: evict + compress + restore + decompress for one page."""
@@ -230,6 +237,7 @@ class PlacementDelta:
     changes: tuple[Placement, ...]
     used_bytes: Mapping[Tier, int]
     considered: int  # pages re-evaluated (touched + displaced)
+    planned_at: float = 0.0
 
 
 # ---------------------------------------------------------------- tool gaps

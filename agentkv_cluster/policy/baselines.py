@@ -186,7 +186,7 @@ class SemanticPolicy(TrackedPolicy):
 class _SizedList:
     """An LRU-ordered id -> size map that keeps its byte total (O(1) updates)."""
 
-    __slots__ = ("items", "bytes")
+    __slots__ = ("bytes", "items")
 
     def __init__(self) -> None:
         self.items: OrderedDict[PageId, int] = OrderedDict()

@@ -20,7 +20,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from agentkv_cluster.policy.base import (
-    CostModel, CreditGrant, CreditOutcome, CreditRequest, PolicyError, Resource,
+    CostModel,
+    CreditGrant,
+    CreditOutcome,
+    CreditRequest,
+    PolicyError,
+    Resource,
 )
 from store.types import Codec
 
@@ -75,6 +80,7 @@ class _Queue:
 
 
 _LOWER = (Codec.INT8, Codec.INT4, Codec.LOW_RANK)
+_EPS = 1e-6  # bytes: refill arithmetic in floats must not hold back an exact fit
 
 
 class CreditManager:
@@ -124,9 +130,9 @@ class CreditManager:
                 head = queue.pending[session][0]
                 own = self._own(session, key[0], now)
                 amount = head.request.amount
-                if shared.tokens < amount and own.tokens >= amount:
+                if shared.tokens + _EPS < amount <= own.tokens + _EPS:
                     break  # hold this session's turn until the shared bucket refills
-                if own.tokens < amount:
+                if own.tokens + _EPS < amount:
                     queue.ring.rotate(-1)
                     skipped += 1
                     continue
@@ -195,7 +201,7 @@ class CreditManager:
         return shared, self._own(request.session, request.resource, now)
 
     def _try_grant(self, ticket, request, shared, own, now) -> CreditGrant | None:
-        available = min(shared.tokens, own.tokens)
+        available = min(shared.tokens, own.tokens) + _EPS
         if request.amount <= available:
             return self._charge(ticket, request, request.amount, request.codec,
                                 CreditOutcome.GRANTED, shared, own, now)
@@ -205,7 +211,7 @@ class CreditManager:
         for codec in _LOWER:
             if codec <= request.codec:
                 continue
-            amount = int(round(request.amount * ratio[codec] / ratio[request.codec]))
+            amount = round(request.amount * ratio[codec] / ratio[request.codec])
             if 0 < amount <= available:
                 return self._charge(ticket, request, amount, codec,
                                     CreditOutcome.LOWER_PRECISION, shared, own, now)

@@ -18,7 +18,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agentkv_cluster.policy.base import (
-    CostModel, EarlyReturnReport, GapPlan, Migration, PageId, PageView, Prefetch, ToolStart,
+    CostModel,
+    EarlyReturnReport,
+    GapPlan,
+    Migration,
+    PageId,
+    PageView,
+    Prefetch,
+    ToolStart,
 )
 from agentkv_cluster.policy.predictor import LogNormal, Predictor
 from agentkv_cluster.policy.risk import RiskController
@@ -39,6 +46,14 @@ class GapConfig:
     codec: Codec = Codec.INT4  # working-copy codec, clamped by the risk decision
     to_tier: Tier = Tier.HOST
     prefetch: bool = True  # False = the "no gap prefetch" ablation
+
+    def __post_init__(self) -> None:
+        if len(self.wave_quantiles) != len(self.wave_fractions) or not self.wave_quantiles:
+            raise ValueError("wave_quantiles and wave_fractions must be non-empty, same length")
+        if list(self.wave_quantiles) != sorted(self.wave_quantiles):
+            raise ValueError("wave_quantiles must be ascending")
+        if not 0.0 < self.return_quantile < 1.0:
+            raise ValueError(f"return_quantile must be in (0, 1), got {self.return_quantile}")
 
 
 class GapPlanner:
@@ -109,7 +124,7 @@ class GapPlanner:
     # ------------------------------------------------------------ helpers
     def _waves(self, law: LogNormal, started_at: float,
                now: float) -> list[tuple[float, float, float]]:
-        """(start, predicted remaining gap, value fraction allowed) of each wave from now on."""
+        """(start, predicted remaining gap, share of the move order admitted) per wave."""
         cfg = self.config
         out: list[tuple[float, float, float]] = []
         for q, fraction in zip(cfg.wave_quantiles, cfg.wave_fractions, strict=True):

@@ -22,8 +22,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from agentkv_cluster.policy.base import (
-    DuplicatePage, InfeasiblePlan, PageId, PageView, Placement, PlacementDelta,
-    PlacementPlan, UnknownPage,
+    DuplicatePage,
+    InfeasiblePlan,
+    PageId,
+    PageView,
+    Placement,
+    PlacementDelta,
+    PlacementPlan,
+    PolicyError,
+    UnknownPage,
 )
 from agentkv_cluster.policy.placement_costs import OPTIONS, OptionCosts
 from agentkv_cluster.policy.risk import RiskController
@@ -32,6 +39,10 @@ from store.types import Codec, Tier
 
 _GONE = -2  # forgotten page
 _UNPLACED = -1
+
+
+class NotPlaced(PolicyError, LookupError):
+    """The page was ``add``-ed but no ``replan`` has placed it yet."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,10 +70,11 @@ class PlacementPlanner:
              now: float) -> PlacementPlan:
         """Place every page; raises InfeasiblePlan (nothing changed) if pinned pages overflow HBM."""
         capacity = _check_capacities(capacities)
-        for page in pages:
-            page.validate()
         cols = PageColumns.from_pages(pages)
-        if len(np.unique(cols.page_ids)) != len(pages):
+        for row in cols.invalid_rows(pages)[:1]:
+            pages[row].validate()  # raises the specific InvalidPageView
+        index = dict(zip(cols.page_ids.tolist(), range(len(pages))))
+        if len(index) != len(pages):
             raise DuplicatePage("plan(): page ids are not unique")
         pinned_bytes = int(cols.size[cols.pinned].sum())
         if pinned_bytes > capacity[Tier.HBM]:
@@ -78,7 +90,7 @@ class PlacementPlanner:
         self._mu = rows.prices(capacity, self.config.price_sample, self.config.price_iters)
         choice = rows.feasible_choice(self._mu, capacity)
         tiers, codecs, stored, ref = _assemble(cols.size, in_hbm, rest, choice, rows)
-        self._adopt(pages, cols, density, tiers, codecs, stored, ref, capacity)
+        self._adopt(pages, cols, index, density, (tiers, codecs, stored, ref), capacity)
         return PlacementPlan(
             page_ids=_frozen(cols.page_ids), tiers=_frozen(tiers), codecs=_frozen(codecs),
             stored_bytes=_frozen(stored),
@@ -107,7 +119,11 @@ class PlacementPlanner:
         del self._index[page_id]
 
     def replan(self, touched_ids: Iterable[PageId], now: float) -> PlacementDelta:
-        """Re-place the touched pages (mutated PageViews) and whatever they displace."""
+        """Re-place the touched pages and whatever they displace.
+
+        The caller mutates its PageViews and must list every page it changed
+        (including a changed ``pinned`` flag); untouched pages keep their place.
+        """
         idx = [self._require(pid) for pid in dict.fromkeys(touched_ids)]
         for i in idx:
             self._pages[i].validate()
@@ -129,10 +145,12 @@ class PlacementPlanner:
         changes = tuple(self.placement(self._pages[i].page_id) for i in before
                         if self._placement_key(i) != before[i])
         return PlacementDelta(changes=changes, used_bytes=dict(self._used),
-                              considered=len(before))
+                              considered=len(before), planned_at=now)
 
     def placement(self, page_id: PageId) -> Placement:
         i = self._require(page_id)
+        if self._tier[i] == _UNPLACED:
+            raise NotPlaced(f"page {page_id} has not been placed by a replan yet")
         ref = self._ref[i]
         return Placement(page_id=page_id, tier=Tier(self._tier[i]), codec=Codec(self._codec[i]),
                          stored_bytes=self._stored[i],
@@ -158,11 +176,12 @@ class PlacementPlanner:
         self._low_heap: list[tuple[float, int]] = []  # (-density, index), max first
         self._mu = (0.0, 0.0)
 
-    def _adopt(self, pages, cols, density, tiers, codecs, stored, ref, capacity) -> None:
+    def _adopt(self, pages, cols, index, density, placed, capacity) -> None:
+        tiers, codecs, stored, ref = placed
         self._reset()
         self._capacity = capacity
         self._pages = list(pages)
-        self._index = dict(zip(cols.page_ids.tolist(), range(len(pages))))
+        self._index = index
         self._tier, self._codec = tiers.tolist(), codecs.tolist()
         self._stored, self._ref = stored.tolist(), ref.tolist()
         self._density = density.tolist()
@@ -285,7 +304,7 @@ def _check_capacities(capacities: Mapping[Tier, int]) -> dict[Tier, int]:
     out = {t: 0 for t in Tier}
     for tier, cap in capacities.items():
         if not isinstance(tier, Tier):
-            raise ValueError(f"capacity key {tier!r} is not a Tier")
+            raise TypeError(f"capacity key {tier!r} is not a Tier")
         if int(cap) < 0:
             raise ValueError(f"capacity of {tier.name} must be >= 0, got {cap}")
         out[tier] = int(cap)

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from operator import attrgetter
 
 import numpy as np
 
 from agentkv_cluster.policy.base import CostModel, PageView, PolicyError, StateType
-from store.types import Codec, Tier
+from store.types import Tier
 
 GB = 1e9
 TYPE_ORDER: tuple[StateType, ...] = tuple(StateType)  # index of PageColumns.type_idx
-_TYPE_INDEX = {t: i for i, t in enumerate(TYPE_ORDER)}
+# keyed by the member's ``_value_`` (a plain attribute): str hashing is C-level, Enum's is not
+_TYPE_VALUE_INDEX = {t._value_: i for i, t in enumerate(TYPE_ORDER)}
 
 
 class UnknownProfile(PolicyError, KeyError):
@@ -85,11 +87,13 @@ class PageColumns:
 
     @classmethod
     def from_pages(cls, pages: Sequence[PageView]) -> PageColumns:
+        """One C-level pass per field (map + attrgetter): ~0.4 us per page and field."""
         n = len(pages)
 
         def col(attr: str, dtype: type) -> np.ndarray:
-            return np.fromiter((getattr(p, attr) for p in pages), dtype=dtype, count=n)
+            return np.fromiter(map(attrgetter(attr), pages), dtype=dtype, count=n)
 
+        types = map(_TYPE_VALUE_INDEX.__getitem__, map(attrgetter("state_type._value_"), pages))
         return cls(
             page_ids=col("page_id", np.int64),
             size=col("size_bytes", np.int64),
@@ -99,10 +103,22 @@ class PageColumns:
             correctness=col("correctness_weight", np.float64),
             idle_s=col("predicted_idle_s", np.float64),
             pinned=col("pinned", np.bool_),
-            type_idx=np.fromiter((_TYPE_INDEX[p.state_type] for p in pages),
-                                 dtype=np.int8, count=n),
+            type_idx=np.fromiter(types, dtype=np.int8, count=n),
             structured=col("produces_structured", np.bool_),
         )
+
+    def invalid_rows(self, pages: Sequence[PageView]) -> np.ndarray:
+        """Rows failing ``PageView.validate`` (the checks, vectorised)."""
+        n = len(pages)
+
+        def col(attr: str) -> np.ndarray:
+            return np.fromiter(map(attrgetter(attr), pages), dtype=np.float64, count=n)
+
+        bad = (self.size < 0) | (self.recompute_s < 0) | (self.dependency < 0) | (self.idle_s < 0)
+        bad |= (col("importance") < 0) | (col("position") < 0) | (col("tokens") < 0)
+        for p in (self.reuse, self.correctness, col("confidence"), col("branch_confidence")):
+            bad |= ~((p >= 0.0) & (p <= 1.0))
+        return np.flatnonzero(bad)
 
 
 class ValueModel:
@@ -154,7 +170,3 @@ class ValueModel:
 
     def densities(self, cols: PageColumns) -> np.ndarray:
         return self.values(cols) / np.maximum(cols.size, 1) * GB
-
-    def quality_risk(self, page: PageView, codec: Codec) -> float:
-        """R_i(q) of eq. 4: correctness weight x expected restore error of ``codec``."""
-        return page.correctness_weight * self.cost.codec_error[codec]

@@ -230,4 +230,5 @@ class ControllerActor:
         return {"controller": dict(c.stats), "pages": pages, "hbm_used": occupancy,
                 "traffic": dict(self.executor.traffic.by_tier),
                 "max_in_flight": dict(self.credits.max_in_flight),
-                "credit_waits": list(self.credits.waits[-10000:])}
+                "credit_waits": list(self.credits.waits[-10000:]),
+                "errors": list(self.executor.errors)}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,6 +102,7 @@ class Executor:
         self.credits = credits
         self.traffic = TierTraffic()
         self.rejects: Counter[str] = Counter()
+        self.errors: deque[str] = deque(maxlen=50)
         self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="agentkv-exec")
         self._lock = threading.Lock()
 
@@ -129,6 +130,7 @@ class Executor:
             ok = True
         except Exception as exc:  # noqa: BLE001 - reported to the controller and the caller
             info = {"error": f"{type(exc).__name__}: {exc}"}
+            self.errors.append(f"{action.kind.value} {action.reason}: {info['error'][:300]}")
         info["elapsed_s"] = time.monotonic() - t0
         self.controller.finished(action, ok, time.monotonic(), info)
         return {"action": action, "ok": ok, **info}
@@ -146,9 +148,8 @@ class Executor:
             targets.append((int(Tier.NVME), int(Codec.FULL)))
         name, pool = self._pool_for(rec.pool, a.hbm)
         receipt = self.hbms[a.hbm].demote(rec.meta, targets, pool)
-        for tier, _codec in receipt.copies:
-            self.traffic.add(rec.meta.tenant, Tier(tier).name.lower(), 0)
-        self.traffic.add(rec.meta.tenant, "pool", receipt.link_bytes)
+        for (tier, _codec), n in zip(receipt.copies, receipt.tier_bytes):
+            self.traffic.add(rec.meta.tenant, Tier(tier).name.lower(), n)
         return {"copies": list(receipt.copies), "pool": name, "link_bytes": receipt.link_bytes}
 
     def _restore(self, a: Action) -> dict[str, Any]:

@@ -32,6 +32,9 @@ class Handle:
         try:
             return ray.get(getattr(self.target, method).remote(*args), timeout=timeout_s)
         except rex.RayTaskError as exc:
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, Exception):
+                raise cause from None  # the actor's own exception, message intact
             raise exc.as_instanceof_cause() from None
         except (rex.RayActorError, rex.ActorUnavailableError) as exc:
             raise ActorGone(f"{self.name}: {type(exc).__name__}") from None

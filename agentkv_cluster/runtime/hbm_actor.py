@@ -30,6 +30,7 @@ class HbmSpec:
 @dataclass(frozen=True, kw_only=True)
 class DemoteReceipt:
     copies: tuple[tuple[int, int], ...]  # (tier, codec) now held by the pool
+    tier_bytes: tuple[int, ...]  # bytes written to each of those copies' tiers
     link_bytes: int  # bytes that crossed the link
     pool: str
 
@@ -116,6 +117,15 @@ class HbmActor:
                 self.arena.free(page)
             return page is not None
 
+    def reset(self) -> int:
+        """Drop every page (a new controller takes over this actor)."""
+        with self._lock:
+            n = len(self._pages)
+            for page in self._pages.values():
+                self.arena.free(page)
+            self._pages.clear()
+            return n
+
     def read(self, key: bytes) -> bytes:
         """Test and debug helper: the resident bytes (never on the hot path)."""
         page = self._page(key)
@@ -128,7 +138,7 @@ class HbmActor:
         page = self._page(meta.key)
         raw = self.arena.view(page)[: meta.length].numpy()
         link = 0
-        copies = []
+        copies, sizes = [], []
         for tier, codec in targets:
             slot = self.mover.take_slot()
             try:
@@ -139,9 +149,11 @@ class HbmActor:
                 self.mover.give_slot(slot)
             link += n
             copies.append((int(receipt["tier"]), int(codec)))
+            sizes.append(n)
         if drop:
             self.drop(meta.key)
-        return DemoteReceipt(copies=tuple(copies), link_bytes=link, pool=pool.name)
+        return DemoteReceipt(copies=tuple(copies), tier_bytes=tuple(sizes), link_bytes=link,
+                             pool=pool.name)
 
     def restore(self, meta: PageMeta, tier: int, codec: int, pool: Any) -> RestoreReceipt:
         """Have ``pool`` push the sealed-then-opened form into staging, decode into the arena."""

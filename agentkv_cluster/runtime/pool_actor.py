@@ -87,6 +87,7 @@ class PoolActor:
         self._lock = threading.RLock()
         self._dir_gens: dict[str, int] = {}
         self.rejects = 0
+        self.directory_stale = False
         self._rebuild()
 
     # -- start-up and recovery ---------------------------------------------------------------
@@ -133,6 +134,7 @@ class PoolActor:
                     self.directory.advance_generation(ns, copy.dir_gen)
                 entries[(ns, key)] = self._entry(key, codec, copy)
             self.directory.restore(list(entries.values()))
+            self.directory_stale = False
             return len(entries)
 
     # -- identity -------------------------------------------------------------------------------
@@ -157,9 +159,16 @@ class PoolActor:
 
     # -- directory ------------------------------------------------------------------------------
     def _dir_generation(self, ns: str) -> int:
-        gen = self.directory.current_generation(ns)
-        if gen == 0:
-            gen = self.directory.open_generation(ns)
+        try:
+            gen = self.directory.current_generation(ns)
+            if gen < self._dir_gens.get(ns, 0):  # an emptied Redis: never go backwards
+                self.directory.advance_generation(ns, self._dir_gens[ns])
+                gen = self._dir_gens[ns]
+            elif gen == 0:
+                gen = self.directory.open_generation(ns)
+        except Exception:  # noqa: BLE001 - directory unreachable: keep the last known one
+            self.directory_stale = True
+            gen = max(1, self._dir_gens.get(ns, 1))
         self._dir_gens[ns] = gen
         return gen
 
@@ -208,7 +217,7 @@ class PoolActor:
             copy = _Copy(tier=where, slot=slot, loc=loc, seal_gen=seal_gen, dir_gen=dir_gen,
                          nbytes=len(plain), namespace=meta.namespace)
             self._index[(meta.key, codec)] = copy
-            self.directory.put(self._entry(meta.key, codec, copy))
+            self._publish(lambda: self.directory.put(self._entry(meta.key, codec, copy)))
             return {"tier": int(where), "nbytes": len(plain)}
         raise PageMissing("unreachable: NVMe always accepts or raises")  # pragma: no cover
 
@@ -265,8 +274,23 @@ class PoolActor:
         with self._lock:
             gone = sum(self.delete_copy(key, c) for c in Codec)
             if gone:
-                self.directory.delete(self.blinder.namespace(namespace), key)
+                ns = self.blinder.namespace(namespace)
+                self._publish(lambda: self.directory.delete(ns, key))
             return gone
+
+    def _publish(self, write: Any) -> None:
+        """Directory writes are best effort: the pool's own index is the truth for its
+        copies, and ``republish`` refills a directory that lost them."""
+        try:
+            write()
+        except Exception:  # noqa: BLE001 - Redis down, actor gone: the data path goes on
+            self.directory_stale = True
+
+    def reset(self) -> int:
+        """Drop every copy (a new controller takes over; directory entries go with them)."""
+        with self._lock:
+            keys = {(k, c.namespace) for (k, _), c in self._index.items()}
+            return sum(self.delete(k, ns) for k, ns in keys)
 
     def close(self, unlink: bool = True) -> None:
         self.nvme.close()

@@ -128,14 +128,19 @@ def deploy(cfg: AgentKvConfig, workdir: Path | None = None, *, policy: str | Non
     spec = ControllerSpec(policy=policy or cfg.controller.policy, per_link=cfg.credits.per_link,
                           per_session=cfg.credits.per_session, credits=credits,
                           tick_s=cfg.controller.tick_s)
-    controller = handles.create(ray.remote(ControllerShell), "controller",
-                                {"num_cpus": 0, "max_concurrency": 64}, spec, directory)
+    controller = spawn_controller(spec, directory)
     topo = Topology(controller=controller, directory=directory, workdir=workdir)
     nodes = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: n["NodeID"])
     for i, node in enumerate(nodes):
         add_node(cfg, topo, node, i, hbm_capacity)
     connect(topo)
     return topo
+
+
+def spawn_controller(spec: ControllerSpec, directory: Any) -> Handle:
+    ray = _ray()
+    return handles.create(ray.remote(ControllerShell), "controller",
+                          {"num_cpus": 0, "max_concurrency": 64}, spec, directory)
 
 
 def add_node(cfg: AgentKvConfig, topo: Topology, node: dict[str, Any], index: int,

@@ -75,6 +75,7 @@ class BatchRun:
         self._events: list[tuple[float, int, int, int, int]] = []
         self._seq = 0
         self.slots = [self._make_slot(i) for i in range(batch.n_pages)]
+        self._resident: set[int] = set()  # pages holding HBM bytes (resident or landing)
 
     def _make_slot(self, i: int) -> _Slot:
         b = self.batch
@@ -130,6 +131,7 @@ class BatchRun:
         s.demotions += 1
         s.view.tier, s.view.codec = d.tier, d.codec
         self.used -= s.view.size_bytes
+        self._resident.discard(s.view.page_id)
         self.trace.demoted_bytes += d.stored_bytes
         s.prefetch_token += 1
         if start is not None:
@@ -138,6 +140,7 @@ class BatchRun:
     def _admit(self, s: _Slot, now: float) -> None:
         s.view.tier, s.view.codec = Tier.HBM, Codec.FULL
         self.used += s.view.size_bytes
+        self._resident.add(s.view.page_id)
         self.policy.on_insert(s.view, now)
 
     def _restore_ms(self, s: _Slot) -> float:
@@ -174,6 +177,7 @@ class BatchRun:
         s.where, s.ready_at, s.restore_ms = PREFETCHING, start + ms / 1e3, ms
         s.view.tier, s.view.codec = Tier.HBM, Codec.FULL
         self.used += s.view.size_bytes
+        self._resident.add(i)
         self.trace.transfer_bytes += d.stored_bytes
         s.unread_prefetch += d.stored_bytes
 
@@ -185,7 +189,7 @@ class BatchRun:
         """
         view = s.view
         over = self.used + view.size_bytes - self.batch.capacity_bytes
-        self._refresh_predictions(now)
+        self._refresh_predictions(now, also=s)
         self.policy.on_insert(view, now)
         if over <= 0:
             return True
@@ -267,15 +271,18 @@ class BatchRun:
         if resident:
             self.policy.on_remove(s.view.page_id)
             self.used -= s.view.size_bytes
+            self._resident.discard(i)
         s.where = RETIRED
         s.prefetch_token += 1
 
-    def _refresh_predictions(self, now: float) -> None:
+    def _refresh_predictions(self, now: float, also: _Slot | None = None) -> None:
         """Give policies that read ``predicted_idle_s`` as *remaining* idle time the
         predictor's current estimate (its guess of the gap minus the time elapsed)."""
         if not self.driver.remaining_idle:
             return
-        for s in self.slots:
-            if s.where in (IN_HBM, PREFETCHING, LOWER):
-                v = s.view
-                v.predicted_idle_s = max(0.0, s.predicted_gap - (now - v.last_access))
+        slots = [self.slots[i] for i in self._resident]
+        if also is not None:
+            slots.append(also)
+        for s in slots:
+            v = s.view
+            v.predicted_idle_s = max(0.0, s.predicted_gap - (now - v.last_access))

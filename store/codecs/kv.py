@@ -51,11 +51,18 @@ def encode_kv(
 
 
 def decode_kv(
-    enc: EncodedKV, device: str | torch.device | None = None, *, recompute: Recompute | None = None
+    enc: EncodedKV,
+    device: str | torch.device | None = None,
+    *,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    recompute: Recompute | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Decode to (k, v) in the original dtype on ``device`` (default: where enc lives).
 
-    A RECOMPUTE entry calls ``recompute(token_ids)`` or raises RecomputeRequired.
+    ``out=(k_buf, v_buf)`` decodes into preallocated contiguous tensors (their device
+    wins); reusing buffers skips first-touch page faults on fresh memory, which cost
+    more than the decode itself on CPU. A RECOMPUTE entry calls
+    ``recompute(token_ids)`` or raises RecomputeRequired.
     """
     spec = enc.spec
     if spec.codec is Codec.RECOMPUTE:
@@ -63,15 +70,36 @@ def decode_kv(
         if recompute is None:
             raise RecomputeRequired(token_ids, enc.identity)
         return recompute(token_ids)
-    dev = enc.device if device is None else torch.device(device)
-    if spec.codec is Codec.FULL:  # the caller owns the result: always a copy
-        return enc.tensors["k"].to(dev, copy=True), enc.tensors["v"].to(dev, copy=True)
-    t = {name: x.to(dev) for name, x in enc.tensors.items()}
+    if out is None:
+        dev = enc.device if device is None else torch.device(device)
+        k_out = torch.empty(enc.k_shape, dtype=enc.dtype, device=dev)
+        v_out = torch.empty(enc.v_shape, dtype=enc.dtype, device=dev)
+    else:
+        k_out, v_out = out
+        _check_out(enc, k_out, v_out)
+    if spec.codec is Codec.FULL:
+        k_out.copy_(enc.tensors["k"])
+        v_out.copy_(enc.tensors["v"])
+        return k_out, v_out
+    t = {name: x.to(k_out.device) for name, x in enc.tensors.items()}
     if spec.codec in (Codec.INT8, Codec.INT4):
-        k = _quant_decode(t, spec, "k", spec.key_grouping, enc.k_shape, enc.dtype)
-        v = _quant_decode(t, spec, "v", "token", enc.v_shape, enc.dtype)
-        return k, v
-    return _lowrank_decode(t, "k", enc.dtype), _lowrank_decode(t, "v", enc.dtype)
+        _quant_decode(t, spec, "k", spec.key_grouping, k_out)
+        _quant_decode(t, spec, "v", "token", v_out)
+    else:
+        k_out.copy_(torch.matmul(t["k.a"].float(), t["k.b"].float()))
+        v_out.copy_(torch.matmul(t["v.a"].float(), t["v.b"].float()))
+    return k_out, v_out
+
+
+def _check_out(enc: EncodedKV, k_out: torch.Tensor, v_out: torch.Tensor) -> None:
+    for name, buf, shape in (("k", k_out, enc.k_shape), ("v", v_out, enc.v_shape)):
+        if tuple(buf.shape) != shape or buf.dtype != enc.dtype or not buf.is_contiguous():
+            raise CodecInputError(
+                f"out {name} is {buf.dtype} {tuple(buf.shape)} (contiguous={buf.is_contiguous()}), "
+                f"need a contiguous {enc.dtype} {shape}"
+            )
+    if k_out.device != v_out.device:
+        raise CodecInputError(f"out tensors on different devices: {k_out.device}, {v_out.device}")
 
 
 def _owned(x: torch.Tensor) -> torch.Tensor:
@@ -107,43 +135,37 @@ def _token_group(head_dim: int, group_size: int) -> int:
     return min(group_size, head_dim)
 
 
-def _quant_encode(
-    x: torch.Tensor, spec: CodecSpec, prefix: str, grouping: str
-) -> dict[str, torch.Tensor]:
+def _grouped(x: torch.Tensor, spec: CodecSpec, grouping: str) -> tuple[torch.Tensor, int]:
+    """A view of x's quantized part as [layers*heads, ...] and the axis a group spans.
+
+    "token": groups along head_dim. "channel" (KIVI keys): groups of group_size
+    tokens per channel, over the whole groups only (the caller keeps the tail).
+    """
     layers, heads, tokens, dim = x.shape
     if grouping == "token":
         group = _token_group(dim, spec.group_size)
-        q, scale, mn = quantize(
-            x.reshape(layers * heads * tokens, dim // group, group), 2, spec.bits
-        )
-        return {f"{prefix}.q": q, f"{prefix}.scale": scale, f"{prefix}.min": mn}
-    # KIVI keys: groups of `group_size` tokens per channel; the tokens past the
-    # last whole group stay in full precision (KIVI's residual window).
+        return x.reshape(layers * heads, tokens, dim // group, group), 3
     group = spec.group_size
     main = tokens // group * group
-    xg = x[:, :, :main].reshape(layers * heads, main // group, group, dim)
-    q, scale, mn = quantize(xg, 2, spec.bits)
-    return {
-        f"{prefix}.q": q,
-        f"{prefix}.scale": scale,
-        f"{prefix}.min": mn,
-        f"{prefix}.tail": _owned(x[:, :, main:]),
-    }
+    return x[:, :, :main].reshape(layers * heads, main // group, group, dim), 2
 
 
-def _quant_decode(
-    t: dict, spec: CodecSpec, prefix: str, grouping: str, shape: tuple[int, ...], dtype: torch.dtype
-) -> torch.Tensor:
-    packed, scale, mn = t[f"{prefix}.q"], t[f"{prefix}.scale"], t[f"{prefix}.min"]
-    out = torch.empty(shape, dtype=dtype, device=packed.device)
-    codes_shape = (*packed.shape[:-1], packed.shape[-1] * (8 // spec.bits))
-    if grouping == "token":
-        dequantize(packed, scale, mn, spec.bits, out.view(codes_shape))
-        return out
-    main = codes_shape[1] * codes_shape[2]
-    dequantize(packed, scale, mn, spec.bits, out[:, :, :main].view(codes_shape))
-    out[:, :, main:] = t[f"{prefix}.tail"]
-    return out
+def _quant_encode(
+    x: torch.Tensor, spec: CodecSpec, prefix: str, grouping: str
+) -> dict[str, torch.Tensor]:
+    xg, dim = _grouped(x, spec, grouping)
+    q, scale, mn = quantize(xg, dim, spec.bits)
+    tensors = {f"{prefix}.q": q, f"{prefix}.scale": scale, f"{prefix}.min": mn}
+    if grouping == "channel":  # KIVI's residual window: tokens past the last whole group
+        tensors[f"{prefix}.tail"] = _owned(x[:, :, xg.shape[1] * xg.shape[2] :])
+    return tensors
+
+
+def _quant_decode(t: dict, spec: CodecSpec, prefix: str, grouping: str, out: torch.Tensor) -> None:
+    view, _ = _grouped(out, spec, grouping)
+    dequantize(t[f"{prefix}.q"], t[f"{prefix}.scale"], t[f"{prefix}.min"], spec.bits, view)
+    if grouping == "channel":
+        out[:, :, view.shape[1] * view.shape[2] :] = t[f"{prefix}.tail"]
 
 
 def _lowrank_encode(x: torch.Tensor, rank: int, prefix: str) -> dict[str, torch.Tensor]:
@@ -160,11 +182,6 @@ def _lowrank_encode(x: torch.Tensor, rank: int, prefix: str) -> dict[str, torch.
     a = torch.matmul(x32, v_r).to(x.dtype).contiguous()
     b = v_r.transpose(-1, -2).to(x.dtype).contiguous()
     return {f"{prefix}.a": a, f"{prefix}.b": b}
-
-
-def _lowrank_decode(t: dict, prefix: str, dtype: torch.dtype) -> torch.Tensor:
-    a, b = t[f"{prefix}.a"], t[f"{prefix}.b"]
-    return torch.matmul(a.float(), b.float()).to(dtype)
 
 
 def _encode_recompute(k, v, token_ids, identity: bytes) -> EncodedKV:

@@ -2,9 +2,10 @@
 
 A group shares one fp16 scale and one fp16 minimum: x ~ q * scale + min with
 q in [0, 2**bits - 1]. Packing puts ``per = 8 // bits`` codes in each byte:
-the last axis is cut into ``per`` equal contiguous parts and byte j holds
-element j of part i in bits [i*bits, (i+1)*bits). Contiguous parts (rather
-than neighbouring elements) keep every pack/unpack op on unit-stride runs.
+each row (everything past axis 0, flattened) is cut into ``per`` equal
+contiguous parts and byte j holds element j of part i in bits
+[i*bits, (i+1)*bits). Whole-row parts (rather than neighbouring elements)
+keep every pack/unpack op on long unit-stride runs.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def quantize(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Quantize groups that span axis ``dim`` (>= 1) of ``xg`` and pack the codes.
 
-    Returns packed uint8 codes (last axis shrunk 8 // bits times) and fp16
+    Returns packed uint8 codes shaped [rows, row_elems // per] and fp16
     scale/min shaped like ``xg`` with ``dim`` of size 1. Encoding uses the
     fp16-rounded scale and min, so decoding reproduces what the encoder measured.
     Work runs in cache-sized chunks along axis 0 with reused fp32 buffers:
@@ -44,10 +45,12 @@ def quantize(
     stat_shape[dim] = 1
     scale = torch.empty(stat_shape, dtype=_META_DTYPE, device=dev)
     mn = torch.empty(stat_shape, dtype=_META_DTYPE, device=dev)
-    packed_shape = (*xg.shape[:-1], xg.shape[-1] // per)
-    packed = torch.empty(packed_shape, dtype=torch.uint8, device=dev)
+    row = xg[0].numel() if xg.shape[0] else 0
+    if row % per:
+        raise ValueError(f"rows of {row} codes do not split into {per} parts")
+    packed = torch.empty((xg.shape[0], row // per), dtype=torch.uint8, device=dev)
     buf = torch.empty((min(rows, xg.shape[0]), *xg.shape[1:]), dtype=torch.float32, device=dev)
-    pbuf = torch.empty((buf.shape[0], *packed_shape[1:]), dtype=torch.float32, device=dev)
+    pbuf = torch.empty((buf.shape[0], row // per), dtype=torch.float32, device=dev)
     for start in range(0, xg.shape[0], rows):  # chunks, not elements
         stop = min(xg.shape[0], start + rows)
         b = buf[: stop - start]
@@ -59,15 +62,16 @@ def quantize(
         scale[start:stop] = sc16
         mn[start:stop] = lo16
         b.sub_(lo).mul_(sc16.float().reciprocal_()).clamp_(0, levels)
+        flat = b.view(stop - start, -1)
         if per == 1:
-            packed[start:stop].copy_(b.add_(_MAGIC).view(torch.int32))
+            packed[start:stop].copy_(flat.add_(_MAGIC).view(torch.int32))
             continue
-        b.add_(_MAGIC).sub_(_MAGIC)  # round to integers (ties to even)
-        parts = b.unflatten(-1, (per, -1))
+        flat.add_(_MAGIC).sub_(_MAGIC)  # round to integers (ties to even)
+        parts = flat.view(stop - start, per, -1)
         p = pbuf[: stop - start]
-        p.copy_(parts[..., 0, :])
+        p.copy_(parts[:, 0])
         for i in range(1, per):  # 1 or 3 whole-chunk ops, not a loop over elements
-            p.add_(parts[..., i, :], alpha=1 << (bits * i))
+            p.add_(parts[:, i], alpha=1 << (bits * i))
         packed[start:stop].copy_(p.add_(_MAGIC).view(torch.int32))
     # fp16 scale/min cannot hold NaN/inf inputs or magnitudes beyond 65504.
     if not (
@@ -81,7 +85,7 @@ def quantize(
 def dequantize(
     packed: torch.Tensor, scale: torch.Tensor, mn: torch.Tensor, bits: int, out: torch.Tensor
 ) -> torch.Tensor:
-    """Inverse of :func:`quantize`, written into ``out`` (shaped like the unpacked codes)."""
+    """Inverse of :func:`quantize`, written into ``out`` (shaped like the grouped input)."""
     per = 8 // bits
     rows = _rows(out)
     chunk = (min(rows, out.shape[0]), *out.shape[1:])
@@ -89,14 +93,14 @@ def dequantize(
     codes = torch.empty(chunk, dtype=torch.uint8, device=out.device) if per > 1 else None
     for start in range(0, out.shape[0], rows):  # chunks, not elements
         stop = min(out.shape[0], start + rows)
+        b = buf[: stop - start]
         if codes is None:
-            c = packed[start:stop]
+            b.view(stop - start, -1).copy_(packed[start:stop])
         else:
             c = codes[: stop - start]
-            _unpack_into(packed[start:stop], bits, c)
+            _unpack_into(packed[start:stop], bits, c.view(stop - start, -1))
+            b.copy_(c)
         # In-place fp32 ops beat a mixed-dtype addcmul several times over on CPU.
-        b = buf[: stop - start]
-        b.copy_(c)
         b.mul_(scale[start:stop].float()).add_(mn[start:stop].float())
         out[start:stop].copy_(b)
     return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -167,7 +168,8 @@ class EncodedKV:
     def input_nbytes(self) -> int:
         """Size of the uncompressed K and V this block stands for."""
         itemsize = torch.empty((), dtype=self.dtype).element_size()
-        return (int(np.prod(self.k_shape)) + int(np.prod(self.v_shape))) * itemsize
+        # A RECOMPUTE entry built without tensors has empty shapes: it stands for no bytes.
+        return sum(math.prod(s) for s in (self.k_shape, self.v_shape) if s) * itemsize
 
     @property
     def device(self) -> torch.device:
@@ -243,7 +245,7 @@ class EncodedKV:
             tensors = {}
             for name, dt, shape, off in meta["t"]:
                 dtype = _TENSOR_DTYPES[dt]
-                n = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+                n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
                 t = blob[off : off + n].view(dtype).reshape(shape)
                 tensors[name] = t if device is None else t.to(device)
             return cls(

@@ -184,9 +184,13 @@ class RedisDirectory:
         )
 
     def restore(self, entries: Sequence[DirectoryEntry]) -> None:
+        current: dict[str, int] = {}
         for entry in entries:  # validate all first: nothing changes on a bad batch
-            if entry.generation > self.current_generation(entry.tenant_ns):
-                raise UnknownGeneration(f"{entry.tenant_ns} has no generation {entry.generation}")
+            ns = entry.tenant_ns
+            if ns not in current:
+                current[ns] = self.current_generation(ns)
+            if entry.generation > current[ns]:
+                raise UnknownGeneration(f"{ns} has no generation {entry.generation}")
         for entry in entries:
             self._put(entry, restore=True)
 

@@ -74,9 +74,18 @@ class NixlTransportBase(JobBook):
             )
             reg = self._agent.register_memory([(0, buffer.length, buffer.fd, "")], "FILE")
         else:
-            addr, length, kind, device = memory_address(buffer)
-            region = Region(kind=kind, addr=addr, length=length, device=device, owner=self.name)
-            reg = self._agent.register_memory([(addr, length, device, "")], kind.value)
+            info = memory_address(buffer)
+            self._note_memory(info)
+            region = Region(
+                kind=info.kind,
+                addr=info.addr,
+                length=info.length,
+                device=info.device,
+                owner=self.name,
+            )
+            reg = self._agent.register_memory(
+                [(info.addr, info.length, info.device, "")], info.kind.value
+            )
         self._regs[_reg_key(region)] = (buffer, reg)
         return region
 
@@ -88,6 +97,7 @@ class NixlTransportBase(JobBook):
     def submit(self, job: TransferJob) -> int:
         self._check_open()
         job.validate()
+        self._check_destination(job)
         if job.remote.kind not in self.remote_kinds:
             raise InvalidTransfer(f"{self.backend} cannot reach {job.remote.kind.value} regions")
         if job.remote.owner not in self._peers:

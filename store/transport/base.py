@@ -143,15 +143,26 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-def memory_address(buffer: Any) -> tuple[int, int, MemKind, int]:
-    """(address, length, kind, device) of a contiguous numpy array, torch tensor or buffer."""
+@dataclass(frozen=True, slots=True)
+class MemoryInfo:
+    addr: int
+    length: int
+    kind: MemKind
+    device: int
+    writable: bool
+
+
+def memory_address(buffer: Any) -> MemoryInfo:
+    """Where a contiguous numpy array, torch tensor or buffer-protocol object lives."""
     if hasattr(buffer, "data_ptr") and hasattr(buffer, "is_contiguous"):  # torch tensor
         if not buffer.is_contiguous():
             raise InvalidTransfer("tensor must be contiguous")
         length = buffer.numel() * buffer.element_size()
         if buffer.device.type == "cuda":
-            return buffer.data_ptr(), length, MemKind.VRAM, buffer.device.index or 0
-        return buffer.data_ptr(), length, MemKind.DRAM, 0
+            return MemoryInfo(
+                buffer.data_ptr(), length, MemKind.VRAM, buffer.device.index or 0, True
+            )
+        return MemoryInfo(buffer.data_ptr(), length, MemKind.DRAM, 0, True)
     try:
         array = buffer if isinstance(buffer, np.ndarray) else np.frombuffer(buffer, np.uint8)
     except (TypeError, ValueError) as exc:
@@ -160,7 +171,7 @@ def memory_address(buffer: Any) -> tuple[int, int, MemKind, int]:
         raise InvalidTransfer("array must be C-contiguous")
     if array.nbytes == 0:
         raise InvalidTransfer("cannot register an empty buffer")
-    return array.ctypes.data, array.nbytes, MemKind.DRAM, 0
+    return MemoryInfo(array.ctypes.data, array.nbytes, MemKind.DRAM, 0, bool(array.flags.writeable))
 
 
 class JobBook:
@@ -169,10 +180,26 @@ class JobBook:
     Subclasses implement ``_poll() -> list[TransferResult]`` (newly finished jobs).
     """
 
+    name: str
+
     def __init__(self) -> None:
         self._next_id = 1
         self._done: dict[int, TransferResult] = {}
         self._closed = False
+        self._readonly: set[tuple[int, int]] = set()  # registered memory jobs must not write
+
+    def _note_memory(self, info: MemoryInfo) -> None:
+        if info.writable:
+            self._readonly.discard((info.addr, info.length))
+        else:
+            self._readonly.add((info.addr, info.length))
+
+    def _check_destination(self, job: TransferJob) -> None:
+        """A job may not write into memory registered read-only here (e.g. a bytes object)."""
+        dest = job.remote if job.op is TransferOp.WRITE else job.local
+        own = dest.owner == self.name and dest.kind is not MemKind.FILE
+        if own and (dest.addr, dest.length) in self._readonly:
+            raise InvalidTransfer(f"destination region at {dest.addr:#x} is read-only")
 
     def _check_open(self) -> None:
         if self._closed:

@@ -58,7 +58,9 @@ class LocalCopyTransport(JobBook):
             return Region(
                 kind=MemKind.FILE, addr=0, length=buffer.length, device=buffer.fd, owner=self.name
             )
-        addr, length, kind, device = memory_address(buffer)
+        info = memory_address(buffer)
+        self._note_memory(info)
+        addr, length, kind, device = info.addr, info.length, info.kind, info.device
         self._mem[(addr, length)] = (buffer, _view(buffer, addr, length, kind))
         return Region(kind=kind, addr=addr, length=length, device=device, owner=self.name)
 
@@ -77,6 +79,7 @@ class LocalCopyTransport(JobBook):
     def submit(self, job: TransferJob) -> int:
         self._check_open()
         job.validate()
+        self._check_destination(job)
         if job.remote.owner != self.name:
             raise UnknownPeer(f"{self.name} cannot reach regions of {job.remote.owner!r}")
         local = self._mem_view(job.local)[job.local_offset : job.local_offset + job.length]

@@ -150,7 +150,7 @@ class NvmeShardAdapter:
         self.shard.compact(min_dead_ratio=1.0)
 
     def used_bytes(self) -> int:
-        return sum(self.shard.locate(k)[1].length for k in self.shard.keys())
+        return sum(self.shard.locate(k)[1].length for k in list(self.shard.keys()))
 
     def close(self) -> None:
         self.shard.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import time
 
 import numpy as np
 import pytest
@@ -316,10 +317,10 @@ def test_ucx_job_tags_reach_the_peer(ucx_harness):
     )
     assert t.wait(t.submit(job)).status is TransferStatus.DONE
     got: list[bytes] = []
-    for _ in range(200):
+    deadline = time.monotonic() + 20.0
+    while not got and time.monotonic() < deadline:
         got += ucx_harness.peer.notifications().get(t.name, [])
-        if got:
-            break
+        time.sleep(0.01)
     assert got == [b"page-42"]
     t.deregister(region)
 
@@ -354,3 +355,15 @@ def test_ucx_moves_vram_into_another_process(ucx_harness):
     assert t.wait(t.submit(job)).status is TransferStatus.DONE
     assert ucx_harness.remote_read(0, gpu.numel()) == gpu.cpu().numpy().tobytes()
     t.deregister(region)
+
+
+def test_read_into_read_only_memory_is_refused(harness):
+    t = harness.transport
+    frozen = t.register(bytes(4096))  # a bytes object: readable, never writable
+    with pytest.raises(InvalidTransfer):
+        t.submit(write_job(frozen, harness.remote, 4096, op=TransferOp.READ))
+    harness.remote_fill(0, b"\x05" * 4096)
+    result = t.wait(t.submit(write_job(frozen, harness.remote, 4096)))  # reading from it is fine
+    assert result.status is TransferStatus.DONE
+    assert harness.remote_read(0, 4096) == bytes(4096)
+    t.deregister(frozen)

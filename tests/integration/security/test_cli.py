@@ -90,3 +90,38 @@ def test_isolation_probes_fail_against_a_leaky_server(acl_redis, capsys):
 def test_isolation_unreachable_server(capsys):
     rc, _, err = _run(capsys, "audit", "isolation", "--redis-url", "redis://127.0.0.1:1/0")
     assert rc == 2 and "cannot reach Redis" in err
+
+
+def test_erase_deletes_the_tenants_directory_keys(tmp_path, capsys, acl_redis):
+    from security.blinding import DirectoryBlinder
+    from security.keyring import FileKeySource, TenantKeyring
+
+    keys, log, sk, pk = (str(tmp_path / n) for n in ("keys", "audit.log", "sk.pem", "pk.pem"))
+    _run(capsys, "audit", "keygen", "--private", sk, "--public", pk)
+    for tenant in ("acme", "globex"):
+        assert _run(capsys, "tenant", "create", tenant, "--keys-dir", keys)[0] == 0
+    blinder = DirectoryBlinder(TenantKeyring(FileKeySource(keys)))
+    admin = redis.Redis.from_url(acl_redis.url)
+    for tenant in ("acme", "globex"):
+        for i in range(3):
+            admin.set(blinder.directory_key(tenant, bytes([i]) * 32), b"entry")
+    rc, out, _ = _run(capsys, "tenant", "erase", "acme", "--keys-dir", keys, "--audit-log", log,
+                      "--signing-key", sk, "--redis-url", acl_redis.url)
+    assert rc == 0 and json.loads(out)["counts"] == [["directory", 3]]
+    remaining = sorted(admin.keys("*"))
+    assert len(remaining) == 3 and all(blinder.namespace("globex").encode() in k for k in remaining)
+    admin.close()
+
+
+def test_erase_with_a_failing_tier_still_issues_a_receipt(tmp_path, capsys):
+    keys, log, sk, pk = (str(tmp_path / n) for n in ("keys", "audit.log", "sk.pem", "pk.pem"))
+    _run(capsys, "audit", "keygen", "--private", sk, "--public", pk)
+    _run(capsys, "tenant", "create", "acme", "--keys-dir", keys)
+    rc, out, err = _run(capsys, "tenant", "erase", "acme", "--keys-dir", keys, "--audit-log", log,
+                        "--signing-key", sk, "--redis-url", "redis://127.0.0.1:1/0",
+                        "--receipt-out", str(tmp_path / "r.json"))
+    assert rc == 1 and "deleting pages failed in: directory" in err
+    receipt = json.loads(out)
+    assert receipt["failed_tiers"] == ["directory"] and receipt["counts"] == [["directory", -1]]
+    assert _run(capsys, "audit", "receipt", str(tmp_path / "r.json"), "--public-key", pk, "--log", log)[0] == 0
+    assert sorted((tmp_path / "keys").iterdir()) == []

@@ -28,7 +28,7 @@ BASE = PageIdentity(model_version="m", adapter_version="", tokenizer_version="t"
 
 def _directory_deleter(cache, namespace):
     def delete(scope) -> int:
-        keys = list(cache.admin.scan_iter(match=f"akv:{namespace}:*"))
+        keys = list(cache.admin.scan_iter(match=f"akv:{{{namespace}}}:*"))
         return cache.admin.delete(*keys) if keys else 0
     return delete
 

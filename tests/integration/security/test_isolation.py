@@ -103,7 +103,7 @@ def test_redis_acl_and_stored_contents(cache, tokens, acl_redis):
     nothing stored holds plaintext lengths, tool names or timestamps."""
     markers = _seed_many(cache, tokens)
     admin, b = cache.admin, cache.clients["globex"]
-    a_keys = scan_all(admin, f"akv:{cache.blinder.namespace('acme')}:*")
+    a_keys = scan_all(admin, f"akv:{{{cache.blinder.namespace('acme')}}}:*")
     assert len(a_keys) == 9  # control: A's entries exist
     assert admin.slowlog_len() > 0 and admin.client_list()  # control: there is something to hide
     for key in a_keys[:3]:
@@ -114,7 +114,7 @@ def test_redis_acl_and_stored_contents(cache, tokens, acl_redis):
                  ("CLIENT", "INFO"), ("MONITOR",), ("CONFIG", "GET", "*"), ("DEBUG", "SLEEP", "0"),
                  ("OBJECT", "ENCODING", a_keys[0]), ("RANDOMKEY",), ("MEMORY", "USAGE", a_keys[0])):
         assert _denied(b, *args), args
-    own = scan_all(admin, f"akv:{cache.blinder.namespace('globex')}:*")
+    own = scan_all(admin, f"akv:{{{cache.blinder.namespace('globex')}}}:*")
     assert b.get(own[0]) is not None  # control: B reads its own entries
     # Scan the real server: every key name and value, and the slow log (it records arguments).
     problems = scan_for_leaks(admin, markers)
@@ -134,7 +134,7 @@ def test_leak_scan_catches_a_leaky_writer(cache, tokens):
     """Control for the scan itself: an entry that stores a length, a tool name and a time is found."""
     _seed_many(cache, tokens)
     ns = cache.blinder.namespace("acme")
-    cache.admin.set(f"akv:{ns}:leaky", f'{{"len":{LENGTHS[0]},"tool":"web_search","t":{int(NOW)}}}')
+    cache.admin.set(f"akv:{{{ns}}}:e:leaky", f'{{"len":{LENGTHS[0]},"tool":"web_search","t":{int(NOW)}}}')
     markers = ProbeMarkers(tool_names=TOOLS, lengths=LENGTHS, timestamps=(NOW,), tenants=("acme",))
     problems = scan_for_leaks(cache.admin, markers)
     assert any("tool name" in p for p in problems) and any("length" in p for p in problems)

@@ -103,6 +103,14 @@ def test_decode_rejects_bad_bytes(raw: bytes) -> None:
         ev.decode_event(raw)
 
 
+def test_base_event_is_not_a_kind() -> None:
+    bare = ev.Event(**COMMON)
+    with pytest.raises(ev.UnknownEventKind):
+        ev.encode_event(bare)
+    with pytest.raises(ev.UnknownEventKind):
+        ev.validate_event(bare)
+
+
 def test_int_timestamp_is_accepted_as_float() -> None:
     e = ev.event_from_dict({**_wire(ev.EventKind.TASK_END), "ts": 3})
     assert e.ts == 3.0 and type(e.ts) is float

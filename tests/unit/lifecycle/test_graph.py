@@ -8,7 +8,13 @@ from agentkv_cluster.lifecycle import events as ev
 from agentkv_cluster.lifecycle.graph import EventGraph
 from agentkv_cluster.lifecycle.graph_base import PageStillNeeded, UnknownNode
 from agentkv_cluster.lifecycle.graph_records import Blocker as B
-from agentkv_cluster.lifecycle.graph_records import NodeInfo, NodeKind, PageInfo, RetentionPolicy
+from agentkv_cluster.lifecycle.graph_records import (
+    EdgeKind,
+    NodeInfo,
+    NodeKind,
+    PageInfo,
+    RetentionPolicy,
+)
 from agentkv_cluster.lifecycle.types import PageId, TypeTag, UnknownPage
 from agentkv_cluster.lifecycle.types import StateType as T
 from tests.unit.lifecycle.builders import Session, ref, snapshot
@@ -48,7 +54,8 @@ def test_one_tool_call_builds_nodes_edges_and_page_sets() -> None:
     assert (g.page(P(10)).producers, g.page(P(10)).consumers) == ({m1}, {t1})
     assert (g.page(P(20)).producers, g.page(P(20)).consumers) == ({obs}, frozenset())
     assert (g.page(P(1)).producers, g.page(P(1)).consumers) == (frozenset(), {m1})
-    assert set(g.data_edges()) == {(m1, t1)}
+    assert g.edges(EdgeKind.DATA) == {(m1, t1)}
+    assert g.edges(EdgeKind.CONTROL) == {(m1, t1), (t1, obs)}
     assert g.page(P(20)).tag == TypeTag(state_type=T.TOOL_OBSERVATION)
     assert (g.page(P(20)).version, g.page(P(20)).last_touch) == (4, 3.0)
     assert g.page(P(1)).last_touch == 1.0

@@ -6,7 +6,11 @@ import pytest
 
 from agentkv_cluster.policy.agentkv import AgentKvPolicy
 from agentkv_cluster.policy.base import (
-    DuplicatePage, EvictionPolicy, InvalidPageView, StateType, UnknownPage,
+    DuplicatePage,
+    EvictionPolicy,
+    InvalidPageView,
+    StateType,
+    UnknownPage,
 )
 from agentkv_cluster.policy.baselines import ArcPolicy, LruPolicy, SemanticPolicy, TtlPolicy
 from tests.unit.policy.builders import MB, page

@@ -11,7 +11,7 @@ from agentkv_cluster.policy.gap import GapConfig, GapPlanner
 from agentkv_cluster.policy.predictor import Predictor, PredictorConfig
 from agentkv_cluster.policy.value import ValueModel
 from store.types import Codec, Tier
-from tests.unit.policy.builders import MB, page
+from tests.unit.policy.builders import page
 
 # 1 GB/s links, no fixed overhead, free codecs: T_move(FULL) = 2 * size / 1e9 exactly
 COST = CostModel(link_bytes_per_s={t: 1e9 for t in Tier},
@@ -144,3 +144,11 @@ def test_very_early_return_cancels_migrations_not_started():
     assert report.cancelled_prefetches == (0, 1)
     assert (report.resident_prefix, report.resident_prefix_tokens) == ((), 0)
     assert math.isclose(report.returned_at, 101.0)
+
+
+@pytest.mark.parametrize(
+    "bad", [{"wave_fractions": (1.0,)}, {"wave_quantiles": (0.5, 0.0, 0.75, 0.9, 0.97)},
+            {"return_quantile": 1.0}])
+def test_gap_config_is_validated(bad):
+    with pytest.raises(ValueError):
+        GapConfig(**bad)

@@ -5,8 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agentkv_cluster.policy.base import InfeasiblePlan, StateType, UnknownPage
-from agentkv_cluster.policy.placement import PlacementConfig, PlacementPlanner
+from agentkv_cluster.policy.base import (
+    DuplicatePage,
+    InfeasiblePlan,
+    InvalidPageView,
+    StateType,
+    UnknownPage,
+)
+from agentkv_cluster.policy.placement import NotPlaced, PlacementConfig, PlacementPlanner
 from agentkv_cluster.policy.risk import RiskConfig, RiskController
 from agentkv_cluster.policy.value import PROFILES, ValueModel
 from store.types import Codec, Tier
@@ -176,6 +182,7 @@ def test_replan_is_local():
     for pid in touched:
         pages[pid].predicted_idle_s *= 10
     delta = planner.replan(touched, now=1.0)
+    assert delta.planned_at == 1.0
     after = {p.page_id: planner.placement(p.page_id) for p in pages}
     moved = {pid for pid in before if before[pid] != after[pid]}
     assert moved == {c.page_id for c in delta.changes}  # the delta reports every change
@@ -220,6 +227,10 @@ def test_add_and_forget_pages():
     planner = PlacementPlanner(ValueModel())
     planner.plan([page(1, size_mb=1)], {Tier.HBM: 2 * MB, Tier.HOST: 0, Tier.NVME: 0}, now=0.0)
     planner.add(page(2, size_mb=1))
+    with pytest.raises(NotPlaced):
+        planner.placement(2)
+    with pytest.raises(DuplicatePage):
+        planner.add(page(2, size_mb=1))
     planner.replan([2], now=1.0)
     assert planner.placement(2).tier is Tier.HBM
     assert planner.used_bytes()[Tier.HBM] == 2 * MB
@@ -238,11 +249,25 @@ def test_risk_disabled_allows_lossy_without_reference():
     assert planner.placement(1).codec.is_lossy
 
 
+@pytest.mark.parametrize(
+    "bad", [{"reuse_prob": 1.5}, {"confidence": -0.1}, {"predicted_idle_s": -1.0},
+            {"tokens": -1}, {"branch_confidence": 2.0}])
+def test_invalid_pages_are_rejected_and_the_plan_is_kept(bad):
+    planner = PlacementPlanner(ValueModel())
+    caps = {Tier.HBM: 2 * MB, Tier.HOST: 0, Tier.NVME: 0}
+    planner.plan([page(1), page(2)], caps, now=0.0)
+    with pytest.raises(InvalidPageView):
+        planner.plan([page(1), page(3, **bad)], caps, now=1.0)
+    assert planner.placement(2).tier is Tier.HBM  # the previous plan still stands
+    with pytest.raises(DuplicatePage):
+        planner.plan([page(1), page(1)], caps, now=1.0)
+
+
 def test_bad_capacities_are_rejected():
     planner = PlacementPlanner(ValueModel())
     with pytest.raises(ValueError):
         planner.plan([page(1)], {Tier.HBM: -1}, now=0.0)
-    with pytest.raises(ValueError):
+    with pytest.raises(TypeError):
         planner.plan([page(1)], {"hbm": 10}, now=0.0)
 
 

@@ -10,7 +10,12 @@ import pytest
 from agentkv_cluster.lifecycle.types import TYPE_DEFAULTS
 from agentkv_cluster.policy.base import StateType
 from agentkv_cluster.policy.predictor import (
-    FEATURE_NAMES, Calibration, LogNormal, Predictor, PredictorConfig, ReliabilityBin,
+    FEATURE_NAMES,
+    Calibration,
+    LogNormal,
+    Predictor,
+    PredictorConfig,
+    ReliabilityBin,
     ToolDurations,
 )
 from tests.unit.policy.builders import page
@@ -128,3 +133,14 @@ def test_confidence_threshold_drives_the_conservative_flag():
     for _ in range(40):
         pred.observe_reuse(page(2, state_type=StateType.FIXED_PREFIX), reused=False, now=0.0)
     assert pred.confidence("pytest") < 0.5
+
+
+def test_predicted_idle_quantiles_are_residual_given_time_already_idle():
+    pred = Predictor(PredictorConfig(prior_median_s=4.0, prior_sigma=1.2))
+    law = pred.tools.distribution("build")
+    p = page(1, tool_class="build", last_access=10.0)
+    fresh = pred.predict(p, now=10.0).idle_quantiles
+    late = pred.predict(p, now=30.0).idle_quantiles
+    assert fresh[0.5] == pytest.approx(4.0)
+    assert late == {q: pytest.approx(law.remaining_quantile(q, 20.0)) for q in (0.5, 0.9, 0.99)}
+    assert late[0.5] > fresh[0.5] and fresh[0.5] < fresh[0.9] < fresh[0.99]

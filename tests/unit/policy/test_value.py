@@ -7,9 +7,14 @@ import pytest
 
 from agentkv_cluster.policy.base import CostModel, PageView, StateType
 from agentkv_cluster.policy.value import (
-    PROFILES, PageColumns, UnknownProfile, ValueModel, ValueProfile, profile_for,
+    PROFILES,
+    PageColumns,
+    UnknownProfile,
+    ValueModel,
+    ValueProfile,
+    profile_for,
 )
-from store.types import Codec, Tier
+from store.types import Tier
 from tests.unit.policy.builders import page
 
 UNIT = ValueProfile(name="unit", alpha=1.0, beta=1.0, gamma=1.0, delta=1.0, eta=1.0, lam=1.0)
@@ -22,9 +27,11 @@ COST = CostModel(link_bytes_per_s={t: 1e9 for t in Tier},
     ("fields", "expected"),
     [
         # p*C_recomp + D + Q - C_move - GB*idle
-        (dict(size_bytes=0), 0.5 * 0.0 - 1e-3),
-        (dict(size_bytes=10**9, reuse_prob=0.5, recompute_cost_s=2.0), 1.0 - (1e-3 + 2.0)),
-        (dict(size_bytes=10**8, dependency=3.0, correctness_weight=0.5, predicted_idle_s=4.0),
+        ({"size_bytes": 0}, 0.5 * 0.0 - 1e-3),
+        ({"size_bytes": 10**9, "reuse_prob": 0.5, "recompute_cost_s": 2.0},
+         1.0 - (1e-3 + 2.0)),
+        ({"size_bytes": 10**8, "dependency": 3.0, "correctness_weight": 0.5,
+          "predicted_idle_s": 4.0},
          3.0 + 0.5 - (1e-3 + 0.2) - 0.1 * 4.0),
     ],
 )
@@ -71,10 +78,3 @@ def test_vectorised_values_equal_scalar_values():
         cols = PageColumns.from_pages(pages)
         assert np.allclose(model.values(cols), [model.value(p) for p in pages])
         assert np.allclose(model.densities(cols), [model.density(p) for p in pages])
-
-
-def test_quality_risk_is_weight_times_codec_error():
-    model = ValueModel(UNIT, COST)
-    p = page(1, correctness_weight=0.5)
-    assert model.quality_risk(p, Codec.INT4) == pytest.approx(0.5 * 0.05)
-    assert model.quality_risk(p, Codec.FULL) == 0.0

@@ -34,7 +34,7 @@ def test_keys_are_per_tenant_and_opaque(keyring):
     ns = blinder.namespace("alice")
     assert re.fullmatch(r"n[0-9a-f]{24}", ns) and ns != blinder.namespace("bob")
     key = blinder.directory_key("alice", DIGEST)
-    assert key == f"akv:{ns}:".encode() + a.hex().encode()
+    assert key == f"akv:{{{ns}}}:e:".encode() + a.hex().encode()
     assert b"alice" not in key
 
 

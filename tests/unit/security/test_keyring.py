@@ -112,3 +112,17 @@ def test_destroy_tenant_removes_every_key(keyring):
 def test_invalid_tenant_names(keyring, name):
     with pytest.raises(InvalidName):
         keyring.create_tenant(name)
+
+
+def test_generation_numbers_are_never_reused(keyring, sealer):
+    assert keyring.rotate("alice") == 2
+    old = bytes(sealer.seal("alice", DIGEST, 2, 1, 1, b"gen two"))
+    keyring.destroy_generation("alice", 2)
+    assert keyring.generations("alice") == [1] and keyring.current_generation("alice") == 1
+    assert keyring.rotate("alice") == 3  # not 2 again
+    with pytest.raises(KeyUnavailable):
+        keyring.key_id("alice", 2)
+    with pytest.raises(Exception, match="does not open"):
+        sealer.open("alice", DIGEST, 2, 1, 1, old)
+    keyring.destroy_tenant("alice")
+    assert [n for n in keyring.source.names() if n.startswith("alice")] == []

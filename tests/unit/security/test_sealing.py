@@ -44,6 +44,13 @@ def test_ciphertext_holds_no_plaintext(sealer):
     assert b"web_search" not in sealed and b"alice" not in sealed
 
 
+def test_non_buffers_and_strided_views_are_a_clear_error(sealer):
+    strided = np.zeros((4, 4), dtype=np.uint8)[:, ::2]
+    for bad in ("text", 12, strided):
+        with pytest.raises(TypeError, match="C-contiguous buffers"):
+            sealer.seal("alice", DIGEST, 1, 1, 1, bad)
+
+
 def test_too_small_out_buffer_is_a_clear_error(sealer):
     with pytest.raises(ValueError, match="at least 148 bytes"):
         sealer.seal("alice", DIGEST, 1, 1, 1, b"x" * 100, out=bytearray(147))

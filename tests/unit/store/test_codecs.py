@@ -284,3 +284,35 @@ def test_values_fp16_metadata_cannot_hold_are_rejected(bad):
     k[1, 2, 3, 4] = bad
     with pytest.raises(CodecInputError, match="fp16 range"):
         encode_kv(k, v, CodecSpec.int4())
+
+
+def test_recompute_entry_without_tensors_stands_for_no_input_bytes():
+    enc = encode_kv(None, None, CodecSpec.recompute(), token_ids=[1, 2], identity=b"i")
+    assert enc.input_nbytes == 0 and enc.k_shape == ()
+    k, v = _kv()
+    with_kv = encode_kv(k, v, CodecSpec.recompute(), token_ids=[1, 2], identity=b"i")
+    assert with_kv.input_nbytes == 2 * k.numel() * 2 and with_kv.nbytes == 8
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [CodecSpec.full(), CodecSpec.int8(), CodecSpec.int4(), CodecSpec.low_rank(4)],
+    ids=lambda s: s.label,
+)
+def test_decode_into_preallocated_buffers_matches_fresh_decode(spec):
+    k, v = _kv()
+    enc = encode_kv(k, v, spec)
+    bufs = (torch.full_like(k, 7.0), torch.full_like(v, 7.0))
+    got = decode_kv(enc, out=bufs)
+    assert got[0] is bufs[0] and got[1] is bufs[1]
+    for a, b in zip(decode_kv(enc), bufs):
+        assert torch.equal(a, b)
+
+
+def test_decode_into_wrong_buffers_is_rejected():
+    k, v = _kv()
+    enc = encode_kv(k, v, CodecSpec.int8())
+    with pytest.raises(CodecInputError, match="need a contiguous"):
+        decode_kv(enc, out=(k.float(), v.float()))
+    with pytest.raises(CodecInputError, match="need a contiguous"):
+        decode_kv(enc, out=(k.transpose(2, 3).contiguous().transpose(2, 3), v.clone()))

@@ -169,3 +169,10 @@ def test_close_with_a_live_buffer_view_still_releases_the_writer_role(pool, pool
     with HostPool.attach(pool_name, writer=True) as writer:
         assert writer.writer
     assert held.nbytes > 0
+
+
+def test_pool_larger_than_dev_shm_fails_at_create_and_leaves_nothing(pool_name):
+    # 1 TiB is beyond any /dev/shm here; tmpfs refuses it up front, allocating nothing.
+    with pytest.raises(PoolFull, match="cannot hold"):
+        HostPool.create(pool_name, 1 << 30, 1024)
+    assert not os.path.exists(f"/dev/shm/{pool_name}")

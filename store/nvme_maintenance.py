@@ -1,4 +1,8 @@
-"""Compaction of NVMe shard segments: copy live records forward, drop retired ones.
+"""Maintenance of NVMe shards: index rebuild on open, and compaction.
+
+Recovery scans every segment; the newest sequence number of a key wins, a
+tombstone hides older records, and a torn tail of the last segment is cut.
+Compaction copies live records forward and drops retired ones.
 
 Copies keep their original sequence numbers, so a crash half-way leaves
 duplicates that recovery resolves to the same record. The copies are synced
@@ -11,10 +15,52 @@ import os
 from typing import TYPE_CHECKING
 
 from store import nvme_format as fmt
-from store.nvme_types import CompactionReport, FsyncPolicy
+from store.nvme_types import CompactionReport, FsyncPolicy, RecordLocation
 
 if TYPE_CHECKING:
     from store.nvme import NvmeShard
+
+
+SEGMENT_GLOB = "seg-*.akv"  # seg-00000012.akv; indices only grow
+
+
+def rebuild_index(shard: NvmeShard) -> None:
+    """Rebuild the index from the segment files: newest sequence number wins."""
+    names = sorted(shard.path.glob(SEGMENT_GLOB))
+    best: dict[bytes, RecordLocation] = {}
+    last_end = 0
+    for path in names:
+        seg = shard._new_segment(int(path.stem.split("-")[1]))
+        last_end = 0
+        for rec in fmt.scan_segment(seg.fd, seg.size, shard.config.align):
+            h = rec.header
+            seg.keys.add(h.key)
+            shard._next_seq = max(shard._next_seq, h.seq + 1)
+            last_end = rec.end
+            if h.is_tombstone:
+                if h.seq > shard._tombs.get(h.key, (0, 0))[0]:
+                    shard._tombs[h.key] = (h.seq, seg.index)
+                continue
+            if h.key not in best or best[h.key].seq <= h.seq:
+                best[h.key] = RecordLocation(
+                    segment=seg.index,
+                    offset=rec.offset,
+                    payload_offset=rec.payload_offset,
+                    length=h.payload_len,
+                    generation=h.generation,
+                    seq=h.seq,
+                    crc=h.payload_crc,
+                )
+    if not shard._segments:
+        shard._new_segment(0)
+    else:  # cut a torn tail so the next append starts on clean ground
+        active = shard._segments[max(shard._segments)]
+        if active.size > last_end:
+            os.ftruncate(active.fd, last_end)
+            active.size = last_end
+    for key, loc in best.items():
+        if loc.seq > shard._tombs.get(key, (0, 0))[0]:
+            shard._publish(key, loc)
 
 
 def compact_segments(shard: NvmeShard, min_dead_ratio: float) -> CompactionReport:

@@ -99,10 +99,13 @@ class HbmArena:
         self._lengths[page] = 0
         return page
 
-    def free(self, page: int) -> None:
+    def free(self, page: int, *, scrub: bool = False) -> None:
+        """Return the page; ``scrub=True`` also zeroes it (erasure, not just release)."""
         self._check(page)
         if self._pins[page]:
             raise PagePinned(f"page {page} is pinned {self._pins[page]} time(s)")
+        if scrub:
+            self._buf[page].zero_()
         self._allocated[page] = False
         self._lengths[page] = 0
         self._free.append(page)

@@ -251,7 +251,8 @@ class HostPool:
         w[base + SEQ] += 1  # even: published
         return w[base + VER]
 
-    def free(self, slot: int) -> None:
+    def free(self, slot: int, *, scrub: bool = False) -> None:
+        """Return the slot; ``scrub=True`` also zeroes its bytes (erasure, not just release)."""
         self._need_writer()
         w, base = self._words, self._base(slot)
         if w[base + STATE] != _USED:
@@ -259,6 +260,9 @@ class HostPool:
         w[base + SEQ] += 1
         w[base + STATE] = _FREE
         w[base + LEN] = 0
+        if scrub:
+            off = w[base + OFF]
+            self._bytes[off : off + self.slot_bytes] = 0
         w[base + SEQ] += 1  # a reader mid-copy sees seq move and retries
         self._free.append(slot)
 
@@ -292,14 +296,14 @@ class HostPool:
                     raise SlotEmpty(f"{self.name}: slot {slot} holds no page")
                 continue
             if dst is None:
-                buf = np.empty(n, dtype=np.uint8)
+                data = self._mm[off : off + n]  # one copy straight into a new bytes object
             elif dst.nbytes < n:
                 raise ValueError(f"out holds {dst.nbytes} bytes, page is {n}")
             else:
-                buf = dst[:n]
-            _copy(buf, self._bytes[off : off + n])
+                _copy(dst[:n], self._bytes[off : off + n])
+                data = memoryview(dst[:n])
             if w[base + SEQ] == seq:
-                return (buf.tobytes() if dst is None else memoryview(buf)), version
+                return data, version
         raise TornRead(f"{self.name}: slot {slot} changed on every one of {_READ_RETRIES} attempts")
 
     def slots(self) -> Iterator[tuple[int, int, int]]:

@@ -4,8 +4,7 @@ Bytes move through a ``Transport`` (NIXL POSIX when installed, plain file I/O
 otherwise), so both paths share every line here. A record is published in
 the index only after all of its bytes are written (and synced, per policy);
 a failed write is truncated away, so a full disk leaves the shard as it was.
-One lock serialises callers; one process owns a shard directory (flock). The
-recovery scan reads headers with plain ``pread`` (small, once per open).
+One lock serialises callers; one process owns a shard directory (flock).
 """
 
 from __future__ import annotations
@@ -90,9 +89,9 @@ class NvmeShard:
         self._lock_fd = lock_directory(self.path)
         self._io = file_transport(prefer_nixl=self.config.use_nixl)
         self._scratch = aligned_buffer(max(_STAGE_BYTES, 2 * self.config.align))
-        self._scratch_region = self._io.register(self._scratch)
         self._read_buf: np.ndarray | None = None
         self._read_region: Region | None = None
+        self._out_cache: tuple[Any, np.ndarray, Region] | None = None
         self._segments: dict[int, _Segment] = {}
         self._index: dict[bytes, RecordLocation] = {}
         self._tombs: dict[bytes, tuple[int, int]] = {}  # key -> (seq, segment)
@@ -103,7 +102,12 @@ class NvmeShard:
         self._syncs = 0
         self._free_estimate = 0  # bytes the file system had free, less what we wrote since
         self._closed = False
-        self._recover()
+        try:
+            self._scratch_region = self._io.register(self._scratch)
+            self._recover()
+        except BaseException:
+            self._release()  # no descriptors or lock left behind by a failed open
+            raise
 
     # ---------------------------------------------------------------- public API
     def put(self, key: bytes, data: Any, generation: int) -> RecordLocation:
@@ -200,12 +204,14 @@ class NvmeShard:
                 return
             if self.config.fsync is not FsyncPolicy.NONE:
                 self._sync_active()
-            for seg in self._segments.values():
-                self._io.deregister(seg.region)
-                os.close(seg.fd)
-            self._io.close()
-            os.close(self._lock_fd)
-            self._closed = True
+            self._release()
+
+    def _release(self) -> None:
+        self._io.close()  # drops every registration, then the files can go
+        for seg in self._segments.values():
+            os.close(seg.fd)
+        os.close(self._lock_fd)
+        self._closed = True
 
     def __enter__(self) -> Self:
         return self
@@ -275,15 +281,14 @@ class NvmeShard:
         if block + n <= self._scratch.nbytes:
             if n:
                 self._scratch[block : block + n] = np.frombuffer(payload, np.uint8)
-            results = [
-                self._io.wait(self._submit_write(self._scratch_region, seg, offset, block + n))
-            ]
+            job = self._submit(TransferOp.WRITE, self._scratch_region, seg, offset, block + n)
+            results = [self._io.wait(job)]
         else:
             region = self._io.register(np.frombuffer(payload, np.uint8))
             try:
                 jobs = [
-                    self._submit_write(self._scratch_region, seg, offset, block),
-                    self._submit_write(region, seg, offset + block, n),
+                    self._submit(TransferOp.WRITE, self._scratch_region, seg, offset, block),
+                    self._submit(TransferOp.WRITE, region, seg, offset + block, n),
                 ]
                 results = [self._io.wait(j) for j in jobs]
             finally:
@@ -296,10 +301,8 @@ class NvmeShard:
                 raise DiskFull(f"writing {block + n} B to {seg.path} failed: {failed[0].error}")
             raise ShardIOError(f"writing to {seg.path} failed: {failed[0].error}")
 
-    def _submit_write(self, local: Region, seg: _Segment, offset: int, length: int) -> int:
-        job = TransferJob(
-            op=TransferOp.WRITE, local=local, remote=seg.region, length=length, remote_offset=offset
-        )
+    def _submit(self, op: TransferOp, local: Region, seg: _Segment, offset: int, n: int) -> int:
+        job = TransferJob(op=op, local=local, remote=seg.region, length=n, remote_offset=offset)
         return self._io.submit(job)
 
     def _after_write(self, seg: _Segment) -> None:
@@ -340,25 +343,30 @@ class NvmeShard:
                 self._grow_read_buffer(n)
             region, target = self._read_region, self._read_buf
         else:
-            target = np.frombuffer(out, np.uint8)
-            if target.nbytes < n or not target.flags.writeable:
-                raise InvalidRecord(f"out must be a writable buffer of >= {n} bytes")
-            region = self._io.register(target)
-        try:
-            job = self._io.submit(
-                TransferJob(
-                    op=TransferOp.READ,
-                    local=region,
-                    remote=self._segments[loc.segment].region,
-                    length=n,
-                    remote_offset=loc.payload_offset,
-                )
-            )
-            ok = self._io.wait(job).status is TransferStatus.DONE
-        finally:
-            if out is not None:
-                self._io.deregister(region)
+            region, target = self._out_region(out, n)
+        seg = self._segments[loc.segment]
+        job = self._submit(TransferOp.READ, region, seg, loc.payload_offset, n)
+        ok = self._io.wait(job).status is TransferStatus.DONE
         return memoryview(target)[:n] if ok else None
+
+    def _out_region(self, out: Any, n: int) -> tuple[Region, np.ndarray]:
+        """The registration of a caller's ``out`` buffer. The last one is kept (with a view
+        that pins its memory), since callers usually read into the same buffer again."""
+        cached = self._out_cache
+        if cached is not None and cached[0] is out:
+            target, region = cached[1], cached[2]
+        else:
+            target = np.frombuffer(out, np.uint8)
+            if not target.flags.writeable:
+                raise InvalidRecord("out must be a writable buffer")
+            if cached is not None:
+                self._io.deregister(cached[2])
+                self._out_cache = None
+            region = self._io.register(target)
+            self._out_cache = (out, target, region)
+        if target.nbytes < n:
+            raise InvalidRecord(f"out holds {target.nbytes} bytes; the record has {n}")
+        return region, target
 
     def _grow_read_buffer(self, n: int) -> None:
         if self._read_region is not None:

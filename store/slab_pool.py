@@ -122,8 +122,8 @@ class SlabPool:
     def read_versioned(self, ref: SlabRef, out=None) -> tuple[memoryview | bytes, int]:
         return self._pool(ref).read_versioned(ref.slot, out)
 
-    def free(self, ref: SlabRef) -> None:
-        self._pool(ref).free(ref.slot)
+    def free(self, ref: SlabRef, *, scrub: bool = False) -> None:
+        self._pool(ref).free(ref.slot, scrub=scrub)
 
     def stats(self) -> SlabStats:
         return SlabStats(classes=tuple(p.stats() for p in self._pools))

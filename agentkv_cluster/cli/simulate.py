@@ -98,8 +98,7 @@ def _check_policies(policies: tuple[str, ...]) -> None:
 
 @contextmanager
 def _progress(console: Any, total: int, label: str) -> Iterator[Callable[[int], None]]:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-    from rich.progress import TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True) as bar:
@@ -245,14 +244,15 @@ def _replay(args: argparse.Namespace, cfg: Any, policies: tuple[str, ...],
     if args.export_trace:
         n = write_trace(parsed.events, args.export_trace)
         console.print(f"wrote {n} events to {args.export_trace}")
+    rc = ReplayConfig(pages_per_batch=args.pages_per_batch)
     try:
-        workload = replay_workload(parsed.events, cfg, source=str(args.trace),
-                                   rc=ReplayConfig(pages_per_batch=args.pages_per_batch))
+        workload = replay_workload(parsed.events, cfg, source=str(args.trace), rc=rc)
     except TraceFormatError as exc:
         raise CliError(str(exc)) from None
     console.print(f"[bold]trace[/bold] {args.trace} ({args.trace_format}): "
                   f"{len(parsed.events)} events from {parsed.lines} lines, "
-                  f"{len(parsed.errors)} malformed; {len(workload)} batches, "
+                  f"{len(parsed.errors)} malformed; {len(workload)} batches of >= "
+                  f"{rc.pages_per_batch} blocks x {rc.kv_bytes_per_token} B/token, "
                   f"reads by type {reads_per_type(workload)}")
     with _progress(console, len(workload) * len(policies), "replaying") as advance:
         result = compare(cfg, workload=workload, policies=policies, progress=advance)
@@ -261,7 +261,8 @@ def _replay(args: argparse.Namespace, cfg: Any, policies: tuple[str, ...],
     payload = result.to_dict()
     payload["trace"] = {
         "file": str(args.trace), "format": args.trace_format, "events": len(parsed.events),
-        "lines": parsed.lines,
+        "lines": parsed.lines, "pages_per_batch": rc.pages_per_batch,
+        "kv_bytes_per_token": rc.kv_bytes_per_token,
         "malformed_lines": [{"line": e.line, "reason": e.reason} for e in parsed.errors],
     }
     return payload

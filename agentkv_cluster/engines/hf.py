@@ -199,6 +199,15 @@ class HfKVAdapter:
         table = self._tables.get(session)
         return list(table.pages.values()) if table else []
 
+    def release(self, session: str) -> int:
+        """Delete every page of ``session`` from the store (task end); returns how many."""
+        table = self._tables.pop(session, None)
+        if table is None:
+            return 0
+        for page in table.pages.values():
+            self._store.delete(page.key)
+        return len(table.pages)
+
     def store(
         self,
         session: str,

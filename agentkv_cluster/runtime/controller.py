@@ -212,8 +212,11 @@ class Controller:
     def access(self, gids: list[int], now: float) -> tuple[list[Action], list[Action]]:
         """The engine needs ``gids`` in HBM: pin them. Returns (demotions, restores).
 
-        Callers first ``wait_idle(gids)``: a page being demoted has no copy yet."""
-        with self.lock:
+        Waits (lock released) while any of them is being demoted or restored: a page
+        being demoted has no copy yet."""
+        with self.idle:
+            self.idle.wait_for(lambda: not any(self.pages[g].busy for g in gids
+                                               if g in self.pages), 60.0)
             self._cancel(gids)
             demotes: list[Action] = []
             restores: list[Action] = []

@@ -9,14 +9,13 @@ the plan has one. The predictor learns tool durations from every observed read.
 
 from __future__ import annotations
 
-from store.types import Codec, Tier
-
 from agentkv_cluster.policy.agentkv import AgentKvConfig, AgentKvPolicy
 from agentkv_cluster.policy.base import Mechanisms, PageView, ToolStart
 from agentkv_cluster.policy.predictor import Predictor
 from agentkv_cluster.policy.risk import RiskController
 from agentkv_cluster.sim.config import SimConfig
 from agentkv_cluster.sim.drivers import Demotion, PageFactory, cost_model
+from store.types import Codec, Tier
 
 
 class AgentKvDriver:
@@ -34,7 +33,11 @@ class AgentKvDriver:
         self._views = PageFactory(cfg)
 
     def make_view(self, **fields: object) -> PageView:
-        return self._views.make_view(**fields)  # type: ignore[arg-type]
+        view = self._views.make_view(**fields)  # type: ignore[arg-type]
+        # The predictor's own confidence for the tool class (data volume, calibration):
+        # below its threshold AgentKvPolicy falls back to its conservative order.
+        view.confidence = self.policy.predictor.confidence(view.tool_class)
+        return view
 
     def demote(self, page: PageView, now: float) -> Demotion:
         p = self.policy.demotion(page)

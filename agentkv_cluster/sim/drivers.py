@@ -12,12 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from store.types import Codec, Tier
-
 from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.policy.base import CostModel, EvictionPolicy, PageView
 from agentkv_cluster.policy.risk import RiskController
 from agentkv_cluster.sim.config import MB, SimConfig
+from store.types import Codec, Tier
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,12 +14,11 @@ import heapq
 import math
 from dataclasses import dataclass, field
 
-from store.types import Codec, Tier
-
 from agentkv_cluster.policy.base import PageView
 from agentkv_cluster.sim.drivers import Demotion, PolicyDriver
 from agentkv_cluster.sim.metrics import wrong_eviction_weight
 from agentkv_cluster.sim.workload import TYPE_ORDER, Batch
+from store.types import Codec, Tier
 
 # Event kinds; the integer orders same-time events (produce, read, signal, prefetch).
 CREATE, ACCESS, EOL, PREFETCH = 0, 1, 2, 3

@@ -21,11 +21,11 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from store.types import Codec
 
 from agentkv_cluster.policy.base import PageView
 from agentkv_cluster.policy.risk import RiskController
 from agentkv_cluster.sim.config import MB
+from store.types import Codec
 
 if TYPE_CHECKING:
     from agentkv_cluster.sim.drivers import Demotion

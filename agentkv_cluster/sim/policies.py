@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from agentkv_cluster.policy.base import Mechanisms
-from agentkv_cluster.policy.predictor import Predictor
 from agentkv_cluster.policy.baselines import ArcPolicy, LruPolicy, SemanticPolicy, TtlPolicy
+from agentkv_cluster.policy.predictor import Predictor
 from agentkv_cluster.sim.config import SimConfig
 from agentkv_cluster.sim.drivers import FullPrecisionDriver, PolicyDriver
 from agentkv_cluster.sim.workload import Batch

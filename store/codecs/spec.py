@@ -203,7 +203,10 @@ class EncodedKV:
         meta, layout, payload = self._meta()
         body = _aligned(_WIRE_HEAD.size + len(meta))
         total = body + payload
-        dst = np.frombuffer(out, dtype=np.uint8) if not isinstance(out, np.ndarray) else out
+        if isinstance(out, np.ndarray):
+            dst = out.reshape(-1).view(np.uint8)
+        else:
+            dst = np.frombuffer(out, dtype=np.uint8)
         if dst.nbytes < total:
             raise CodecInputError(f"output buffer holds {dst.nbytes} bytes, need {total}")
         head = _WIRE_HEAD.pack(_WIRE_MAGIC, _WIRE_VERSION, len(meta)) + meta
@@ -211,7 +214,10 @@ class EncodedKV:
         dst[len(head) : body] = 0
         for _, t, off in layout:
             raw = t.detach().contiguous().cpu().view(torch.uint8).reshape(-1).numpy()
-            dst[body + off : body + off + raw.nbytes] = raw
+            end = body + off + raw.nbytes
+            dst[body + off : end] = raw
+            # Zero the alignment gap: no stale bytes of an earlier page ride along.
+            dst[end : body + off + _aligned(raw.nbytes)] = 0
         return total
 
     def to_bytes(self) -> bytes:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import uuid
 from typing import Any
 
@@ -38,6 +39,9 @@ if "NIXL_LOG_LEVEL" not in os.environ:
 NIXL_ERRORS: tuple[type[BaseException], ...] = tuple(
     getattr(_nixl_bind, n) for n in dir(_nixl_bind) if n.startswith("nixl") and n.endswith("Error")
 )
+
+
+_CLOSE_GRACE_S = 10.0
 
 
 class NixlTransportBase(JobBook):
@@ -157,8 +161,17 @@ class NixlTransportBase(JobBook):
     def close(self) -> None:
         if self._closed:
             return
-        while self._pending:  # let in-flight jobs land before their memory is deregistered
+        # Let in-flight jobs land before their memory is deregistered; a peer that died
+        # mid-transfer must not hang close(), so give up after a while.
+        deadline = time.monotonic() + _CLOSE_GRACE_S
+        while self._pending and time.monotonic() < deadline:
             self._collect()
+        for handle, _length in self._pending.values():
+            try:
+                handle.release()
+            except NIXL_ERRORS:
+                pass  # an unfinished request may refuse release; the agent reaps it
+        self._pending.clear()
         for _buffer, reg in self._regs.values():
             self._agent.deregister_memory(reg)
         self._regs.clear()

@@ -22,43 +22,51 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.sim.trace.format import (
-    DEFAULT_BLOCK_TOKENS, LineError, ParseResult, TraceEvent, TraceFormatError, read_trace,
+    DEFAULT_BLOCK_TOKENS,
+    LineError,
+    ParseResult,
+    TraceEvent,
+    TraceFormatError,
+    read_trace,
 )
 
 FORMATS = ("agentkv", "mooncake", "azure", "tracelab")
 
 
-def _json_lines(path: Path, out: ParseResult):
+def _json_lines(path: Path, out: ParseResult) -> Iterator[tuple[int, Any]]:
+    for no, raw in enumerate(_lines(path), start=1):
+        out.lines = no
+        if not raw.strip():
+            continue
+        try:
+            yield no, json.loads(raw)
+        except json.JSONDecodeError as exc:
+            out.errors.append(LineError(no, f"invalid JSON ({exc.msg})"))
+
+
+def _lines(path: Path, newline: str | None = None) -> Iterator[str]:
     try:
-        fh = open(path, encoding="utf-8", errors="replace")
+        with open(path, encoding="utf-8", errors="replace", newline=newline) as fh:
+            yield from fh
     except OSError as exc:
         raise TraceFormatError(f"cannot read trace {path}: {exc.strerror}") from None
-    with fh:
-        for no, raw in enumerate(fh, start=1):
-            out.lines = no
-            if not raw.strip():
-                continue
-            try:
-                yield no, json.loads(raw)
-            except json.JSONDecodeError as exc:
-                out.errors.append(LineError(no, f"invalid JSON ({exc.msg})"))
 
 
 def _need(d: Any, key: str, kind: type | tuple[type, ...]) -> Any:
     if not isinstance(d, dict):
-        raise ValueError(f"expected a JSON object, got {type(d).__name__}")
+        raise TypeError(f"expected a JSON object, got {type(d).__name__}")
     if key not in d:
         raise ValueError(f"missing field {key!r}")
     v = d[key]
     if isinstance(v, bool) or not isinstance(v, kind):
-        raise ValueError(f"field {key!r} has the wrong type ({type(v).__name__})")
+        raise TypeError(f"field {key!r} has the wrong type ({type(v).__name__})")
     return v
 
 
@@ -101,7 +109,7 @@ def convert_mooncake(path: Path) -> ParseResult:
             if not blocks or not all(isinstance(b, int) and not isinstance(b, bool)
                                      for b in blocks):
                 raise ValueError("hash_ids must be a non-empty list of integers")
-        except ValueError as exc:
+        except (ValueError, TypeError) as exc:
             out.errors.append(LineError(no, str(exc)))
             continue
         conv, new = convs.assign(blocks)
@@ -128,46 +136,40 @@ def _azure_time(text: str) -> float:
 
 def convert_azure(path: Path) -> ParseResult:
     out = ParseResult()
-    try:
-        fh = open(path, encoding="utf-8", errors="replace", newline="")
-    except OSError as exc:
-        raise TraceFormatError(f"cannot read trace {path}: {exc.strerror}") from None
     t0 = None
     next_block = 0
-    with fh:
-        reader = csv.reader(fh)
-        for no, row in enumerate(reader, start=1):
-            out.lines = no
-            if no == 1 and row and row[0].strip().upper() == "TIMESTAMP":
-                continue
-            if not row:
-                continue
-            try:
-                if len(row) != 3:
-                    raise ValueError(f"expected 3 columns, got {len(row)}")
-                ts = _azure_time(row[0])
-                tokens = int(row[1])
-                if tokens < 0 or int(row[2]) < 0:
-                    raise ValueError("token counts must be >= 0")
-            except ValueError as exc:
-                out.errors.append(LineError(no, str(exc)))
-                continue
-            t0 = ts if t0 is None else t0
-            n = max(1, math.ceil(tokens / DEFAULT_BLOCK_TOKENS))
-            blocks = tuple(range(next_block, next_block + n))
-            next_block += n
-            session = f"req-{no}"
-            out.events.append(TraceEvent(session=session, ts=ts - t0, kind="model_call",
-                                         tokens=tokens, prefix_blocks=blocks,
-                                         state=StateType.TASK_INPUT))
-            out.events.append(TraceEvent(session=session, ts=ts - t0, kind="task_end"))
+    for no, row in enumerate(csv.reader(_lines(path, newline="")), start=1):
+        out.lines = no
+        if no == 1 and row and row[0].strip().upper() == "TIMESTAMP":
+            continue
+        if not row:
+            continue
+        try:
+            if len(row) != 3:
+                raise ValueError(f"expected 3 columns, got {len(row)}")
+            ts = _azure_time(row[0])
+            tokens = int(row[1])
+            if tokens < 0 or int(row[2]) < 0:
+                raise ValueError("token counts must be >= 0")
+        except ValueError as exc:
+            out.errors.append(LineError(no, str(exc)))
+            continue
+        t0 = ts if t0 is None else t0
+        n = max(1, math.ceil(tokens / DEFAULT_BLOCK_TOKENS))
+        blocks = tuple(range(next_block, next_block + n))
+        next_block += n
+        session = f"req-{no}"
+        out.events.append(TraceEvent(session=session, ts=ts - t0, kind="model_call",
+                                     tokens=tokens, prefix_blocks=blocks,
+                                     state=StateType.TASK_INPUT))
+        out.events.append(TraceEvent(session=session, ts=ts - t0, kind="task_end"))
     return out
 
 
 def _iso(text: Any) -> float:
     if not isinstance(text, str):
-        raise ValueError(f"timestamp must be a string, got {text!r}")
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+        raise TypeError(f"timestamp must be a string, got {text!r}")
+    return datetime.fromisoformat(text).timestamp()
 
 
 class _TraceLabSession:

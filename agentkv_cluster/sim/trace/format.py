@@ -26,6 +26,7 @@ nothing is dropped silently.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,7 +100,7 @@ def _number(d: dict, key: str, *, required: bool, minimum: float = 0.0) -> float
             raise _Bad(f"missing field {key!r}")
         return 0.0
     v = d[key]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
         raise _Bad(f"field {key!r} must be a number, got {v!r}")
     if v < minimum:
         raise _Bad(f"field {key!r} must be >= {minimum}, got {v!r}")
@@ -186,8 +187,7 @@ def write_trace(events: Iterable[TraceEvent], path: Path) -> int:
 
 def _open_lines(path: Path) -> Iterator[str]:
     try:
-        fh = open(path, encoding="utf-8", errors="replace")
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            yield from fh
     except OSError as exc:
         raise TraceFormatError(f"cannot read trace {path}: {exc.strerror}") from None
-    with fh:
-        yield from fh

@@ -234,3 +234,19 @@ def test_oversized_record_is_refused(tmp_path, use_nixl):
         with pytest.raises(InvalidRecord):
             shard.put(b"b", bytes(1001), 1)
         assert shard.keys() == [b"a"]
+
+
+def test_reads_into_alternating_out_buffers(tmp_path, use_nixl):
+    with open_shard(tmp_path, use_nixl) as shard:
+        shard.put(b"a", blob(5000, 1), 1)
+        shard.put(b"b", blob(9000, 2), 1)
+        first, second = bytearray(9000), np.zeros(9000, np.uint8)
+        for _ in range(2):
+            assert bytes(shard.get(b"a", out=first)) == blob(5000, 1)
+            assert bytes(shard.get(b"b", out=second)) == blob(9000, 2)
+            assert bytes(shard.get(b"b", out=first)) == blob(9000, 2)
+        small = bytearray(6000)
+        assert bytes(shard.get(b"a", out=small)) == blob(5000, 1)
+        with pytest.raises(InvalidRecord):
+            shard.get(b"b", out=small)
+        assert shard.get(b"b") == blob(9000, 2)

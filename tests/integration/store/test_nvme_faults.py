@@ -165,7 +165,7 @@ def test_full_tmpfs_fails_cleanly(tmp_path):
         with NvmeShard(mnt / "shard") as shard:
             assert sorted(shard.keys()) == sorted(stored)
     finally:
-        subprocess.run(["umount", str(mnt)], check=False)
+        subprocess.run(["umount", "-l", str(mnt)], check=False)  # lazy: never leave it behind
 
 
 FSIZE_WRITER = textwrap.dedent("""

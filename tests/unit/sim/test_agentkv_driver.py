@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from store.types import Codec, Tier
 
 from agentkv_cluster.lifecycle.types import StateType as S
 from agentkv_cluster.policy.base import Mechanisms
@@ -11,6 +10,7 @@ from agentkv_cluster.policy.predictor import Predictor
 from agentkv_cluster.sim.agentkv_driver import AgentKvDriver
 from agentkv_cluster.sim.config import MB, SimConfig
 from agentkv_cluster.sim.engine import RETIRED, BatchRun
+from store.types import Codec, Tier
 from tests.unit.sim.conftest import make_batch
 
 CFG = SimConfig()
@@ -25,8 +25,17 @@ def scenario():
         predicted=[[20.0], [1.5], [0.5]], eol=[20.0, 2.0, 1.5])
 
 
-def run(mech: Mechanisms):
-    r = BatchRun(scenario(), AgentKvDriver(CFG, mech, Predictor()))
+def trained_predictor() -> Predictor:
+    """A predictor that has seen these tool classes (confident, not conservative)."""
+    predictor = Predictor()
+    for tool in (S.EVIDENCE.value, S.TOOL_OBSERVATION.value):
+        for _ in range(40):
+            predictor.observe_tool(tool, 5.0)
+    return predictor
+
+
+def run(mech: Mechanisms, predictor: Predictor | None = None):
+    r = BatchRun(scenario(), AgentKvDriver(CFG, mech, predictor or trained_predictor()))
     return r, r.run()
 
 
@@ -53,3 +62,11 @@ def test_without_event_dependency_committed_pages_linger_and_cost_transfers():
     assert tr.access_visible_ms[2] == pytest.approx(INT4_RESTORE_MS)
     assert tr.transfer_bytes > 31_250_000  # a committed page was prefetched for nothing
     assert RETIRED not in [s.where for s in r.slots]
+
+
+def test_an_untrained_predictor_makes_agentkv_conservative():
+    r, tr = run(Mechanisms(), Predictor())
+    assert r.slots[0].view.confidence == 0.0
+    d = r.slots[0].demotion
+    assert (d.tier, d.codec) == (Tier.HOST, Codec.FULL)  # safest form, LRU order
+    assert tr.transfer_bytes == 100 * MB

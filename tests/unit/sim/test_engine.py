@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.policy.baselines import LruPolicy, SemanticPolicy
 from agentkv_cluster.sim.config import MB, SimConfig
 from agentkv_cluster.sim.drivers import FullPrecisionDriver
 from agentkv_cluster.sim.engine import IN_HBM, LOWER, BatchRun
-from agentkv_cluster.lifecycle.types import StateType
 from tests.unit.sim.conftest import make_batch
 
 CFG = SimConfig()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from store.types import Codec, Tier
 
 from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.policy.base import PageView
@@ -11,6 +10,7 @@ from agentkv_cluster.sim.config import MB
 from agentkv_cluster.sim.drivers import Demotion
 from agentkv_cluster.sim.engine import BatchTrace
 from agentkv_cluster.sim.metrics import summarize, wrong_eviction_weight
+from store.types import Codec, Tier
 
 
 def test_summary_of_a_known_trace():

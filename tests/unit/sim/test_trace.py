@@ -10,10 +10,18 @@ import pytest
 from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.sim.config import SimConfig
 from agentkv_cluster.sim.trace.convert import (
-    convert_azure, convert_mooncake, convert_tracelab, load_trace,
+    convert_azure,
+    convert_mooncake,
+    convert_tracelab,
+    load_trace,
 )
 from agentkv_cluster.sim.trace.format import (
-    LineError, TraceEvent, TraceFormatError, parse_lines, read_trace, write_trace,
+    LineError,
+    TraceEvent,
+    TraceFormatError,
+    parse_lines,
+    read_trace,
+    write_trace,
 )
 from agentkv_cluster.sim.trace.replay import ReplayConfig, replay_workload
 from agentkv_cluster.sim.workload import TYPE_ORDER

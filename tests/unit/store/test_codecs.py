@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -316,3 +317,13 @@ def test_decode_into_wrong_buffers_is_rejected():
         decode_kv(enc, out=(k.float(), v.float()))
     with pytest.raises(CodecInputError, match="need a contiguous"):
         decode_kv(enc, out=(k.transpose(2, 3).contiguous().transpose(2, 3), v.clone()))
+
+
+def test_write_into_a_dirty_buffer_is_byte_identical_to_to_bytes():
+    enc = encode_kv(*_kv(), CodecSpec.int4())
+    wire = enc.to_bytes()
+    dirty = np.full(len(wire) + 100, 0xEE, dtype=np.uint8)
+    assert enc.write_into(dirty) == len(wire)
+    assert dirty[: len(wire)].tobytes() == wire
+    with pytest.raises(CodecInputError, match="holds"):
+        enc.write_into(bytearray(10))

@@ -88,6 +88,16 @@ def test_freed_or_unknown_pages_are_rejected(arena):
         arena.free(page)
 
 
+def test_scrubbing_free_zeroes_the_page(arena):
+    a, b = arena.alloc(), arena.alloc()
+    arena.write(a, b"left")
+    arena.write(b, b"gone")
+    arena.free(a)
+    arena.free(b, scrub=True)
+    assert bytes(arena.buffer[a, :4].numpy()) == b"left"
+    assert not bool(arena.buffer[b].any())
+
+
 def test_stats_report_fragmentation(arena):
     a, b = arena.alloc(), arena.alloc()
     arena.write(a, bytes(4096))

@@ -176,3 +176,14 @@ def test_pool_larger_than_dev_shm_fails_at_create_and_leaves_nothing(pool_name):
     with pytest.raises(PoolFull, match="cannot hold"):
         HostPool.create(pool_name, 1 << 30, 1024)
     assert not os.path.exists(f"/dev/shm/{pool_name}")
+
+
+def test_scrubbing_free_zeroes_the_slot_and_plain_free_does_not(pool):
+    a, b = pool.alloc(), pool.alloc()
+    pool.write(a, b"secret-a")
+    pool.write(b, b"secret-b")
+    pool.free(a)
+    pool.free(b, scrub=True)
+    off_a, off_b = pool.slot_offset(a), pool.slot_offset(b)
+    assert pool.buffer[off_a : off_a + 8].tobytes() == b"secret-a"
+    assert not pool.buffer[off_b : off_b + pool.slot_bytes].any()

@@ -1,0 +1,197 @@
+{{/* Names ---------------------------------------------------------------------- */}}
+{{- define "agentkv.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The RayCluster is named after the release too, so keep room for KubeRay's
+     "-head-svc" and worker-pod suffixes (KubeRay truncates names to 63 itself). */}}
+{{- define "agentkv.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "agentkv.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "agentkv.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "agentkv.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "agentkv.labels" -}}
+helm.sh/chart: {{ include "agentkv.chart" . }}
+{{ include "agentkv.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: agentkv
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Labels of every pod that is a Ray node: they talk to each other on any port and
+     host the controller or pool actors, which open the Redis directory. */}}
+{{- define "agentkv.rayMemberLabels" -}}
+agentkv.io/ray-member: "true"
+agentkv.io/directory-client: "true"
+{{- end -}}
+
+{{- define "agentkv.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "agentkv.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "agentkv.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/* KubeRay names the head Service <raycluster>-head-svc; the GCS listens on 6379. */}}
+{{- define "agentkv.rayHeadAddress" -}}
+{{- printf "%s-head-svc.%s.svc.cluster.local:6379" (include "agentkv.fullname" .) .Release.Namespace -}}
+{{- end -}}
+
+{{- define "agentkv.redisHost" -}}
+{{- printf "%s-redis.%s.svc.cluster.local" (include "agentkv.fullname" .) .Release.Namespace -}}
+{{- end -}}
+
+{{/* Sizes ---------------------------------------------------------------------- */}}
+{{/* Bytes -> a MiB quantity, rounded up. Values arrive as float64, hence int64. */}}
+{{- define "agentkv.mib" -}}
+{{- printf "%dMi" (div (add (int64 .) 1048575) 1048576) -}}
+{{- end -}}
+
+{{/* /dev/shm of one Ray pod: object store + host pool (when it hosts one) + headroom.
+     Argument: dict "group" <group values> "root" $. */}}
+{{- define "agentkv.shmBytes" -}}
+{{- $g := .group -}}
+{{- $pool := 0 -}}
+{{- if $g.hostPool -}}{{- $pool = int64 .root.Values.pool.hostPoolBytes -}}{{- end -}}
+{{- add (int64 $g.objectStoreBytes) $pool (int64 $g.shmHeadroomBytes) -}}
+{{- end -}}
+
+{{/* Ray custom resources as the rayStartParams string KubeRay and Ray's autoscaler
+     parse: '"{\"akv_pool\": 1}"'. Argument: a dict of name -> int (may be empty). */}}
+{{- define "agentkv.rayResources" -}}
+{{- $parts := list -}}
+{{- range $name, $n := . -}}
+{{- $parts = append $parts (printf "\\\"%s\\\": %d" $name (int64 $n)) -}}
+{{- end -}}
+{{- printf "\"{%s}\"" (join ", " $parts) -}}
+{{- end -}}
+
+{{/* Redis ACL: the rules after the key pattern, exactly as security/redis_acl.py
+     acl_rules() emits them (tests/integration/deploy checks the two stay equal). */}}
+{{- define "agentkv.redisAclRules" -}}
+resetchannels -@all +@read +@write +@string +@hash +@list +@set +@sortedset +@transaction +@scripting +ping +hello +auth +echo +reset +quit -@admin -@dangerous -scan -keys -dbsize -info -slowlog -client -monitor -config -debug -object -randomkey -memory -latency -pubsub -select -swapdb -move -migrate -flushdb -flushall -sort -sort_ro -script|flush -script|kill -function -lastsave -role -command -acl
+{{- end -}}
+
+{{/* Environment and mounts shared by Ray containers ---------------------------- */}}
+{{- define "agentkv.rayAuthEnv" -}}
+{{- if eq .Values.ray.auth.mode "token" }}
+- name: RAY_AUTH_MODE
+  value: token
+- name: RAY_AUTH_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.ray.auth.secretName }}
+      key: auth_token
+{{- else }}
+- name: RAY_AUTH_MODE
+  value: disabled
+{{- end }}
+- name: RAY_USAGE_STATS_ENABLED
+  value: "0"
+{{- end -}}
+
+{{- define "agentkv.redisCaSecret" -}}
+{{- if and (eq .Values.redis.mode "bundled") .Values.redis.bundled.tls.enabled -}}
+{{- .Values.redis.bundled.tls.secretName -}}
+{{- else if and (eq .Values.redis.mode "external") .Values.redis.external.caSecret.name -}}
+{{- .Values.redis.external.caSecret.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Mounts every Ray node needs at the same paths: the service builds pool actor specs
+     from its own config and Ray places those actors on any node. */}}
+{{- define "agentkv.nodeMounts" -}}
+- name: dshm
+  mountPath: /dev/shm
+- name: tenant-keys
+  mountPath: /etc/agentkv/tenant-keys
+  {{- if ne .Values.security.tenantKeys.source "ephemeral" }}
+  readOnly: true
+  {{- end }}
+- name: nvme
+  mountPath: /var/lib/agentkv/nvme
+{{- if include "agentkv.redisCaSecret" . }}
+- name: redis-ca
+  mountPath: /etc/agentkv/redis-ca
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/* Volumes behind agentkv.nodeMounts, except nvme (per pod kind).
+     Argument: dict "shmBytes" <int> "root" $. */}}
+{{- define "agentkv.nodeVolumes" -}}
+{{- $root := .root -}}
+{{- $keys := $root.Values.security.tenantKeys -}}
+- name: dshm
+  emptyDir:
+    medium: Memory
+    sizeLimit: {{ include "agentkv.mib" .shmBytes }}
+- name: tenant-keys
+{{- if eq $keys.source "secrets" }}
+  projected:
+    defaultMode: 0440
+    sources:
+    {{- range $keys.secrets }}
+      # tenant {{ .tenant }}; optional so that erasing a tenant (deleting its Secret)
+      # removes its keys from running pods instead of blocking new ones.
+      - secret:
+          name: {{ .secretName }}
+          optional: true
+    {{- end }}
+{{- else if eq $keys.source "csi" }}
+  csi:
+    driver: {{ $keys.csi.driver }}
+    readOnly: true
+    volumeAttributes:
+      secretProviderClass: {{ $keys.csi.secretProviderClass }}
+{{- else }}
+  emptyDir:
+    sizeLimit: 16Mi
+{{- end }}
+{{- with include "agentkv.redisCaSecret" $root }}
+- name: redis-ca
+  secret:
+    secretName: {{ . }}
+    defaultMode: 0440
+    {{- if eq $root.Values.redis.mode "external" }}
+    items:
+      - key: {{ $root.Values.redis.external.caSecret.key }}
+        path: {{ $root.Values.redis.external.caSecret.key }}
+    {{- else }}
+    items:
+      - key: ca.crt
+        path: ca.crt
+    {{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "agentkv.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+capabilities:
+  drop: [ALL]
+{{- end -}}

@@ -135,7 +135,7 @@ def _nvme_round(
     root: Path, size: int, count: int, src: np.ndarray, dst: np.ndarray, use_nixl: bool
 ) -> tuple[float, ...]:
     """One round, record by record interleaved (page-cache writeback hits both alike):
-    median seconds of (os.write, shard put, os.readv, shard get, os.readv + crc32c)."""
+    median seconds of (os.write, shard put, os.readv, shard get, os.readv + xxh3 hash)."""
     fd = os.open(root / "raw.bin", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
     shard = NvmeShard(root / "shard", NvmeShardConfig(fsync=FsyncPolicy.NONE, use_nixl=use_nixl))
     times: list[list[float]] = [[], [], [], [], []]
@@ -188,7 +188,7 @@ def bench_nvme(rounds: int, base_dir: str) -> None:
                 )
                 report(
                     "nvme",
-                    "  (get vs os.readv + crc32c verify)",
+                    "  (get vs os.readv + xxh3 verify)",
                     f"{gbps(size, get):5.2f} GB/s vs {gbps(size, floor):5.2f} GB/s",
                     floor / get,
                     None,

@@ -142,7 +142,7 @@ class NvmeShard:
             if loc is None:
                 return Lookup.MISS
             view = self._read_payload(loc, out)
-            if view is None or fmt.checksum(view) != loc.crc:
+            if view is None or fmt.checksum(view) != loc.checksum:
                 self._corrupt += 1
                 self._unpublish(key)
                 return Lookup.MISS
@@ -251,12 +251,12 @@ class NvmeShard:
         align = self.config.align
         block = fmt.header_block(len(key), align)
         n = payload.nbytes
-        crc = fmt.checksum(payload)
+        digest = fmt.checksum(payload)
         seg = self._active(fmt.round_up(block + n, align))
         offset = fmt.round_up(seg.size, align)
         self._check_space(offset - seg.size + block + n, bool(flags & fmt.FLAG_TOMBSTONE))
         header = fmt.RecordHeader(
-            flags=flags, key=key, generation=generation, payload_len=n, seq=seq, payload_crc=crc
+            flags=flags, key=key, generation=generation, payload_len=n, seq=seq, payload_hash=digest
         )
         self._scratch[:block] = 0
         fmt.pack_header_into(memoryview(self._scratch), header)
@@ -271,7 +271,7 @@ class NvmeShard:
             length=n,
             generation=generation,
             seq=seq,
-            crc=crc,
+            checksum=digest,
         )
 
     def _write(self, seg: _Segment, offset: int, block: int, payload: memoryview) -> None:

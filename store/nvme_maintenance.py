@@ -49,7 +49,7 @@ def rebuild_index(shard: NvmeShard) -> None:
                     length=h.payload_len,
                     generation=h.generation,
                     seq=h.seq,
-                    crc=h.payload_crc,
+                    checksum=h.payload_hash,
                 )
     if not shard._segments:
         shard._new_segment(0)
@@ -107,7 +107,7 @@ def _move_live(shard: NvmeShard, victims: set[int]) -> tuple[int, int]:
         if loc.segment not in victims:
             continue
         view = shard._read_payload(loc, None)
-        if view is None or fmt.checksum(view) != loc.crc:
+        if view is None or fmt.checksum(view) != loc.checksum:
             shard._unpublish(key)
             shard._corrupt += 1
             dropped += 1

@@ -68,7 +68,7 @@ class RecordLocation:
     length: int
     generation: int
     seq: int
-    crc: int
+    checksum: int  # XXH3-64 of the payload
 
 
 @dataclass(frozen=True, kw_only=True)

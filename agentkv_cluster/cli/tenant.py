@@ -15,10 +15,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = parser.add_subparsers(dest="tenant_command", metavar="ACTION", required=True)
 
     def common(p: argparse.ArgumentParser, audit_required: bool) -> None:
-        p.add_argument("tenant", metavar="TENANT")
-        p.add_argument("--keys-dir", type=Path, required=True, metavar="D")
-        p.add_argument("--audit-log", type=Path, required=audit_required, metavar="F")
-        p.add_argument("--signing-key", type=Path, required=audit_required, metavar="F")
+        p.add_argument("tenant", metavar="TENANT", help="tenant name ([a-z0-9][a-z0-9_-]{0,62})")
+        p.add_argument("--keys-dir", type=Path, required=True, metavar="D",
+                       help="key directory (FileKeySource; a mounted Secret is read-only)")
+        p.add_argument("--audit-log", type=Path, required=audit_required, metavar="F",
+                       help="append-only audit log to record the action in")
+        p.add_argument("--signing-key", type=Path, required=audit_required, metavar="F",
+                       help="Ed25519 private key (PEM) for checkpoints and receipts")
 
     create = sub.add_parser("create", help="create a tenant's blinding secret and generation 1")
     common(create, audit_required=False)

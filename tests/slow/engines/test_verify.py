@@ -74,19 +74,28 @@ def test_without_reference_copy_the_context_is_recomputed(loaded, adapter, conte
     assert list(out.tokens) == full_precision
 
 
-def test_clean_int8_copy_drafts_every_token_without_a_reject(
+def test_clean_int8_copy_accepts_exactly_the_tokens_that_agree_with_full_precision(
         loaded, adapter, context, full_precision):
     _stored(loaded, adapter, context)
+    observation = loaded.encode(OBSERVATION)
+    unverified_cache = adapter.restore("s1", context, spec=CodecSpec.int8()).cache
+    logits = prefill(loaded.model, observation, unverified_cache)[-1]
+    unverified = greedy_decode(loaded.model, unverified_cache, logits, NEW_TOKENS)
+    agree = next((i for i, (a, b) in enumerate(zip(unverified, full_precision)) if a != b),
+                 NEW_TOKENS)
+
     working = adapter.restore("s1", context, spec=CodecSpec.int8()).cache
     reference = adapter.restore("s1", context, spec=CodecSpec.full()).cache
     verifier = CheckpointVerifier(loaded.model, VerifyConfig(max_new_tokens=NEW_TOKENS,
                                                              checkpoint_every=8))
     out = verifier.generate(working=working, reference=reference, context_ids=context,
-                            new_ids=loaded.encode(OBSERVATION))
+                            new_ids=observation)
     assert list(out.tokens) == full_precision
-    assert (out.stats.rejects, out.stats.source) == (0, "working")
-    assert (out.stats.checkpoints, out.stats.drafted, out.stats.accepted) == (
-        NEW_TOKENS // 8, NEW_TOKENS, NEW_TOKENS)
+    # INT8 drafts are accepted up to the first near-tie it resolves differently, then the
+    # reference takes over; with no divergence every token is a confirmed draft.
+    assert out.stats.accepted == agree
+    assert out.stats.rejects == (0 if agree == NEW_TOKENS else 1)
+    assert out.stats.checkpoints == min(agree // 8 + 1, NEW_TOKENS // 8)
 
 
 def test_verifier_rejects_mismatched_cache_lengths(loaded, context):

@@ -17,7 +17,7 @@ def packed(key: bytes = b"key", **fields) -> bytes:
             "generation": 3,
             "payload_len": 10,
             "seq": 42,
-            "payload_crc": 7,
+            "payload_hash": 2**64 - 7,
             **fields,
         }
     )
@@ -28,12 +28,12 @@ def packed(key: bytes = b"key", **fields) -> bytes:
 
 def test_header_round_trip():
     h = fmt.parse_header(packed(b"k" * 255, flags=fmt.FLAG_TOMBSTONE, generation=2**40))
-    assert (h.key, h.generation, h.payload_len, h.seq, h.payload_crc) == (
+    assert (h.key, h.generation, h.payload_len, h.seq, h.payload_hash) == (
         b"k" * 255,
         2**40,
         10,
         42,
-        7,
+        2**64 - 7,
     )
     assert h.is_tombstone
 
@@ -57,6 +57,11 @@ def test_damaged_headers_are_rejected(damage, message):
         fmt.parse_header(damage(packed()))
 
 
+def test_checksum_is_xxh3_64():
+    assert fmt.checksum(b"") == 0x2D06800538D394C2  # XXH3-64 of the empty input, seed 0
+    assert fmt.checksum(b"a" * 4096) != fmt.checksum(b"a" * 4095 + b"b")
+
+
 def test_sizes_are_aligned():
     assert fmt.header_block(1, 4096) == 4096
     assert fmt.header_block(255, 512) == 512
@@ -70,7 +75,7 @@ def _record(key: bytes, payload: bytes, seq: int, align: int) -> bytes:
         generation=1,
         payload_len=len(payload),
         seq=seq,
-        payload_crc=fmt.checksum(payload),
+        payload_hash=fmt.checksum(payload),
     )
     buf = bytearray(fmt.header_block(len(key), align))
     fmt.pack_header_into(memoryview(buf), header)

@@ -1,0 +1,70 @@
+"""Where the agent example sends its eight workflow events.
+
+`service_sink` uses the AgentKV Python client against a running `agentkv serve`
+(tenant and session come from the token and the session, so they are not sent);
+`local_sink` applies the same events to an in-process `EventGraph`, the lifecycle
+code the service runs, when no service is given.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import Counter
+from typing import Any, Callable
+
+from agentkv_cluster.lifecycle.events import event_from_dict
+from agentkv_cluster.lifecycle.graph import EventGraph
+
+TENANT = "demo"
+
+
+class EventSink:
+    """Numbers, timestamps and forwards events; counts each kind sent."""
+
+    def __init__(self, session: str, send: Callable[[str, dict[str, Any]], Any],
+                 describe: str, close: Callable[[], None] = lambda: None) -> None:
+        self.session = session
+        self._send, self._describe, self._close = send, describe, close
+        self._ids = itertools.count(1)
+        self._versions = itertools.count(1)
+        self._counts: Counter[str] = Counter()
+
+    def send(self, kind: str, task_id: str, **fields: Any) -> int:
+        """Send one event; returns its version (event versions strictly increase)."""
+        version = next(self._versions)
+        event = {"event_id": next(self._ids), "task_id": task_id, "version": version,
+                 "ts": time.time(), **fields}
+        self._send(kind, event)
+        self._counts[kind] += 1
+        return version
+
+    def counts(self) -> dict[str, int]:
+        return dict(self._counts)
+
+    def describe(self) -> str:
+        return self._describe
+
+    def close(self) -> None:
+        self._close()
+
+
+def local_sink(session: str = "agent-1") -> EventSink:
+    graph = EventGraph()
+
+    def send(kind: str, event: dict[str, Any]) -> None:
+        full = {"kind": kind, "tenant": TENANT, "session": session, **event}
+        graph.apply(event_from_dict(full), now=event["ts"])
+
+    return EventSink(session, send, "in-process EventGraph (no --connect given)")
+
+
+def service_sink(address: str, token: str | None, session: str = "agent-1") -> EventSink:
+    from agentkv_cluster.api.client import AgentKvClient
+
+    host, sep, port = address.rpartition(":")
+    target: tuple[str, int] | str = (host, int(port)) if sep and port.isdigit() else address
+    client = AgentKvClient.connect(target, token)
+    sess = client.open_session(session)
+    return EventSink(session, lambda kind, event: sess.event(kind, **event),
+                     f"AgentKV service at {address} (Python client)", client.close)

@@ -1,0 +1,129 @@
+"""A real tool-using agent loop on SmolLM2-135M whose KV leaves the model during tool calls.
+
+Each model call's KV is stored as pages (full precision + INT8) in the shared-memory
+host pool and dropped from the model while the tool runs; when the observation
+returns, the cache is restored from the pool (longest resident prefix + recompute of
+the rest) and decoding resumes. The eight workflow events go to AgentKV: to a running
+service through the Python client with ``--connect``, else to an in-process event
+graph (the lifecycle code the service runs). Time to first token is printed per turn,
+beside a full recompute of the prefill.
+
+Tools are real: a calculator and a search over this repository's docs. The 135M
+model often fails to produce a well-formed tool call; the orchestrator then runs the
+task's planned call and says so ("planned"). Search questions are explored on two
+branches (the model's query and the planned one); the weaker branch is rolled back
+and its KV pages are released.
+
+    .venv/bin/python examples/agent_loop.py [--connect HOST:PORT --token T] [--verify]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from examples.agent_events import EventSink, local_sink, service_sink  # noqa: E402
+from examples.agent_tools import ToolError, calculator, search_docs  # noqa: E402
+
+SYSTEM = (
+    "You are an agent with two tools. To use one, reply with exactly one line:\n"
+    "CALL calculator: <arithmetic expression>\n"
+    "CALL search: <words to look up in the project docs>\n"
+    "After an observation, reply with one line: ANSWER: <answer>"
+)
+FEW_SHOT = [
+    ("user", "Task: What is 3 * (4 + 5)?"),
+    ("assistant", "CALL calculator: 3 * (4 + 5)"),
+    ("user", "Observation: 27"),
+    ("assistant", "ANSWER: 27"),
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Task:
+    goal: str
+    tool: str  # the tool the task needs
+    planned_input: str  # what the orchestrator runs if the model's call is unusable
+    expect: str  # the answer must contain this to pass verification
+
+
+TASKS = (
+    Task(goal="What is 17 * 23 + 4?", tool="calculator", planned_input="17 * 23 + 4",
+         expect="395"),
+    Task(goal="Which inference engine does AgentKV integrate through a KV connector?",
+         tool="search", planned_input="vLLM KV connector integration", expect="vLLM"),
+)
+
+
+def _turn(role: str, content: str) -> str:
+    return f"<|im_start|>{role}\n{content}<|im_end|>\n"
+
+
+def prompt_text(task: Task) -> str:
+    shots = "".join(_turn(role, text) for role, text in FEW_SHOT)
+    return _turn("system", SYSTEM) + shots + _turn("user", f"Task: {task.goal}") + \
+        "<|im_start|>assistant\n"
+
+
+def observation_text(text: str) -> str:
+    return "<|im_end|>\n" + _turn("user", f"Observation: {text}") + "<|im_start|>assistant\n"
+
+
+def parse_call(line: str) -> tuple[str, str] | None:
+    """("calculator"|"search", argument) from ``CALL tool: arg``, else None."""
+    head, _, arg = line.strip().partition(":")
+    parts = head.split()
+    if len(parts) == 2 and parts[0] == "CALL" and parts[1] in ("calculator", "search") and arg.strip():
+        return parts[1], arg.strip()
+    return None
+
+
+def run_tool(tool: str, arg: str) -> tuple[str, int]:
+    """Observation text and a score (0 = the tool found nothing / failed)."""
+    if tool == "calculator":
+        try:
+            return calculator(arg), 1
+        except ToolError as exc:
+            return f"error: {exc}", 0
+    hit = search_docs(arg)
+    if hit is None:
+        return "no match", 0
+    return f"{hit.path}:{hit.line}: {hit.text}", hit.score
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--connect", help="HOST:PORT (or a unix socket path) of `agentkv serve`")
+    ap.add_argument("--token", help="bearer token for --connect")
+    ap.add_argument("--verify", action="store_true",
+                    help="decode from the INT8 copy, verified against the full copy (§5.2)")
+    ap.add_argument("--no-compare", action="store_true", help="skip the recompute baseline")
+    args = ap.parse_args(argv)
+
+    from examples.agent_runner import AgentRunner, RunnerConfig
+
+    sink: EventSink = service_sink(args.connect, args.token) if args.connect else local_sink()
+    print(f"events -> {sink.describe()}; KV pages -> shared-memory host pool (HostPool)")
+    runner = AgentRunner.start(sink, RunnerConfig(verify=args.verify,
+                                                  compare=not args.no_compare,
+                                                  pool_name=f"agentkv-example-{os.getpid()}"))
+    t0 = time.perf_counter()
+    try:
+        results = [runner.run_task(i, task) for i, task in enumerate(TASKS)]
+    finally:
+        runner.close()
+        sink.close()
+    print(f"\nevents sent: {sink.counts()}")
+    print(f"tasks passed verification: {sum(results)}/{len(results)} "
+          f"in {time.perf_counter() - t0:.1f} s")
+    return 0 if len(sink.counts()) == 8 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -14,7 +14,7 @@ task's planned call and says so ("planned"). Search questions are explored on tw
 branches (the model's query and the planned one); the weaker branch is rolled back
 and its KV pages are released.
 
-    .venv/bin/python examples/agent_loop.py [--connect HOST:PORT --token T] [--verify]
+    .venv/bin/python examples/agent_loop.py [--connect HOST:PORT --token T] [--no-compare]
 """
 
 from __future__ import annotations
@@ -101,8 +101,6 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--connect", help="HOST:PORT (or a unix socket path) of `agentkv serve`")
     ap.add_argument("--token", help="bearer token for --connect")
-    ap.add_argument("--verify", action="store_true",
-                    help="decode from the INT8 copy, verified against the full copy (§5.2)")
     ap.add_argument("--no-compare", action="store_true", help="skip the recompute baseline")
     args = ap.parse_args(argv)
 
@@ -110,8 +108,7 @@ def main(argv: list[str] | None = None) -> int:
 
     sink: EventSink = service_sink(args.connect, args.token) if args.connect else local_sink()
     print(f"events -> {sink.describe()}; KV pages -> shared-memory host pool (HostPool)")
-    runner = AgentRunner.start(sink, RunnerConfig(verify=args.verify,
-                                                  compare=not args.no_compare,
+    runner = AgentRunner.start(sink, RunnerConfig(compare=not args.no_compare,
                                                   pool_name=f"agentkv-example-{os.getpid()}"))
     t0 = time.perf_counter()
     try:

@@ -26,6 +26,7 @@ from store.nvme_files import (
     fsync_dir,
     lock_directory,
 )
+from store.nvme_maintenance import compact_segments, rebuild_index
 from store.nvme_types import (
     CompactionReport,
     DiskFull,
@@ -87,7 +88,11 @@ class NvmeShard:
         self.path.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._lock_fd = lock_directory(self.path)
-        self._io = file_transport(prefer_nixl=self.config.use_nixl)
+        try:
+            self._io = file_transport(prefer_nixl=self.config.use_nixl)
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
         self._scratch = aligned_buffer(max(_STAGE_BYTES, 2 * self.config.align))
         self._read_buf: np.ndarray | None = None
         self._read_region: Region | None = None
@@ -104,7 +109,7 @@ class NvmeShard:
         self._closed = False
         try:
             self._scratch_region = self._io.register(self._scratch)
-            self._recover()
+            rebuild_index(self)
         except BaseException:
             self._release()  # no descriptors or lock left behind by a failed open
             raise
@@ -192,8 +197,6 @@ class NvmeShard:
             self._sync_active()
 
     def compact(self, min_dead_ratio: float = 0.5) -> CompactionReport:
-        from store.nvme_maintenance import compact_segments  # keeps this module small
-
         with self._lock:
             self._check_open()
             return compact_segments(self, min_dead_ratio)
@@ -385,11 +388,6 @@ class NvmeShard:
         self._segments[index] = seg
         self._live.setdefault(index, 0)
         return seg
-
-    def _recover(self) -> None:
-        from store.nvme_maintenance import rebuild_index
-
-        rebuild_index(self)
 
     def _check_open(self) -> None:
         if self._closed:

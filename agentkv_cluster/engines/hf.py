@@ -75,9 +75,13 @@ class StoreReceipt:
     session: str
     tokens: int
     pages: tuple[StoredPage, ...]
-    written: int  # pages newly written
+    fresh: tuple[StoredPage, ...]  # the pages this call wrote (the others were resident)
     bytes_written: int
     seconds: float
+
+    @property
+    def written(self) -> int:
+        return len(self.fresh)
 
 
 @dataclass(slots=True)
@@ -224,7 +228,7 @@ class HfKVAdapter:
             raise UnsupportedCache(f"cache holds {k.shape[2]} tokens, token_ids has {len(token_ids)}")
         table = self._tables.setdefault(session, _SessionTable())
         ranges = page_ranges(len(token_ids), self._config.page_tokens)
-        stored, written, nbytes = [], 0, 0
+        stored, fresh, nbytes = [], [], 0
         for (start, end), chain in zip(ranges, chain_hashes(token_ids, self._config.page_tokens)):
             for spec in specs:
                 known = table.pages.get((chain, _spec_tag(spec)))
@@ -239,9 +243,10 @@ class HfKVAdapter:
                 page = StoredPage(identity=ident, key=key, spec=spec, nbytes=len(blob))
                 table.pages[(chain, _spec_tag(spec))] = page
                 stored.append(page)
-                written, nbytes = written + 1, nbytes + len(blob)
+                fresh.append(page)
+                nbytes += len(blob)
         return StoreReceipt(session=session, tokens=len(token_ids), pages=tuple(stored),
-                            written=written, bytes_written=nbytes,
+                            fresh=tuple(fresh), bytes_written=nbytes,
                             seconds=time.perf_counter() - t0)
 
     def restore(

@@ -49,8 +49,11 @@ def manifest_text(name: str) -> str:
     return "".join(f"---\n# Source: {path}\n{text.strip()}\n" for path, text in rendered(name))
 
 
+@functools.lru_cache(maxsize=None)
 def documents(name: str) -> list[dict[str, Any]]:
-    docs = [d for d in yaml.safe_load_all(manifest_text(name)) if d]
+    """Parsed objects, cached: callers that change one must deep-copy it first."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    docs = [d for d in yaml.load_all(manifest_text(name), Loader=loader) if d]  # noqa: S506
     assert all("kind" in d and "metadata" in d for d in docs)
     return docs
 
@@ -123,6 +126,16 @@ def resolve_env(env: list[dict[str, Any]], secrets: dict[tuple[str, str], str],
         else:
             out[item["name"]] = fields[item["valueFrom"]["fieldRef"]["fieldPath"]]
     return out
+
+
+SECRET_KEY_RE = re.compile(r"[-._a-zA-Z0-9]+")  # what a Secret's data keys may be
+
+
+@functools.lru_cache(maxsize=None)
+def merged_values(name: str) -> dict[str, Any]:
+    """The values a release of this set actually uses (defaults coalesced, as install does)."""
+    with helm.Chart.load(CHART) as chart:
+        return chart.merge_values(load_values(name))
 
 
 def lint(values: dict[str, Any] | None) -> dict[str, Any]:

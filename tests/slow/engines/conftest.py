@@ -27,12 +27,16 @@ def doc_ids(loaded: LoadedModel) -> list[int]:
     return loaded.encode(text)
 
 
+def make_store(loaded: LoadedModel, slots: int = 48) -> HostPoolPageStore:
+    """A fresh shared-memory host pool (real /dev/shm segment); the caller closes it."""
+    slot = PAGE_TOKENS * loaded.kv_bytes_per_token + (64 << 10)
+    return HostPoolPageStore.create(f"agentkv-test-eng-{os.getpid()}-{uuid.uuid4().hex[:8]}",
+                                    slot, slots)
+
+
 @pytest.fixture
 def host_store(loaded: LoadedModel):
-    """A fresh shared-memory host pool (real /dev/shm segment), unlinked afterwards."""
-    slot = PAGE_TOKENS * loaded.kv_bytes_per_token + (64 << 10)
-    store = HostPoolPageStore.create(f"agentkv-test-eng-{os.getpid()}-{uuid.uuid4().hex[:8]}",
-                                     slot, 48)
+    store = make_store(loaded)
     yield store
     store.close()
 

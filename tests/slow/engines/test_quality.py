@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import pytest
 
+from agentkv_cluster.engines.hf import AdapterConfig, HfKVAdapter
 from agentkv_cluster.engines.quality import measure_windows
 from store.codecs import CodecSpec
+from tests.slow.engines.conftest import PAGE_TOKENS, make_store
 
 pytestmark = pytest.mark.slow
 
@@ -18,8 +20,13 @@ SPECS = (CodecSpec.int8(), CodecSpec.int4(), CodecSpec.int4("token"), CodecSpec.
 
 
 @pytest.fixture(scope="module")
-def rows(adapter, loaded, doc_ids):
-    return {row.label: row for row in measure_windows(adapter, loaded.model, doc_ids, SPECS)}
+def rows(loaded, doc_ids):
+    store = make_store(loaded)
+    try:
+        adapter = HfKVAdapter(loaded, store, AdapterConfig(page_tokens=PAGE_TOKENS))
+        return {row.label: row for row in measure_windows(adapter, loaded.model, doc_ids, SPECS)}
+    finally:
+        store.close()
 
 
 def test_int8_restore_is_nearly_lossless(rows):

@@ -116,25 +116,16 @@ def _isolation(args: argparse.Namespace) -> int:
     import tempfile
     import time
 
-    import redis
     from rich.console import Console
     from rich.table import Table
 
+    from agentkv_cluster.cli._redis_admin import connect_admin
     from security.isolation import run_probes
     from security.keyring import FileKeySource, TenantKeyring
 
     if args.rounds < 10:
         raise CliError("--rounds must be at least 10")
-    try:
-        admin = redis.Redis.from_url(args.redis_url)
-        admin.ping()
-    except (redis.RedisError, ValueError) as exc:
-        raise CliError(f"cannot reach Redis at {args.redis_url}: {exc}") from None
-    kwargs = admin.connection_pool.connection_kwargs
-    host, port = kwargs.get("host", "127.0.0.1"), kwargs.get("port", 6379)
-
-    def connect(username: str, password: str):
-        return redis.Redis(host=host, port=port, username=username, password=password)
+    admin, connect = connect_admin(args.redis_url)
 
     with tempfile.TemporaryDirectory(prefix="agentkv-probe-keys-") as tmp:
         keyring = TenantKeyring(FileKeySource(args.keys_dir or tmp))

@@ -91,19 +91,8 @@ def _rotate(args: argparse.Namespace) -> int:
     return _run(_keyring(args.keys_dir).rotate, args, "key.rotate")
 
 
-def _directory_deleter(url: str, namespace: str):
-    import redis
-
-    admin = redis.Redis.from_url(url)
-
-    def delete(scope) -> int:
-        keys = list(admin.scan_iter(match=f"akv:{{{namespace}}}:*", count=1000))
-        return int(admin.delete(*keys)) if keys else 0
-
-    return delete
-
-
 def _erase(args: argparse.Namespace) -> int:
+    from agentkv_cluster.cli._redis_admin import namespace_deleter
     from security.blinding import DirectoryBlinder
     from security.erasure import Eraser
     from security.errors import SecurityError
@@ -118,7 +107,7 @@ def _erase(args: argparse.Namespace) -> int:
                                "generations itself")
             # The namespace comes from the blinding secret, so compute it before the keys go.
             namespace = DirectoryBlinder(keyring).namespace(args.tenant)
-            eraser.register_tier("directory", _directory_deleter(args.redis_url, namespace))
+            eraser.register_tier("directory", namespace_deleter(args.redis_url, namespace))
         now = time.time()
         if args.generation is None:
             receipt = eraser.erase_tenant(args.tenant, now)

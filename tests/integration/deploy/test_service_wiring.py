@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
 from redis.connection import parse_url
+from redis.retry import Retry
 
 from agentkv_cluster.config import load_config
 from security.keyring import FileKeySource, TenantKeyring
@@ -170,8 +172,10 @@ def test_acl_users_are_enforced_by_a_real_redis(acl_build):
     server = RedisProcess(extra_config="\n".join(kept + [f"aclfile {acl_path}"])).start()
     try:
         def connect(user, password):
+            # No retries: redis-py retries AuthenticationError (a ConnectionError) with backoff.
             return redis.Redis(host="127.0.0.1", port=server.port, username=user,
-                               password=password, socket_timeout=5)
+                               password=password, socket_timeout=5,
+                               retry=Retry(NoBackoff(), 0))
 
         own, other = "akv:{n4f1c2a9d0b3e5f6a7b8c9d0e}:e:1", "akv:{n0a1b2c3d4e5f60718293a4b5}:e:1"
         acme = connect("akv-acme", passwords["tenant-0"])

@@ -20,15 +20,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from rich.console import Console  # noqa: E402
-from rich.progress import Progress  # noqa: E402
-from rich.table import Table  # noqa: E402
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
 
-from agentkv_cluster.engines.hf import AdapterConfig, HfKVAdapter  # noqa: E402
-from agentkv_cluster.engines.model import load_model  # noqa: E402
-from agentkv_cluster.engines.page_store import HostPoolPageStore  # noqa: E402
-from agentkv_cluster.engines.quality import QualityRow, context_text, measure_windows  # noqa: E402
-from store.codecs import CodecSpec  # noqa: E402
+from agentkv_cluster.engines.hf import AdapterConfig, HfKVAdapter
+from agentkv_cluster.engines.model import load_model
+from agentkv_cluster.engines.page_store import HostPoolPageStore
+from agentkv_cluster.engines.quality import QualityRow, context_text, measure_windows
+from store.codecs import CodecSpec
 
 SPECS = (
     CodecSpec.full(), CodecSpec.int8(), CodecSpec(codec=CodecSpec.int8().codec, key_grouping="channel"),
@@ -60,14 +60,14 @@ def _markdown(rows: list[QualityRow], source: str, windows: int, seconds: float)
         "",
         "Produced by `.venv/bin/python benchmarks/bench_quality.py` (do not edit the table by",
         "hand; rerun the command). Model: SmolLM2-135M-Instruct (GGUF Q4_1 weights,",
-        "de-quantised to fp32; KV is fp32). Text: `" + Path(source).name + "`, "
-        f"{windows} disjoint windows of 512 context + 256 teacher-forced continuation tokens.",
+        f"de-quantised to fp32; KV is fp32). Text: `{Path(source).name}`, {windows} disjoint",
+        "windows of 512 context + 256 teacher-forced continuation tokens.",
         "Context KV is stored as 64-token pages in the shared-memory host pool, restored, and",
         "compared with the uninterrupted full-precision run at every continuation position.",
         f"Run time {seconds:.0f} s.",
         "",
-        "| codec | bytes vs full | top-1 agreement | worst window | mean KL (nats) "
-        "| PPL change | max abs logit diff | acceptance |",
+        ("| codec | bytes vs full | top-1 agreement | worst window | mean KL (nats) "
+         "| PPL change | max abs logit diff | acceptance |"),
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:

@@ -9,7 +9,7 @@ produced three ways, interleaved in one run:
   recompute prefill context + observation from scratch (no KV kept)
 Prints medians and the speedups; the target is >= 10x for the full restore.
 
-    .venv/bin/python benchmarks/bench_ttft.py [--context 1024] [--repeats 7]
+    .venv/bin/python benchmarks/bench_ttft.py [--context 1024] [--repeats 7] [--threads 2]
 """
 
 from __future__ import annotations
@@ -23,16 +23,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.progress import Progress  # noqa: E402
-from rich.table import Table  # noqa: E402
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
 
-from agentkv_cluster.engines.hf import AdapterConfig, HfKVAdapter, drop_cache, prefill  # noqa: E402
-from agentkv_cluster.engines.model import load_model  # noqa: E402
-from agentkv_cluster.engines.page_store import HostPoolPageStore  # noqa: E402
-from agentkv_cluster.engines.quality import context_text  # noqa: E402
-from store.codecs import CodecSpec  # noqa: E402
+from agentkv_cluster.engines.hf import (
+    AdapterConfig,
+    DynamicCache,
+    HfKVAdapter,
+    drop_cache,
+    prefill,
+)
+from agentkv_cluster.engines.model import ModelSpec, load_model
+from agentkv_cluster.engines.page_store import HostPoolPageStore
+from agentkv_cluster.engines.quality import context_text
+from store.codecs import CodecSpec
 
 OBSERVATION = "\n<tool_result name=\"calculator\">12 * 7 = 84</tool_result>\n"
 TARGET_SPEEDUP = 10.0
@@ -52,14 +57,8 @@ def _ttft_restore(adapter, model, ctx, obs, spec) -> tuple[float, float, int]:
 
 def _ttft_recompute(model, ctx, obs) -> tuple[float, float, int]:
     t0 = time.perf_counter()
-    token = int(prefill(model, list(ctx) + list(obs), torch_cache())[-1].argmax())
+    token = int(prefill(model, list(ctx) + list(obs), DynamicCache())[-1].argmax())
     return time.perf_counter() - t0, 0.0, token
-
-
-def torch_cache():
-    from transformers import DynamicCache
-
-    return DynamicCache()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,9 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--page-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=2, help="torch threads (the box has 2 cores)")
     args = ap.parse_args(argv)
     console = Console()
-    loaded = load_model()
+    loaded = load_model(ModelSpec(threads=args.threads))
     text, source = context_text()
     ids = loaded.encode(text)
     if len(ids) < args.context:
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     store = HostPoolPageStore.create(f"agentkv-bench-ttft-{os.getpid()}", page_bytes, 2 * pages)
     try:
         adapter = HfKVAdapter(loaded, store, AdapterConfig(page_tokens=args.page_tokens))
-        cache = torch_cache()
+        cache = DynamicCache()
         prefill(loaded.model, ctx, cache)
         receipt = adapter.store("bench", ctx, cache, event_version=1,
                                 specs=(CodecSpec.full(), CodecSpec.int8()))
@@ -117,7 +117,7 @@ def _measure(adapter, model, ctx, obs, repeats) -> dict[str, tuple[list, list, s
 def _report(console, rows, receipt, args, source) -> None:
     base = statistics.median(rows["recompute"][0])
     table = Table(title=f"TTFT after a tool call, {args.context}-token context "
-                        f"({args.repeats} runs each, medians)")
+                        f"({args.repeats} runs each, medians, {args.threads} torch threads)")
     for col in ("path", "TTFT ms", "restore ms", "speedup vs recompute", "first token"):
         table.add_column(col, justify="right")
     for name, (totals, restores, tokens) in rows.items():

@@ -11,7 +11,8 @@ from __future__ import annotations
 import itertools
 import time
 from collections import Counter
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from agentkv_cluster.lifecycle.events import event_from_dict
 from agentkv_cluster.lifecycle.graph import EventGraph
@@ -30,9 +31,13 @@ class EventSink:
         self._versions = itertools.count(1)
         self._counts: Counter[str] = Counter()
 
-    def send(self, kind: str, task_id: str, **fields: Any) -> int:
+    def reserve_version(self) -> int:
+        """The version of an event about to be sent (pages carry it in their identity)."""
+        return next(self._versions)
+
+    def send(self, kind: str, task_id: str, version: int | None = None, **fields: Any) -> int:
         """Send one event; returns its version (event versions strictly increase)."""
-        version = next(self._versions)
+        version = self.reserve_version() if version is None else version
         event = {"event_id": next(self._ids), "task_id": task_id, "version": version,
                  "ts": time.time(), **fields}
         self._send(kind, event)
@@ -59,12 +64,7 @@ def local_sink(session: str = "agent-1") -> EventSink:
     return EventSink(session, send, "in-process EventGraph (no --connect given)")
 
 
-def service_sink(address: str, token: str | None, session: str = "agent-1") -> EventSink:
-    from agentkv_cluster.api.client import AgentKvClient
-
-    host, sep, port = address.rpartition(":")
-    target: tuple[str, int] | str = (host, int(port)) if sep and port.isdigit() else address
-    client = AgentKvClient.connect(target, token)
-    sess = client.open_session(session)
-    return EventSink(session, lambda kind, event: sess.event(kind, **event),
-                     f"AgentKV service at {address} (Python client)", client.close)
+def service_sink(session_client: Any, describe: str) -> EventSink:
+    """Events over an open `SessionClient` (tenant and session ride on the token/request)."""
+    return EventSink(session_client.session,
+                     lambda kind, event: session_client.event(kind, **event), describe)

@@ -5,16 +5,20 @@ host pool and dropped from the model while the tool runs; when the observation
 returns, the cache is restored from the pool (longest resident prefix + recompute of
 the rest) and decoding resumes. The eight workflow events go to AgentKV: to a running
 service through the Python client with ``--connect``, else to an in-process event
-graph (the lifecycle code the service runs). Time to first token is printed per turn,
+graph (the lifecycle code the service runs); with ``--service`` an in-process service
+(Ray actors, host pool, directory) is started and both events and pages go through
+its client. Time to first token is printed per turn,
 beside a full recompute of the prefill.
 
 Tools are real: a calculator and a search over this repository's docs. The 135M
 model often fails to produce a well-formed tool call; the orchestrator then runs the
 task's planned call and says so ("planned"). Search questions are explored on two
-branches (the model's query and the planned one); the weaker branch is rolled back
-and its KV pages are released.
+branches (the model's query and the planned one); the branch with the weaker hit is
+rolled back before its observation reaches the model, so only the winner's tokens
+are prefilled on top of the restored KV.
 
-    .venv/bin/python examples/agent_loop.py [--connect HOST:PORT --token T] [--no-compare]
+    .venv/bin/python examples/agent_loop.py [--service | --connect HOST:PORT --token T]
+                                            [--no-compare]
 """
 
 from __future__ import annotations
@@ -28,8 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from examples.agent_events import EventSink, local_sink, service_sink  # noqa: E402
-from examples.agent_tools import ToolError, calculator, search_docs  # noqa: E402
+from examples.agent_events import TENANT, local_sink, service_sink
+from examples.agent_tools import ToolError, calculator, search_docs
 
 SYSTEM = (
     "You are an agent with two tools. To use one, reply with exactly one line:\n"
@@ -42,6 +46,10 @@ FEW_SHOT = [
     ("assistant", "CALL calculator: 3 * (4 + 5)"),
     ("user", "Observation: 27"),
     ("assistant", "ANSWER: 27"),
+    ("user", "Task: Which library does the project use for progress bars?"),
+    ("assistant", "CALL search: library progress bars"),
+    ("user", "Observation: Long work shows a rich progress bar (from STYLE.md, line 12)"),
+    ("assistant", "ANSWER: rich"),
 ]
 
 
@@ -94,28 +102,56 @@ def run_tool(tool: str, arg: str) -> tuple[str, int]:
     hit = search_docs(arg)
     if hit is None:
         return "no match", 0
-    return f"{hit.path}:{hit.line}: {hit.text}", hit.score
+    text = hit.text.replace("**", "").replace("`", "")
+    return f"{text} (from {hit.path}, line {hit.line})", hit.score
+
+
+def _connect(args) -> tuple[object, object, str]:
+    """(service or None, client, description) for --service / --connect."""
+    from agentkv_cluster.api.client import AgentKvClient
+    from examples.agent_service import start_local_service
+
+    if args.service:
+        service, client = start_local_service(TENANT)
+        return service, client, f"in-process AgentKV service at {service.address} (client)"
+    host, sep, port = args.connect.rpartition(":")
+    target = (host, int(port)) if sep and port.isdigit() else args.connect
+    return None, AgentKvClient.connect(target, args.token), f"AgentKV at {args.connect} (client)"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--service", action="store_true",
+                    help="start an in-process AgentKV service (Ray) and go through its client")
     ap.add_argument("--connect", help="HOST:PORT (or a unix socket path) of `agentkv serve`")
-    ap.add_argument("--token", help="bearer token for --connect")
+    ap.add_argument("--token", help="bearer token for --connect (tenant 'demo')")
     ap.add_argument("--no-compare", action="store_true", help="skip the recompute baseline")
     args = ap.parse_args(argv)
 
     from examples.agent_runner import AgentRunner, RunnerConfig
+    from examples.agent_service import ServicePageStore
 
-    sink: EventSink = service_sink(args.connect, args.token) if args.connect else local_sink()
-    print(f"events -> {sink.describe()}; KV pages -> shared-memory host pool (HostPool)")
-    runner = AgentRunner.start(sink, RunnerConfig(compare=not args.no_compare,
-                                                  pool_name=f"agentkv-example-{os.getpid()}"))
+    service = client = None
+    config = RunnerConfig(compare=not args.no_compare, pool_name=f"agentkv-example-{os.getpid()}")
+    if args.service or args.connect:
+        service, client, where = _connect(args)
+        session = client.open_session("agent-1")
+        sink = service_sink(session, where)
+        runner = AgentRunner.start(sink, config, store=ServicePageStore(session))
+        print(f"events and KV pages -> {where}")
+    else:
+        sink = local_sink()
+        runner = AgentRunner.start(sink, config)
+        print(f"events -> {sink.describe()}; KV pages -> shared-memory host pool (HostPool)")
     t0 = time.perf_counter()
     try:
         results = [runner.run_task(i, task) for i, task in enumerate(TASKS)]
     finally:
         runner.close()
-        sink.close()
+        if client is not None:
+            client.close()
+        if service is not None:
+            service.stop(shutdown_ray=True)
     print(f"\nevents sent: {sink.counts()}")
     print(f"tasks passed verification: {sum(results)}/{len(results)} "
           f"in {time.perf_counter() - t0:.1f} s")

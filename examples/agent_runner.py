@@ -14,12 +14,10 @@ from agentkv_cluster.engines.hf import (
     prefill,
 )
 from agentkv_cluster.engines.model import LoadedModel, load_model
-from agentkv_cluster.engines.page_store import HostPoolPageStore
+from agentkv_cluster.engines.page_store import HostPoolPageStore, PageStore
 from examples.agent_events import EventSink
 from examples.agent_loop import Task, observation_text, parse_call, prompt_text, run_tool
 from store.codecs import CodecSpec
-
-SPECS = (CodecSpec.full(), CodecSpec.int8())  # working copy + a compressed form for the pool
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,25 +38,34 @@ class Turn:
     cache: DynamicCache | None
     branch: str = "main"
     calls: int = 0
+    receipt: StoreReceipt | None = None  # of the last model call
 
 
 class AgentRunner:
-    def __init__(self, loaded: LoadedModel, store: HostPoolPageStore, sink: EventSink,
-                 config: RunnerConfig) -> None:
+    def __init__(self, loaded: LoadedModel, store: PageStore, sink: EventSink,
+                 config: RunnerConfig, specs: tuple[CodecSpec, ...]) -> None:
         self.loaded, self.store, self.sink, self.config = loaded, store, sink, config
+        self.specs = specs
         self.adapter = HfKVAdapter(loaded, store, AdapterConfig(page_tokens=config.page_tokens,
                                                                tenant="demo"))
         self._im_end = loaded.tokenizer.convert_tokens_to_ids("<|im_end|>")
 
     @classmethod
-    def start(cls, sink: EventSink, config: RunnerConfig) -> AgentRunner:
+    def start(cls, sink: EventSink, config: RunnerConfig,
+              store: PageStore | None = None) -> AgentRunner:
+        """Load the model; pages go to ``store``, else to a new shared-memory host pool."""
         loaded = load_model()
-        slot = config.page_tokens * loaded.kv_bytes_per_token + (64 << 10)
-        store = HostPoolPageStore.create(config.pool_name, slot, config.pool_slots)
-        return cls(loaded, store, sink, config)
+        if store is None:
+            slot = config.page_tokens * loaded.kv_bytes_per_token + (64 << 10)
+            store = HostPoolPageStore.create(config.pool_name, slot, config.pool_slots)
+            specs = (CodecSpec.full(), CodecSpec.int8())  # working copy + compressed form
+        else:
+            specs = (CodecSpec.full(),)  # the service picks tiers and forms itself
+        return cls(loaded, store, sink, config, specs)
 
     def close(self) -> None:
-        self.store.close()
+        if isinstance(self.store, HostPoolPageStore):
+            self.store.close()
 
     def run_task(self, index: int, task: Task) -> bool:
         turn = Turn(task_id=f"task-{index}", tokens=self.loaded.encode(prompt_text(task)),
@@ -81,13 +88,13 @@ class AgentRunner:
         answer = self._generate(turn, logits)
         passed = task.expect.lower() in answer.lower()
         print(f"  answer: {answer!r} -> verification {'passed' if passed else 'failed'}")
-        self._model_call(turn)
-        if passed:
-            self.sink.send("verification_pass", turn.task_id, call_id=f"m{turn.calls}",
-                           branch=turn.branch)
+        answer_pages = self._model_call(turn)
+        if passed:  # the answer's pages become a verified result
+            self.sink.send("verification_pass", turn.task_id, call_id=f"v{turn.calls}",
+                           branch=turn.branch, pages=answer_pages)
         self.sink.send("task_end", turn.task_id, ok=passed)
         released = self.adapter.release(self.sink.session)
-        print(f"  task end: {released} pages released from the host pool")
+        print(f"  task end: {released} pages released")
         return passed
 
     def _generate(self, turn: Turn, logits) -> str:
@@ -103,37 +110,39 @@ class AgentRunner:
         turn.tokens.extend(out)
         return self.loaded.tokenizer.decode(out).strip()
 
-    def _model_call(self, turn: Turn) -> StoreReceipt:
-        """Store the context's KV after a model call and report the call with its pages."""
+    def _model_call(self, turn: Turn) -> list[int]:
+        """Store the context's KV after a model call and report the call with its new pages."""
         turn.calls += 1
-        receipt = self.adapter.store(self.sink.session, turn.tokens, turn.cache,
-                                     event_version=turn.calls, specs=SPECS)
-        produces = [[_page_id(p.key), "temp_reasoning"] for p in receipt.fresh
-                    if p.spec.codec is SPECS[0].codec]
-        self.sink.send("model_call", turn.task_id, call_id=f"m{turn.calls}", branch=turn.branch,
-                       produces=produces)
-        return receipt
+        version = self.sink.reserve_version()
+        turn.receipt = self.adapter.store(self.sink.session, turn.tokens, turn.cache,
+                                          event_version=version, specs=self.specs)
+        pages = [_page_id(p.key) for p in turn.receipt.fresh if not p.spec.is_lossy]
+        self.sink.send("model_call", turn.task_id, version=version, call_id=f"m{turn.calls}",
+                       branch=turn.branch, produces=[[pid, "temp_reasoning"] for pid in pages])
+        return pages
 
     def _tool_call(self, turn: Turn, tool: str, arg: str) -> tuple[object, int]:
         """Store, drop, run the tool, restore, prefill the observation; prints TTFT."""
-        receipt = self._model_call(turn)
+        self._model_call(turn)
         call_id = f"t{turn.calls}"
         self.sink.send("tool_start", turn.task_id, call_id=call_id, tool=tool, branch=turn.branch)
         drop_cache(turn.cache)  # the model holds no KV while the tool runs
         turn.cache = None
         observation, score = run_tool(tool, arg)
         self.sink.send("observation_return", turn.task_id, call_id=call_id, ok=score > 0)
-        return self._resume(turn, receipt, f"{tool}({arg!r})", observation), score
+        return self._resume(turn, f"{tool}({arg!r})", observation), score
 
-    def _resume(self, turn: Turn, receipt: StoreReceipt, label: str, observation: str):
+    def _resume(self, turn: Turn, label: str, observation: str):
         obs = self.loaded.encode(observation_text(observation))
         t0 = time.perf_counter()
         restored = self.adapter.restore(self.sink.session, turn.tokens)
         logits = prefill(self.loaded.model, obs, restored.cache)[-1]
         ttft = time.perf_counter() - t0
+        receipt = turn.receipt
         line = (f"  turn {turn.calls + 1}: {label} -> {observation[:70]!r}\n"
                 f"    stored {receipt.written} new pages ({receipt.bytes_written / 2**20:.1f} MiB, "
-                f"full+int8); restored {restored.restored_tokens} tokens from the host pool, "
+                f"{'+'.join(s.label for s in self.specs)}); restored "
+                f"{restored.restored_tokens} tokens from AgentKV, "
                 f"recomputed {restored.recomputed_tokens}; TTFT {ttft * 1e3:.0f} ms")
         if self.config.compare:
             t1 = time.perf_counter()
@@ -147,7 +156,7 @@ class AgentRunner:
 
     def _explore(self, turn: Turn, task: Task, own_query: str):
         """Search on two branches (model's query, planned query); roll back the weaker."""
-        receipt = self._model_call(turn)
+        self._model_call(turn)
         drop_cache(turn.cache)
         turn.cache = None
         results = []
@@ -165,7 +174,7 @@ class AgentRunner:
                 self.sink.send("rollback", turn.task_id, branch=name)
                 print(f"  branch {name} (search {query!r}, score {score}) rolled back")
         turn.branch = best[1]
-        return self._resume(turn, receipt, f"search({best[2]!r}) on {best[1]}", best[3])
+        return self._resume(turn, f"search({best[2]!r}) on {best[1]}", best[3])
 
 
 def _page_id(key: bytes) -> int:

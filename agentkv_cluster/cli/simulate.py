@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -111,11 +112,13 @@ def _print_config(cfg: Any, console: Any, source: str) -> None:
 
     wl = cfg.workload
     link = cfg.link
+    shape = (f"batches={wl.batches} x {wl.blocks_per_batch} blocks  size "
+             f"{wl.size_min_mb:g}-{wl.size_max_mb:g} MB (median {wl.size_median_mb:g}, "
+             f"sigma {wl.size_sigma:g})" if source.startswith("synthetic")
+             else f"batches={wl.batches} from the trace")
     console.print(
         f"[bold]workload[/bold] {source}  budget={cfg.budget}  noise={cfg.noise}  "
-        f"seed={cfg.seed}  batches={wl.batches} x {wl.blocks_per_batch} blocks  "
-        f"size {wl.size_min_mb:g}-{wl.size_max_mb:g} MB (median {wl.size_median_mb:g}, "
-        f"sigma {wl.size_sigma:g})  link {link.bandwidth_gbps:g} GB/s + "
+        f"seed={cfg.seed}  {shape}  link {link.bandwidth_gbps:g} GB/s + "
         f"{link.fixed_overhead_ms:g} ms + Exp({link.jitter_mean_ms:g} ms)  "
         f"compression {cfg.compression_ratio:g}:1")
     table = Table(title="per-type parameters", title_justify="left")
@@ -254,6 +257,9 @@ def _replay(args: argparse.Namespace, cfg: Any, policies: tuple[str, ...],
                   f"{len(parsed.errors)} malformed; {len(workload)} batches of >= "
                   f"{rc.pages_per_batch} blocks x {rc.kv_bytes_per_token} B/token, "
                   f"reads by type {reads_per_type(workload)}")
+    # The trace decides the batch count; the config printed and saved must say so.
+    cfg = cfg.replace(workload=dataclasses.replace(cfg.workload, batches=len(workload)))
+    _print_config(cfg, console, workload.source)
     with _progress(console, len(workload) * len(policies), "replaying") as advance:
         result = compare(cfg, workload=workload, policies=policies, progress=advance)
     _metrics_table(f"trace replay at budget {cfg.budget}, noise {cfg.noise}",

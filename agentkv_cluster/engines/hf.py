@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import DynamicCache
@@ -223,6 +224,7 @@ class HfKVAdapter:
     ) -> StoreReceipt:
         """Write every page of ``cache`` (covering ``token_ids``) in each form of ``specs``."""
         t0 = time.perf_counter()
+        specs = tuple(dict.fromkeys(specs))  # each form once
         k, v = cache_to_kv(cache)
         if k.shape[2] != len(token_ids):
             raise UnsupportedCache(f"cache holds {k.shape[2]} tokens, token_ids has {len(token_ids)}")
@@ -239,7 +241,7 @@ class HfKVAdapter:
                 enc = encode_kv(k[:, :, start:end], v[:, :, start:end], spec, identity=ident.pack())
                 blob = enc.to_bytes()
                 key = _page_key(ident, chain, spec)
-                self._store.put(key, blob)
+                self._store.put(key, blob, ident)
                 page = StoredPage(identity=ident, key=key, spec=spec, nbytes=len(blob))
                 table.pages[(chain, _spec_tag(spec))] = page
                 stored.append(page)

@@ -11,6 +11,7 @@ from typing import Protocol
 
 import numpy as np
 
+from agentkv_cluster.lifecycle.identity import PageIdentity
 from store.host_pool import HostPool, PoolFull, SlotEmpty, TornRead
 from store.host_pool import PageTooLarge as SlotTooSmall
 from store.types import Lookup
@@ -31,7 +32,8 @@ class PageStoreFull(PageStoreError):
 class PageStore(Protocol):
     """Byte storage for KV pages, keyed by opaque bytes."""
 
-    def put(self, key: bytes, data: bytes | memoryview) -> None: ...
+    def put(self, key: bytes, data: bytes | memoryview, identity: PageIdentity) -> None:
+        """Keep ``data`` under ``key``; ``identity`` is for stores that index or seal by it."""
 
     def get(self, key: bytes) -> tuple[Lookup, bytes | memoryview | None]:
         """The page's bytes; a view may be reused by the next ``get`` (copy what you keep)."""
@@ -60,7 +62,8 @@ class HostPoolPageStore:
     def pool(self) -> HostPool:
         return self._pool
 
-    def put(self, key: bytes, data: bytes | memoryview) -> None:
+    def put(self, key: bytes, data: bytes | memoryview, identity: PageIdentity | None = None
+            ) -> None:
         if key in self._slots:
             return  # same key = same identity, tokens and codec: the bytes are identical
         try:

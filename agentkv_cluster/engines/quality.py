@@ -9,9 +9,9 @@ repeats this over disjoint windows of a text and averages.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import torch
 from transformers import DynamicCache

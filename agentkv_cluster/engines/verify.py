@@ -11,8 +11,8 @@ greedy output. With no reference copy, the context is recomputed at full precisi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 from transformers import DynamicCache

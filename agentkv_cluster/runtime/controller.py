@@ -22,7 +22,7 @@ from agentkv_cluster.lifecycle.graph_records import Blocker
 from agentkv_cluster.lifecycle.types import TYPE_DEFAULTS
 from agentkv_cluster.policy.base import EvictionPolicy, GapPlan, PageView
 from agentkv_cluster.runtime.records import (
-    Action, ActionKind, PageLost, PageMeta, PageRecord, UnknownPageKey, UnknownSession,
+    Action, ActionKind, PageMeta, PageRecord, UnknownPageKey, UnknownSession,
 )
 from agentkv_cluster.runtime.strategies import Strategy
 from store.types import Codec, Tier
@@ -123,7 +123,9 @@ class Controller:
               ) -> tuple[list[tuple[int, bool]], list[Action]]:
         """Pages the engine hands over (or adopts from the directory, with ``copies``).
 
-        Returns [(gid, needs_bytes)] and the demotions that must run first."""
+        Returns [(gid, needs_bytes)] and the demotions that must run first; ``needs_bytes``
+        is None when pinned pages leave no room right now (the caller retries). Never
+        raises half way: victims already chosen always come back as actions."""
         with self.lock:
             state = self._session(owner, session)
             out: list[tuple[int, bool]] = []
@@ -140,10 +142,32 @@ class Controller:
                 if rec.resident or rec.busy or (copies and rec.copies):
                     out.append((rec.gid, False))
                     continue
-                actions += self._make_room(rec.hbm, meta.length, now)
+                try:
+                    actions += self._make_room(rec.hbm, meta.length, now)
+                except HbmFull:
+                    out.append((rec.gid, None))  # type: ignore[arg-type] - retry later
+                    continue
                 self._insert(rec, now, Codec.FULL)
+                self._set_busy(rec, True)  # until ``ingested``: no bytes to demote yet
                 out.append((rec.gid, True))
             return out, actions
+
+    def ingested(self, gids: Iterable[int], ok: bool = True) -> None:
+        """The HBM actor holds the bytes of newly admitted pages (or failed to get them)."""
+        with self.lock:
+            for gid in gids:
+                rec = self.pages.get(gid)
+                if rec is None:
+                    continue
+                self._set_busy(rec, False)
+                if not ok and rec.resident:
+                    self._evict(rec, tracked=True)
+            self.idle.notify_all()
+
+    def _set_busy(self, rec: PageRecord, busy: bool) -> None:
+        """A page with a transfer in flight is never chosen as a victim."""
+        rec.busy = busy
+        rec.view.pinned = busy or rec.pins > 0
 
     def _new_record(self, meta: PageMeta, hbm: str, now: float) -> PageRecord:
         gid = next(self._gids)
@@ -209,8 +233,12 @@ class Controller:
             return self.idle.wait_for(
                 lambda: not any(self.pages[g].busy for g in gids if g in self.pages), timeout_s)
 
-    def access(self, gids: list[int], now: float) -> tuple[list[Action], list[Action]]:
-        """The engine needs ``gids`` in HBM: pin them. Returns (demotions, restores).
+    def access(self, gids: list[int], now: float
+               ) -> tuple[list[Action], list[Action], list[int], list[int]]:
+        """The engine needs ``gids`` in HBM: pin them.
+
+        Returns (demotions, restores, lost, blocked): ``lost`` pages have no copy left
+        (re-prefill), ``blocked`` ones found no room now (pinned pages fill the HBM).
 
         Waits (lock released) while any of them is being demoted or restored: a page
         being demoted has no copy yet."""
@@ -220,28 +248,41 @@ class Controller:
             self._cancel(gids)
             demotes: list[Action] = []
             restores: list[Action] = []
+            lost: list[int] = []
+            blocked: list[int] = []
+            # Pin every requested page first: making room for one must never evict another.
             for gid in gids:
                 rec = self.pages[gid]
+                rec.pins += 1
+                rec.view.pinned = True
                 rec.view.last_access = now
                 rec.view.access_count += 1
                 if rec.resident:
                     self.hbms[rec.hbm].policy.on_access(rec.view, now)
-                elif not rec.copies:
-                    raise PageLost(f"page {rec.meta.page_id} of {rec.meta.session} has no copy")
-                else:
-                    rec.view.pinned = True  # while making room: never its own victim
+            for gid in gids:
+                rec = self.pages[gid]
+                if rec.resident:
+                    continue
+                if not rec.copies:
+                    lost.append(gid)
+                    continue
+                try:
                     demotes += self._make_room(rec.hbm, rec.meta.length, now)
-                    tier, codec = self.strategy.restore_source(rec)
-                    self._insert(rec, now, codec)
-                    rec.busy = True
-                    restores.append(Action(kind=ActionKind.RESTORE, gid=gid, hbm=rec.hbm,
-                                           tier=tier, codec=codec, start_at=now, reason="access",
-                                           session=rec.meta.session))
-                rec.pins += 1
-                rec.view.pinned = True
-                self.hbms[rec.hbm].policy.on_update(rec.view, now)
+                except HbmFull:
+                    blocked.append(gid)
+                    continue
+                tier, codec = self.strategy.restore_source(rec)
+                self._insert(rec, now, codec)
+                self._set_busy(rec, True)
+                restores.append(Action(kind=ActionKind.RESTORE, gid=gid, hbm=rec.hbm,
+                                       tier=tier, codec=codec, start_at=now, reason="access",
+                                       session=rec.meta.session))
+            for gid in lost + blocked:  # not pinned: the caller retries or gives up
+                rec = self.pages[gid]
+                rec.pins -= 1
+                rec.view.pinned = rec.pins > 0
             self.stats["restores"] += len(restores)
-            return demotes, restores
+            return demotes, restores, lost, blocked
 
     def unpin(self, gids: Iterable[int], now: float) -> None:
         with self.lock:
@@ -260,7 +301,7 @@ class Controller:
             rec = self.pages.get(action.gid)
             if rec is None:
                 return
-            rec.busy = False
+            self._set_busy(rec, False)
             if action.kind is ActionKind.DEMOTE:
                 for tier, codec in info.get("copies", ()):
                     rec.copies[Codec(codec)] = Tier(tier)
@@ -405,7 +446,7 @@ class Controller:
             return []  # prefetch is best effort: the access path restores on demand
         tier, codec = self.strategy.restore_source(rec)
         self._insert(rec, now, codec)
-        rec.busy = True
+        self._set_busy(rec, True)
         self.stats["prefetches"] += 1
         return demotes + [Action(kind=ActionKind.RESTORE, gid=rec.gid, hbm=rec.hbm, tier=tier,
                                  codec=codec, start_at=now, reason="prefetch",

@@ -18,7 +18,7 @@ from agentkv_cluster.runtime.executor import Executor, LinkCredits
 from agentkv_cluster.runtime.handles import ActorGone, Handle
 from agentkv_cluster.runtime.mover import RemoteSpan
 from agentkv_cluster.runtime.records import (
-    ActionKind, LoadReport, PageLost, PageMeta, UnknownPageKey, UnknownSession,
+    ActionKind, LoadReport, PageMeta, UnknownPageKey, UnknownSession,
 )
 from agentkv_cluster.runtime.strategies import make_strategy
 from store.types import Codec, Lookup, Tier
@@ -94,17 +94,36 @@ class ControllerActor:
 
     def store(self, tenant: str, session: str, metas: list[PageMeta],
               spans: list[RemoteSpan]) -> list[int]:
-        now = time.monotonic()
-        try:
-            admitted, demotes = self.controller.admit(tenant, session, metas, now)
-        except (UnknownSession, HbmFull) as exc:
-            raise RequestRefused(str(exc)) from None
-        self._check(self.executor.run(demotes))
-        hbm = self.controller.sessions[(tenant, session)].hbm
-        for (gid, needs), meta, span in zip(admitted, metas, spans):
-            if needs:
-                self._ingest(hbm, gid, meta, span)
-        return [gid for gid, _ in admitted]
+        """Admit pages (making room first), then let the HBM actor pull their bytes."""
+        pending = list(range(len(metas)))
+        gids: dict[int, int] = {}
+        deadline = time.monotonic() + 30.0
+        while pending:
+            try:
+                admitted, demotes = self.controller.admit(
+                    tenant, session, [metas[i] for i in pending], time.monotonic())
+            except UnknownSession as exc:
+                raise RequestRefused(str(exc)) from None
+            self._check(self.executor.run(demotes))
+            hbm = self.controller.sessions[(tenant, session)].hbm
+            retry = []
+            for i, (gid, needs) in zip(pending, admitted):
+                gids[i] = gid
+                if needs is None:
+                    retry.append(i)
+                elif needs:
+                    ok = False
+                    try:
+                        self._ingest(hbm, gid, metas[i], spans[i])
+                        ok = True
+                    finally:
+                        self.controller.ingested([gid], ok)
+            pending = retry
+            if pending:
+                if time.monotonic() > deadline:
+                    raise RequestRefused("HBM is full of pinned pages; release some and retry")
+                time.sleep(0.02)  # pinned pages fill the HBM: wait for a release
+        return [gids[i] for i in range(len(metas))]
 
     def _ingest(self, hbm: str, gid: int, meta: PageMeta, span: RemoteSpan) -> None:
         try:
@@ -141,11 +160,22 @@ class ControllerActor:
         was_resident = {g: r.resident and not r.busy for g, r in before.items()}
         self.controller.wait_idle(gids, 60.0)
         waited = time.monotonic() - t0
-        try:
-            demotes, restores = self.controller.access(gids, time.monotonic())
-        except (PageLost, HbmFull) as exc:
-            raise RequestRefused(f"{type(exc).__name__}: {exc}") from None
-        results = self.executor.run(demotes + restores)
+        results, todo, pinned = [], list(gids), []
+        deadline = time.monotonic() + 30.0
+        while todo:
+            demotes, restores, lost, blocked = self.controller.access(todo, time.monotonic())
+            pinned += [g for g in todo if g not in lost and g not in blocked]
+            results += self.executor.run(demotes + restores)
+            if lost:
+                self.controller.unpin(pinned, time.monotonic())
+                raise RequestRefused(f"PageLost: {len(lost)} page(s) have no copy left; "
+                                     "re-prefill them")
+            todo = blocked
+            if todo and time.monotonic() > deadline:
+                self.controller.unpin(pinned, time.monotonic())
+                raise RequestRefused("HBM is full of pinned pages; release some and retry")
+            if todo:
+                time.sleep(0.02)  # pinned pages fill the HBM: wait for a release
         self._check(results)
         by_gid = {r["action"].gid: r for r in results if r["action"].kind is ActionKind.RESTORE}
         failed = [g for g, r in by_gid.items() if not r["ok"]]

@@ -37,7 +37,7 @@ def render_values(values: dict[str, Any] | None) -> dict[str, str]:
         return chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def rendered(name: str) -> tuple[tuple[str, str], ...]:
     out = render_values(load_values(name))
     return tuple(sorted((path, text) for path, text in out.items()
@@ -49,11 +49,11 @@ def manifest_text(name: str) -> str:
     return "".join(f"---\n# Source: {path}\n{text.strip()}\n" for path, text in rendered(name))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def documents(name: str) -> list[dict[str, Any]]:
     """Parsed objects, cached: callers that change one must deep-copy it first."""
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    docs = [d for d in yaml.load_all(manifest_text(name), Loader=loader) if d]  # noqa: S506
+    docs = [d for d in yaml.load_all(manifest_text(name), Loader=loader) if d]
     assert all("kind" in d and "metadata" in d for d in docs)
     return docs
 
@@ -131,7 +131,7 @@ def resolve_env(env: list[dict[str, Any]], secrets: dict[tuple[str, str], str],
 SECRET_KEY_RE = re.compile(r"[-._a-zA-Z0-9]+")  # what a Secret's data keys may be
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def merged_values(name: str) -> dict[str, Any]:
     """The values a release of this set actually uses (defaults coalesced, as install does)."""
     with helm.Chart.load(CHART) as chart:
@@ -141,3 +141,27 @@ def merged_values(name: str) -> dict[str, Any]:
 def lint(values: dict[str, Any] | None) -> dict[str, Any]:
     return helm.lint(CHART, values, strict=True, kube_version=KUBE_VERSION,
                      namespace=NAMESPACE)
+
+
+POD_IP = "10.1.2.3"
+SECRETS = {  # stand-ins for the Secrets an operator creates (docs/operations.md)
+    ("agentkv-ray-auth", "auth_token"): "ray-token",
+    ("agentkv-redis-service", "password"): "svc-Pass_word-1",
+    ("agentkv-redis-url", "url"): "rediss://agentkv:pw@redis.example.internal:6380/0"
+                                  "?ssl_ca_certs=/etc/agentkv/redis-ca/ca.crt",
+}
+REDIS_HOST = f"{RELEASE}-redis.{NAMESPACE}.svc.cluster.local"
+
+
+def service_config(value_set: str, tmp_path: Path):
+    """The head's AgentKvConfig as `agentkv serve` would load it in the pod, and its container."""
+    from agentkv_cluster.config import load_config
+
+    config_map = one(value_set, "ConfigMap", "-config")
+    path = tmp_path / "config.yaml"
+    path.write_text(config_map["data"]["config.yaml"])
+    head = pod_templates(value_set)["head"]
+    agentkv = container(head, "agentkv")
+    env = resolve_env(agentkv["env"], SECRETS, {"status.podIP": POD_IP})
+    assert agentkv["command"] == ["agentkv", "serve", "--config", "/etc/agentkv/config.yaml"]
+    return load_config(path, env=env), agentkv

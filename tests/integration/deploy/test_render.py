@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 
 import kubernetes_validate
 import pytest
@@ -11,8 +13,8 @@ from tests.integration.deploy import chart
 
 pytestmark = pytest.mark.integration
 
-# The oldest version Chart.yaml accepts and the newest kubernetes-validate knows.
-KUBE_VERSIONS = ("1.29", kubernetes_validate.latest_version())
+# The oldest version Chart.yaml accepts, the lint target, and the newest kubernetes-validate knows.
+KUBE_VERSIONS = ("1.29", chart.KUBE_VERSION.lstrip("v"), kubernetes_validate.latest_version())
 # Kinds without a schema in kubernetes-validate; each is checked by its own test.
 CUSTOM_KINDS = {"RayCluster": "test_raycluster.py", "ServiceMonitor": "test_policies.py"}
 
@@ -35,6 +37,24 @@ def test_every_manifest_validates_strictly(value_set, version):
         kubernetes_validate.validate(doc, version, strict=True)  # raises ValidationError
         checked.append(doc["kind"])
     assert {"ConfigMap", "Service", "ServiceAccount"} <= set(checked)
+
+
+def test_kubernetes_validate_cli_strict(tmp_path):
+    """The `kubernetes-validate --strict` command line on every rendered value set."""
+    files = []
+    for name in chart.VALUE_SETS:
+        files.append(tmp_path / f"{name}.yaml")
+        files[-1].write_text(chart.manifest_text(name))
+    run = subprocess.run([sys.executable, "-m", "kubernetes_validate", "--strict", "-k",
+                          KUBE_VERSIONS[-1], *map(str, files)],
+                         check=False, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    skipped = {line.split("kind ")[1].split(" ")[0] for line in lines if line.startswith("WARN")}
+    assert skipped == set(CUSTOM_KINDS)
+    assert sum(line.startswith("INFO") for line in lines) == sum(
+        len(chart.documents(n)) for n in chart.VALUE_SETS) - sum(
+        d["kind"] in CUSTOM_KINDS for n in chart.VALUE_SETS for d in chart.documents(n))
 
 
 def test_strict_validation_catches_an_unknown_field():

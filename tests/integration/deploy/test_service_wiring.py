@@ -13,33 +13,14 @@ from redis.backoff import NoBackoff
 from redis.connection import parse_url
 from redis.retry import Retry
 
-from agentkv_cluster.config import load_config
 from security.keyring import FileKeySource, TenantKeyring
 from security.redis_acl import TenantAclUser, acl_file_line, acl_rules
 from tests.integration.deploy import chart
+from tests.integration.deploy.chart import POD_IP, REDIS_HOST, SECRETS
+from tests.integration.deploy.chart import service_config as _service_config
 from tests.support.redis_proc import RedisProcess
 
 pytestmark = pytest.mark.integration
-
-POD_IP = "10.1.2.3"
-SECRETS = {  # stand-ins for the Secrets an operator creates (docs/operations.md)
-    ("agentkv-ray-auth", "auth_token"): "ray-token",
-    ("agentkv-redis-service", "password"): "svc-Pass_word-1",
-    ("agentkv-redis-url", "url"): "rediss://agentkv:pw@redis.example.internal:6380/0"
-                                  "?ssl_ca_certs=/etc/agentkv/redis-ca/ca.crt",
-}
-REDIS_HOST = f"{chart.RELEASE}-redis.{chart.NAMESPACE}.svc.cluster.local"
-
-
-def _service_config(value_set: str, tmp_path: Path):
-    config_map = chart.one(value_set, "ConfigMap", "-config")
-    path = tmp_path / "config.yaml"
-    path.write_text(config_map["data"]["config.yaml"])
-    head = chart.pod_templates(value_set)["head"]
-    agentkv = chart.container(head, "agentkv")
-    env = chart.resolve_env(agentkv["env"], SECRETS, {"status.podIP": POD_IP})
-    assert agentkv["command"] == ["agentkv", "serve", "--config", "/etc/agentkv/config.yaml"]
-    return load_config(path, env=env), agentkv, head
 
 
 def _mounted(cont: dict, path: str) -> bool:
@@ -49,7 +30,7 @@ def _mounted(cont: dict, path: str) -> bool:
 
 @pytest.mark.parametrize("value_set", chart.VALUE_SETS)
 def test_service_config_loads_with_the_real_loader(value_set, tmp_path):
-    cfg, agentkv, head = _service_config(value_set, tmp_path)
+    cfg, agentkv = _service_config(value_set, tmp_path)
     values = chart.merged_values(value_set)
     assert cfg.role == "head"
     assert (cfg.api.host, cfg.api.port, cfg.api.require_auth) == ("0.0.0.0", 7420, True)
@@ -79,7 +60,7 @@ def test_service_config_loads_with_the_real_loader(value_set, tmp_path):
 ])
 def test_directory_url_reaches_the_redis_the_chart_describes(value_set, scheme, host, port,
                                                              tmp_path):
-    cfg, agentkv, head = _service_config(value_set, tmp_path)
+    cfg, _ = _service_config(value_set, tmp_path)
     url = cfg.directory.redis_url
     assert url.startswith(f"{scheme}://")
     kwargs = parse_url(url)  # redis-py's own URL parser, as RedisDirectory uses
@@ -97,7 +78,7 @@ def test_directory_url_reaches_the_redis_the_chart_describes(value_set, scheme, 
 
 
 def test_embedded_directory_for_the_single_node_demo(tmp_path):
-    cfg, _, _ = _service_config("cpu-demo", tmp_path)
+    cfg, _ = _service_config("cpu-demo", tmp_path)
     assert cfg.directory.redis_url is None
     assert cfg.hbm.resource == "hbm_slot"
 
@@ -129,10 +110,12 @@ def test_tenant_key_secrets_mount_in_the_keyrings_layout(tmp_path):
     assert pod_view.generations("acme") == [1, 2]
     assert pod_view.key_id("acme", 2) == keyring.key_id("acme", 2)
     assert pod_view.blind_secret("acme") == keyring.blind_secret("acme")
-    # The chart projects each tenant's Secret into that one directory.
-    volume = chart.volume(chart.pod_templates("production-8gpu-4node")["pool"], "tenant-keys")
-    assert [s["secret"]["name"] for s in volume["projected"]["sources"]] == \
-        ["agentkv-tenant-acme", "agentkv-tenant-globex"]
+    # The chart projects every listed Secret into that one directory on every Ray node.
+    for name, template in chart.pod_templates("production-8gpu-4node").items():
+        if name != "redis":
+            volume = chart.volume(template, "tenant-keys")
+            assert [s["secret"]["name"] for s in volume["projected"]["sources"]] == \
+                ["agentkv-tenant-keys", "agentkv-tenant-keys-regulated"]
 
 
 @pytest.fixture
@@ -153,7 +136,7 @@ def acl_build(tmp_path):
 
 
 def test_acl_file_matches_security_redis_acl(acl_build):
-    lines, passwords, _, _ = acl_build
+    lines, _, _, _ = acl_build
     acme = TenantAclUser(username="akv-acme", password="acme-pw",
                          namespace="n4f1c2a9d0b3e5f6a7b8c9d0e")
     globex = TenantAclUser(username="akv-globex", password="globex-pw",
@@ -166,7 +149,7 @@ def test_acl_file_matches_security_redis_acl(acl_build):
 
 
 def test_acl_users_are_enforced_by_a_real_redis(acl_build):
-    lines, passwords, conf, acl_path = acl_build
+    _, passwords, conf, acl_path = acl_build
     kept = [line for line in conf.splitlines()
             if line.split(" ")[0] in ("maxmemory", "maxmemory-policy")]
     server = RedisProcess(extra_config="\n".join(kept + [f"aclfile {acl_path}"])).start()

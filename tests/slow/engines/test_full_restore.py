@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from agentkv_cluster.engines.hf import (
-    DynamicCache,
     CorruptPage,
+    DynamicCache,
     UnsupportedCache,
     cache_to_kv,
     drop_cache,
@@ -123,6 +123,6 @@ def test_bad_inputs_raise_specific_errors(loaded, adapter, prompt, host_store):
     host_store.put(a.key, blob_b)
     with pytest.raises(CorruptPage):
         adapter.restore("s1", prompt)
-    k, v = cache_to_kv(cache)
+    k, _ = cache_to_kv(cache)
     assert tuple(k.shape) == (loaded.num_layers, loaded.kv_heads, len(prompt), loaded.head_dim)
     assert torch.equal(k[:, :, :4], torch.stack([lay.keys[0, :, :4] for lay in cache.layers]))

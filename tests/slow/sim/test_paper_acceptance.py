@@ -49,7 +49,9 @@ def test_agentkv_has_the_lowest_p95_at_every_budget():
 
 
 def test_noise_keeps_agentkv_p95_within_5_percent_while_risk_rises():
-    points = sweep(cfg(1500), "noise", NOISE_SWEEP, policies=("agentkv",))
+    # At 3,000 batches, as documented: about 5 % of AgentKV's reads see any delay, so
+    # its P95 sits where visible restores begin and needs the full sample to settle.
+    points = sweep(cfg(3000), "noise", NOISE_SWEEP, policies=("agentkv",))
     p95 = [r.policies["agentkv"].p95_ms for r in points]
     risk = [r.policies["agentkv"].risk_pct for r in points]
     assert max(p95) <= 1.05 * min(p95), p95

@@ -77,6 +77,7 @@ def test_trace_replay_reports_malformed_lines_and_strict_mode_fails(tmp_path, ca
         {"line": 2, "reason": "unknown event kind 'nap' (expected one of model_call, "
                               "tool_start, observation_return, task_end)"}]
     assert data["policies"]["lru"]["reads"] == 1
+    assert data["config"]["workload"]["batches"] == data["workload"]["batches"] == 1
     assert "line 2: unknown event kind" in capsys.readouterr().out
     assert main(["simulate", "--trace", str(trace), "--strict-trace"]) == 2
     assert "1 malformed line(s); first: line 2" in capsys.readouterr().err

@@ -68,3 +68,20 @@ def test_end_of_life_drops_dependency_but_baselines_keep_the_page():
     run.run()
     assert run.slots[0].view.dependency == 0.0
     assert run.slots[0].where == IN_HBM
+
+
+@pytest.mark.parametrize("name", ["lru", "ttl", "semantic", "agentkv", "arc"])
+def test_simulator_and_policy_agree_on_resident_bytes_within_budget(name):
+    from agentkv_cluster.sim.config import WorkloadConfig
+    from agentkv_cluster.sim.engine import PREFETCHING
+    from agentkv_cluster.sim.policies import driver_factory
+    from agentkv_cluster.sim.workload import synthetic_workload
+
+    cfg = SimConfig(workload=WorkloadConfig(batches=30))
+    factory = driver_factory(name, cfg)
+    for batch in synthetic_workload(cfg):
+        run = BatchRun(batch, factory(batch))
+        run.run()
+        resident = sum(s.view.size_bytes for s in run.slots if s.where in (IN_HBM, PREFETCHING))
+        assert run.used == resident == run.policy.resident_bytes()
+        assert run.used <= batch.capacity_bytes

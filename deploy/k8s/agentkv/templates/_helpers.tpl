@@ -156,11 +156,11 @@ resetchannels -@all +@read +@write +@string +@hash +@list +@set +@sortedset +@tr
   projected:
     defaultMode: 0440
     sources:
-    {{- range $keys.secrets }}
-      # tenant {{ .tenant }}; optional so that erasing a tenant (deleting its Secret)
-      # removes its keys from running pods instead of blocking new ones.
+    {{- range $keys.secretNames }}
+      # optional: a Secret that is deleted (a team's tenants erased) leaves running pods
+      # without its keys instead of keeping new pods from starting.
       - secret:
-          name: {{ .secretName }}
+          name: {{ . }}
           optional: true
     {{- end }}
 {{- else if eq $keys.source "csi" }}

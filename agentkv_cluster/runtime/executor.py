@@ -140,7 +140,10 @@ class Executor:
         return name, self.pools[name]
 
     def _demote(self, a: Action) -> dict[str, Any]:
-        rec = self.controller.record(a.gid)
+        try:
+            rec = self.controller.record(a.gid)
+        except KeyError:
+            return {"copies": [], "retired": True}  # retired while queued: nothing to keep
         targets = []
         if a.codec not in rec.copies:
             targets.append((int(a.tier), int(a.codec)))

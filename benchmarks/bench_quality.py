@@ -33,7 +33,7 @@ from store.codecs import CodecSpec
 SPECS = (
     CodecSpec.full(), CodecSpec.int8(), CodecSpec(codec=CodecSpec.int8().codec, key_grouping="channel"),
     CodecSpec.int4(), CodecSpec.int4("token"), CodecSpec.int2(), CodecSpec.int2("token"),
-    CodecSpec.low_rank(32),
+    CodecSpec.low_rank(16),
 )
 # Acceptance lines of issue 7: label -> (min top-1, max KL, max |PPL change|).
 BOUNDS = {"full": (1.0, 0.0, 0.0), "int8": (0.99, 1e-3, 0.005), "int4-kivi": (0.93, 0.02, 0.03)}
@@ -84,7 +84,10 @@ def _markdown(rows: list[QualityRow], source: str, windows: int, seconds: float)
         "",
         "Reading the table:",
         "- One window has 256 positions, so one flipped near-tie moves a window's top-1 by",
-        "  0.0039; the pooled figure is the acceptance figure, the worst window is shown too.",
+        "  0.0039; the pooled figure is the acceptance figure, the worst window is shown too",
+        f"  (INT8's worst single window: {by_label['int8'].top1_min:.4f}; a single window "
+        "can fall below 0.99 while",
+        "  KL stays ~1e-5: the flips are near-ties of the full-precision run).",
         "- `bytes vs full` is the exact stored page size (codes, scales, minimums, KIVI's",
         "  full-precision residual of the last partial key group, wire header) over fp32 pages.",
         "- INT2 and low-rank are never used as a sole copy: they may only serve as drafts",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentkv_cluster.api.errors import NotFound
+from agentkv_cluster.api.protocol import RemoteError
 from agentkv_cluster.lifecycle.identity import PageIdentity
 from store.types import Lookup
 
@@ -35,13 +35,20 @@ class ServicePageStore:
             return Lookup.MISS, None
         try:
             return Lookup.HIT, self._session.load([service_key])[0]
-        except NotFound:
-            return Lookup.MISS, None
+        except RemoteError as exc:
+            if exc.code != "not_found":
+                raise
+            return Lookup.MISS, None  # evicted or retired: the adapter recomputes
 
     def delete(self, key: bytes) -> None:
         service_key = self._keys.pop(key, None)
-        if service_key is not None:
+        if service_key is None:
+            return
+        try:
             self._session.release([service_key])
+        except RemoteError as exc:
+            if exc.code != "not_found":  # already retired (e.g. by TASK_END) is fine
+                raise
 
     def __contains__(self, key: bytes) -> bool:
         return key in self._keys

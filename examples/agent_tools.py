@@ -66,6 +66,6 @@ def search_docs(query: str, files: list[Path] | None = None) -> SearchHit | None
             score = len(words & found)
             if score and (best is None or score > best.score):
                 text = line.strip().lstrip("#|- ").strip()[:160]
-                best = SearchHit(path=str(path.relative_to(REPO)), line=number, text=text,
-                                 score=score)
+                shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+                best = SearchHit(path=str(shown), line=number, text=text, score=score)
     return best

@@ -125,6 +125,10 @@ class ApiServer:
         async def _close() -> None:
             if self._server is not None:
                 self._server.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:  # open connections: end their handlers cleanly
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             loop.stop()
 
         asyncio.run_coroutine_threadsafe(_close(), loop)
@@ -143,6 +147,8 @@ class ApiServer:
             await self._frames(reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
             pass  # the peer went away or stalled mid-frame: drop only this connection
+        except asyncio.CancelledError:
+            pass  # server shutdown
         except Exception:  # noqa: BLE001 - a bug here must not take the server down
             log.exception("connection handler failed")
         finally:

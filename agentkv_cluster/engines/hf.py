@@ -25,7 +25,7 @@ from transformers.cache_utils import DynamicLayer
 
 from agentkv_cluster.engines.model import LoadedModel
 from agentkv_cluster.lifecycle.identity import PageIdentity
-from store.codecs import CodecSpec, EncodedKV, decode_kv, encode_kv
+from store.codecs import CodecSpec, EncodedFormatError, EncodedKV, decode_kv, encode_kv
 from store.types import Codec, Lookup
 
 if TYPE_CHECKING:
@@ -225,6 +225,8 @@ class HfKVAdapter:
         """Write every page of ``cache`` (covering ``token_ids``) in each form of ``specs``."""
         t0 = time.perf_counter()
         specs = tuple(dict.fromkeys(specs))  # each form once
+        if any(spec.codec is Codec.RECOMPUTE for spec in specs):
+            raise ValueError("RECOMPUTE holds no KV: restore recomputes pages that are not stored")
         k, v = cache_to_kv(cache)
         if k.shape[2] != len(token_ids):
             raise UnsupportedCache(f"cache holds {k.shape[2]} tokens, token_ids has {len(token_ids)}")
@@ -288,7 +290,10 @@ class HfKVAdapter:
             found, blob = self._store.get(page.key)
             if found is not Lookup.HIT:
                 break  # evicted: the rest of the prefix is recomputed
-            enc = EncodedKV.from_bytes(blob)
+            try:
+                enc = EncodedKV.from_bytes(blob)
+            except EncodedFormatError as exc:
+                raise CorruptPage(f"page {page.key.hex()} is not encoded KV: {exc}") from exc
             if enc.identity != want.pack():
                 raise CorruptPage(f"slot for page {page.key.hex()} holds another page's bytes")
             if enc.spec.codec is Codec.FULL:  # from_bytes already copied out of the store
@@ -296,16 +301,17 @@ class HfKVAdapter:
             else:
                 k, v = decode_kv(enc)
             self._check_shape(k, end - start, page)
+            self._check_shape(v, end - start, page)
             ks.append(k)
             vs.append(v)
             restored, nbytes = end, nbytes + len(blob)
         return ks, vs, restored, nbytes
 
-    def _check_shape(self, k: torch.Tensor, tokens: int, page: StoredPage) -> None:
+    def _check_shape(self, x: torch.Tensor, tokens: int, page: StoredPage) -> None:
         m = self._loaded
         want = (m.num_layers, m.kv_heads, tokens, m.head_dim)
-        if tuple(k.shape) != want or k.dtype != m.dtype:
-            raise CorruptPage(f"page {page.key.hex()} decoded to {tuple(k.shape)} {k.dtype}, "
+        if tuple(x.shape) != want or x.dtype != m.dtype:
+            raise CorruptPage(f"page {page.key.hex()} decoded to {tuple(x.shape)} {x.dtype}, "
                               f"identity says {want} {m.dtype}")
 
 

@@ -13,26 +13,34 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from agentkv_cluster.policy.base import (
     CostModel,
+    DuplicatePage,
     EarlyReturnReport,
     GapPlan,
     Mechanisms,
     PageId,
     PageView,
     Placement,
+    PrefetchAdmission,
+    RetireDecision,
     ToolStart,
 )
-from agentkv_cluster.policy.baselines import TrackedPolicy
+from agentkv_cluster.policy.baselines import TrackedPolicy, take_exactly
 from agentkv_cluster.policy.gap import GapConfig, GapPlanner
 from agentkv_cluster.policy.placement import PlacementConfig, PlacementPlanner
 from agentkv_cluster.policy.placement_costs import OPTIONS, OptionCosts
 from agentkv_cluster.policy.predictor import Predictor, PredictorConfig
 from agentkv_cluster.policy.risk import RiskConfig, RiskController
-from agentkv_cluster.policy.value import PROFILES, ValueModel, ValueProfile
+from agentkv_cluster.policy.value import PROFILES, PageColumns, ValueModel, ValueProfile
 from store.types import Codec, Tier
 
 _UNLIMITED = 1 << 62
+# From this many resident pages the victim order is computed over numpy columns;
+# below it the per-page path is faster (numpy's fixed cost per call dominates).
+_COLUMNAR_MIN_PAGES = 256
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,7 +65,9 @@ def allowed_codecs(config: AgentKvConfig) -> tuple[Codec, ...]:
 
 
 class AgentKvPolicy(TrackedPolicy):
-    """Composes the policy modules; holds no logic of its own beyond the victim order."""
+    """Composes the policy modules; its own logic is the victim order and the two
+    rules that follow from it (prefetch admission, retirement on the event graph's
+    signal)."""
 
     name = "agentkv"
 
@@ -84,22 +94,81 @@ class AgentKvPolicy(TrackedPolicy):
     # ------------------------------------------------------------ eviction
     def conservative(self) -> bool:
         """True when predictions are not trusted: LRU order, full-precision demotion."""
-        pages = [p for p in self._pages.values() if not p.pinned]
-        if not pages:
-            return False
-        mean = sum(p.confidence for p in pages) / len(pages)
-        return mean < self.config.predictor.confidence_threshold
+        conf = [p.confidence for p in self._pages.values() if not p.pinned]
+        return bool(conf) and sum(conf) / len(conf) < self.config.predictor.confidence_threshold
+
+    def rank_key(self, page: PageView, now: float, conservative: bool | None = None
+                 ) -> tuple[float | bool, ...]:
+        """The page's place in the victim order (lower goes first): risk-protected
+        pages last, then value density (eq. 3 at ``now``), older access first; in
+        the conservative fallback plain LRU."""
+        if self.conservative() if conservative is None else conservative:
+            return (page.last_access, page.page_id)
+        protected = not self.risk.guard_demotion(page)
+        return (protected, self.value_model.density(page, now), page.last_access, page.page_id)
 
     def _victim_order(self, now: float) -> list[PageId]:
         pages = list(self._pages.values())
         if self.conservative():
             return [p.page_id for p in sorted(pages, key=lambda p: (p.last_access, p.page_id))]
+        if len(pages) >= _COLUMNAR_MIN_PAGES:
+            return self._columnar_order(pages, now)
+        guard, density = self.risk.guard_demotion, self.value_model.density
+        return [p.page_id for p in sorted(pages, key=lambda p: (
+            not guard(p), density(p, now), p.last_access, p.page_id))]
 
-        def key(page: PageView) -> tuple[bool, float, float, PageId]:
-            protected = not self.risk.guard_demotion(page)
-            return (protected, self.value_model.density(page), page.last_access, page.page_id)
+    def _columnar_order(self, pages: list[PageView], now: float) -> list[PageId]:
+        """``rank_key`` order over numpy columns (large resident sets)."""
+        cols = PageColumns.from_pages(pages)
+        density = self.value_model.densities(cols, now)
+        rc = self.risk.config
+        protected = np.zeros(len(pages), dtype=np.bool_)
+        if rc.enabled:
+            high = (cols.correctness >= rc.protect_weight) | (cols.dependency > 0.0)
+            protected = high & (cols.confidence < rc.low_confidence)
+        order = np.lexsort((cols.page_ids, cols.last_access, density, protected))
+        return cols.page_ids[order].tolist()
 
-        return [p.page_id for p in sorted(pages, key=key)]
+    def admit_prefetch(self, page: PageView, need_bytes: int, now: float) -> PrefetchAdmission:
+        """May a prefetched ``page`` enter the fast tier? It may only displace pages the
+        victim order ranks below it (else prefetches push each other out in cycles):
+        admitted with exactly enough such victims, which stop being tracked, or not
+        admitted and nothing changes. ``need_bytes``: bytes short of room for it."""
+        page.validate()
+        if page.page_id in self._pages:
+            raise DuplicatePage(f"{self.name}: page {page.page_id} is already tracked")
+        victims: list[PageId] = []
+        if need_bytes > 0:
+            conservative = self.conservative()
+            mine = self.rank_key(page, now, conservative)
+            below = [p for p in self._pages.values()
+                     if self.rank_key(p, now, conservative) < mine]
+            below.sort(key=lambda p: self.rank_key(p, now, conservative))
+            victims = take_exactly((p.page_id for p in below), self._pages, need_bytes)
+            if not victims:
+                return PrefetchAdmission(page_id=page.page_id, admitted=False, victims=())
+            for pid in victims:
+                self._bytes -= self._pages.pop(pid).size_bytes
+                self._evicted(pid)
+        self.on_insert(page, now)
+        return PrefetchAdmission(page_id=page.page_id, admitted=True, victims=tuple(victims))
+
+    def on_consumers_done(self, page: PageView, now: float, *,
+                          retirable: bool = True) -> RetireDecision:
+        """Event dependency: once every reachable consumer is done and the event graph
+        finds no other blocker (``retirable``: rollback, audit, generation), the page
+        is retired from every tier. Without the mechanism (ablation) it only loses
+        its dependency weight and stays until evicted."""
+        if self.config.mechanisms.event_dependency and retirable:
+            if page.page_id in self._pages:
+                self.on_remove(page.page_id)
+            return RetireDecision(page_id=page.page_id, retire=True,
+                                  reason="no unfinished consumer; retirable")
+        if page.page_id in self._pages:
+            self.on_update(page, now)
+        reason = ("event dependency off" if retirable
+                  else "consumers done; the event graph still blocks retirement")
+        return RetireDecision(page_id=page.page_id, retire=False, reason=reason)
 
     def demotion(self, page: PageView, free: Mapping[Tier, int] | None = None) -> Placement:
         """Where and in what form to keep an evicted page (phase 2 of the planner, one page)."""

@@ -23,9 +23,20 @@ produce these records live next to it:
 - ``baselines``: ``LruPolicy()``, ``TtlPolicy()``, ``SemanticPolicy()``,
   ``ArcPolicy(capacity_bytes)``; ``agentkv.AgentKvPolicy(config=None, predictor=None)``
   with ``demotion(page, free=None) -> Placement``, ``on_tool_start(...) -> GapPlan``,
-  ``on_tool_return(plan, pages, now) -> EarlyReturnReport``. All implement ``EvictionPolicy``.
+  ``on_tool_return(plan, pages, now) -> EarlyReturnReport``,
+  ``admit_prefetch(page, need_bytes, now) -> PrefetchAdmission``. All implement
+  ``EvictionPolicy``, including ``on_consumers_done(page, now, *, retirable=True) ->
+  RetireDecision`` (only AgentKV acts on the event graph's signal).
 
 Time is always passed in as ``now`` (seconds, any epoch); nothing here reads a clock.
+
+``PageView.predicted_idle_s`` has one meaning everywhere: the predicted length of
+the page's current idle gap, measured from ``last_access`` (the predicted next
+access is at ``last_access + predicted_idle_s``). It does not change as time
+passes; a policy that needs the time still to wait computes
+``remaining_idle_s(page, now)``. A caller holding a residual-life prediction made
+at ``now`` (``Predictor.predict``'s ``idle_quantiles``) stores
+``Predictor.gap_estimate(page, now)``, i.e. elapsed + remaining.
 """
 
 from __future__ import annotations
@@ -80,7 +91,7 @@ class PageView:
     created: float = 0.0
     last_access: float = 0.0
     access_count: int = 0
-    predicted_idle_s: float = 0.0  # predicted time until next access
+    predicted_idle_s: float = 0.0  # predicted whole idle gap from last_access (module doc)
     reuse_prob: float = 0.5  # p_reuse, eq. 2
     confidence: float = 1.0  # predictor confidence in [0, 1]
     recompute_cost_s: float = 0.0  # C_recomp: seconds to re-prefill / re-run
@@ -136,6 +147,33 @@ class EvictionPolicy(Protocol):
 
     def resident_bytes(self) -> int: ...
 
+    def on_consumers_done(self, page: PageView, now: float, *,
+                          retirable: bool = True) -> RetireDecision: ...
+
+
+def remaining_idle_s(page: PageView, now: float) -> float:
+    """Predicted time from ``now`` until the page's next access, floored at 0
+    (a page past its predicted return is about to be used)."""
+    return max(0.0, page.last_access + page.predicted_idle_s - now)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetireDecision:
+    """The answer to the event graph's "every reachable consumer is done" signal."""
+
+    page_id: PageId
+    retire: bool  # drop every copy (HBM and lower tiers); the policy no longer tracks it
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrefetchAdmission:
+    """Whether a prefetched page may enter the fast tier, and whom it displaces."""
+
+    page_id: PageId
+    admitted: bool  # True: the page is tracked now and ``victims`` are no longer
+    victims: tuple[PageId, ...]  # pages to demote to make room (empty when not admitted)
+
 
 # ---------------------------------------------------------------- costs
 
@@ -165,7 +203,11 @@ class CostModel:
         }
     )
     codec_bytes_per_s: float = 200e9  # compress + decompress throughput over full bytes
-    energy_per_byte: float = 1e-11  # E_i weight per moved byte (seconds-equivalent)
+    energy_per_byte: float = 1e-11  # E_i weight per byte over a link (seconds-equivalent)
+    # E_i weight per full byte through a codec pass: an on-GPU pass, far cheaper per
+    # byte than a link transfer (pricing it like one made compression look dearer
+    # than the restore time it saves)
+    codec_energy_per_byte: float = 1e-12
 
     def stored_bytes(self, size_bytes: int, codec: Codec) -> int:
         return round(size_bytes * self.codec_ratio[codec])

@@ -9,7 +9,15 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 
-from agentkv_cluster.policy.base import DuplicatePage, PageId, PageView, StateType, UnknownPage
+from agentkv_cluster.policy.base import (
+    DuplicatePage,
+    PageId,
+    PageView,
+    RetireDecision,
+    StateType,
+    UnknownPage,
+    remaining_idle_s,
+)
 
 # Semantic priority of each state type (higher = keep longer). Mirrors the
 # default policies of paper Table 1: prefixes and verified results are kept,
@@ -71,6 +79,16 @@ class TrackedPolicy:
 
     def resident_bytes(self) -> int:
         return self._bytes
+
+    def on_consumers_done(self, page: PageView, now: float, *,
+                          retirable: bool = True) -> RetireDecision:
+        """The event graph reports no unfinished consumer (the caller has already set
+        ``page.dependency``). A policy blind to the event graph keeps the page: it
+        only refreshes its record when it tracks it."""
+        if page.page_id in self._pages:
+            self.on_update(page, now)
+        return RetireDecision(page_id=page.page_id, retire=False,
+                              reason=f"{self.name} ignores the event graph")
 
     def __contains__(self, page_id: object) -> bool:
         return page_id in self._pages
@@ -146,15 +164,14 @@ class LruPolicy(TrackedPolicy):
 class TtlPolicy(TrackedPolicy):
     """Evict the page whose predicted remaining idle time x size is largest.
 
-    Remaining idle = last_access + predicted_idle_s - now, floored at 0 (a page
-    past its predicted return is about to be used). Ties: older access first.
+    Remaining idle is ``remaining_idle_s(page, now)``. Ties: older access first.
     """
 
     name = "ttl"
 
     def _victim_order(self, now: float) -> list[PageId]:
         def key(page: PageView) -> tuple[float, float, PageId]:
-            remaining = max(0.0, page.last_access + page.predicted_idle_s - now)
+            remaining = remaining_idle_s(page, now)
             return (-remaining * page.size_bytes, page.last_access, page.page_id)
 
         return [p.page_id for p in sorted(self._pages.values(), key=key)]

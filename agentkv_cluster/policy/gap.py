@@ -1,13 +1,14 @@
 """Tool-gap migration and prefetch, eq. (6): H_i = min(1, T_gap / T_move).
 
 On a tool start the session is not evicted wholesale. Pages are ranked by
-predicted idle time and future dependency (idle / (1 + D)). A short gap moves
+remaining predicted idle time and future dependency (idle / (1 + D)). A short gap moves
 only small, low-value pages that the gap fully hides. Otherwise migration is
 progressive: a wave starts at each quantile of the tool's duration law and a
 page joins the first wave whose *remaining* predicted gap hides its T_move with
 a slack that grows with its value, so large or valuable pages move only once
 the tool is in its long tail. Prefetch of a moved page starts at
-predicted return - T_move and carries a link-credit reservation. An early
+predicted return - T_move and carries a link-credit reservation; pages nobody
+will read (no unfinished consumer, or reuse below the floor) are not prefetched. An early
 return cancels unfinished prefetches and not-yet-started migrations and
 reports the largest prefix (by token position) still resident in HBM.
 """
@@ -26,6 +27,7 @@ from agentkv_cluster.policy.base import (
     PageView,
     Prefetch,
     ToolStart,
+    remaining_idle_s,
 )
 from agentkv_cluster.policy.predictor import LogNormal, Predictor
 from agentkv_cluster.policy.risk import RiskController
@@ -74,17 +76,17 @@ class GapPlanner:
         predicted_return = now + gap
         movable = [p for p in pages if p.session == tool_start.session
                    and p.tier is Tier.HBM and not p.pinned and self.risk.guard_demotion(p)]
-        density = {p.page_id: self.value_model.density(p) for p in movable}
+        density = {p.page_id: self.value_model.density(p, now) for p in movable}
         by_value = sorted(density, key=lambda k: (density[k], k))
         value_rank = {pid: r / max(len(by_value), 1) for r, pid in enumerate(by_value)}
         if gap < cfg.short_gap_s:
-            waves = [(now, gap, 1.0)]
+            waves = [_Wave(now, 1.0, remaining=gap)]
             movable = [p for p in movable if p.size_bytes <= cfg.small_page_bytes
                        and value_rank[p.page_id] < cfg.low_value_fraction]
         else:
             waves = self._waves(law, tool_start.started_at, now)
         # move order: long predicted idle and weak future dependency first, low value on ties
-        movable.sort(key=lambda p: (-p.predicted_idle_s / (1.0 + p.dependency),
+        movable.sort(key=lambda p: (-remaining_idle_s(p, now) / (1.0 + p.dependency),
                                     value_rank[p.page_id], p.page_id))
         migrations = []
         for r, page in enumerate(movable):
@@ -122,34 +124,35 @@ class GapPlanner:
                                  resident_prefix=tuple(prefix), resident_prefix_tokens=end)
 
     # ------------------------------------------------------------ helpers
-    def _waves(self, law: LogNormal, started_at: float,
-               now: float) -> list[tuple[float, float, float]]:
-        """(start, predicted remaining gap, share of the move order admitted) per wave."""
+    def _waves(self, law: LogNormal, started_at: float, now: float) -> list[_Wave]:
+        """Start and share of the move order admitted per wave; each wave's predicted
+        remaining gap is computed only if a page gets that far."""
         cfg = self.config
-        out: list[tuple[float, float, float]] = []
+        out: list[_Wave] = []
         for q, fraction in zip(cfg.wave_quantiles, cfg.wave_fractions, strict=True):
             start = max(now, started_at + (law.quantile(q) if q > 0 else 0.0))
-            remaining = law.remaining_quantile(cfg.return_quantile, start - started_at)
-            if out and start <= out[-1][0]:
-                out[-1] = (out[-1][0], out[-1][1], fraction)  # already due: widen this wave
+            if out and start <= out[-1].start:
+                out[-1].fraction = fraction  # already due: widen this wave
             else:
-                out.append((start, remaining, fraction))
+                out.append(_Wave(start, fraction, law=law, elapsed=start - started_at,
+                                 quantile=cfg.return_quantile))
         return out
 
     def _migration(self, page: PageView, order: float, value_rank: float,
-                   waves: list[tuple[float, float, float]]) -> Migration | None:
+                   waves: list[_Wave]) -> Migration | None:
         """The first wave that admits the page's move order and hides its T_move with a
         slack that grows with its value rank."""
         codec = self._codec(page)
         t_move = self.cost.move_time(page.size_bytes, self.config.to_tier, codec)
         slack = 1.0 + self.config.value_slack * value_rank
-        for start, remaining, fraction in waves:
-            if order < fraction and remaining >= slack * t_move:
+        for wave in waves:
+            if order < wave.fraction and wave.remaining >= slack * t_move:
+                remaining = wave.remaining
                 return Migration(
-                    page_id=page.page_id, start_at=start, to_tier=self.config.to_tier,
+                    page_id=page.page_id, start_at=wave.start, to_tier=self.config.to_tier,
                     codec=codec, moved_bytes=self.cost.stored_bytes(page.size_bytes, codec),
                     t_move_s=t_move, hideable=min(1.0, remaining / t_move) if t_move else 1.0,
-                    expected_return=start + remaining)
+                    expected_return=wave.start + remaining)
         return None
 
     def _codec(self, page: PageView) -> Codec:
@@ -167,7 +170,7 @@ class GapPlanner:
         by_id = {p.page_id: p for p in pages}
         waves: dict[float, list[Migration]] = {}
         for m in migrations:
-            if by_id[m.page_id].reuse_prob >= self.config.prefetch_min_reuse:
+            if self.worth_prefetching(by_id[m.page_id]):
                 waves.setdefault(m.expected_return, []).append(m)
         out = []
         for expected_return, group in waves.items():
@@ -181,3 +184,23 @@ class GapPlanner:
                 start = begin + m.t_move_s
         out.sort(key=lambda f: (f.start_at, f.page_id))
         return tuple(out)
+
+
+class _Wave:
+    """One migration wave; its remaining predicted gap is computed on first use."""
+
+    __slots__ = ("_elapsed", "_law", "_quantile", "_remaining", "fraction", "start")
+
+    def __init__(self, start: float, fraction: float, *, remaining: float | None = None,
+                 law: LogNormal | None = None, elapsed: float = 0.0,
+                 quantile: float = 0.5) -> None:
+        self.start, self.fraction = start, fraction
+        self._remaining, self._law = remaining, law
+        self._elapsed, self._quantile = elapsed, quantile
+
+    @property
+    def remaining(self) -> float:
+        if self._remaining is None:
+            assert self._law is not None
+            self._remaining = self._law.remaining_quantile(self._quantile, self._elapsed)
+        return self._remaining

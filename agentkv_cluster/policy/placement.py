@@ -80,7 +80,7 @@ class PlacementPlanner:
         if pinned_bytes > capacity[Tier.HBM]:
             raise InfeasiblePlan(
                 f"pinned pages need {pinned_bytes} B of HBM, capacity {capacity[Tier.HBM]} B")
-        density = self.value_model.densities(cols)
+        density = self.value_model.densities(cols, now)
         order = np.lexsort((cols.page_ids, -density))  # density desc, id asc
         in_hbm = _fill_hbm(order, cols.size, cols.pinned, capacity[Tier.HBM] - pinned_bytes)
         rest = order[~in_hbm[order]]
@@ -131,7 +131,7 @@ class PlacementPlanner:
         before = {i: self._placement_key(i) for i in idx}
         for i in idx:
             self._release(i)
-            self._density[i] = self.value_model.density(self._pages[i])
+            self._density[i] = self.value_model.density(self._pages[i], now)
         idx.sort(key=lambda i: (not self._pages[i].pinned, -self._density[i]))
         lower: list[int] = []
         for i in idx:

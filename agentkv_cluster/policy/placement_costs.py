@@ -2,9 +2,13 @@
 
 For each page and each lower-tier option (tier, codec), the cost is
 ``p_reuse * L(k, q) + E(k, q) + lam * R(q)`` with L the restore latency, E the
-moved/compressed bytes priced by the cost model and R the quality risk. The
-recompute-only option costs ``p_reuse * C_recomp``, stores nothing and is
-always allowed (the fallback that keeps every plan feasible).
+bytes written over the link (working copy, plus the FULL reference copy a lossy
+form needs under the risk decision) and the bytes through the codec, each at
+its own price, and R the quality risk ``Q * codec_error``. A lossy working copy
+backed by a verified FULL reference carries no quality risk (the checkpoint
+falls back to the reference), so high-correctness pages pay for their
+reference in E instead. The recompute-only option costs ``p_reuse * C_recomp``,
+stores nothing and is always allowed (the fallback that keeps every plan feasible).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ class OptionCosts:
     def __init__(self, cost: CostModel, lam: float, allowed_codecs: tuple[Codec, ...]) -> None:
         self.lam = lam
         self.energy = cost.energy_per_byte
+        self.codec_energy = cost.codec_energy_per_byte
         self.codec_bps = cost.codec_bytes_per_s
         self.tiers = np.array([int(t) for t, _ in OPTIONS], dtype=np.int8)
         self.codecs = np.array([int(c) for _, c in OPTIONS], dtype=np.int8)
@@ -65,9 +70,10 @@ class OptionCosts:
             if host > free[Tier.HOST] or nvme > free[Tier.NVME]:
                 continue
             codec_s = size / self.codec_bps if lossy else 0.0
-            moved = stored + (size if lossy else 0)
-            cost = (reuse * (fixed + stored / bw + codec_s) + self.energy * moved
-                    + self.lam * correctness * err + mu[0] * host + mu[1] * nvme)
+            risk = 0.0 if ref else self.lam * correctness * err
+            cost = (reuse * (fixed + stored / bw + codec_s) + self.energy * (stored + ref)
+                    + (self.codec_energy * size if lossy else 0.0) + risk
+                    + mu[0] * host + mu[1] * nvme)
             if cost < best[0]:
                 best = (cost, k, stored, ref)
         return best[1], best[2], best[3]
@@ -77,13 +83,13 @@ class OptionCosts:
         stored = np.rint(size * self.ratio).astype(np.int64)
         latency = self.fixed + stored / self.bw + self.lossy * size / self.codec_bps
         latency[:, RECOMPUTE_OPTION] = recompute_s
-        moved = stored + self.lossy * size  # bytes through the link + codec
-        cost = (np.asarray(reuse)[:, None] * latency + self.energy * moved
-                + self.lam * np.asarray(correctness)[:, None] * self.err)
+        ref = np.where(np.asarray(keep_ref)[:, None] & self.lossy, size, 0).astype(np.int64)
+        risk = np.where(ref > 0, 0.0, self.lam * np.asarray(correctness)[:, None] * self.err)
+        cost = (np.asarray(reuse)[:, None] * latency + self.energy * (stored + ref)
+                + self.codec_energy * self.lossy * size + risk)
         ok = self.allowed & (self.codecs <= np.asarray(max_codec)[:, None])
         ok[:, RECOMPUTE_OPTION] = True
         cost[~ok] = np.inf
-        ref = np.where(np.asarray(keep_ref)[:, None] & self.lossy, size, 0).astype(np.int64)
         host = np.where(self.tiers == int(Tier.HOST), stored, 0)
         nvme = np.where(self.tiers == int(Tier.NVME), stored, 0) + ref
         return OptionRows(cost=cost, stored=stored, ref=ref, fp_host=host, fp_nvme=nvme,

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -31,6 +32,9 @@ FEATURE_NAMES: tuple[str, ...] = (
 _N_TYPES = len(TYPES)
 _TYPE_INDEX = {t: i for i, t in enumerate(TYPES)}
 _STD_NORMAL = NormalDist()
+# z-scores of the fixed quantiles planners ask for (waves, predictions): pure Python
+# inv_cdf is the planners' hottest call
+_z = functools.lru_cache(maxsize=256)(_STD_NORMAL.inv_cdf)
 
 
 def _logit(p: float) -> float:
@@ -51,7 +55,7 @@ class LogNormal:
     n: int  # observations behind the fit (0 = prior only)
 
     def quantile(self, q: float) -> float:
-        return math.exp(self.mu + self.sigma * _STD_NORMAL.inv_cdf(q))
+        return math.exp(self.mu + self.sigma * _z(q))
 
     def cdf(self, t: float) -> float:
         return 0.0 if t <= 0 else _STD_NORMAL.cdf((math.log(t) - self.mu) / self.sigma)
@@ -203,6 +207,13 @@ class Predictor:
             confidence=confidence,
             confident=confidence >= self.config.confidence_threshold,
         )
+
+    def gap_estimate(self, page: PageView, now: float, quantile: float = 0.5) -> float:
+        """``PageView.predicted_idle_s`` as base.py defines it (the whole gap from
+        ``last_access``): time already idle + the ``quantile`` of the residual life."""
+        elapsed = max(0.0, now - page.last_access)
+        law = self.tools.distribution(page.tool_class)
+        return elapsed + law.remaining_quantile(quantile, elapsed)
 
     def observe_reuse(self, page: PageView, reused: bool, now: float,
                       queue_pressure: float = 0.0) -> None:

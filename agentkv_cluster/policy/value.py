@@ -84,6 +84,8 @@ class PageColumns:
     pinned: np.ndarray
     type_idx: np.ndarray  # index into TYPE_ORDER
     structured: np.ndarray
+    last_access: np.ndarray | None = None  # None: idle_s is read as seen at the last access
+    confidence: np.ndarray | None = None
 
     @classmethod
     def from_pages(cls, pages: Sequence[PageView]) -> PageColumns:
@@ -105,6 +107,8 @@ class PageColumns:
             pinned=col("pinned", np.bool_),
             type_idx=np.fromiter(types, dtype=np.int8, count=n),
             structured=col("produces_structured", np.bool_),
+            last_access=col("last_access", np.float64),
+            confidence=col("confidence", np.float64),
         )
 
     def invalid_rows(self, pages: Sequence[PageView]) -> np.ndarray:
@@ -121,8 +125,20 @@ class PageColumns:
         return np.flatnonzero(bad)
 
 
+def _idle(page: PageView, now: float | None) -> float:
+    """C_occupy's idle time: still ahead at ``now``, or the whole predicted gap."""
+    if now is None:
+        return page.predicted_idle_s
+    return max(0.0, page.last_access + page.predicted_idle_s - now)
+
+
 class ValueModel:
-    """Eq. 3 under one profile. ``use_dependency=False`` is the 'no event dependency' ablation."""
+    """Eq. 3 under one profile. ``use_dependency=False`` is the 'no event dependency' ablation.
+
+    ``C_occupy`` is GB x the predicted idle time still ahead: with ``now`` given,
+    ``remaining_idle_s(page, now)``; without, the whole predicted gap (as seen at
+    the last access).
+    """
 
     def __init__(
         self,
@@ -137,36 +153,54 @@ class ValueModel:
         link = self.cost.link_bytes_per_s[Tier.HOST]
         self._move_fixed = 2.0 * self.cost.fixed_overhead_s[Tier.HOST]
         self._move_per_byte = 2.0 / link
+        p = profile
+        # constants of the one-page path (eviction order): plain floats, no dict
+        self._beta = p.beta if use_dependency else 0.0
+        self._fixed = -p.delta * self._move_fixed
+        self._per_byte = p.delta * self._move_per_byte
+        self._eta_gb = p.eta / GB
 
-    def terms(self, page: PageView) -> dict[str, float]:
+    def terms(self, page: PageView, now: float | None = None) -> dict[str, float]:
         """The five terms of eq. 3 before weighting (for explanations and tests)."""
         return {
             "reuse_recompute": page.reuse_prob * page.recompute_cost_s,
             "dependency": page.dependency if self.use_dependency else 0.0,
             "correctness": page.correctness_weight,
             "move": self._move_fixed + self._move_per_byte * page.size_bytes,
-            "occupy": page.size_bytes / GB * page.predicted_idle_s,
+            "occupy": page.size_bytes / GB * _idle(page, now),
         }
 
-    def value(self, page: PageView) -> float:
-        t, p = self.terms(page), self.profile
+    def value(self, page: PageView, now: float | None = None) -> float:
+        # the eviction order calls this per resident page per eviction: one flat expression
+        p = self.profile
+        size = page.size_bytes
+        idle = page.predicted_idle_s
+        if now is not None:
+            idle += page.last_access - now
+            if idle < 0.0:
+                idle = 0.0
         return (
-            p.alpha * t["reuse_recompute"] + p.beta * t["dependency"] + p.gamma * t["correctness"]
-            - p.delta * t["move"] - p.eta * t["occupy"]
+            p.alpha * page.reuse_prob * page.recompute_cost_s + self._beta * page.dependency
+            + p.gamma * page.correctness_weight + self._fixed
+            - size * (self._per_byte + self._eta_gb * idle)
         )
 
-    def density(self, page: PageView) -> float:
+    def density(self, page: PageView, now: float | None = None) -> float:
         """V / m (value per GB): the phase-1 ranking key of the placement planner."""
-        return self.value(page) / max(page.size_bytes, 1) * GB
+        size = page.size_bytes
+        return self.value(page, now) / (size if size > 1 else 1) * GB
 
-    def values(self, cols: PageColumns) -> np.ndarray:
+    def values(self, cols: PageColumns, now: float | None = None) -> np.ndarray:
         p = self.profile
         dep = cols.dependency if self.use_dependency else 0.0
+        idle = cols.idle_s
+        if now is not None and cols.last_access is not None:
+            idle = np.maximum(0.0, cols.last_access + cols.idle_s - now)
         return (
             p.alpha * cols.reuse * cols.recompute_s + p.beta * dep + p.gamma * cols.correctness
             - p.delta * (self._move_fixed + self._move_per_byte * cols.size)
-            - p.eta * cols.size / GB * cols.idle_s
+            - p.eta * cols.size / GB * idle
         )
 
-    def densities(self, cols: PageColumns) -> np.ndarray:
-        return self.values(cols) / np.maximum(cols.size, 1) * GB
+    def densities(self, cols: PageColumns, now: float | None = None) -> np.ndarray:
+        return self.values(cols, now) / np.maximum(cols.size, 1) * GB

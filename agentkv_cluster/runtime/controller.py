@@ -19,7 +19,7 @@ from typing import Any
 from agentkv_cluster.lifecycle import events as ev
 from agentkv_cluster.lifecycle.graph import EventGraph
 from agentkv_cluster.lifecycle.graph_records import Blocker
-from agentkv_cluster.lifecycle.types import TYPE_DEFAULTS
+from agentkv_cluster.lifecycle.types import TYPE_DEFAULTS, StateType
 from agentkv_cluster.policy.base import EvictionPolicy, GapPlan, PageView
 from agentkv_cluster.runtime.records import (
     Action, ActionKind, PageMeta, PageRecord, UnknownPageKey, UnknownSession,
@@ -152,8 +152,12 @@ class Controller:
                 out.append((rec.gid, True))
             return out, actions
 
-    def ingested(self, gids: Iterable[int], ok: bool = True) -> None:
-        """The HBM actor holds the bytes of newly admitted pages (or failed to get them)."""
+    def ingested(self, gids: Iterable[int], ok: bool = True) -> list[Action]:
+        """The HBM actor holds the bytes of newly admitted pages (or failed to get them).
+
+        Fixed-prefix pages are written through to the pool at once (FULL): they are the
+        pages other sessions and nodes share through the directory."""
+        out = []
         with self.lock:
             for gid in gids:
                 rec = self.pages.get(gid)
@@ -162,7 +166,25 @@ class Controller:
                 self._set_busy(rec, False)
                 if not ok and rec.resident:
                     self._evict(rec, tracked=True)
+                elif ok and rec.meta.state_type is StateType.FIXED_PREFIX and not rec.copies:
+                    self._set_busy(rec, True)
+                    out.append(Action(kind=ActionKind.DEMOTE, gid=gid, hbm=rec.hbm,
+                                      tier=Tier.HOST, codec=Codec.FULL, keep=True,
+                                      reason="write-through", session=rec.meta.session))
             self.idle.notify_all()
+        return out
+
+    def remove_pool(self, name: str) -> list[int]:
+        """A pool actor (or its node) is gone: its copies are. Returns gids left with none."""
+        with self.lock:
+            lost = []
+            for rec in self.pages.values():
+                if rec.pool == name:
+                    rec.copies, rec.pool = {}, ""
+                    if not rec.resident:
+                        lost.append(rec.gid)
+            self.stats["lost"] += len(lost)
+            return lost
 
     def _set_busy(self, rec: PageRecord, busy: bool) -> None:
         """A page with a transfer in flight is never chosen as a victim."""
@@ -306,7 +328,7 @@ class Controller:
                 for tier, codec in info.get("copies", ()):
                     rec.copies[Codec(codec)] = Tier(tier)
                 rec.pool = info.get("pool") or rec.pool
-                if not ok and rec.hbm in self.hbms and not rec.resident:
+                if not ok and rec.hbm in self.hbms and not rec.resident and not action.keep:
                     # the HBM copy was kept on failure: track it again
                     self._insert(rec, now, rec.resident_codec)
             elif action.kind is ActionKind.RESTORE:

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from agentkv_cluster.lifecycle.events import EventValidationError
+from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.runtime.controller import Controller, HbmFull
 from agentkv_cluster.runtime.executor import Executor, LinkCredits
 from agentkv_cluster.runtime.handles import ActorGone, Handle
 from agentkv_cluster.runtime.mover import RemoteSpan
 from agentkv_cluster.runtime.records import (
-    ActionKind, LoadReport, PageMeta, UnknownPageKey, UnknownSession,
+    ActionKind, KvShape, LoadReport, PageMeta, UnknownPageKey, UnknownSession,
 )
 from agentkv_cluster.runtime.strategies import make_strategy
 from store.types import Codec, Lookup, Tier
@@ -47,9 +48,12 @@ class ControllerActor:
         self.hbm_pool: dict[str, str] = {}
         self.executor = Executor(self.controller, self.hbms, self.pools, self.hbm_pool, self.credits)
         self.directory = directory
+        self._restarting: set[str] = set()
         self._stop = threading.Event()
         self._loop = threading.Thread(target=self._reconcile, name="agentkv-reconcile", daemon=True)
         self._loop.start()
+        self._health = threading.Thread(target=self._watch, name="agentkv-health", daemon=True)
+        self._health.start()
 
     def ping(self) -> str:
         return "controller"
@@ -68,8 +72,13 @@ class ControllerActor:
         self.hbms.pop(name, None)
         return len(self.controller.remove_hbm(name))
 
+    def expect_restart(self, name: str) -> None:
+        """A pool actor is being replaced on purpose: keep its copies (it rebuilds them)."""
+        self._restarting.add(name)
+
     def replace_pool(self, name: str, handle: Handle) -> None:
         self.pools[name] = handle
+        self._restarting.discard(name)
 
     # -- reconcile loop --------------------------------------------------------------------
     def _reconcile(self) -> None:
@@ -80,6 +89,35 @@ class ControllerActor:
                 self._stop.wait(min(self.spec.tick_s, max(0.0, (nxt or now + 1) - now)))
                 continue
             self.executor.submit(self.controller.due(now))
+
+    def _watch(self) -> None:
+        """Notice dead actors: an HBM actor's pages fall back to their pool copies; a dead
+        pool's copies are forgotten (pages that had no other copy become lost, never wrong)."""
+        while not self._stop.wait(0.5):
+            for name, handle in list(self.hbms.items()):
+                if not handle.alive(5.0):
+                    self.remove_hbm(name)
+            for name, handle in list(self.pools.items()):
+                if name in self._restarting:
+                    continue
+                if not handle.alive(5.0) and self.pools.get(name) is handle \
+                        and name not in self._restarting:
+                    self.pools.pop(name, None)
+                    self.controller.remove_pool(name)
+
+    def topology(self) -> dict[str, list[str]]:
+        return {"hbms": sorted(self.hbms), "pools": sorted(self.pools)}
+
+    def serve_exact(self, tenant: str, session: str, key: bytes, dst: RemoteSpan) -> bool:
+        """Push the FULL reference copy of a page (if any) into ``dst``: a lossy working
+        copy is verified against / replaced by it when the engine needs exact bytes."""
+        gid = self.controller.resolve(tenant, session, [key])[0]
+        rec = self.controller.record(gid)
+        tier = rec.copies.get(Codec.FULL)
+        if tier is None or rec.pool not in self.pools:
+            return False
+        self.pools[rec.pool].restore_into(rec.meta, tier, Codec.FULL, dst)
+        return True
 
     def close(self) -> None:
         self._stop.set()
@@ -117,7 +155,8 @@ class ControllerActor:
                         self._ingest(hbm, gid, metas[i], spans[i])
                         ok = True
                     finally:
-                        self.controller.ingested([gid], ok)
+                        copies = self.controller.ingested([gid], ok)
+                    self._check(self.executor.run(copies))
             pending = retry
             if pending:
                 if time.monotonic() > deadline:
@@ -160,6 +199,21 @@ class ControllerActor:
         was_resident = {g: r.resident and not r.busy for g, r in before.items()}
         self.controller.wait_idle(gids, 60.0)
         waited = time.monotonic() - t0
+        for attempt in range(2):
+            by_gid = self._bring_in(gids)
+            failed = [g for g, r in by_gid.items() if not r["ok"]]
+            if not failed:
+                break
+            self.controller.unpin(gids, time.monotonic())
+            gone = any("ActorGone" in by_gid[g].get("error", "") for g in failed)
+            if attempt or not gone:
+                raise RequestRefused(f"{len(failed)} page(s) could not be restored: "
+                                     f"{by_gid[failed[0]].get('error')}")
+        total = time.monotonic() - t0
+        return [self._report(g, was_resident[g], by_gid.get(g), waited, total) for g in gids]
+
+    def _bring_in(self, gids: list[int]) -> dict[int, dict[str, Any]]:
+        """Pin ``gids`` and restore the missing ones; returns restore results by gid."""
         results, todo, pinned = [], list(gids), []
         deadline = time.monotonic() + 30.0
         while todo:
@@ -177,14 +231,7 @@ class ControllerActor:
             if todo:
                 time.sleep(0.02)  # pinned pages fill the HBM: wait for a release
         self._check(results)
-        by_gid = {r["action"].gid: r for r in results if r["action"].kind is ActionKind.RESTORE}
-        failed = [g for g, r in by_gid.items() if not r["ok"]]
-        if failed:
-            self.controller.unpin(gids, time.monotonic())
-            raise RequestRefused(f"{len(failed)} page(s) could not be restored: "
-                                 f"{by_gid[failed[0]].get('error')}")
-        total = time.monotonic() - t0
-        return [self._report(g, was_resident[g], by_gid.get(g), waited, total) for g in gids]
+        return {r["action"].gid: r for r in results if r["action"].kind is ActionKind.RESTORE}
 
     def _report(self, gid: int, hit: bool, result: dict[str, Any] | None, waited: float,
                 total: float) -> LoadReport:
@@ -243,7 +290,12 @@ class ControllerActor:
         held = self.pools[entry.node].holds(meta.key)
         if not held:
             return False
-        copies = {Codec(c): Tier(t) for t, c in held}
+        copies = {Codec(c): Tier(t) for t, c in held["copies"]}
+        sh = held["shape"]
+        meta = replace(meta, length=held["length"], state_type=StateType(held["state_type"]),
+                       shape=None if sh is None else KvShape(layers=sh[0], kv_heads=sh[1],
+                                                            tokens=sh[2], head_dim=sh[3],
+                                                            dtype=sh[4]))
         self.controller.admit(tenant, session, [meta], time.monotonic(),
                               copies={meta.key: copies}, pool=entry.node)
         return True

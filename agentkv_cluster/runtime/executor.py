@@ -150,7 +150,7 @@ class Executor:
         if a.reference and Codec.FULL not in rec.copies:
             targets.append((int(Tier.NVME), int(Codec.FULL)))
         name, pool = self._pool_for(rec.pool, a.hbm)
-        receipt = self.hbms[a.hbm].demote(rec.meta, targets, pool)
+        receipt = self.hbms[a.hbm].demote(rec.meta, targets, pool, not a.keep)
         for (tier, _codec), n in zip(receipt.copies, receipt.tier_bytes):
             self.traffic.add(rec.meta.tenant, Tier(tier).name.lower(), n)
         return {"copies": list(receipt.copies), "pool": name, "link_bytes": receipt.link_bytes}

@@ -190,11 +190,15 @@ class ServiceFront:
         for key, report in zip(keys, reports):
             slot = self.mover.take_slot()
             try:
-                hbm.serve(key, self.mover.slot_span(slot, report.nbytes))
+                span = self.mover.slot_span(slot, report.nbytes)
+                exact = report.exact or self._call("serve_exact", principal.tenant, session,
+                                                   key, span)
+                if not exact or report.exact:
+                    hbm.serve(key, span)
                 data = self.mover.slot_view(slot, report.nbytes).tobytes()
             finally:
                 self.mover.give_slot(slot)
-            out.append({"key": key, "data": data, "exact": report.exact})
+            out.append({"key": key, "data": data, "exact": exact})
         return {"pages": out}
 
     def release(self, principal: Principal, session: str, keys: list[bytes]) -> dict[str, Any]:

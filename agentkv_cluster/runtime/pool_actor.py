@@ -49,6 +49,7 @@ class PoolSpec:
     nvme_dir: str
     nvme_bytes: int
     keys_dir: str
+    shm_name: str  # host-pool segment; a restarted actor re-attaches to it
     staging_slots: int = 4
 
 
@@ -61,6 +62,9 @@ class _Copy:
     dir_gen: int
     nbytes: int  # plaintext (encoded) bytes
     namespace: str
+    full: int = 0  # full-precision page bytes
+    state_type: str = "temp_reasoning"
+    shape: list | None = None  # [layers, kv_heads, tokens, head_dim, dtype]
 
 
 def _nvme_key(key: bytes, codec: Codec) -> bytes:
@@ -92,7 +96,7 @@ class PoolActor:
 
     # -- start-up and recovery ---------------------------------------------------------------
     def _open_host(self) -> HostPool:
-        name = f"akv-{self.spec.name}"
+        name = self.spec.shm_name
         slot = sealed_size(self.spec.host_slot_bytes) + 1024
         try:
             return HostPool.create(name, slot, self.spec.host_slots)
@@ -120,8 +124,10 @@ class PoolActor:
 
     def _adopt(self, h: dict[str, Any], tier: Tier, slot: int) -> None:
         codec = Codec(h["c"])
-        self._index[(h["k"], codec)] = _Copy(tier=tier, slot=slot, loc=h["loc"], seal_gen=h["sg"],
-                                             dir_gen=h["dg"], nbytes=h["n"], namespace=h["ns"])
+        self._index[(h["k"], codec)] = _Copy(
+            tier=tier, slot=slot, loc=h["loc"], seal_gen=h["sg"], dir_gen=h["dg"], nbytes=h["n"],
+            namespace=h["ns"], full=h.get("fl", h["n"]), state_type=h.get("st", "temp_reasoning"),
+            shape=h.get("sh"))
         self._dir_gens[h["ns"]] = max(self._dir_gens.get(h["ns"], 0), h["dg"])
 
     def republish(self) -> int:
@@ -153,9 +159,15 @@ class PoolActor:
         return {"name": self.name, "copies": len(self._index), "host_used_bytes": host.used_bytes,
                 "nvme_live_bytes": nv.live_bytes, "rejects": self.rejects}
 
-    def holds(self, key: bytes) -> list[tuple[int, int]]:
+    def holds(self, key: bytes) -> dict[str, Any]:
+        """What this pool keeps of a page: its copies and the page's geometry."""
         with self._lock:
-            return [(int(c.tier), int(codec)) for (k, codec), c in self._index.items() if k == key]
+            found = [(codec, c) for (k, codec), c in self._index.items() if k == key]
+            if not found:
+                return {}
+            c = found[0][1]
+            return {"copies": [(int(x.tier), int(codec)) for codec, x in found],
+                    "length": c.full, "state_type": c.state_type, "shape": c.shape}
 
     # -- directory ------------------------------------------------------------------------------
     def _dir_generation(self, ns: str) -> int:
@@ -197,8 +209,13 @@ class PoolActor:
         loc = self._loc_base | self._loc_next
         self._loc_next += 1
         self.delete_copy(meta.key, codec)
+        shape = meta.shape
         header = msgpack.packb({"k": meta.key, "ns": meta.namespace, "c": int(codec), "loc": loc,
-                                "sg": seal_gen, "dg": dir_gen, "n": len(plain)})
+                                "sg": seal_gen, "dg": dir_gen, "n": len(plain),
+                                "fl": meta.length, "st": meta.state_type.value,
+                                "sh": None if shape is None else [shape.layers, shape.kv_heads,
+                                                                  shape.tokens, shape.head_dim,
+                                                                  shape.dtype]})
         for where in ((Tier.HOST, Tier.NVME) if tier is Tier.HOST else (Tier.NVME,)):
             record = bytearray(_REC.size + len(header) + sealed_size(len(plain)))
             _REC.pack_into(record, 0, _MAGIC, len(header))
@@ -215,7 +232,11 @@ class PoolActor:
                 slot = -1
                 self.nvme.put(_nvme_key(meta.key, codec), record, dir_gen)
             copy = _Copy(tier=where, slot=slot, loc=loc, seal_gen=seal_gen, dir_gen=dir_gen,
-                         nbytes=len(plain), namespace=meta.namespace)
+                         nbytes=len(plain), namespace=meta.namespace, full=meta.length,
+                         state_type=meta.state_type.value,
+                         shape=None if shape is None else [shape.layers, shape.kv_heads,
+                                                           shape.tokens, shape.head_dim,
+                                                           shape.dtype])
             self._index[(meta.key, codec)] = copy
             self._publish(lambda: self.directory.put(self._entry(meta.key, codec, copy)))
             return {"tier": int(where), "nbytes": len(plain)}

@@ -87,6 +87,7 @@ class Action:
     tier: Tier = Tier.HOST
     codec: Codec = Codec.FULL
     reference: bool = False  # also keep a FULL reference copy on NVMe
+    keep: bool = False  # DEMOTE only: copy to the pool but keep the HBM copy (write-through)
     start_at: float = 0.0
     reason: str = ""
     session: str = ""

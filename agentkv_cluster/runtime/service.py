@@ -42,10 +42,16 @@ class Service:
     def keys_dir(self) -> str:
         return self.cfg.security.tenant_keys_dir or str(self.workdir / "keys")
 
-    def start(self, *, metrics_http: bool = False) -> "Service":
-        wiring.start_ray(self.cfg)
-        self.topo = wiring.deploy(self.cfg, self.workdir, policy=self.policy,
-                                  credits=self.credits, hbm_capacity=self.hbm_capacity)
+    def start(self, *, metrics_http: bool = False, local: bool = False) -> "Service":
+        """Deploy on Ray (joining ``cfg.ray.address`` or starting a local one), or with
+        ``local=True`` build every actor in this process (no Ray; tests and tools)."""
+        if local:
+            self.topo = wiring.deploy_local(self.cfg, self.workdir, policy=self.policy,
+                                            hbm_capacity=self.hbm_capacity)
+        else:
+            wiring.start_ray(self.cfg)
+            self.topo = wiring.deploy(self.cfg, self.workdir, policy=self.policy,
+                                      credits=self.credits, hbm_capacity=self.hbm_capacity)
         self.front = ServiceFront(self.topo.controller, self.topo.hbms, self.keys_dir,
                                   self.issuer, self.metrics, self.cfg.hbm.page_bytes)
         wiring.connect(self.topo, self.front)
@@ -101,6 +107,8 @@ class Service:
             self.server.stop()
         if self.topo is not None:
             wiring.shutdown(self.topo)
+        if self.front is not None:
+            self.front.mover.close()
         if shutdown_ray:
             import ray
 

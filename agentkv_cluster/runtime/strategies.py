@@ -115,7 +115,10 @@ class AgentKvStrategy:
         placement = policy.demotion(rec.view)
         codec = _clamp(placement.codec, rec.meta.shape is not None)
         tier = placement.tier if placement.tier in (Tier.HOST, Tier.NVME) else Tier.HOST
-        return tier, codec, placement.reference_tier is not None and codec is not Codec.FULL
+        # The risk controller's rule is enforced here too: a page it wants a reference for
+        # never leaves HBM as a lossy copy alone (the placement rows may omit it).
+        wants = placement.reference_tier is not None or policy.risk.decide(rec.view).keep_reference
+        return tier, codec, wants and codec is not Codec.FULL
 
     def restore_source(self, rec: PageRecord) -> tuple[Tier, Codec]:
         codec = max(rec.copies)  # the smallest form moves the fewest bytes; verify uses FULL

@@ -8,6 +8,7 @@ objects in this process for tests and tools that need no Ray.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -88,8 +89,10 @@ def pool_spec(cfg: AgentKvConfig, name: str, workdir: Path) -> PoolSpec:
     keys = cfg.security.tenant_keys_dir or str(workdir / "keys")
     Path(keys).mkdir(parents=True, exist_ok=True)
     slots = max(1, cfg.pool.pool_bytes // cfg.pool.slot_bytes)
+    tag = hashlib.blake2b(str(nvme / name).encode(), digest_size=6).hexdigest()
     return PoolSpec(name=name, host_slot_bytes=cfg.pool.slot_bytes, host_slots=slots,
-                    nvme_dir=str(nvme / name), nvme_bytes=cfg.pool.nvme_bytes, keys_dir=keys)
+                    nvme_dir=str(nvme / name), nvme_bytes=cfg.pool.nvme_bytes, keys_dir=keys,
+                    shm_name=f"akv-{name}-{tag}")
 
 
 def spawn_pool(topo: Topology, spec: PoolSpec, node_id: str) -> Handle:
@@ -176,6 +179,7 @@ def connect(topo: Topology, front: Any | None = None) -> None:
 def restart_pool(topo: Topology, name: str) -> Handle:
     """Kill-and-replace recovery: a fresh pool actor rebuilds its index from the tiers."""
     old = topo.pools[name]
+    topo.controller.expect_restart(name)
     old.kill()
     handle = spawn_pool(topo, topo.pool_specs[name], topo.pool_node[name])
     for hbm in topo.hbms.values():
@@ -199,3 +203,25 @@ def shutdown(topo: Topology) -> None:
         topo.controller.call("close", timeout_s=10)
     except Exception:  # noqa: BLE001 - best effort at teardown
         pass
+
+
+def deploy_local(cfg: AgentKvConfig, workdir: Path, *, policy: str | None = None,
+                 hbm_capacity: int | None = None) -> Topology:
+    """The same objects in this process, no Ray: one pool, one HBM actor (tests, tools)."""
+    directory = handles.local(DirectoryShell(), "directory")
+    spec = ControllerSpec(policy=policy or cfg.controller.policy, per_link=cfg.credits.per_link,
+                          per_session=cfg.credits.per_session, tick_s=cfg.controller.tick_s)
+    controller = handles.local(ControllerActor(spec, directory), "controller")
+    topo = Topology(controller=controller, directory=directory, workdir=workdir)
+    pspec = pool_spec(cfg, "node0", workdir)
+    topo.pools["node0"] = handles.local(PoolActor(pspec, directory), "node0")
+    topo.pool_specs["node0"] = pspec
+    hbm = HbmActor(HbmSpec(name="node0-hbm0", page_bytes=cfg.hbm.page_bytes,
+                           num_pages=cfg.hbm.num_pages, device=cfg.hbm.device))
+    topo.hbms["node0-hbm0"] = handles.local(hbm, "node0-hbm0")
+    topo.hbm_pool["node0-hbm0"] = "node0"
+    controller.add_pool("node0", topo.pools["node0"])
+    controller.add_hbm("node0-hbm0", topo.hbms["node0-hbm0"],
+                       hbm_capacity or cfg.hbm.page_bytes * cfg.hbm.num_pages, "node0")
+    connect(topo)
+    return topo

@@ -4,13 +4,16 @@ Composition only. A victim's form comes from ``AgentKvPolicy.demotion`` (phase 2
 of the placement planner under the risk decision). Its prefetch comes from the
 gap planner: the victim's idle period is the tool call it waits on, so the loop
 asks ``on_tool_start`` for that one page and starts the planned prefetch, if
-the plan has one. The predictor learns tool durations from every observed read.
+the plan has one; whether the landing prefetch may displace resident pages is
+``AgentKvPolicy.admit_prefetch``. Retirement on the end-of-life signal is
+``AgentKvPolicy.on_consumers_done`` (called by the loop). The predictor learns
+tool durations from every observed read.
 """
 
 from __future__ import annotations
 
 from agentkv_cluster.policy.agentkv import AgentKvConfig, AgentKvPolicy
-from agentkv_cluster.policy.base import Mechanisms, PageView, ToolStart
+from agentkv_cluster.policy.base import Mechanisms, PageView, PrefetchAdmission, ToolStart
 from agentkv_cluster.policy.predictor import Predictor
 from agentkv_cluster.policy.risk import RiskController
 from agentkv_cluster.sim.config import SimConfig
@@ -24,11 +27,6 @@ class AgentKvDriver:
         self.policy = AgentKvPolicy(AgentKvConfig(cost=self.cost, mechanisms=mechanisms),
                                     predictor=predictor)
         self.name = self.policy.name
-        # The event graph's retirement signal is the "event dependency" mechanism.
-        self.retires_on_end_of_life = mechanisms.event_dependency
-        # The predictor's idle quantiles, and hence the value model's occupancy term,
-        # are remaining times given the time already elapsed.
-        self.remaining_idle = True
         self.risk_controller = RiskController()  # the metric, identical for every policy
         self._views = PageFactory(cfg)
 
@@ -54,6 +52,9 @@ class AgentKvDriver:
             if f.page_id == page.page_id:
                 return f.start_at
         return None
+
+    def admit_prefetch(self, page: PageView, need_bytes: int, now: float) -> PrefetchAdmission:
+        return self.policy.admit_prefetch(page, need_bytes, now)
 
     def restore_s(self, page: PageView, demotion: Demotion) -> float:
         if demotion.codec is Codec.RECOMPUTE:

@@ -1,10 +1,11 @@
 """Thin adapters between the event loop and the policy classes of ``agentkv_cluster.policy``.
 
-A driver owns one ``EvictionPolicy`` and answers the three questions the loop
-asks around it: where and in what form does a victim go, when (if ever) does
-its prefetch start, and how long does a restore take. Every answer is
-delegated to a policy object (placement, risk, gap planner, cost model); the
-drivers hold no decision logic of their own.
+A driver owns one ``EvictionPolicy`` and answers the questions the loop asks
+around it: where and in what form does a victim go, when (if ever) does its
+prefetch start, may a landing prefetch displace resident pages, and how long
+does a restore take. Every answer is delegated to a policy object (placement,
+risk, gap planner, cost model); the drivers hold no decision logic of their
+own. The end-of-life signal goes to ``policy.on_consumers_done`` directly.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from agentkv_cluster.lifecycle.types import StateType
-from agentkv_cluster.policy.base import CostModel, EvictionPolicy, PageView
+from agentkv_cluster.policy.base import CostModel, EvictionPolicy, PageView, PrefetchAdmission
 from agentkv_cluster.policy.risk import RiskController
 from agentkv_cluster.sim.config import MB, SimConfig
 from store.types import Codec, Tier
@@ -32,14 +33,15 @@ class Demotion:
 class PolicyDriver(Protocol):
     name: str
     policy: EvictionPolicy
-    retires_on_end_of_life: bool  # acts on the event graph's retirement signal
-    remaining_idle: bool  # reads predicted_idle_s as time left from now
 
     def make_view(self, **fields: object) -> PageView: ...
 
     def demote(self, page: PageView, now: float) -> Demotion: ...
 
     def prefetch_at(self, page: PageView, demotion: Demotion, now: float) -> float | None: ...
+
+    def admit_prefetch(self, page: PageView, need_bytes: int,
+                       now: float) -> PrefetchAdmission: ...
 
     def restore_s(self, page: PageView, demotion: Demotion) -> float: ...
 
@@ -82,6 +84,7 @@ class PageFactory:
     def make_view(self, *, page_id: int, size_bytes: int, state_type: StateType,
                   created: float, predicted_idle_s: float, session: str = "",
                   tool_class: str = "", confidence: float = 1.0) -> PageView:
+        """``predicted_idle_s``: the predicted first idle gap, from ``created`` (base.py)."""
         p = self._types[state_type]
         return PageView(
             page_id=page_id, size_bytes=size_bytes, state_type=state_type,
@@ -96,14 +99,7 @@ class PageFactory:
 
 
 class FullPrecisionDriver:
-    """LRU / TTL / semantic / ARC: victims go to host at full precision, no prefetch.
-
-    They know nothing of the event graph, and TTL reads ``predicted_idle_s`` as
-    the whole gap from the last access (it subtracts the elapsed time itself).
-    """
-
-    retires_on_end_of_life = False
-    remaining_idle = False
+    """LRU / TTL / semantic / ARC: victims go to host at full precision, no prefetch."""
 
     def __init__(self, policy: EvictionPolicy, cfg: SimConfig) -> None:
         self.name = policy.name
@@ -120,6 +116,9 @@ class FullPrecisionDriver:
 
     def prefetch_at(self, page: PageView, demotion: Demotion, now: float) -> float | None:
         return None
+
+    def admit_prefetch(self, page: PageView, need_bytes: int, now: float) -> PrefetchAdmission:
+        raise RuntimeError(f"{self.name} restores on demand only; it never schedules a prefetch")
 
     def observe_read(self, page: PageView, idle_s: float) -> None:
         return None

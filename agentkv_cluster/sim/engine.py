@@ -37,7 +37,6 @@ class _Slot:
     restore_ms: float = 0.0  # full duration of that prefetch
     prefetch_token: int = 0  # bumps to cancel a scheduled prefetch
     next_access: int = 0
-    predicted_gap: float = 0.0  # predictor's guess of the current idle gap, from last use
     demotions: int = 0
     unread_prefetch: int = 0  # stored bytes prefetched and not read (yet)
 
@@ -74,7 +73,6 @@ class BatchRun:
         self._events: list[tuple[float, int, int, int, int]] = []
         self._seq = 0
         self.slots = [self._make_slot(i) for i in range(batch.n_pages)]
-        self._resident: set[int] = set()  # pages holding HBM bytes (resident or landing)
 
     def _make_slot(self, i: int) -> _Slot:
         b = self.batch
@@ -84,7 +82,7 @@ class BatchRun:
             predicted_idle_s=float(b.predicted_idle[i][0]),
             session=b.sessions[i] if b.sessions else "", tool_class=
             b.tool_classes[i] if b.tool_classes else "")
-        return _Slot(view=view, predicted_gap=view.predicted_idle_s)
+        return _Slot(view=view)
 
     def _push(self, t: float, kind: int, page: int, token: int = 0) -> None:
         self._seq += 1
@@ -113,7 +111,6 @@ class BatchRun:
         over = self.used + need - self.batch.capacity_bytes
         if over <= 0:
             return True
-        self._refresh_predictions(now)
         victims = self.policy.select_victims(over, now)
         if not victims:
             self.trace.overflow_events += 1
@@ -130,7 +127,6 @@ class BatchRun:
         s.demotions += 1
         s.view.tier, s.view.codec = d.tier, d.codec
         self.used -= s.view.size_bytes
-        self._resident.discard(s.view.page_id)
         self.trace.demoted_bytes += d.stored_bytes
         s.prefetch_token += 1
         if start is not None:
@@ -139,7 +135,6 @@ class BatchRun:
     def _admit(self, s: _Slot, now: float) -> None:
         s.view.tier, s.view.codec = Tier.HBM, Codec.FULL
         self.used += s.view.size_bytes
-        self._resident.add(s.view.page_id)
         self.policy.on_insert(s.view, now)
 
     def _restore_ms(self, s: _Slot) -> float:
@@ -176,31 +171,17 @@ class BatchRun:
         s.where, s.ready_at, s.restore_ms = PREFETCHING, start + ms / 1e3, ms
         s.view.tier, s.view.codec = Tier.HBM, Codec.FULL
         self.used += s.view.size_bytes
-        self._resident.add(i)
         self.trace.transfer_bytes += d.stored_bytes
         s.unread_prefetch += d.stored_bytes
 
     def _room_for_prefetch(self, s: _Slot, now: float) -> bool:
-        """A prefetch may only displace pages the policy itself ranks below it.
-
-        The page joins the policy's resident set first; if the policy then picks
-        it among the victims, the prefetch is dropped and the other picks stay.
-        """
+        """Ask the policy whether the landing page may displace residents (and whom)."""
         view = s.view
         over = self.used + view.size_bytes - self.batch.capacity_bytes
-        self._refresh_predictions(now, also=s)
-        self.policy.on_insert(view, now)
-        if over <= 0:
-            return True
-        victims = self.policy.select_victims(over, now)
-        if not victims or view.page_id in victims:
-            for pid in victims:
-                if pid != view.page_id:
-                    self.policy.on_insert(self.slots[pid].view, now)
-            if view.page_id not in victims:
-                self.policy.on_remove(view.page_id)
+        admission = self.driver.admit_prefetch(view, max(0, over), now)
+        if not admission.admitted:
             return False
-        for pid in victims:
+        for pid in admission.victims:
             self._demote(self.slots[pid], now)
         return True
 
@@ -216,7 +197,7 @@ class BatchRun:
             hit = False
             d = s.demotion
             assert d is not None
-            risk = self.driver.risk(view, d, s.predicted_gap, now - view.last_access)
+            risk = self.driver.risk(view, d, view.predicted_idle_s, now - view.last_access)
             wrong = wrong_eviction_weight(view, d)
             if s.where == PREFETCHING:
                 s.unread_prefetch = 0
@@ -252,36 +233,20 @@ class BatchRun:
         view.access_count += 1
         gaps = self.batch.predicted_idle[view.page_id]
         if s.next_access < len(gaps):
-            s.predicted_gap = view.predicted_idle_s = float(gaps[s.next_access])
+            view.predicted_idle_s = float(gaps[s.next_access])
         if s.where == IN_HBM:
             self.policy.on_update(view, now)
 
     def _on_eol(self, i: int, now: float, _token: int) -> None:
         # The event graph reports no unfinished consumer any more (commit, failure,
-        # superseded): dependency drops to 0, and a policy that acts on the event
-        # graph retires the page from every tier.
+        # superseded): the dependency weight drops to 0 and the policy decides
+        # whether the page is retired from every tier.
         s = self.slots[i]
         s.view.dependency = 0.0
-        resident = s.where in (IN_HBM, PREFETCHING)
-        if not self.driver.retires_on_end_of_life:
-            if resident:
-                self.policy.on_update(s.view, now)
+        decision = self.policy.on_consumers_done(s.view, now)
+        if not decision.retire:
             return
-        if resident:
-            self.policy.on_remove(s.view.page_id)
+        if s.where in (IN_HBM, PREFETCHING):
             self.used -= s.view.size_bytes
-            self._resident.discard(i)
         s.where = RETIRED
         s.prefetch_token += 1
-
-    def _refresh_predictions(self, now: float, also: _Slot | None = None) -> None:
-        """Give policies that read ``predicted_idle_s`` as *remaining* idle time the
-        predictor's current estimate (its guess of the gap minus the time elapsed)."""
-        if not self.driver.remaining_idle:
-            return
-        slots = [self.slots[i] for i in self._resident]
-        if also is not None:
-            slots.append(also)
-        for s in slots:
-            v = s.view
-            v.predicted_idle_s = max(0.0, s.predicted_gap - (now - v.last_access))

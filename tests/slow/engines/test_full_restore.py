@@ -123,6 +123,12 @@ def test_bad_inputs_raise_specific_errors(loaded, adapter, prompt, host_store):
     host_store.put(a.key, blob_b)
     with pytest.raises(CorruptPage):
         adapter.restore("s1", prompt)
+    host_store.delete(a.key)
+    host_store.put(a.key, b"not encoded KV" * 8)
+    with pytest.raises(CorruptPage):
+        adapter.restore("s1", prompt)
+    with pytest.raises(ValueError):
+        adapter.store("s1", prompt, cache, event_version=2, specs=(CodecSpec.recompute(),))
     k, _ = cache_to_kv(cache)
     assert tuple(k.shape) == (loaded.num_layers, loaded.kv_heads, len(prompt), loaded.head_dim)
     assert torch.equal(k[:, :, :4], torch.stack([lay.keys[0, :, :4] for lay in cache.layers]))

@@ -144,3 +144,15 @@ def test_predicted_idle_quantiles_are_residual_given_time_already_idle():
     assert fresh[0.5] == pytest.approx(4.0)
     assert late == {q: pytest.approx(law.remaining_quantile(q, 20.0)) for q in (0.5, 0.9, 0.99)}
     assert late[0.5] > fresh[0.5] and fresh[0.5] < fresh[0.9] < fresh[0.99]
+
+
+def test_gap_estimate_is_anchored_at_the_last_access():
+    from agentkv_cluster.policy.base import remaining_idle_s
+
+    pred = Predictor(PredictorConfig(prior_median_s=4.0, prior_sigma=1.0))
+    view = page(1, tool_class="pytest", last_access=10.0)
+    law = pred.tools.distribution("pytest")
+    assert pred.gap_estimate(view, now=10.0) == pytest.approx(4.0)
+    view.predicted_idle_s = pred.gap_estimate(view, now=13.0)
+    assert view.predicted_idle_s == pytest.approx(3.0 + law.remaining_quantile(0.5, 3.0))
+    assert remaining_idle_s(view, now=13.0) == pytest.approx(law.remaining_quantile(0.5, 3.0))

@@ -37,6 +37,7 @@ class ApiConfig:
     max_frame_bytes: int = 64 << 20
     read_timeout_s: float = 30.0
     max_connections: int = 256
+    workers: int = 64  # backend calls block (restores, credit waits): one thread each
     require_auth: bool = True
 
 
@@ -136,7 +137,7 @@ def validate(cfg: AgentKvConfig) -> AgentKvConfig:
             raise ConfigError(name, f"must be 0..65535, got {port}")
     if cfg.api.max_frame_bytes < 1024:
         raise ConfigError("api.max_frame_bytes", "must be >= 1024")
-    for name in ("api.read_timeout_s", "api.max_connections", "metrics.top_tenants",
+    for name in ("api.read_timeout_s", "api.max_connections", "api.workers", "metrics.top_tenants",
                  "pool.pool_bytes", "pool.slot_bytes", "pool.nvme_bytes", "hbm.page_bytes",
                  "hbm.num_pages", "credits.per_link", "credits.per_session",
                  "credits.max_wait_s", "controller.tick_s", "ray.object_store_memory"):

@@ -9,7 +9,7 @@ produced three ways, interleaved in one run:
   recompute prefill context + observation from scratch (no KV kept)
 Prints medians and the speedups; the target is >= 10x for the full restore.
 
-    .venv/bin/python benchmarks/bench_ttft.py [--context 1024] [--repeats 7] [--threads 2]
+    .venv/bin/python benchmarks/bench_ttft.py [--context 1024] [--repeats 7] [--threads N]
 """
 
 from __future__ import annotations
@@ -66,10 +66,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--page-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--threads", type=int, default=2, help="torch threads (the box has 2 cores)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads (default: AGENTKV_TORCH_THREADS or 1, see engines/model.py)")
     args = ap.parse_args(argv)
     console = Console()
-    loaded = load_model(ModelSpec(threads=args.threads))
+    spec = ModelSpec() if args.threads is None else ModelSpec(threads=args.threads)
+    args.threads = spec.threads
+    loaded = load_model(spec)
     text, source = context_text()
     ids = loaded.encode(text)
     if len(ids) < args.context:

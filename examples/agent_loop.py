@@ -5,9 +5,9 @@ host pool and dropped from the model while the tool runs; when the observation
 returns, the cache is restored from the pool (longest resident prefix + recompute of
 the rest) and decoding resumes. The eight workflow events go to AgentKV: to a running
 service through the Python client with ``--connect``, else to an in-process event
-graph (the lifecycle code the service runs); with ``--service`` an in-process service
-(Ray actors, host pool, directory) is started and both events and pages go through
-its client. Time to first token is printed per turn,
+graph (the lifecycle code the service runs); with ``--service`` a service is started here
+(its actors in-process, or on a local Ray with ``--ray``) and both events and pages
+go through its Python client over the wire protocol. Time to first token is printed per turn,
 beside a full recompute of the prefill.
 
 Tools are real: a calculator and a search over this repository's docs. The 135M
@@ -17,7 +17,7 @@ branches (the model's query and the planned one); the branch with the weaker hit
 rolled back before its observation reaches the model, so only the winner's tokens
 are prefilled on top of the restored KV.
 
-    .venv/bin/python examples/agent_loop.py [--service | --connect HOST:PORT --token T]
+    .venv/bin/python examples/agent_loop.py [--service [--ray] | --connect HOST:PORT --token T]
                                             [--no-compare]
 """
 
@@ -112,8 +112,9 @@ def _connect(args) -> tuple[object, object, str]:
     from examples.agent_service import start_local_service
 
     if args.service:
-        service, client = start_local_service(TENANT)
-        return service, client, f"in-process AgentKV service at {service.address} (client)"
+        service, client = start_local_service(TENANT, ray=args.ray)
+        where = "on a local Ray" if args.ray else "in this process, no Ray"
+        return service, client, f"AgentKV service ({where}) at {service.address} via the client"
     host, sep, port = args.connect.rpartition(":")
     target = (host, int(port)) if sep and port.isdigit() else args.connect
     return None, AgentKvClient.connect(target, args.token), f"AgentKV at {args.connect} (client)"
@@ -122,14 +123,16 @@ def _connect(args) -> tuple[object, object, str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--service", action="store_true",
-                    help="start an in-process AgentKV service (Ray) and go through its client")
+                    help="start an AgentKV service here and go through its client")
+    ap.add_argument("--ray", action="store_true",
+                    help="with --service: deploy its actors on a local Ray (else in-process)")
     ap.add_argument("--connect", help="HOST:PORT (or a unix socket path) of `agentkv serve`")
     ap.add_argument("--token", help="bearer token for --connect (tenant 'demo')")
     ap.add_argument("--no-compare", action="store_true", help="skip the recompute baseline")
     args = ap.parse_args(argv)
 
+    from agentkv_cluster.engines.page_store import ServicePageStore
     from examples.agent_runner import AgentRunner, RunnerConfig
-    from examples.agent_service import ServicePageStore
 
     service = client = None
     config = RunnerConfig(compare=not args.no_compare, pool_name=f"agentkv-example-{os.getpid()}")
@@ -151,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         if client is not None:
             client.close()
         if service is not None:
-            service.stop(shutdown_ray=True)
+            service.stop(shutdown_ray=args.ray)
     print(f"\nevents sent: {sink.counts()}")
     print(f"tasks passed verification: {sum(results)}/{len(results)} "
           f"in {time.perf_counter() - t0:.1f} s")

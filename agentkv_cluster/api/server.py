@@ -78,7 +78,7 @@ class ApiServer:
         self.backend = backend
         self.authenticator = authenticator
         self.metrics = metrics
-        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="agentkv-api")
+        self._pool = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="agentkv-api")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None
         self._thread: threading.Thread | None = None

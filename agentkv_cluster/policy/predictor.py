@@ -85,12 +85,14 @@ class ToolDurations:
     def __init__(self, config: PredictorConfig) -> None:
         self.config = config
         self._stats: dict[str, list[float]] = {}  # class -> [n, mean, m2]
+        self._laws: dict[str, LogNormal] = {}  # fitted laws, dropped when the class changes
 
     def observe(self, tool_class: str, duration_s: float) -> None:
         if not duration_s > 0:
             raise ValueError(f"tool duration must be > 0, got {duration_s}")
         stats = self._stats.setdefault(tool_class, [0.0, 0.0, 0.0])
         x = math.log(duration_s)
+        self._laws.pop(tool_class, None)
         stats[0] += 1
         d = x - stats[1]
         stats[1] += d / stats[0]
@@ -98,6 +100,12 @@ class ToolDurations:
 
     def distribution(self, tool_class: str) -> LogNormal:
         """Posterior-style blend of the prior and the observed log-moments."""
+        law = self._laws.get(tool_class)
+        if law is None:
+            law = self._laws[tool_class] = self._fit(tool_class)
+        return law
+
+    def _fit(self, tool_class: str) -> LogNormal:
         cfg = self.config
         n, mean, m2 = self._stats.get(tool_class, (0.0, 0.0, 0.0))
         k = cfg.prior_weight

@@ -176,9 +176,7 @@ class ValueModel:
         size = page.size_bytes
         idle = page.predicted_idle_s
         if now is not None:
-            idle += page.last_access - now
-            if idle < 0.0:
-                idle = 0.0
+            idle = max(idle + (page.last_access - now), 0.0)
         return (
             p.alpha * page.reuse_prob * page.recompute_cost_s + self._beta * page.dependency
             + p.gamma * page.correctness_weight + self._fixed
@@ -188,7 +186,7 @@ class ValueModel:
     def density(self, page: PageView, now: float | None = None) -> float:
         """V / m (value per GB): the phase-1 ranking key of the placement planner."""
         size = page.size_bytes
-        return self.value(page, now) / (size if size > 1 else 1) * GB
+        return self.value(page, now) / max(1, size) * GB
 
     def values(self, cols: PageColumns, now: float | None = None) -> np.ndarray:
         p = self.profile

@@ -7,6 +7,7 @@ pass through this actor: it tells HBM and pool actors what to move.
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -214,22 +215,23 @@ class ControllerActor:
 
     def _bring_in(self, gids: list[int]) -> dict[int, dict[str, Any]]:
         """Pin ``gids`` and restore the missing ones; returns restore results by gid."""
-        results, todo, pinned = [], list(gids), []
-        deadline = time.monotonic() + 30.0
-        while todo:
-            demotes, restores, lost, blocked = self.controller.access(todo, time.monotonic())
-            pinned += [g for g in todo if g not in lost and g not in blocked]
+        results: list[dict[str, Any]] = []
+        deadline = time.monotonic() + 45.0
+        while True:
+            demotes, restores, lost, blocked = self.controller.access(gids, time.monotonic())
             results += self.executor.run(demotes + restores)
+            pinned = [g for g in gids if g not in lost and g not in blocked]
             if lost:
                 self.controller.unpin(pinned, time.monotonic())
                 raise RequestRefused(f"PageLost: {len(lost)} page(s) have no copy left; "
                                      "re-prefill them")
-            todo = blocked
-            if todo and time.monotonic() > deadline:
-                self.controller.unpin(pinned, time.monotonic())
+            if not blocked:
+                break
+            # All or nothing: holding some pins while waiting for room deadlocks a herd.
+            self.controller.unpin(pinned, time.monotonic())
+            if time.monotonic() > deadline:
                 raise RequestRefused("HBM is full of pinned pages; release some and retry")
-            if todo:
-                time.sleep(0.02)  # pinned pages fill the HBM: wait for a release
+            time.sleep(0.01 + 0.04 * random.random())
         self._check(results)
         return {r["action"].gid: r for r in results if r["action"].kind is ActionKind.RESTORE}
 

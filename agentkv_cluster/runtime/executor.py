@@ -27,7 +27,7 @@ class LinkCredits:
     def __init__(self, per_link: int, per_session: int, enabled: bool = True) -> None:
         self.per_link, self.per_session, self.enabled = per_link, per_session, enabled
         self._managers: dict[str, CreditManager] = {}
-        self._granted: dict[int, CreditGrant] = {}
+        self._granted: dict[tuple[str, int], CreditGrant] = {}  # tickets are per link
         self._cv = threading.Condition()
         self.in_flight: Counter[str] = Counter()
         self.max_in_flight: Counter[str] = Counter()
@@ -50,7 +50,7 @@ class LinkCredits:
                 grant = mgr.acquire(CreditRequest(session=session, resource=Resource.LINK,
                                                   amount=1, link=link), t0)
                 while grant.outcome is CreditOutcome.DELAYED:
-                    got = self._granted.pop(grant.ticket, None)
+                    got = self._granted.pop((link, grant.ticket), None)
                     if got is not None:
                         grant = got
                         break
@@ -58,7 +58,7 @@ class LinkCredits:
                             time.monotonic() - t0 > timeout_s:
                         mgr.cancel(grant.ticket)
                         raise TimeoutError(f"no credit on {link} after {timeout_s} s")
-                    self._poll(mgr)
+                    self._poll(link, mgr)
             else:
                 grant = None
             self.in_flight[link] += 1
@@ -66,9 +66,9 @@ class LinkCredits:
             self.waits.append(time.monotonic() - t0)
             return grant
 
-    def _poll(self, mgr: CreditManager) -> None:
+    def _poll(self, link: str, mgr: CreditManager) -> None:
         for g in mgr.poll(time.monotonic()):
-            self._granted[g.ticket] = g
+            self._granted[(link, g.ticket)] = g
 
     def release(self, link: str, grant: CreditGrant | None) -> None:
         with self._cv:
@@ -76,7 +76,7 @@ class LinkCredits:
             if grant is not None:
                 mgr = self._managers[link]
                 mgr.release(grant, time.monotonic())
-                self._poll(mgr)
+                self._poll(link, mgr)
             self._cv.notify_all()
 
 

@@ -29,7 +29,7 @@ from security.errors import InvalidToken
 from security.keyring import PUBLIC_NAMESPACE, FileKeySource, TenantKeyring
 from security.principals import AccessPolicy, Principal, TokenIssuer
 
-CHUNK = 4  # pages staged per controller call; 8 API threads x 4 <= staging slots
+CHUNK = 4  # pages staged per controller call
 _DTYPES = ("float16", "bfloat16", "float32")
 
 
@@ -47,7 +47,9 @@ class ServiceFront:
         self.keyring = TenantKeyring(FileKeySource(keys_dir))
         self.blinder = DirectoryBlinder(self.keyring)
         self.access = AccessPolicy()
+        # Slots are taken per chunk, all at once under a lock: no hold-and-wait.
         self.mover = Mover(f"front-{id(self):x}", page_bytes, 8 * CHUNK)
+        self._slots = threading.Lock()
         self._loads: dict[int, tuple[str, str, list[bytes], list[Any]]] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -138,7 +140,8 @@ class ServiceFront:
 
     def _store_chunk(self, principal: Principal, session: str, metas: list[PageMeta],
                      datas: list[bytes]) -> None:
-        slots = [self.mover.take_slot() for _ in metas]
+        with self._slots:
+            slots = [self.mover.take_slot(timeout_s=60.0) for _ in metas]
         try:
             spans = []
             for slot, data in zip(slots, datas):

@@ -78,7 +78,7 @@ class Controller:
             self.hbms.pop(name, None)
             lost = []
             for state in self.sessions.values():
-                if state.hbm == name:
+                if state.hbm == name and self.hbms:  # else: parked until an HBM actor joins
                     state.hbm = self._least_loaded()
                     self.hbms[state.hbm].sessions += 1
             for rec in list(self.pages.values()):

@@ -95,16 +95,22 @@ class ControllerActor:
         """Notice dead actors: an HBM actor's pages fall back to their pool copies; a dead
         pool's copies are forgotten (pages that had no other copy become lost, never wrong)."""
         while not self._stop.wait(0.5):
-            for name, handle in list(self.hbms.items()):
-                if not handle.alive(5.0):
-                    self.remove_hbm(name)
-            for name, handle in list(self.pools.items()):
-                if name in self._restarting:
-                    continue
-                if not handle.alive(5.0) and self.pools.get(name) is handle \
-                        and name not in self._restarting:
-                    self.pools.pop(name, None)
-                    self.controller.remove_pool(name)
+            try:
+                self._sweep()
+            except Exception:  # noqa: BLE001 - the watcher must outlive any one failure
+                continue
+
+    def _sweep(self) -> None:
+        for name, handle in list(self.hbms.items()):
+            if not handle.alive(5.0):
+                self.remove_hbm(name)
+        for name, handle in list(self.pools.items()):
+            if name in self._restarting:
+                continue
+            if not handle.alive(5.0) and self.pools.get(name) is handle \
+                    and name not in self._restarting:
+                self.pools.pop(name, None)
+                self.controller.remove_pool(name)
 
     def topology(self) -> dict[str, list[str]]:
         return {"hbms": sorted(self.hbms), "pools": sorted(self.pools)}

@@ -105,6 +105,11 @@ class HbmActor:
         self.arena._lengths[page] = src.length  # noqa: SLF001 - NIXL wrote the bytes
         return src.length
 
+    def span(self, key: bytes) -> RemoteSpan:
+        """Where a resident page sits, for a peer's NIXL transfer (link checks)."""
+        page = self._page(key)
+        return self._span(page, self.arena.length(page) or self.spec.page_bytes)
+
     def serve(self, key: bytes, dst: RemoteSpan) -> int:
         """Push a resident page into a peer's span (a load back to the engine front)."""
         page = self._page(key)

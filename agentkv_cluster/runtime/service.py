@@ -31,7 +31,8 @@ class Service:
         self.policy = policy or cfg.controller.policy
         self.credits = credits
         self.hbm_capacity = hbm_capacity
-        self.issuer = TokenIssuer(token_secret or secrets.token_bytes(32))
+        self.token_secret = token_secret or secrets.token_bytes(32)
+        self.issuer = TokenIssuer(self.token_secret)
         self.metrics = ServiceMetrics(cfg.metrics.top_tenants)
         self.topo: wiring.Topology | None = None
         self.front: ServiceFront | None = None

@@ -185,3 +185,38 @@ def test_slow_client_mid_frame_is_dropped_without_blocking_others(service, good)
     session.release(keys)
     assert stalled.recv(10) == b""  # closed after the 2 s read timeout, no reply
     stalled.close()
+
+
+def test_metrics_health_and_readiness_endpoints(service, good) -> None:
+    import urllib.error
+    import urllib.request
+
+    from agentkv_cluster.api.metrics import MetricsHttpServer
+
+    session, keys, _ = good
+    session.prepare_load(keys)
+    session.release(keys)
+    http = MetricsHttpServer(service.metrics, service.front.ready, port=0).start()
+    base = f"http://127.0.0.1:{http.port}"
+    try:
+        assert urllib.request.urlopen(base + "/healthz").read() == b"ok\n"
+        assert urllib.request.urlopen(base + "/readyz").read() == b"ready\n"
+        text = urllib.request.urlopen(base + "/metrics").read().decode()
+        assert 'agentkv_restore_delay_seconds_count{source="hbm",tenant="acme"}' in text
+        assert 'agentkv_api_requests_total{code="ok",op="prepare_load"}' in text
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(base + "/nope")
+        assert info.value.code == 404
+    finally:
+        http.stop()
+
+
+def test_tenant_labels_are_bounded() -> None:
+    from agentkv_cluster.api.metrics import ServiceMetrics
+
+    m = ServiceMetrics(top_tenants=2)
+    for tenant in ("a", "b", "c", "d"):
+        m.transfer(tenant, "host", 10)
+    text = m.exposition().decode()
+    assert 'tenant="a"' in text and 'tenant="b"' in text
+    assert 'tenant="c"' not in text and 'agentkv_transfer_bytes_total{tenant="other",tier="host"} 20.0' in text

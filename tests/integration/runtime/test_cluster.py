@@ -43,6 +43,7 @@ def cluster():
     os.environ["RAY_AUTH_MODE"] = "disabled"
     c = Cluster(initialize_head=True, head_node_args=dict(NODE))
     c.add_node(**NODE)
+    c.add_node(**NODE)
     c.wait_for_nodes()
     ray.init(address=c.address, log_to_driver=False)
     yield c
@@ -61,7 +62,7 @@ def service(cluster, redis):
         "credits": {"per_link": 4, "per_session": 1},
     })
     svc = Service(cfg, workdir=workdir, policy="agentkv", hbm_capacity=16 * (1 << 16)).start()
-    assert sorted(svc.topo.hbms) == ["node0-hbm0", "node1-hbm0"]
+    assert sorted(svc.topo.hbms) == ["node0-hbm0", "node1-hbm0", "node2-hbm0"]
     yield svc
     svc.stop()
 
@@ -111,13 +112,14 @@ class Episode:
         return prep["pages"], done["pages"]
 
 
-def fill_pressure(svc: Service, tenant: str, session: str, n: int) -> Episode:
-    """Another session on the same HBM actor stores n pages: the first session's idle
-    pages must leave HBM."""
-    ep = Episode(svc, tenant, session)
-    for i in range(n):
-        ep.store(kv_page(i, "temp_reasoning", identity(tenant, session, 1000 * i)))
-    return ep
+def neighbour_on(svc: Service, hbm: str, prefix: str) -> Episode:
+    """A new session placed on ``hbm`` (sessions go to the least loaded HBM actor)."""
+    for i in range(8):
+        ep = Episode(svc, "acme", f"{prefix}-n{i}")
+        if ep.s.client.call("open_session", {"session": ep.session})["hbm"] == hbm:
+            return ep
+        ep.client.close()
+    raise AssertionError(f"no session landed on {hbm}")
 
 
 def test_episode_keeps_pages_through_tool_gap_and_restores_byte_identical(service) -> None:
@@ -132,11 +134,9 @@ def test_episode_keeps_pages_through_tool_gap_and_restores_byte_identical(servic
                                                                  [4, "temp_reasoning"]])
     ep.ev("tool_start", call_id="k1", tool="pytest")
     hbm = ep.s.client.call("open_session", {"session": "ep1"})["hbm"]
-    other = fill_pressure(service, "acme", "ep1-neighbour", 14)  # same HBM actor? see below
-    assert other.s.client.call("open_session", {"session": "ep1-neighbour"})["hbm"] in (
-        "node0-hbm0", "node1-hbm0")
-    # a third session lands on ep1's HBM actor (least loaded) and fills it too
-    filler = fill_pressure(service, "acme", "ep1-filler", 14)
+    filler = neighbour_on(service, hbm, "ep1")  # another session on the same HBM actor
+    for i in range(14):  # its new pages push ep1's idle pages out during the tool call
+        filler.store(kv_page(i, "temp_reasoning", identity("acme", filler.session, 1000 * i)))
     ep.store(kv_page(5, "tool_observation", identity("acme", "ep1", 5000)))
     ep.ev("observation_return", call_id="k1", produces=[[5, "tool_observation"]])
     prep, done = ep.load([0, 1, 2, 3, 4, 5])
@@ -151,8 +151,7 @@ def test_episode_keeps_pages_through_tool_gap_and_restores_byte_identical(servic
             assert err.worst < 0.2, (pid, err)
     ep.ev("verification_pass", call_id="v1", pages=[4])
     ep.ev("task_end")
-    for e in (other, filler):
-        e.client.close()
+    filler.client.close()
     ep.client.close()
 
 
@@ -186,9 +185,8 @@ def test_herd_32_sessions_credits_bound_links_and_nobody_starves(service) -> Non
     for credits in (True, False):
         service.use_policy("lru", credits=credits)
         eps = [Episode(service, "herd", f"h{credits}-{i}") for i in range(32)]
-        for ep in eps:  # two pages each; the herd's pages do not all fit: restores happen
-            ep.store(*(kv_page(p, "evidence", identity("herd", ep.session, 1000 * p))
-                       for p in range(2)))
+        for ep in eps:  # the herd's pages do not all fit in HBM: restores happen
+            ep.store(kv_page(0, "evidence", identity("herd", ep.session, 0)))
         import threading
 
         delays: list[float] = []
@@ -197,8 +195,8 @@ def test_herd_32_sessions_credits_bound_links_and_nobody_starves(service) -> Non
         def resume(ep: Episode) -> None:
             barrier.wait()  # every tool returns at the same instant
             t0 = time.monotonic()
-            prep, done = ep.load([0, 1])
-            assert [d["data"] for d in done] == [ep.pages[0]["data"], ep.pages[1]["data"]]
+            prep, done = ep.load([0])
+            assert done[0]["data"] == ep.pages[0]["data"]
             delays.append(time.monotonic() - t0)
 
         threads = [threading.Thread(target=resume, args=(ep,)) for ep in eps]
@@ -255,9 +253,10 @@ def test_killing_hbm_actor_and_node_loses_only_uncopied_pages(service, cluster) 
     ep.client.close()
     # a whole node goes: pages whose only copies lived there are refused, never wrong
     worker = [n for n in cluster.list_all_nodes() if not n.head][0]
+    pools_before = len(service.topo.controller.topology()["pools"])
     cluster.remove_node(worker)
     deadline = time.monotonic() + 60
-    while len(service.topo.controller.topology()["pools"]) > 1:
+    while len(service.topo.controller.topology()["pools"]) >= pools_before:
         assert time.monotonic() < deadline
         time.sleep(0.5)
     survivor = Episode(service, "acme", "after-node")

@@ -16,6 +16,8 @@ from agentkv_cluster.sim.trace.replay import replay_workload
 
 pytestmark = pytest.mark.integration
 
+REPLAY_EVENTS = 1500
+
 
 def _trace(traces_dir: Path, name: str) -> Path:
     path = traces_dir / name
@@ -55,8 +57,10 @@ def test_other_traces_convert_without_losing_lines_and_replay(traces_dir, tmp_pa
     write_trace(parsed.events, out)
     again = read_trace(out)
     assert again.errors == [] and len(again.events) == len(parsed.events)
+    # Conversion and the round trip cover every line; the replay smoke check covers
+    # the first REPLAY_EVENTS (the full replay is the Mooncake conversation test's).
     cfg = SimConfig()
-    result = compare(cfg, workload=replay_workload(again.events, cfg, name),
+    result = compare(cfg, workload=replay_workload(again.events[:REPLAY_EVENTS], cfg, name),
                      policies=("lru", "agentkv"))
     assert result.policies["lru"].reads == result.policies["agentkv"].reads
     if fmt == "azure":  # no prefix or session information: nothing is ever reused

@@ -86,7 +86,9 @@ def test_pages_carry_identity_and_are_not_shared_across_sessions(loaded, adapter
     assert (first.tenant, first.session, first.start, first.end, first.event_version) == (
         "t1", "s1", 0, PAGE_TOKENS, 5)
     assert "100000" in first.rope_config  # SmolLM2's RoPE theta is part of the identity
-    assert len({p.key for p in receipt.pages}) == 2 * len(adapter.pages("s1")) // 2
+    # One page per 64 tokens and form (full, INT8), each under its own key.
+    assert len({p.key for p in receipt.pages}) == len(receipt.pages) == 2 * -(
+        -len(prompt) // PAGE_TOKENS)
 
     other = adapter.restore("s2", prompt, recompute=False)
     assert (other.restored_tokens, other.pages_hit) == (0, 0)

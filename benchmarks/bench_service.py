@@ -1,0 +1,141 @@
+"""Service benchmark: side-by-side ratios measured in one run (absolute times are noisy here).
+
+1. Restore of a 16 MiB page through the actors (pool opens the sealed copy and pushes it
+   into the HBM actor's arena by NIXL) vs a raw NIXL push between the same two actor
+   processes. Target: actors/raw throughput >= 0.6.
+2. Controller event throughput (the pure bookkeeping the controller actor runs per event).
+3. The demo's AgentKV vs LRU table (``agentkv demo`` on the same machine).
+
+    python benchmarks/bench_service.py [--reps 8] [--events 20000] [--sessions 8] [--skip-demo]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+MIB = 1 << 20
+
+
+def bench_restore(reps: int) -> dict[str, float]:
+    from agentkv_cluster.config import load_config
+    from agentkv_cluster.lifecycle.types import StateType
+    from agentkv_cluster.runtime import wiring
+    from agentkv_cluster.runtime.mover import Mover
+    from agentkv_cluster.runtime.pool_actor import ensure_tenant
+    from agentkv_cluster.runtime.records import PageMeta
+    from store.types import Codec, Tier
+
+    workdir = Path(tempfile.mkdtemp(prefix="agentkv-bench-"))
+    page = 16 * MIB
+    cfg = load_config(env={}, overrides={
+        "hbm": {"page_bytes": page, "num_pages": 3},
+        "pool": {"pool_bytes": 4 * page + 4 * MIB, "slot_bytes": page,
+                 "nvme_dir": str(workdir / "nv")},
+        "ray": {"num_cpus": 2}, "security": {"tenant_keys_dir": str(workdir / "keys")}})
+    wiring.start_ray(cfg)
+    topo = wiring.deploy(cfg, workdir)
+    hbm, pool = topo.hbms["node0-hbm0"], topo.pools["node0"]
+    ensure_tenant(str(workdir / "keys"), "bench")
+    front = Mover("bench-front", page, 1)
+    wiring.introduce(hbm, front)
+    slot = front.take_slot()
+    front.slot_view(slot)[:] = np.frombuffer(np.random.default_rng(0).bytes(page), np.uint8)
+    meta = PageMeta(key=b"k" * 32, digest=b"d" * 32, tenant="bench", namespace="bench",
+                    session="s", page_id=0, state_type=StateType.EVIDENCE, length=page,
+                    tokens=1)
+    hbm.ingest(meta.key, front.slot_span(slot, page))
+    hbm.demote(meta, [(int(Tier.HOST), int(Codec.FULL))], pool, True)
+    actors, raw = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        hbm.restore(meta, int(Tier.HOST), int(Codec.FULL), pool)  # open seal + NIXL push
+        actors.append(time.perf_counter() - t0)
+        span = hbm.span(meta.key)
+        t0 = time.perf_counter()
+        pool.probe_link(span)  # the same bytes, same two processes, no sealing, no hops
+        raw.append(time.perf_counter() - t0)
+        hbm.drop(meta.key)
+    wiring.shutdown(topo)
+    front.close()
+    a, r = statistics.median(actors), statistics.median(raw)
+    return {"actors_gbps": page / a / 1e9, "raw_gbps": page / r / 1e9, "ratio": r / a}
+
+
+def bench_controller(events: int) -> dict[str, float]:
+    from agentkv_cluster.lifecycle.types import StateType
+    from agentkv_cluster.runtime.controller import Controller
+    from agentkv_cluster.runtime.records import PageMeta
+    from agentkv_cluster.runtime.strategies import make_strategy
+
+    ctl = Controller(make_strategy("agentkv"))
+    ctl.add_hbm("h", 1 << 40)
+    n, now, t0 = 0, 0.0, time.perf_counter()
+    session = 0
+    while n < events:
+        s = f"s{session}"
+        ctl.open_session("t", s)
+        metas = [PageMeta(key=f"{s}-{i}".encode(), digest=b"d" * 32, tenant="t", namespace="t",
+                          session=s, page_id=i, state_type=StateType.EVIDENCE, length=1 << 20,
+                          tokens=256) for i in range(4)]
+        admitted, _ = ctl.admit("t", s, metas, now)
+        ctl.ingested([g for g, _ in admitted])
+        for v, data in enumerate([
+            {"kind": "task_start", "prefix_generation": 1, "prefix_pages": [0],
+             "input_pages": [1]},
+            {"kind": "model_call", "call_id": "m", "consumes": [0, 1],
+             "produces": [[2, "evidence"], [3, "temp_reasoning"]]},
+            {"kind": "tool_start", "call_id": "k", "tool": "grep"},
+            {"kind": "observation_return", "call_id": "k"},
+            {"kind": "task_end"}], start=1):
+            now += 0.01
+            event = ctl.translate("t", s, {**data, "event_id": v, "task_id": "x", "version": v,
+                                           "ts": now})
+            ctl.apply(event, now)
+            n += 1
+        session += 1
+    dt = time.perf_counter() - t0
+    return {"events": n, "events_per_s": n / dt}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=8)
+    ap.add_argument("--events", type=int, default=20000)
+    ap.add_argument("--sessions", type=int, default=8)
+    ap.add_argument("--skip-demo", action="store_true")
+    args = ap.parse_args()
+    ctl = bench_controller(args.events)
+    print(f"controller: {ctl['events']} events, {ctl['events_per_s']:.0f} events/s "
+          "(pure bookkeeping: event graph + AgentKV gap planning per event)")
+    rs = bench_restore(args.reps)
+    verdict = "meets" if rs["ratio"] >= 0.6 else "MISSES"
+    print(f"16 MiB restore: actors {rs['actors_gbps']:.2f} GB/s vs raw NIXL "
+          f"{rs['raw_gbps']:.2f} GB/s -> ratio {rs['ratio']:.2f} ({verdict} the 0.6 target)")
+    if not args.skip_demo:
+        import ray
+
+        from agentkv_cluster.api.workload import WorkloadSpec
+        from agentkv_cluster.cli.demo import _table, run_demo
+
+        ray.shutdown()
+        payload = run_demo(WorkloadSpec(sessions=args.sessions), 0.35)
+        from rich.console import Console
+
+        Console().print(_table(payload["policies"]))
+        a, b = payload["policies"]["agentkv"], payload["policies"]["lru"]
+        print(f"AgentKV/LRU: P95 {a['p95_ms'] / max(b['p95_ms'], 1e-9):.2f}x, bytes moved "
+              f"{a['transfer_mb_per_batch'] / max(b['transfer_mb_per_batch'], 1e-9):.2f}x")
+
+
+if __name__ == "__main__":
+    main()

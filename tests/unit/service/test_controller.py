@@ -1,0 +1,110 @@
+"""Controller bookkeeping and link credits (pure: no Ray, no bytes)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from agentkv_cluster.lifecycle.types import StateType
+from agentkv_cluster.runtime.controller import Controller
+from agentkv_cluster.runtime.executor import LinkCredits
+from agentkv_cluster.runtime.records import ActionKind, PageMeta
+from agentkv_cluster.runtime.strategies import make_strategy
+from store.types import Codec, Tier
+
+MB = 1 << 20
+
+
+def meta(session: str, pid: int, kind: StateType = StateType.EVIDENCE) -> PageMeta:
+    return PageMeta(key=f"{session}/{pid}".encode(), digest=b"d" * 32, tenant="t", namespace="t",
+                    session=session, page_id=pid, state_type=kind, length=MB, tokens=16)
+
+
+def admitted(ctl: Controller, session: str, pids: range, now: float) -> list:
+    ctl.open_session("t", session)
+    out, actions = ctl.admit("t", session, [meta(session, p) for p in pids], now)
+    ctl.ingested([g for g, _ in out])
+    return actions
+
+
+def finish(ctl: Controller, actions: list, now: float) -> None:
+    for a in actions:
+        info = {"copies": [(int(a.tier), int(a.codec))], "pool": "p"} \
+            if a.kind is ActionKind.DEMOTE else {"source": "host"}
+        ctl.finished(a, True, now, info)
+
+
+def test_lru_pressure_demotes_exactly_the_oldest_pages_full_to_host() -> None:
+    ctl = Controller(make_strategy("lru"))
+    ctl.add_hbm("h", 3 * MB)
+    assert admitted(ctl, "a", range(3), 0.0) == []
+    actions = admitted(ctl, "b", range(2), 1.0)
+    assert [(a.kind, a.gid, a.tier, a.codec) for a in actions] == [
+        (ActionKind.DEMOTE, 1, Tier.HOST, Codec.FULL), (ActionKind.DEMOTE, 2, Tier.HOST, Codec.FULL)]
+    assert ctl.hbms["h"].used == 3 * MB
+
+
+def test_access_pins_every_requested_page_before_making_room() -> None:
+    """Regression: restoring one page must never evict another page of the same load."""
+    ctl = Controller(make_strategy("lru"))
+    ctl.add_hbm("h", 2 * MB)
+    admitted(ctl, "a", range(2), 0.0)
+    finish(ctl, admitted(ctl, "b", range(2), 1.0), 1.0)  # a's pages go to the pool
+    gids_a = ctl.resolve("t", "a", [b"a/0", b"a/1"])
+    demotes, restores, lost, blocked = ctl.access(gids_a, 2.0)
+    assert (lost, blocked) == ([], [])
+    assert sorted(a.gid for a in restores) == gids_a
+    assert sorted(a.gid for a in demotes) == ctl.resolve("t", "b", [b"b/0", b"b/1"])
+    finish(ctl, demotes + restores, 2.0)
+    assert all(ctl.pages[g].resident and ctl.pages[g].pins == 1 for g in gids_a)
+
+
+def test_pinned_hbm_blocks_instead_of_losing_pages() -> None:
+    ctl = Controller(make_strategy("lru"))
+    ctl.add_hbm("h", 1 * MB)
+    admitted(ctl, "a", range(1), 0.0)
+    finish(ctl, admitted(ctl, "b", range(1), 1.0), 1.0)
+    (gb,) = ctl.resolve("t", "b", [b"b/0"])
+    ctl.access([gb], 2.0)  # b pinned: the HBM is full of pinned bytes
+    (ga,) = ctl.resolve("t", "a", [b"a/0"])
+    demotes, restores, lost, blocked = ctl.access([ga], 3.0)
+    assert (demotes, restores, lost, blocked) == ([], [], [], [ga])
+    assert ctl.pages[ga].copies == {Codec.FULL: Tier.HOST} and ctl.pages[ga].pins == 0
+
+
+def test_task_end_retires_pages_with_delete_actions() -> None:
+    ctl = Controller(make_strategy("agentkv"))
+    ctl.add_hbm("h", 8 * MB)
+    admitted(ctl, "a", range(2), 0.0)
+    ev = {"event_id": 1, "task_id": "x", "version": 1, "ts": 0.0}
+    ctl.apply(ctl.translate("t", "a", {"kind": "task_start", "prefix_generation": 1,
+                                       "input_pages": [0, 1], **ev}), 0.0)
+    actions = ctl.apply(ctl.translate("t", "a", {"kind": "task_end", **ev, "event_id": 2,
+                                                 "version": 2}), 1.0)
+    assert sorted((a.kind, a.key) for a in actions) == [
+        (ActionKind.DELETE, b"a/0"), (ActionKind.DELETE, b"a/1")]
+    assert ctl.pages == {} and ctl.hbms["h"].used == 0
+
+
+def test_link_credits_bound_each_link_and_keep_tickets_apart() -> None:
+    """Regression: tickets are numbered per link; two links must not swap grants."""
+    credits = LinkCredits(per_link=2, per_session=1)
+    errors: list[BaseException] = []
+
+    def worker(session: str, link: str) -> None:
+        try:
+            for _ in range(15):
+                grant = credits.acquire(session, link)
+                time.sleep(0.001)
+                credits.release(link, grant)
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(f"s{i}", f"L{i % 2}")) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    assert dict(credits.max_in_flight) == {"L0": 2, "L1": 2}
+    assert sum(credits.in_flight.values()) == 0

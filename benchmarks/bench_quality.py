@@ -85,8 +85,8 @@ def _markdown(rows: list[QualityRow], source: str, windows: int, seconds: float)
         "Reading the table:",
         "- One window has 256 positions, so one flipped near-tie moves a window's top-1 by",
         "  0.0039; the pooled figure is the acceptance figure, the worst window is shown too",
-        f"  (INT8's worst single window: {by_label['int8'].top1_min:.4f}; a single window "
-        "can fall below 0.99 while",
+        (f"  (INT8's worst single window: {by_label['int8'].top1_min:.4f}; a single window "
+         "can fall below 0.99 while"),
         "  KL stays ~1e-5: the flips are near-ties of the full-precision run).",
         "- `bytes vs full` is the exact stored page size (codes, scales, minimums, KIVI's",
         "  full-precision residual of the last partial key group, wire header) over fp32 pages.",

@@ -73,6 +73,11 @@ class ControllerActor:
         self.hbms.pop(name, None)
         return len(self.controller.remove_hbm(name))
 
+    def set_credits(self, enabled: bool) -> None:
+        """Turn link credits on or off (fresh counters); for side-by-side herd runs."""
+        self.credits = LinkCredits(self.spec.per_link, self.spec.per_session, enabled=enabled)
+        self.executor.credits = self.credits
+
     def expect_restart(self, name: str) -> None:
         """A pool actor is being replaced on purpose: keep its copies (it rebuilds them)."""
         self._restarting.add(name)

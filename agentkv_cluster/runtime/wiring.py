@@ -127,7 +127,7 @@ def deploy(cfg: AgentKvConfig, workdir: Path | None = None, *, policy: str | Non
         directory: Any = RedisSpec(url=cfg.directory.redis_url, prefix=cfg.directory.prefix)
     else:
         directory = handles.create(ray.remote(DirectoryShell), "directory",
-                                   {"num_cpus": 0, "max_concurrency": 8})
+                                   {"num_cpus": 0, "max_concurrency": 8, **_here()})
     spec = ControllerSpec(policy=policy or cfg.controller.policy, per_link=cfg.credits.per_link,
                           per_session=cfg.credits.per_session, credits=credits,
                           tick_s=cfg.controller.tick_s)
@@ -140,10 +140,15 @@ def deploy(cfg: AgentKvConfig, workdir: Path | None = None, *, policy: str | Non
     return topo
 
 
+def _here() -> dict[str, Any]:
+    """Pin to this (the head's) node: the controller must not die with a worker node."""
+    return _affinity(_ray().get_runtime_context().get_node_id())
+
+
 def spawn_controller(spec: ControllerSpec, directory: Any) -> Handle:
     ray = _ray()
     return handles.create(ray.remote(ControllerShell), "controller",
-                          {"num_cpus": 0, "max_concurrency": 64}, spec, directory)
+                          {"num_cpus": 0, "max_concurrency": 64, **_here()}, spec, directory)
 
 
 def add_node(cfg: AgentKvConfig, topo: Topology, node: dict[str, Any], index: int,

@@ -183,7 +183,7 @@ def test_prefix_shared_across_nodes_only_when_compatible_and_same_tenant(service
 def test_herd_32_sessions_credits_bound_links_and_nobody_starves(service) -> None:
     results = {}
     for credits in (True, False):
-        service.use_policy("lru", credits=credits)
+        service.topo.controller.set_credits(credits)
         eps = [Episode(service, "herd", f"h{credits}-{i}") for i in range(32)]
         for ep in eps:  # the herd's pages do not all fit in HBM: restores happen
             ep.store(kv_page(0, "evidence", identity("herd", ep.session, 0)))
@@ -213,7 +213,7 @@ def test_herd_32_sessions_credits_bound_links_and_nobody_starves(service) -> Non
             ep.client.close()
     print(f"\nherd P99 restore: with credits {results[True] * 1e3:.0f} ms, "
           f"without {results[False] * 1e3:.0f} ms")
-    service.use_policy("agentkv")
+    service.topo.controller.set_credits(True)
 
 
 def test_pool_restart_rebuilds_index_and_redis_loss_is_repopulated(service, redis) -> None:

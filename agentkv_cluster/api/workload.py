@@ -38,6 +38,9 @@ class WorkloadSpec:
     think_s: float = 0.02
     tenant: str = "demo"
     model: str = "smollm2-135m"
+    # Per session: the (tool class, seconds) of each tool call, e.g. from a trace; None =
+    # drawn from TOOLS.
+    tool_plan: tuple[tuple[tuple[str, float], ...], ...] | None = None
 
     def page_bytes(self, tokens: int) -> int:
         return 2 * self.layers * self.kv_heads * tokens * self.head_dim * 2
@@ -123,8 +126,12 @@ def run_episode(client: AgentKvClient, spec: WorkloadSpec, index: int, run: str,
         sc.event("model_call", **ep.ev(call_id=f"m{turn}", consumes=sorted(set(ep.live) - {
             p["page_id"] for p in new}), produces=[[p["page_id"], p["state_type"]] for p in new]))
         time.sleep(spec.think_s)
-        tool = ep.rng.choice(sorted(TOOLS))
-        gap = TOOLS[tool] * float(np.exp(ep.rng.gauss(0.0, spec.tool_sigma)))
+        if spec.tool_plan:
+            calls = spec.tool_plan[index % len(spec.tool_plan)]
+            tool, gap = calls[turn % len(calls)]
+        else:
+            tool = ep.rng.choice(sorted(TOOLS))
+            gap = TOOLS[tool] * float(np.exp(ep.rng.gauss(0.0, spec.tool_sigma)))
         sc.event("tool_start", **ep.ev(call_id=f"k{turn}", tool=tool))
         time.sleep(gap)
         obs = ep.page("tool_observation")
@@ -155,6 +162,27 @@ def run_workload(connect: Callable[[], AgentKvClient], spec: WorkloadSpec, run: 
     for t in threads:
         t.join(600)
     return results
+
+
+def tool_plan_from_trace(path: Any, sessions: int, median_s: float = 0.5, cap_s: float = 2.0
+                         ) -> tuple[tuple[tuple[str, float], ...], ...]:
+    """Tool calls per session from a trace in the simulator's format, time-scaled so the
+    median tool call lasts ``median_s`` (the demo replays minutes of agent time in seconds)."""
+    from agentkv_cluster.sim.trace.format import TraceFormatError, read_trace
+
+    parsed = read_trace(path)
+    by_session: dict[str, list[tuple[str, float]]] = {}
+    for e in parsed.events:
+        if e.kind == "tool_start":
+            by_session.setdefault(e.session, []).append((e.tool_class or "tool",
+                                                          e.tool_duration_s))
+    plans = [calls for calls in by_session.values() if calls][:sessions]
+    if not plans:
+        raise TraceFormatError(f"{path}: no tool_start events to replay")
+    durations = sorted(d for calls in plans for _, d in calls)
+    scale = median_s / max(durations[len(durations) // 2], 1e-6)
+    return tuple(tuple((tool, min(cap_s, max(0.01, d * scale))) for tool, d in calls)
+                 for calls in plans)
 
 
 def summarize(results: Results, traffic: dict[str, int], batches: int) -> dict[str, Any]:

@@ -24,7 +24,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("demo", help="run AgentKV vs LRU through the real service")
     p.add_argument("--sessions", type=int, default=8, help="concurrent agent sessions (default 8)")
     p.add_argument("--turns", type=int, default=3, help="tool calls per session (default 3)")
-    p.add_argument("--trace", type=Path, help="replay tool durations from a simulator trace")
+    p.add_argument("--trace", type=Path,
+                   help="replay the tool calls of a trace in the simulator's format (time-scaled)")
     p.add_argument("--json", type=Path, help="write the figures (simulator JSON schema) here")
     p.add_argument("--budget", type=float, default=0.35,
                    help="HBM budget as a fraction of the working set (default 0.35)")
@@ -39,9 +40,16 @@ def _spec(args: argparse.Namespace) -> Any:
         raise CliError("--sessions and --turns must be >= 1")
     if not 0.05 <= args.budget <= 1.0:
         raise CliError("--budget must be in [0.05, 1]")
+    plan = None
     if args.trace is not None:
-        raise CliError("--trace replay is not supported by this build (synthetic workload only)")
-    return WorkloadSpec(sessions=args.sessions, turns=args.turns, seed=args.seed)
+        from agentkv_cluster.api.workload import tool_plan_from_trace
+        from agentkv_cluster.sim.trace.format import TraceFormatError
+
+        try:
+            plan = tool_plan_from_trace(args.trace, args.sessions)
+        except (OSError, TraceFormatError) as exc:
+            raise CliError(f"--trace {args.trace}: {exc}") from None
+    return WorkloadSpec(sessions=args.sessions, turns=args.turns, seed=args.seed, tool_plan=plan)
 
 
 def _config(workdir: Path) -> Any:

@@ -408,6 +408,10 @@ class Controller:
                 and self.pages[g].hbm == state.hbm]
         actions, plan = self.strategy.gap_plan(recs, event, budget.policy, now)
         state.tools[event.call_id] = (event.tool, now, plan)
+        self.stats["gap_migrations"] = self.stats.get("gap_migrations", 0) + sum(
+            a.kind is ActionKind.DEMOTE for a in actions)
+        self.stats["gap_prefetches"] = self.stats.get("gap_prefetches", 0) + sum(
+            a.kind is ActionKind.RESTORE for a in actions)
         for action in actions:
             heapq.heappush(self._scheduled, (action.start_at, next(self._seq), action))
 

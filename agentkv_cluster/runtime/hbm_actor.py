@@ -24,7 +24,7 @@ class HbmSpec:
     page_bytes: int
     num_pages: int
     device: str | None = None
-    staging_slots: int = 4
+    staging_slots: int = 16
 
 
 @dataclass(frozen=True, kw_only=True)

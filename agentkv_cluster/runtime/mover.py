@@ -62,6 +62,7 @@ class Mover:
         self.transport = NixlUcxTransport(name)
         self.slot_bytes = slot_bytes
         self.staging = aligned_buffer(slot_bytes * num_slots)
+        self._endpoint: Endpoint | None = None
         self.staging_region = self.transport.register(self.staging)
         self._free = list(range(num_slots - 1, -1, -1))
         self._lock = threading.Lock()
@@ -71,11 +72,15 @@ class Mover:
         self.bytes_moved = 0
 
     def register(self, buffer: object) -> Region:
-        """Register more memory (an HBM arena page) that peers may address."""
+        """Register more memory (an HBM arena) that peers may address."""
+        self._endpoint = None  # the agent metadata changes with every registration
         return self.transport.register(buffer)
 
     def endpoint(self) -> Endpoint:
-        return Endpoint(agent=self.transport.name, metadata=self.transport.agent_metadata())
+        if self._endpoint is None:
+            self._endpoint = Endpoint(agent=self.transport.name,
+                                      metadata=self.transport.agent_metadata())
+        return self._endpoint
 
     # -- staging slots ----------------------------------------------------------------
     def take_slot(self, timeout_s: float = 10.0) -> int:
@@ -132,6 +137,26 @@ class Mover:
             raise MoveError(f"{op.value} of {span.length} B failed: {result.error}")
         self.bytes_moved += span.length
         return span.length
+
+    def push_async(self, local: Region, local_offset: int, span: RemoteSpan) -> int:
+        """Start a NIXL WRITE and return its job id (``wait_all`` collects it)."""
+        job = TransferJob(op=TransferOp.WRITE, local=local, remote=Region.unpack(span.region),
+                          length=span.length, local_offset=local_offset,
+                          remote_offset=span.offset)
+        with self._xfer:
+            self._peer(span.endpoint)
+            return self.transport.submit(job)
+
+    def wait_all(self, job_ids: list[int]) -> int:
+        moved = 0
+        with self._xfer:
+            for job_id in job_ids:
+                result = self.transport.wait(job_id, timeout_s=60.0)
+                if result.status is not TransferStatus.DONE:
+                    raise MoveError(f"WRITE failed: {result.error}")
+                moved += result.nbytes
+        self.bytes_moved += moved
+        return moved
 
     def pull(self, span: RemoteSpan, local: Region, local_offset: int = 0) -> int:
         """Copy a peer's span into our registered ``local`` region (NIXL READ)."""

@@ -31,6 +31,27 @@ from store.types import Codec, Lookup, Tier
 
 _REC = struct.Struct(">4sI")  # magic, header length
 _MAGIC = b"AKVR"
+# Pages are sealed in 2 MiB chunks (each its own AES-GCM message, bound to its index), so a
+# restore pushes chunk i by NIXL while it opens chunk i + 1.
+CHUNK = 2 << 20
+
+
+def sealed_total(n: int, chunk: int = CHUNK) -> int:
+    chunks = max(1, -(-n // chunk))
+    return n + chunks * (sealed_size(0))
+
+
+def chunk_slot(loc: int, index: int, last: bool) -> int:
+    """The seal binding of one chunk: its index, and a flag on the final chunk so a record
+    cut short (an edited length in the plaintext header) fails to open."""
+    return loc * 4096 + (2048 if last else 0) + index
+
+
+def _chunks(n: int, chunk: int) -> list[tuple[int, int]]:
+    """(offset, length) of each chunk of an n-byte page; chunk 0 = whole page."""
+    if chunk <= 0:
+        return [(0, n)]
+    return [(off, min(chunk, n - off)) for off in range(0, max(n, 1), chunk)]
 
 
 class PageMissing(Exception):
@@ -82,14 +103,14 @@ class PoolActor:
         self.sealer = TenantSealer(self.keyring)
         self.blinder = DirectoryBlinder(self.keyring)
         self.mover = Mover(f"pool-{spec.name}-{secrets.token_hex(3)}",
-                           sealed_size(spec.host_slot_bytes) + 4096, spec.staging_slots)
+                           sealed_total(spec.host_slot_bytes) + 4096, spec.staging_slots)
         self.host = self._open_host()
         # One pre-faulted read buffer: sealed records are read into it, never into fresh
         # allocations (first-touch memory runs at ~0.7 GB/s here).
         self._scratch = aligned_buffer(self.host.slot_bytes)
         self.nvme = NvmeShard(spec.nvme_dir, NvmeShardConfig(max_bytes=spec.nvme_bytes))
         self._index: dict[tuple[bytes, Codec], _Copy] = {}
-        self._loc_base = secrets.randbits(32) << 24
+        self._loc_base = secrets.randbits(24) << 24  # loc * 4096 + chunk must fit 64 bits
         self._loc_next = 0
         self._lock = threading.RLock()
         self._dir_gens: dict[str, int] = {}
@@ -100,7 +121,7 @@ class PoolActor:
     # -- start-up and recovery ---------------------------------------------------------------
     def _open_host(self) -> HostPool:
         name = self.spec.shm_name
-        slot = sealed_size(self.spec.host_slot_bytes) + 1024
+        slot = sealed_total(self.spec.host_slot_bytes) + 1024
         try:
             return HostPool.create(name, slot, self.spec.host_slots)
         except FileExistsError:
@@ -214,17 +235,22 @@ class PoolActor:
         self.delete_copy(meta.key, codec)
         shape = meta.shape
         header = msgpack.packb({"k": meta.key, "ns": meta.namespace, "c": int(codec), "loc": loc,
-                                "sg": seal_gen, "dg": dir_gen, "n": len(plain),
+                                "sg": seal_gen, "dg": dir_gen, "n": len(plain), "ch": CHUNK,
                                 "fl": meta.length, "st": meta.state_type.value,
                                 "sh": None if shape is None else [shape.layers, shape.kv_heads,
                                                                   shape.tokens, shape.head_dim,
                                                                   shape.dtype]})
         for where in ((Tier.HOST, Tier.NVME) if tier is Tier.HOST else (Tier.NVME,)):
-            record = bytearray(_REC.size + len(header) + sealed_size(len(plain)))
+            record = bytearray(_REC.size + len(header) + sealed_total(len(plain)))
             _REC.pack_into(record, 0, _MAGIC, len(header))
             record[_REC.size:_REC.size + len(header)] = header
-            self.sealer.seal(meta.namespace, meta.digest, seal_gen, int(where), loc, plain,
-                             out=memoryview(record)[_REC.size + len(header):])
+            out, src = _REC.size + len(header), memoryview(plain)
+            parts = _chunks(len(plain), CHUNK)
+            for i, (off, n) in enumerate(parts):
+                self.sealer.seal(meta.namespace, meta.digest, seal_gen, int(where),
+                                 chunk_slot(loc, i, i == len(parts) - 1), src[off:off + n],
+                                 out=memoryview(record)[out:out + sealed_size(n)])
+                out += sealed_size(n)
             if where is Tier.HOST:
                 try:
                     slot = self.host.alloc()
@@ -255,20 +281,35 @@ class PoolActor:
                 if copy is None:
                     raise PageMissing(f"no {codec.name} copy of that page in {self.name}")
                 record = self._read(meta.key, codec, copy)
-                _, sealed = _parse(record)
-                out = self.mover.slot_view(slot)
-                try:
-                    self.sealer.open(copy.namespace, meta.digest, copy.seal_gen, int(copy.tier),
-                                     copy.loc, sealed, out=out)
-                except InvalidSeal:
-                    self.rejects += 1
-                    raise SealRejected("stored copy failed to open") from None
-            span = RemoteSpan(endpoint=dst.endpoint, region=dst.region, offset=dst.offset,
-                              length=copy.nbytes)
-            self.mover.push(self.mover.staging_region, slot * self.mover.slot_bytes, span)
+                header, sealed = _parse(record)
+                jobs = self._open_and_push(meta, copy, header.get("ch", 0), sealed, slot, dst)
+            self.mover.wait_all(jobs)
             return {"tier": int(copy.tier), "nbytes": copy.nbytes}
         finally:
             self.mover.give_slot(slot)
+
+    def _open_and_push(self, meta: PageMeta, copy: _Copy, chunk: int, sealed: memoryview,
+                       slot: int, dst: RemoteSpan) -> list[int]:
+        """Open every chunk into the staging slot, then push the page in one NIXL write
+        (UCX moves one large write faster than several 2 MiB ones here)."""
+        out = self.mover.slot_view(slot)
+        pos = 0
+        single = chunk <= 0  # records written before chunking: one message, slot = loc
+        parts = _chunks(copy.nbytes, chunk)
+        for i, (off, n) in enumerate(parts):
+            try:
+                self.sealer.open(copy.namespace, meta.digest, copy.seal_gen, int(copy.tier),
+                                 copy.loc if single else chunk_slot(copy.loc, i,
+                                                                    i == len(parts) - 1),
+                                 sealed[pos:pos + sealed_size(n)], out=out[off:off + n])
+            except InvalidSeal:
+                self.rejects += 1
+                raise SealRejected("stored copy failed to open") from None
+            pos += sealed_size(n)
+        span = RemoteSpan(endpoint=dst.endpoint, region=dst.region, offset=dst.offset,
+                          length=copy.nbytes)
+        return [self.mover.push_async(self.mover.staging_region,
+                                      slot * self.mover.slot_bytes, span)]
 
     def _read(self, key: bytes, codec: Codec, copy: _Copy) -> bytes | memoryview:
         if copy.tier is Tier.HOST:

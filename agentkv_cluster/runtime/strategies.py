@@ -31,7 +31,7 @@ RUNTIME_COST = CostModel(
 # observed durations after one sample (prior_weight=1) and calls a gap "short" below 0.1 s.
 RUNTIME_AGENTKV = AgentKvConfig(
     cost=RUNTIME_COST,
-    gap=GapConfig(short_gap_s=0.1),
+    gap=GapConfig(short_gap_s=0.1, return_quantile=0.25),
     predictor=PredictorConfig(prior_median_s=0.5, prior_weight=1),
 )
 _SERVICE_CODECS = (Codec.FULL, Codec.INT8, Codec.INT4)
@@ -97,6 +97,7 @@ class AgentKvStrategy:
     def __init__(self, config: AgentKvConfig | None = None) -> None:
         self.config = config or RUNTIME_AGENTKV
         self.predictor = Predictor(self.config.predictor)
+        self._last_tool: dict[str, str] = {}  # session -> tool class of its latest call
 
     def new_policy(self, capacity: int) -> EvictionPolicy:
         return AgentKvPolicy(self.config, predictor=self.predictor)
@@ -104,6 +105,8 @@ class AgentKvStrategy:
     def prepare(self, rec: PageRecord, now: float) -> None:
         """Fill the predictor's view of the page before a policy decision."""
         view = rec.view
+        if not view.tool_class:  # a page waits on its session's tools: use the latest class
+            view.tool_class = self._last_tool.get(view.session, "")
         pred = self.predictor.predict(view, now)
         view.reuse_prob = min(1.0, max(0.0, 0.5 * (pred.p_reuse + view.reuse_prob)))
         view.predicted_idle_s = pred.idle_quantiles.get(0.5, 0.0)
@@ -121,13 +124,17 @@ class AgentKvStrategy:
         return tier, codec, wants and codec is not Codec.FULL
 
     def restore_source(self, rec: PageRecord) -> tuple[Tier, Codec]:
-        codec = max(rec.copies)  # the smallest form moves the fewest bytes; verify uses FULL
+        """The copy with the smallest restore time L_i(k, q) under this service's costs."""
+        cost = self.config.cost
+        codec = min(rec.copies, key=lambda c: (
+            cost.restore_time(rec.meta.length, rec.copies[c], c), -int(c)))
         return rec.copies[codec], codec
 
     def gap_plan(self, recs: Sequence[PageRecord], event: ev.ToolStart, policy: EvictionPolicy,
                  now: float) -> tuple[list[Action], GapPlan | None]:
         assert isinstance(policy, AgentKvPolicy)
         by_id = {r.gid: r for r in recs}
+        self._last_tool[event.session] = event.tool
         for rec in recs:
             rec.view.tool_class = event.tool
             self.prepare(rec, now)

@@ -33,7 +33,7 @@ class AgentKvClient:
 
     @classmethod
     def connect(cls, address: tuple[str, int] | str, token: str | None = None,
-                timeout: float = 60.0) -> "AgentKvClient":
+                timeout: float = 60.0) -> AgentKvClient:
         if isinstance(address, str):
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.settimeout(timeout)
@@ -46,7 +46,7 @@ class AgentKvClient:
     def close(self) -> None:
         self._sock.close()
 
-    def __enter__(self) -> "AgentKvClient":
+    def __enter__(self) -> AgentKvClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -77,7 +77,7 @@ class AgentKvClient:
     def hello(self) -> dict[str, Any]:
         return self.call("hello")
 
-    def open_session(self, session: str) -> "SessionClient":
+    def open_session(self, session: str) -> SessionClient:
         self.call("open_session", {"session": session})
         return SessionClient(self, session)
 

@@ -117,7 +117,7 @@ class MetricsHttpServer:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server API
+            def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
                     self._send(200, outer.metrics.exposition(), CONTENT_TYPE_LATEST)
@@ -150,7 +150,7 @@ class MetricsHttpServer:
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True,
                                         name="agentkv-metrics")
 
-    def start(self) -> "MetricsHttpServer":
+    def start(self) -> MetricsHttpServer:
         self._thread.start()
         return self
 

@@ -87,7 +87,7 @@ class ApiServer:
         self.address: tuple[str, int] | str | None = None
 
     # -- lifecycle ----------------------------------------------------------------
-    def start(self) -> "ApiServer":
+    def start(self) -> ApiServer:
         self._thread = threading.Thread(target=self._run, name="agentkv-api", daemon=True)
         self._thread.start()
         if not self._started.wait(10) or self.address is None:
@@ -149,7 +149,7 @@ class ApiServer:
             pass  # the peer went away or stalled mid-frame: drop only this connection
         except asyncio.CancelledError:
             pass  # server shutdown
-        except Exception:  # noqa: BLE001 - a bug here must not take the server down
+        except Exception:
             log.exception("connection handler failed")
         finally:
             self._active -= 1
@@ -203,7 +203,7 @@ class ApiServer:
         except ServiceError as exc:
             self._count(op, exc.code)
             return p.error_reply(req.request_id, exc.code, str(exc))
-        except Exception as exc:  # noqa: BLE001 - reported to the client, logged here
+        except Exception as exc:
             log.exception("op %s failed", op)
             self._count(op, p.ErrorCode.INTERNAL)
             return p.error_reply(req.request_id, p.ErrorCode.INTERNAL, type(exc).__name__)

@@ -99,7 +99,7 @@ def run_demo(spec: Any, budget: float, progress: Any | None = None) -> dict[str,
                 service.use_policy(policy)
             task = progress.add_task(f"{policy:8s}", total=spec.sessions * spec.turns) \
                 if progress else None
-            tick = (lambda: progress.advance(task)) if progress else (lambda: None)
+            tick = (lambda t=task: progress.advance(t)) if progress else (lambda: None)
             results = run_workload(lambda: service.client("demo"), spec, policy, tick)
             if results.errors:
                 raise CliError(f"{policy}: {len(results.errors)} session(s) failed: "

@@ -22,7 +22,12 @@ from agentkv_cluster.lifecycle.graph_records import Blocker
 from agentkv_cluster.lifecycle.types import TYPE_DEFAULTS, StateType
 from agentkv_cluster.policy.base import EvictionPolicy, GapPlan, PageView
 from agentkv_cluster.runtime.records import (
-    Action, ActionKind, PageMeta, PageRecord, UnknownPageKey, UnknownSession,
+    Action,
+    ActionKind,
+    PageMeta,
+    PageRecord,
+    UnknownPageKey,
+    UnknownSession,
 )
 from agentkv_cluster.runtime.strategies import Strategy
 from store.types import Codec, Tier

@@ -20,7 +20,12 @@ from agentkv_cluster.runtime.executor import Executor, LinkCredits
 from agentkv_cluster.runtime.handles import ActorGone, Handle
 from agentkv_cluster.runtime.mover import RemoteSpan
 from agentkv_cluster.runtime.records import (
-    ActionKind, KvShape, LoadReport, PageMeta, UnknownPageKey, UnknownSession,
+    ActionKind,
+    KvShape,
+    LoadReport,
+    PageMeta,
+    UnknownPageKey,
+    UnknownSession,
 )
 from agentkv_cluster.runtime.strategies import make_strategy
 from store.types import Codec, Lookup, Tier

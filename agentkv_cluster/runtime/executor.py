@@ -20,6 +20,8 @@ from agentkv_cluster.runtime.controller import Controller
 from agentkv_cluster.runtime.records import Action, ActionKind
 from store.types import Codec, Tier
 
+BACKGROUND = "/bg"
+
 
 class LinkCredits:
     """Blocking front of ``CreditManager``: at most ``per_link`` transfers per link at once."""
@@ -36,8 +38,11 @@ class LinkCredits:
     def _manager(self, link: str) -> CreditManager:
         mgr = self._managers.get(link)
         if mgr is None:
+            # Background work (prefetch) gets its own, narrower class of the link so it never
+            # queues an engine's on-demand restore behind it.
+            cap = max(1, self.per_link // 4) if link.endswith(BACKGROUND) else self.per_link
             mgr = CreditManager(CreditConfig(
-                buckets={(Resource.LINK, link): BucketSpec(capacity=self.per_link)},
+                buckets={(Resource.LINK, link): BucketSpec(capacity=cap)},
                 session={Resource.LINK: BucketSpec(capacity=self.per_session)}))
             self._managers[link] = mgr
         return mgr
@@ -158,7 +163,7 @@ class Executor:
     def _restore(self, a: Action) -> dict[str, Any]:
         rec = self.controller.record(a.gid)
         name, pool = self._pool_for(rec.pool, a.hbm)
-        link = f"{name}>{a.hbm}"
+        link = f"{name}>{a.hbm}" + (BACKGROUND if a.reason == "prefetch" else "")
         grant = self.credits.acquire(a.session, link)
         try:
             receipt = self.hbms[a.hbm].restore(rec.meta, int(a.tier), int(a.codec), pool)

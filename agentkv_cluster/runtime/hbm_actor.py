@@ -52,7 +52,7 @@ class HbmActor:
         self.mover = Mover(f"hbm-{spec.name}", spec.page_bytes, spec.staging_slots)
         # The whole arena is one NIXL region; a peer addresses page i at i * page_bytes.
         # HbmArena exposes no public whole-buffer accessor yet (asked of STORE-A).
-        self._whole = self.mover.register(self.arena._buf)  # noqa: SLF001
+        self._whole = self.mover.register(self.arena._buf)
         self._pages: dict[bytes, int] = {}  # key -> arena page
         self._lock = threading.Lock()
 
@@ -102,7 +102,7 @@ class HbmActor:
         except Exception:
             self.drop(key)
             raise
-        self.arena._lengths[page] = src.length  # noqa: SLF001 - NIXL wrote the bytes
+        self.arena._lengths[page] = src.length
         return src.length
 
     def span(self, key: bytes) -> RemoteSpan:
@@ -179,7 +179,7 @@ class HbmActor:
         except Exception:
             self.drop(meta.key)
             raise
-        self.arena._lengths[page] = meta.length  # noqa: SLF001 - written in place
+        self.arena._lengths[page] = meta.length
         return RestoreReceipt(tier=int(got["tier"]), codec=int(codec),
                               link_bytes=int(got["nbytes"]), exact=Codec(codec) is Codec.FULL)
 

@@ -43,7 +43,7 @@ class Service:
     def keys_dir(self) -> str:
         return self.cfg.security.tenant_keys_dir or str(self.workdir / "keys")
 
-    def start(self, *, metrics_http: bool = False, local: bool = False) -> "Service":
+    def start(self, *, metrics_http: bool = False, local: bool = False) -> Service:
         """Deploy on Ray (joining ``cfg.ray.address`` or starting a local one), or with
         ``local=True`` build every actor in this process (no Ray; tests and tools)."""
         if local:

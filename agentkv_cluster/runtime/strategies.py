@@ -82,10 +82,10 @@ class LruStrategy:
     def prepare(self, rec: PageRecord, now: float) -> None:
         return None
 
-    def gap_plan(self, recs, event, policy, now):  # noqa: ANN001 - see Strategy
+    def gap_plan(self, recs, event, policy, now):
         return [], None
 
-    def tool_return(self, plan, recs, policy, tool, started, now) -> None:  # noqa: ANN001
+    def tool_return(self, plan, recs, policy, tool, started, now) -> None:
         return None
 
 
@@ -172,4 +172,4 @@ def make_strategy(name: str) -> Strategy:
     raise ValueError(f"unknown policy {name!r}; expected 'agentkv' or 'lru'")
 
 
-__all__ = ["AgentKvStrategy", "LruStrategy", "RUNTIME_COST", "Strategy", "make_strategy"]
+__all__ = ["RUNTIME_COST", "AgentKvStrategy", "LruStrategy", "Strategy", "make_strategy"]

@@ -23,7 +23,7 @@ from store.codecs import kv_error
 from tests.support.redis_proc import RedisProcess
 
 ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster  # noqa: E402
+from ray.cluster_utils import Cluster
 
 pytestmark = pytest.mark.integration
 

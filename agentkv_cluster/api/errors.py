@@ -25,3 +25,14 @@ class AccessDenied(ServiceError):
 
 class Unauthenticated(ServiceError):
     code = ErrorCode.UNAUTHENTICATED
+
+
+class TenantNotProvisioned(ServiceError):
+    """The tenant has no keys and the key directory cannot create them (read-only Secret)."""
+
+    code = ErrorCode.FORBIDDEN
+
+    def __init__(self, tenant: str) -> None:
+        super().__init__(f"tenant {tenant!r} is not provisioned: no keys in the (read-only) "
+                         "tenant key directory; create them with `agentkv tenant create`")
+        self.tenant = tenant

@@ -8,12 +8,15 @@ callback (Ray connected, directory reachable), ``/metrics`` is the exposition.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+log = logging.getLogger(__name__)
 
 OTHER = "other"
 RESTORE_SOURCES = ("hbm", "host", "nvme", "remote", "recompute")
@@ -100,6 +103,7 @@ class ServiceMetrics:
         self.recompute_tokens.labels(tenant=self.tenant(tenant)).inc(tokens)
 
     def waited(self, tier: str, seconds: float) -> None:
+        """One credit wait on the link into ``tier``."""
         self.credit_wait.labels(tier=tier).observe(seconds)
 
     def set_occupancy(self, tier: str, nbytes: int) -> None:
@@ -113,13 +117,15 @@ class MetricsHttpServer:
     """``/metrics``, ``/healthz``, ``/readyz`` on one port, served from a daemon thread."""
 
     def __init__(self, metrics: ServiceMetrics, ready: Callable[[], tuple[bool, str]],
-                 host: str = "127.0.0.1", port: int = 9420) -> None:
+                 host: str = "127.0.0.1", port: int = 9420,
+                 refresh: Callable[[], None] | None = None) -> None:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
+                    outer.refresh_now()
                     self._send(200, outer.metrics.exposition(), CONTENT_TYPE_LATEST)
                 elif path == "/healthz":
                     self._send(200, b"ok\n")
@@ -144,11 +150,25 @@ class MetricsHttpServer:
 
         self.metrics = metrics
         self.ready = ready
+        self.refresh = refresh
+        self._refreshing = threading.Lock()
         self._httpd = ThreadingHTTPServer((host, port), Handler)
         self._httpd.daemon_threads = True
         self.port = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True,
                                         name="agentkv-metrics")
+
+    def refresh_now(self) -> None:
+        """Pull gauges and counters that live in the actors; a failure keeps the last values
+        (the scrape must still answer). Concurrent scrapes refresh once."""
+        if self.refresh is None or not self._refreshing.acquire(blocking=False):
+            return
+        try:
+            self.refresh()
+        except Exception:  # noqa: BLE001 - stale figures beat a failed scrape
+            log.warning("metrics refresh failed", exc_info=True)
+        finally:
+            self._refreshing.release()
 
     def start(self) -> MetricsHttpServer:
         self._thread.start()

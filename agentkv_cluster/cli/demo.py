@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -86,6 +87,8 @@ def run_demo(spec: Any, budget: float, progress: Any | None = None) -> dict[str,
     from agentkv_cluster.api.workload import run_workload, summarize
     from agentkv_cluster.runtime.service import Service
 
+    # The demo always starts its own Ray: never join one another process left running.
+    os.environ["RAY_ADDRESS"] = "local"
     workdir = Path(tempfile.mkdtemp(prefix="agentkv-demo-"))
     working_set = spec.sessions * (2 + 3 * spec.turns) * spec.page_bytes(256)
     capacity = max(int(budget * working_set), 2 * (2 + 3 * spec.turns) * spec.page_bytes(384))

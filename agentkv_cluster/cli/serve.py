@@ -58,7 +58,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         raise CliError(str(exc)) from None
 
 
-def _secret(path: str | None) -> bytes | None:
+def read_token_secret(path: str | None) -> bytes | None:
+    """The token HMAC secret of ``--token-secret-file`` (also used by ``agentkv tenant token``)."""
     if path is None:
         return None
     try:
@@ -87,28 +88,47 @@ def service_secret(service: Any) -> bytes:
     return service.token_secret
 
 
+def _on_signals(stop: threading.Event) -> None:
+    """SIGTERM (Kubernetes, PID 1) and SIGINT only set ``stop``: the main thread then
+    stops the server, the actors and Ray in order. Installed before startup so a
+    signal during a slow start still ends in a clean stop."""
+    def handler(signum: int, _frame: Any) -> None:
+        print(f"agentkv: {signal.Signals(signum).name}, stopping", flush=True)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     if cfg.role != "head":
         return _join_worker(cfg)
     from agentkv_cluster.runtime.service import Service
 
-    secret = _secret(cfg.security.token_secret_file)
+    secret = read_token_secret(cfg.security.token_secret_file)
     service = Service(cfg, token_secret=secret)
     if secret is None:  # tokens must be issuable by the operator: keep the secret on disk
         path = service.workdir / "token.secret"
         path.write_bytes(service_secret(service))
         path.chmod(0o600)
         print(f"no --token-secret-file: generated {path}", flush=True)
-    try:
-        service.start(metrics_http=cfg.metrics.enabled)
-    except Exception as exc:  # noqa: BLE001 - startup failures are user-facing here
-        raise CliError(f"cannot start the service: {type(exc).__name__}: {exc}") from None
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    print(f"agentkv serving on {service.address}; metrics on "
-          f"{cfg.metrics.host}:{cfg.metrics.port}", flush=True)
-    stop.wait()
-    service.stop(shutdown_ray=not cfg.ray.address)
+    _on_signals(stop)
+    try:
+        try:
+            service.start(metrics_http=cfg.metrics.enabled)
+        except Exception as exc:  # noqa: BLE001 - startup failures are user-facing here
+            raise CliError(f"cannot start the service: {type(exc).__name__}: {exc}") from None
+        _on_signals(stop)  # again: ray.init installs its own (aborting) SIGTERM handler
+        metrics = f"{cfg.metrics.host}:{service.http.port}" if service.http else "off"
+        print(f"agentkv serving on {service.address}; metrics on {metrics}", flush=True)
+        while not stop.wait(1.0):  # a timed wait keeps the main thread responsive
+            pass
+    finally:
+        # A second signal while stopping must not cut the cleanup short.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        service.stop(shutdown_ray=not cfg.ray.address)
+    print("agentkv stopped", flush=True)
     return 0

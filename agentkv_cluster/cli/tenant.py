@@ -1,4 +1,5 @@
-"""``agentkv tenant``: create, rotate and erase tenant keys (crypto-shredding with a receipt)."""
+"""``agentkv tenant``: create, rotate and erase tenant keys (crypto-shredding with a receipt),
+issue client tokens and print a tenant's blinded directory namespace."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from agentkv_cluster.cli import CliError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("tenant", help="manage tenant keys: create, rotate, erase")
+    parser = subparsers.add_parser("tenant", help="manage tenants: create, rotate, erase, token, namespace")
     sub = parser.add_subparsers(dest="tenant_command", metavar="ACTION", required=True)
 
     def common(p: argparse.ArgumentParser, audit_required: bool) -> None:
@@ -38,6 +39,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="also delete the tenant's directory keys (admin connection)")
     erase.add_argument("--receipt-out", type=Path, metavar="F", help="write the receipt here too")
     erase.set_defaults(handler=_erase)
+
+    token = sub.add_parser("token", help="issue a client token for a tenant (HMAC, like serve)")
+    token.add_argument("tenant", metavar="TENANT", help="tenant the token acts for")
+    token.add_argument("--token-secret-file", required=True, metavar="F",
+                       help="the same secret file `agentkv serve --token-secret-file` reads")
+    token.add_argument("--ttl", type=float, default=86400.0, metavar="S",
+                       help="lifetime in seconds (default 86400)")
+    token.add_argument("--subject", default="agent", help="who holds it (default: agent)")
+    token.add_argument("--public-read", action="store_true",
+                       help="the tenant opted in to reading the PUBLIC namespace")
+    token.set_defaults(handler=_token)
+
+    ns = sub.add_parser("namespace", help="print the tenant's blinded directory (Redis) namespace")
+    ns.add_argument("tenant", metavar="TENANT")
+    ns.add_argument("--keys-dir", type=Path, required=True, metavar="D",
+                    help="key directory (read only)")
+    ns.set_defaults(handler=_namespace)
 
 
 def _keyring(keys_dir: Path):
@@ -125,4 +143,33 @@ def _erase(args: argparse.Namespace) -> int:
         print(f"warning: keys destroyed, but deleting pages failed in: {', '.join(receipt.failed_tiers)}"
               " (what is left there is ciphertext under destroyed keys)", file=sys.stderr)
         return 1
+    return 0
+
+
+def _token(args: argparse.Namespace) -> int:
+    from agentkv_cluster.cli.serve import read_token_secret
+    from security.principals import TokenIssuer
+
+    if not args.ttl > 0:
+        raise CliError("--ttl must be a positive number of seconds")
+    issuer = TokenIssuer(read_token_secret(args.token_secret_file))
+    try:
+        token = issuer.issue(args.tenant, subject=args.subject, now=time.time(),
+                             ttl_s=args.ttl, public_read=args.public_read)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    print(token)
+    return 0
+
+
+def _namespace(args: argparse.Namespace) -> int:
+    from security.blinding import DirectoryBlinder
+    from security.errors import SecurityError
+    from security.keyring import FileKeySource, TenantKeyring
+
+    try:
+        keyring = TenantKeyring(FileKeySource(args.keys_dir, writable=False))
+        print(DirectoryBlinder(keyring).namespace(args.tenant))
+    except SecurityError as exc:
+        raise CliError(str(exc)) from None
     return 0

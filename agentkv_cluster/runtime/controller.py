@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import threading
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,6 +72,8 @@ class Controller:
         self.lock = threading.RLock()
         self.idle = threading.Condition(self.lock)  # notified whenever a page stops being busy
         self.stats = {"events": 0, "demotes": 0, "restores": 0, "prefetches": 0, "lost": 0}
+        self._wanted: Counter[int] = Counter()  # gids an engine load is waiting for
+        self._victims: dict[int, list[int]] = {}  # restore gid -> gids demoted for its room
 
     # -- topology -------------------------------------------------------------------------
     def add_hbm(self, name: str, capacity: int) -> None:
@@ -255,10 +258,31 @@ class Controller:
             return gids
 
     def wait_idle(self, gids: list[int], timeout_s: float) -> bool:
-        """Block until no page of ``gids`` has a demote or restore in flight."""
+        """Block until no page of ``gids`` has a demote or restore in flight. While it
+        waits the pages are ``wanted``: background moves of them give way (see executor)."""
         with self.idle:
-            return self.idle.wait_for(
-                lambda: not any(self.pages[g].busy for g in gids if g in self.pages), timeout_s)
+            self._want(gids, 1)
+            try:
+                return self.idle.wait_for(
+                    lambda: not any(self.pages[g].busy for g in gids if g in self.pages),
+                    timeout_s)
+            finally:
+                self._want(gids, -1)
+
+    def _want(self, gids: list[int], step: int) -> None:
+        for g in gids:
+            self._wanted[g] += step
+            if self._wanted[g] <= 0:
+                del self._wanted[g]
+
+    def wanted(self, gid: int) -> bool:
+        """An engine waits for this page now (read without the lock: a hint)."""
+        return self._wanted.get(gid, 0) > 0
+
+    def take_victims(self, gid: int) -> list[int]:
+        """The pages demoted to make room for restoring ``gid`` (once)."""
+        with self.lock:
+            return self._victims.pop(gid, [])
 
     def access(self, gids: list[int], now: float
                ) -> tuple[list[Action], list[Action], list[int], list[int]]:
@@ -270,9 +294,14 @@ class Controller:
         Waits (lock released) while any of them is being demoted or restored: a page
         being demoted has no copy yet."""
         with self.idle:
-            self.idle.wait_for(lambda: not any(self.pages[g].busy for g in gids
-                                               if g in self.pages), 60.0)
-            self._cancel(gids)
+            self._want(gids, 1)
+            try:
+                self.idle.wait_for(lambda: not any(self.pages[g].busy for g in gids
+                                                   if g in self.pages), 60.0)
+            finally:
+                self._want(gids, -1)
+            # Demanded now: scheduled migrations and prefetches of these pages are moot.
+            self._cancel(gids, kinds=(ActionKind.DEMOTE, ActionKind.RESTORE))
             demotes: list[Action] = []
             restores: list[Action] = []
             lost: list[int] = []
@@ -286,6 +315,7 @@ class Controller:
                 rec.view.access_count += 1
                 if rec.resident:
                     self.hbms[rec.hbm].policy.on_access(rec.view, now)
+            short = self._short_hbms(gids)
             for gid in gids:
                 rec = self.pages[gid]
                 if rec.resident:
@@ -293,11 +323,16 @@ class Controller:
                 if not rec.copies:
                     lost.append(gid)
                     continue
+                if rec.hbm in short:
+                    blocked.append(gid)
+                    continue
                 try:
-                    demotes += self._make_room(rec.hbm, rec.meta.length, now)
+                    room = self._make_room(rec.hbm, rec.meta.length, now)
                 except HbmFull:
                     blocked.append(gid)
                     continue
+                demotes += room
+                self._victims[gid] = [a.gid for a in room]
                 tier, codec = self.strategy.restore_source(rec)
                 self._insert(rec, now, codec)
                 self._set_busy(rec, True)
@@ -310,6 +345,24 @@ class Controller:
                 rec.view.pinned = rec.pins > 0
             self.stats["restores"] += len(restores)
             return demotes, restores, lost, blocked
+
+    def _short_hbms(self, gids: list[int]) -> set[str]:
+        """HBM actors where the missing pages of ``gids`` cannot all fit now, even after
+        evicting every unpinned page. Such a load restores none of them (all or nothing):
+        restoring part only to unpin and retry would see those pages evicted by the next
+        load and restored again, moving bytes and delaying everyone for nothing."""
+        need: dict[str, int] = {}
+        for gid in gids:
+            rec = self.pages[gid]
+            if not rec.resident and rec.copies:
+                need[rec.hbm] = need.get(rec.hbm, 0) + rec.meta.length
+        if not need:
+            return set()
+        room = {h: self.hbms[h].capacity - self.hbms[h].used for h in need}
+        for rec in self.pages.values():
+            if rec.hbm in room and rec.resident and not rec.view.pinned:
+                room[rec.hbm] += rec.meta.length
+        return {h for h, n in need.items() if n > room[h]}
 
     def unpin(self, gids: Iterable[int], now: float) -> None:
         with self.lock:
@@ -426,8 +479,10 @@ class Controller:
             return
         recs = [self.pages[g] for g in sorted(state.pages) if g in self.pages]
         self.strategy.tool_return(tool[2], recs, self.hbms[state.hbm].policy, tool[0], tool[1], now)
-        # Migrations not started yet are cancelled; prefetches already queued still run.
-        self._cancel([g for g in state.pages], kinds=(ActionKind.DEMOTE,))
+        # As the policy's early-return report says: migrations and prefetches not started
+        # yet are cancelled. The engine's load now restores those pages in the foreground
+        # class; one left scheduled would start late and make that load wait behind it.
+        self._cancel(list(state.pages), kinds=(ActionKind.DEMOTE, ActionKind.RESTORE))
 
     def _cancel(self, gids: list[int], kinds: tuple[ActionKind, ...] = (ActionKind.DEMOTE,)) -> None:
         drop = set(gids)
@@ -465,7 +520,7 @@ class Controller:
                         out.append(action)
                         self.stats["demotes"] += 1
                     continue
-                if rec.resident or not rec.copies:
+                if rec.resident or not rec.copies or self.wanted(rec.gid):
                     continue
                 out += self._prefetch(rec, now)
             return out

@@ -54,6 +54,7 @@ class ControllerActor:
         self.hbm_pool: dict[str, str] = {}
         self.executor = Executor(self.controller, self.hbms, self.pools, self.hbm_pool, self.credits)
         self.directory = directory
+        self.recompute_tokens: dict[str, int] = {}  # tenant -> tokens of pages lost for good
         self._restarting: set[str] = set()
         self._stop = threading.Event()
         self._loop = threading.Thread(target=self._reconcile, name="agentkv-reconcile", daemon=True)
@@ -238,6 +239,7 @@ class ControllerActor:
             results += self.executor.run(demotes + restores)
             pinned = [g for g in gids if g not in lost and g not in blocked]
             if lost:
+                self._count_recompute(lost)
                 self.controller.unpin(pinned, time.monotonic())
                 raise RequestRefused(f"PageLost: {len(lost)} page(s) have no copy left; "
                                      "re-prefill them")
@@ -250,6 +252,16 @@ class ControllerActor:
             time.sleep(0.01 + 0.04 * random.random())
         self._check(results)
         return {r["action"].gid: r for r in results if r["action"].kind is ActionKind.RESTORE}
+
+    def _count_recompute(self, lost: list[int]) -> None:
+        """The engine re-prefills lost pages: count their tokens per tenant (metrics)."""
+        for gid in lost:
+            try:
+                meta = self.controller.record(gid).meta
+            except KeyError:
+                continue
+            self.recompute_tokens[meta.tenant] = \
+                self.recompute_tokens.get(meta.tenant, 0) + meta.tokens
 
     def _report(self, gid: int, hit: bool, result: dict[str, Any] | None, waited: float,
                 total: float) -> LoadReport:
@@ -318,9 +330,52 @@ class ControllerActor:
                               copies={meta.key: copies}, pool=entry.node)
         return True
 
+    # -- tenant erasure ------------------------------------------------------------------------
+    def erase_tenant(self, tenant: str) -> int:
+        """Forget every page and session of ``tenant`` and zero its HBM copies; returns the
+        HBM pages erased. Scheduled moves of those pages are cancelled first."""
+        c = self.controller
+        with c.lock:
+            gids = [g for g, r in c.pages.items() if r.meta.tenant == tenant]
+            c._cancel(gids, kinds=(ActionKind.DEMOTE, ActionKind.RESTORE))
+            resident: dict[str, list[bytes]] = {}
+            for gid in gids:
+                rec = c.pages.pop(gid)
+                if rec.resident:
+                    resident.setdefault(rec.hbm, []).append(rec.meta.key)
+                    c._evict(rec, tracked=True)
+                c.by_key.pop((rec.meta.key, rec.hbm), None)
+                try:
+                    c.graph.retire(gid)
+                except Exception:  # noqa: BLE001 - pages no event mentioned are not in it
+                    pass
+            for key in [k for k in c.by_pid if k[0] == tenant]:
+                del c.by_pid[key]
+            for key in [k for k in c.sessions if k[0] == tenant]:
+                state = c.sessions.pop(key)
+                if state.hbm in c.hbms:
+                    c.hbms[state.hbm].sessions -= 1
+        return sum(self.hbms[h].erase(keys) for h, keys in resident.items() if h in self.hbms)
+
     # -- recovery and stats ------------------------------------------------------------------
     def republish(self) -> int:
         return sum(int(p.republish()) for p in self.pools.values())
+
+    def metrics_since(self, cursor: int) -> dict[str, Any]:
+        """What the metrics exporter needs: credit waits after ``cursor`` (at most 10,000;
+        the counters restart with fresh credits), HBM bytes in use, and cumulative
+        recompute tokens and pool-tier bytes per tenant."""
+        waits = self.credits.waits
+        end = len(waits)
+        if cursor > end:  # set_credits started fresh counters
+            cursor = 0
+        c = self.controller
+        with c.lock:
+            hbm = sum(b.used for b in c.hbms.values())
+        traffic = {k: v for k, v in self.executor.traffic.by_tenant_tier.items()
+                   if k[1] != "hbm"}  # bytes into HBM are counted by the API front
+        return {"cursor": end, "waits": list(waits[max(cursor, end - 10000):end]),
+                "hbm_used": hbm, "recompute": dict(self.recompute_tokens), "traffic": traffic}
 
     def stats(self) -> dict[str, Any]:
         c = self.controller

@@ -55,3 +55,27 @@ class DirectoryShell:
 
     def restore(self, entries: list[Any]) -> None:
         self.inner.restore(entries)
+
+
+def probe(directory: Any, timeout_s: float = 2.0) -> tuple[bool, str]:
+    """Readiness: can this process reach the directory? (Redis: one real read.)"""
+    from store.directory.base import DirectoryError
+
+    if isinstance(directory, RedisSpec):
+        from store.directory.redis_backend import RedisDirectory
+
+        try:
+            client = RedisDirectory(directory.url, prefix=directory.prefix,
+                                    socket_timeout_s=timeout_s)
+        except Exception as exc:  # noqa: BLE001 - a bad URL is "not ready", with the reason
+            return False, f"directory: {type(exc).__name__}: {exc}"
+        try:
+            client.get("readyz", b"readyz")
+            return True, "directory ok"
+        except DirectoryError as exc:
+            return False, f"directory unreachable: {type(exc).__name__}: {exc}"
+        finally:
+            client.close()
+    if hasattr(directory, "alive") and not directory.alive(timeout_s):
+        return False, "directory actor unreachable"
+    return True, "directory ok"

@@ -3,6 +3,12 @@
 Restores take one credit of their link (pool -> HBM actor) from a ``CreditManager``
 (the pure policy object, count-based here: one credit = one transfer in flight),
 so a restore storm waits in the delay queue, served round-robin over sessions.
+
+Two credit classes share each link: foreground (an engine waits: on-demand restores)
+and background (gap migrations, prefetches). Background work is admitted only while no
+foreground transfer waits on the link, and a background move whose page an engine now
+waits for leaves the background queue at once: a prefetch is promoted to foreground, a
+gap migration is abandoned (the page stays in HBM).
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, defaultdict, deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +30,10 @@ from store.types import Codec, Tier
 BACKGROUND = "/bg"
 
 
+class Abandoned(Exception):
+    """A background move gave way: the engine needs its page now."""
+
+
 class LinkCredits:
     """Blocking front of ``CreditManager``: at most ``per_link`` transfers per link at once."""
 
@@ -32,6 +43,7 @@ class LinkCredits:
         self._granted: dict[tuple[str, int], CreditGrant] = {}  # tickets are per link
         self._cv = threading.Condition()
         self.in_flight: Counter[str] = Counter()
+        self.waiting: Counter[str] = Counter()  # foreground requests queued per link
         self.max_in_flight: Counter[str] = Counter()
         self.waits: list[float] = []
 
@@ -47,29 +59,57 @@ class LinkCredits:
             self._managers[link] = mgr
         return mgr
 
-    def acquire(self, session: str, link: str, timeout_s: float = 60.0) -> CreditGrant | None:
+    def acquire(self, session: str, link: str, timeout_s: float = 60.0,
+                give_up: Callable[[], bool] | None = None) -> CreditGrant | None:
+        """Block for one credit of ``link``; a background request (``link`` ends with
+        BACKGROUND) raises ``Abandoned`` as soon as ``give_up()`` says its page is wanted."""
         t0 = time.monotonic()
         with self._cv:
             if self.enabled:
-                mgr = self._manager(link)
-                grant = mgr.acquire(CreditRequest(session=session, resource=Resource.LINK,
-                                                  amount=1, link=link), t0)
-                while grant.outcome is CreditOutcome.DELAYED:
-                    got = self._granted.pop((link, grant.ticket), None)
-                    if got is not None:
-                        grant = got
-                        break
-                    if not self._cv.wait(min(0.05, timeout_s)) and \
-                            time.monotonic() - t0 > timeout_s:
-                        mgr.cancel(grant.ticket)
-                        raise TimeoutError(f"no credit on {link} after {timeout_s} s")
-                    self._poll(link, mgr)
+                grant = self._wait_grant(session, link, t0, timeout_s, give_up)
             else:
                 grant = None
             self.in_flight[link] += 1
             self.max_in_flight[link] = max(self.max_in_flight[link], self.in_flight[link])
             self.waits.append(time.monotonic() - t0)
             return grant
+
+    def _wait_grant(self, session: str, link: str, t0: float, timeout_s: float,
+                    give_up: Callable[[], bool] | None) -> CreditGrant:
+        background = link.endswith(BACKGROUND)
+        fg = link[: -len(BACKGROUND)] if background else link
+        if not background:
+            self.waiting[fg] += 1
+        try:
+            # Foreground first: background is not even queued while an engine's restore
+            # waits for this link or the link is full of foreground transfers.
+            while background and (self.waiting[fg] or self.in_flight[fg] >= self.per_link):
+                self._tick(link, t0, timeout_s, give_up)
+            mgr = self._manager(link)
+            grant = mgr.acquire(CreditRequest(session=session, resource=Resource.LINK,
+                                              amount=1, link=link), t0)
+            while grant.outcome is CreditOutcome.DELAYED:
+                got = self._granted.pop((link, grant.ticket), None)
+                if got is not None:
+                    return got
+                try:
+                    self._tick(link, t0, timeout_s, give_up)
+                except (Abandoned, TimeoutError):
+                    mgr.cancel(grant.ticket)
+                    raise
+                self._poll(link, mgr)
+            return grant
+        finally:
+            if not background:
+                self.waiting[fg] -= 1
+                self._cv.notify_all()
+
+    def _tick(self, link: str, t0: float, timeout_s: float,
+              give_up: Callable[[], bool] | None) -> None:
+        if give_up is not None and give_up():
+            raise Abandoned(f"{link}: the page is wanted in the foreground")
+        if not self._cv.wait(min(0.02, timeout_s)) and time.monotonic() - t0 > timeout_s:
+            raise TimeoutError(f"no credit on {link} after {timeout_s} s")
 
     def _poll(self, link: str, mgr: CreditManager) -> None:
         for g in mgr.poll(time.monotonic()):
@@ -112,16 +152,28 @@ class Executor:
         self._lock = threading.Lock()
 
     def submit(self, actions: list[Action]) -> list[Future]:
-        return [self._pool.submit(self._run, a) for a in actions]
+        return [self._pool.submit(self._run, a, time.monotonic()) for a in actions]
 
     def run(self, actions: list[Action]) -> list[dict[str, Any]]:
-        """Run and wait; demotions first (they make the room restores use)."""
+        """Run and wait. Each restore starts as soon as the demotions that make its own
+        room are done (not after every victim of the batch): restores pipeline behind
+        the victims' encode-and-seal instead of queueing behind all of them."""
         first = [a for a in actions if a.kind is not ActionKind.RESTORE]
-        done = [f.result() for f in self.submit(first)]
-        return done + [f.result() for f in self.submit(
-            [a for a in actions if a.kind is ActionKind.RESTORE])]
+        futures = self.submit(first)
+        by_gid = {a.gid: f for a, f in zip(first, futures)}
+        later = []
+        for a in actions:
+            if a.kind is ActionKind.RESTORE:
+                deps = [by_gid[g] for g in self.controller.take_victims(a.gid) if g in by_gid]
+                later.append(self._pool.submit(self._after, deps, a, time.monotonic()))
+        return [f.result() for f in futures] + [f.result() for f in later]
 
-    def _run(self, action: Action) -> dict[str, Any]:
+    def _after(self, deps: list[Future], action: Action, tsub=0.0) -> dict[str, Any]:
+        for f in deps:
+            f.result()
+        return self._run(action, tsub)
+
+    def _run(self, action: Action, tsub: float = 0.0) -> dict[str, Any]:
         t0 = time.monotonic()
         info: dict[str, Any] = {}
         ok = False
@@ -133,10 +185,19 @@ class Executor:
             else:
                 info = self._delete(action)
             ok = True
+        except Abandoned as exc:  # not an error: the foreground path takes over
+            info = {"error": f"Abandoned: {exc}", "abandoned": True}
         except Exception as exc:  # noqa: BLE001 - reported to the controller and the caller
             info = {"error": f"{type(exc).__name__}: {exc}"}
             self.errors.append(f"{action.kind.value} {action.reason}: {info['error'][:300]}")
         info["elapsed_s"] = time.monotonic() - t0
+        import json as _j, os as _o
+        if _o.environ.get("AKV_TRACE"):
+            with open(_o.environ["AKV_TRACE"], "a") as _f:
+                _f.write(_j.dumps({"k": action.kind.value, "r": action.reason, "s": action.session,
+                  "g": action.gid, "codec": int(action.codec), "tier": int(action.tier), "ref": action.reference,
+                  "sub": tsub, "t0": t0, "q": t0 - tsub, "cw": info.get("_cw", 0.0), "call": info.get("_call", 0.0),
+                  "el": info["elapsed_s"], "ok": ok, "ab": info.get("abandoned", False)}) + "\n")
         self.controller.finished(action, ok, time.monotonic(), info)
         return {"action": action, "ok": ok, **info}
 
@@ -155,7 +216,16 @@ class Executor:
         if a.reference and Codec.FULL not in rec.copies:
             targets.append((int(Tier.NVME), int(Codec.FULL)))
         name, pool = self._pool_for(rec.pool, a.hbm)
-        receipt = self.hbms[a.hbm].demote(rec.meta, targets, pool, not a.keep)
+        if a.reason != "gap" or not targets:
+            receipt = self.hbms[a.hbm].demote(rec.meta, targets, pool, not a.keep)
+        else:  # a gap migration is background work on the link HBM actor -> pool
+            link = f"{name}>{a.hbm}{BACKGROUND}"
+            grant = self.credits.acquire(a.session, link,
+                                         give_up=lambda: self.controller.wanted(a.gid))
+            try:
+                receipt = self.hbms[a.hbm].demote(rec.meta, targets, pool, not a.keep)
+            finally:
+                self.credits.release(link, grant)
         for (tier, _codec), n in zip(receipt.copies, receipt.tier_bytes):
             self.traffic.add(rec.meta.tenant, Tier(tier).name.lower(), n)
         return {"copies": list(receipt.copies), "pool": name, "link_bytes": receipt.link_bytes}
@@ -163,17 +233,28 @@ class Executor:
     def _restore(self, a: Action) -> dict[str, Any]:
         rec = self.controller.record(a.gid)
         name, pool = self._pool_for(rec.pool, a.hbm)
-        link = f"{name}>{a.hbm}" + (BACKGROUND if a.reason == "prefetch" else "")
-        grant = self.credits.acquire(a.session, link)
+        link = f"{name}>{a.hbm}"
+        _t0r = time.monotonic()
+        if a.reason == "prefetch":
+            try:
+                grant = self.credits.acquire(a.session, link + BACKGROUND,
+                                             give_up=lambda: self.controller.wanted(a.gid))
+                link += BACKGROUND
+            except Abandoned:  # the engine waits for this page: promote to foreground
+                grant = self.credits.acquire(a.session, link)
+        else:
+            grant = self.credits.acquire(a.session, link)
+        _t1 = time.monotonic()
         try:
             receipt = self.hbms[a.hbm].restore(rec.meta, int(a.tier), int(a.codec), pool)
         finally:
             self.credits.release(link, grant)
+        _t2 = time.monotonic()
         self.traffic.add(rec.meta.tenant, "hbm", receipt.link_bytes)
         source = Tier(receipt.tier).name.lower()
         if self.hbm_pool.get(a.hbm) != name:
             source = "remote"
-        return {"source": source, "link_bytes": receipt.link_bytes, "exact": receipt.exact}
+        return {"source": source, "link_bytes": receipt.link_bytes, "exact": receipt.exact, "_cw": _t1 - _t0r, "_call": _t2 - _t1}
 
     def _delete(self, a: Action) -> dict[str, Any]:
         """A retired page: drop its HBM copy; its pool copies too unless another HBM shares it."""

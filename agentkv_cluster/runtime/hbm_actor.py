@@ -50,9 +50,8 @@ class HbmActor:
         self.spec = spec
         self.arena = HbmArena(spec.page_bytes, spec.num_pages, spec.device)
         self.mover = Mover(f"hbm-{spec.name}", spec.page_bytes, spec.staging_slots)
-        # The whole arena is one NIXL region; a peer addresses page i at i * page_bytes.
-        # HbmArena exposes no public whole-buffer accessor yet (asked of STORE-A).
-        self._whole = self.mover.register(self.arena._buf)
+        # The whole arena is one NIXL region; a peer addresses a page at its page_offset.
+        self._whole = self.mover.register(self.arena.buffer)
         self._pages: dict[bytes, int] = {}  # key -> arena page
         self._lock = threading.Lock()
 
@@ -77,7 +76,7 @@ class HbmActor:
     # -- page slots -------------------------------------------------------------------------
     def _span(self, page: int, length: int) -> RemoteSpan:
         return RemoteSpan(endpoint=self.mover.endpoint(), region=self._whole.pack(),
-                          offset=page * self.spec.page_bytes, length=length)
+                          offset=self.arena.page_offset(page), length=length)
 
     def _alloc(self, key: bytes) -> int:
         with self._lock:
@@ -98,11 +97,11 @@ class HbmActor:
         """Pull a page from a peer's staging (the API front) into a fresh arena page."""
         page = self._alloc(key)
         try:
-            self.mover.pull(src, self._whole, page * self.spec.page_bytes)
+            self.mover.pull(src, self._whole, self.arena.page_offset(page))
         except Exception:
             self.drop(key)
             raise
-        self.arena._lengths[page] = src.length
+        self.arena.mark_written(page, src.length)
         return src.length
 
     def span(self, key: bytes) -> RemoteSpan:
@@ -113,7 +112,7 @@ class HbmActor:
     def serve(self, key: bytes, dst: RemoteSpan) -> int:
         """Push a resident page into a peer's span (a load back to the engine front)."""
         page = self._page(key)
-        return self.mover.push(self._whole, page * self.spec.page_bytes, dst)
+        return self.mover.push(self._whole, self.arena.page_offset(page), dst)
 
     def drop(self, key: bytes) -> bool:
         with self._lock:
@@ -121,6 +120,17 @@ class HbmActor:
             if page is not None:
                 self.arena.free(page)
             return page is not None
+
+    def erase(self, keys: list[bytes]) -> int:
+        """Tenant erasure: free and zero these pages (not just release them)."""
+        with self._lock:
+            n = 0
+            for key in keys:
+                page = self._pages.pop(key, None)
+                if page is not None:
+                    self.arena.free(page, scrub=True)
+                    n += 1
+            return n
 
     def reset(self) -> int:
         """Drop every page (a new controller takes over this actor)."""
@@ -179,7 +189,7 @@ class HbmActor:
         except Exception:
             self.drop(meta.key)
             raise
-        self.arena._lengths[page] = meta.length
+        self.arena.mark_written(page, meta.length)
         return RestoreReceipt(tier=int(got["tier"]), codec=int(codec),
                               link_bytes=int(got["nbytes"]), exact=Codec(codec) is Codec.FULL)
 

@@ -18,10 +18,11 @@ from typing import Any
 
 import msgpack
 
+from agentkv_cluster.api.errors import TenantNotProvisioned
 from agentkv_cluster.runtime.mover import Endpoint, Mover, RemoteSpan, aligned_buffer
 from agentkv_cluster.runtime.records import PageMeta
 from security.blinding import DirectoryBlinder, size_bucket
-from security.errors import InvalidSeal, KeyExists
+from security.errors import InvalidSeal, KeyExists, KeyUnavailable
 from security.keyring import FileKeySource, TenantKeyring
 from security.sealing import TenantSealer, sealed_size
 from store.directory import DirectoryEntry
@@ -351,6 +352,17 @@ class PoolActor:
                 self._publish(lambda: self.directory.delete(ns, key))
             return gone
 
+    def erase_tenant(self, tenant: str, tier: int) -> list[bytes]:
+        """Tenant erasure: drop every copy of ``tenant``'s own pages held in ``tier``;
+        returns their keys (the caller removes the directory entries: by then the
+        blinded namespace can no longer be derived here)."""
+        with self._lock:
+            doomed = [(k, codec) for (k, codec), c in self._index.items()
+                      if c.namespace == tenant and c.tier is Tier(tier)]
+            for key, codec in doomed:
+                self.delete_copy(key, codec)
+            return [k for k, _ in doomed]
+
     def _publish(self, write: Any) -> None:
         """Directory writes are best effort: the pool's own index is the truth for its
         copies, and ``republish`` refills a directory that lost them."""
@@ -385,14 +397,20 @@ def _parse(record: bytes | memoryview) -> tuple[dict[str, Any], memoryview]:
 
 
 def ensure_tenant(keys_dir: str, tenant: str) -> None:
-    """Create the tenant's keys on first use (idempotent across racing processes)."""
-    keyring = TenantKeyring(FileKeySource(keys_dir))
-    if keyring.generations(tenant):
-        return
+    """Create the tenant's keys on first use (idempotent across racing processes).
+
+    Raises ``TenantNotProvisioned`` when they cannot be created: in Kubernetes the key
+    directory is a read-only Secret and tenants are provisioned by the operator.
+    """
     try:
+        keyring = TenantKeyring(FileKeySource(keys_dir))
+        if keyring.generations(tenant):
+            return
         keyring.create_tenant(tenant)
     except KeyExists:
         pass
+    except (OSError, KeyUnavailable):
+        raise TenantNotProvisioned(tenant) from None
 
 
 __all__ = ["PageMissing", "PoolActor", "PoolSpec", "SealRejected", "ensure_tenant"]

@@ -18,8 +18,17 @@ from agentkv_cluster.api.server import ApiServer
 from agentkv_cluster.config import AgentKvConfig
 from agentkv_cluster.runtime import wiring
 from agentkv_cluster.runtime.controller_actor import ControllerSpec
+from agentkv_cluster.runtime.directory_glue import open_directory, probe
+from agentkv_cluster.runtime.handles import ActorGone
 from agentkv_cluster.runtime.front import ServiceFront
+from security.audit import AuditLog
+from security.blinding import DirectoryBlinder
+from security.erasure import ErasureReceipt, Eraser
+from security.errors import KeyUnavailable
+from security.keyring import FileKeySource, TenantKeyring
 from security.principals import TokenIssuer
+from security.signing import Signer, load_signer, write_keypair
+from store.types import Lookup, Tier
 
 
 class Service:
@@ -59,9 +68,17 @@ class Service:
         self.server = ApiServer(self.cfg.api, self.front, self.front.authenticate,
                                 self.metrics).start()
         if metrics_http:
-            self.http = MetricsHttpServer(self.metrics, self.front.ready, self.cfg.metrics.host,
-                                          self.cfg.metrics.port).start()
+            self.http = MetricsHttpServer(self.metrics, self.ready, self.cfg.metrics.host,
+                                          self.cfg.metrics.port, MetricsFeed(self)).start()
         return self
+
+    def ready(self) -> tuple[bool, str]:
+        """``/readyz``: the controller answers and the directory (Redis) is reachable."""
+        assert self.front is not None and self.topo is not None
+        ok, detail = self.front.ready()
+        if not ok:
+            return ok, detail
+        return probe(self.topo.directory)
 
     def use_policy(self, policy: str, *, credits: bool | None = None) -> None:
         """A fresh controller on the same actors (emptied): for side-by-side policy runs."""
@@ -97,6 +114,55 @@ class Service:
     def client(self, tenant: str, **kwargs: Any) -> AgentKvClient:
         return AgentKvClient.connect(self.address, self.token(tenant, **kwargs))
 
+    def erase_tenant(self, tenant: str) -> ErasureReceipt:
+        """Crypto-shred ``tenant``: destroy its keys, then delete its pages in HBM, host
+        pool, NVMe and the directory, record it in the audit log and return the signed
+        receipt (verifiable with the audit public key alone)."""
+        assert self.topo is not None
+        topo = self.topo
+        keyring = TenantKeyring(FileKeySource(self.keys_dir))
+        if not keyring.generations(tenant):
+            raise KeyUnavailable(f"tenant {tenant} has no keys (never created or erased)")
+        namespace = DirectoryBlinder(keyring).namespace(tenant)  # derivable only before
+        signer = self.audit_signer()
+        audit = AuditLog(self.cfg.security.audit_log or self.workdir / "audit.log", signer,
+                         checkpoint_every=1)
+        eraser = Eraser(keyring, audit, signer)
+        erased: set[bytes] = set()
+
+        def pools(tier: Tier) -> int:
+            keys = [k for pool in topo.pools.values()
+                    for k in pool.call("erase_tenant", tenant, int(tier), timeout_s=60.0)]
+            erased.update(keys)
+            return len(keys)
+
+        def directory(_scope: Any) -> int:
+            d = open_directory(topo.directory)
+            try:
+                return sum(d.delete(namespace, k) is Lookup.HIT for k in sorted(erased))
+            finally:
+                if d is not topo.directory:  # a Redis client opened for this erase
+                    d.close()
+
+        eraser.register_tier("hbm", lambda _s: topo.controller.call("erase_tenant", tenant))
+        eraser.register_tier("host", lambda _s: pools(Tier.HOST))
+        eraser.register_tier("nvme", lambda _s: pools(Tier.NVME))
+        eraser.register_tier("directory", directory)
+        try:
+            return eraser.erase_tenant(tenant, time.time())
+        finally:
+            audit.close()
+
+    def audit_signer(self) -> Signer:
+        """The audit signing key (``security.audit_key``), or one generated in the workdir
+        with its public half next to it (``audit.pub``) for receipt checks."""
+        if self.cfg.security.audit_key:
+            return load_signer(self.cfg.security.audit_key)
+        private = self.workdir / "audit.key"
+        if private.exists():
+            return load_signer(private)
+        return write_keypair(private, self.workdir / "audit.pub")
+
     def stats(self) -> dict[str, Any]:
         assert self.topo is not None
         return self.topo.controller.stats()
@@ -115,3 +181,43 @@ class Service:
 
             ray.shutdown()
 
+
+
+class MetricsFeed:
+    """On each scrape, pulls the figures that live in the actors into the service's metrics:
+    credit waits, per-tier occupancy, recompute tokens and bytes written to pool tiers."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self._controller: Any = None
+        self._cursor = 0
+        self._last: dict[Any, int] = {}  # cumulative figures already exported
+
+    def __call__(self) -> None:
+        topo, m = self.service.topo, self.service.metrics
+        assert topo is not None
+        if topo.controller is not self._controller:  # use_policy: counters start again
+            self._controller, self._cursor, self._last = topo.controller, 0, {}
+        got = topo.controller.call("metrics_since", self._cursor, timeout_s=5.0)
+        self._cursor = got["cursor"]
+        for seconds in got["waits"]:
+            m.waited("hbm", seconds)  # credits guard the pool -> HBM links
+        m.set_occupancy("hbm", got["hbm_used"])
+        for tenant, tokens in got["recompute"].items():
+            m.recompute(tenant, self._delta(("recompute", tenant), tokens))
+        for (tenant, tier), nbytes in got["traffic"].items():
+            m.transfer(tenant, tier, self._delta(("traffic", tenant, tier), nbytes))
+        host = nvme = 0
+        for pool in list(topo.pools.values()):
+            try:
+                st = pool.call("stats", timeout_s=5.0)
+            except ActorGone:
+                continue  # a dead pool holds nothing; the watcher forgets it
+            host, nvme = host + st["host_used_bytes"], nvme + st["nvme_live_bytes"]
+        m.set_occupancy("host", host)
+        m.set_occupancy("nvme", nvme)
+
+    def _delta(self, key: Any, total: int) -> int:
+        before = self._last.get(key, 0)
+        self._last[key] = total
+        return max(0, total - before)

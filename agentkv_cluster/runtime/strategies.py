@@ -116,12 +116,17 @@ class AgentKvStrategy:
                  ) -> tuple[Tier, Codec, bool]:
         assert isinstance(policy, AgentKvPolicy)
         placement = policy.demotion(rec.view)
+        if placement.codec is Codec.RECOMPUTE:
+            # The policy keeps no bytes (recompute is exact, hence no reference). This
+            # service cannot re-prefill, so it keeps the cheapest exact-enough form on the
+            # fast lower tier: INT4, or FULL when the risk controller wants a reference
+            # (one FULL copy moves fewer bytes than INT4 plus a FULL reference).
+            wants = policy.risk.decide(rec.view).keep_reference
+            codec = Codec.FULL if wants else _clamp(Codec.INT4, rec.meta.shape is not None)
+            return Tier.HOST, codec, False
         codec = _clamp(placement.codec, rec.meta.shape is not None)
         tier = placement.tier if placement.tier in (Tier.HOST, Tier.NVME) else Tier.HOST
-        # The risk controller's rule is enforced here too: a page it wants a reference for
-        # never leaves HBM as a lossy copy alone (the placement rows may omit it).
-        wants = placement.reference_tier is not None or policy.risk.decide(rec.view).keep_reference
-        return tier, codec, wants and codec is not Codec.FULL
+        return tier, codec, placement.reference_tier is not None and codec is not Codec.FULL
 
     def restore_source(self, rec: PageRecord) -> tuple[Tier, Codec]:
         """The copy with the smallest restore time L_i(k, q) under this service's costs."""

@@ -1,6 +1,7 @@
 """The only module that calls ``ray.remote``: makes the actor classes remote and places them.
 
-``deploy`` starts, on a running Ray cluster, one pool actor per node, one HBM actor
+``deploy`` starts, on a running Ray cluster, one pool actor per node advertising
+``akv_pool`` (every node when none does), one HBM actor
 per GPU (or per ``hbm_slot`` resource on CPU-only nodes), the directory (Redis, or an
 embedded one in its own actor) and the controller. ``deploy_local`` builds the same
 objects in this process for tests and tools that need no Ray.
@@ -22,6 +23,8 @@ from agentkv_cluster.runtime.directory_glue import DirectoryShell, RedisSpec, op
 from agentkv_cluster.runtime.handles import Handle
 from agentkv_cluster.runtime.hbm_actor import HbmActor, HbmSpec
 from agentkv_cluster.runtime.pool_actor import PoolActor, PoolSpec
+
+POOL_RESOURCE = "akv_pool"  # custom Ray resource of the nodes sized to host a pool
 
 
 @dataclass(kw_only=True)
@@ -49,6 +52,10 @@ class PoolShell(PoolActor):
     def __init__(self, spec: PoolSpec, directory: Any) -> None:
         super().__init__(spec, open_directory(directory))
 
+    def node_id(self) -> str:
+        """The Ray node this pool actor runs on (placement checks)."""
+        return _ray().get_runtime_context().get_node_id()
+
 
 def _ray():
     import ray
@@ -66,7 +73,9 @@ def start_ray(cfg: AgentKvConfig) -> None:
     if cfg.ray.address:
         ray.init(address=cfg.ray.address, namespace=cfg.ray.namespace, log_to_driver=False)
     else:
-        ray.init(namespace=cfg.ray.namespace, object_store_memory=cfg.ray.object_store_memory,
+        # address="local": never attach to some other Ray found on this machine.
+        ray.init(address="local", namespace=cfg.ray.namespace,
+                 object_store_memory=cfg.ray.object_store_memory,
                  num_cpus=cfg.ray.num_cpus or 4, resources={cfg.hbm.resource: 1},
                  include_dashboard=False, log_to_driver=False)
 
@@ -120,7 +129,8 @@ def spawn_hbm(cfg: AgentKvConfig, name: str, node_id: str, kind: str) -> Handle:
 
 def deploy(cfg: AgentKvConfig, workdir: Path | None = None, *, policy: str | None = None,
            credits: bool = True, hbm_capacity: int | None = None) -> Topology:
-    """Place the whole service on the running Ray cluster (every alive node)."""
+    """Place the whole service on the running Ray cluster (every alive node; pools only
+    on nodes advertising ``akv_pool`` when any does)."""
     ray = _ray()
     workdir = workdir or Path(tempfile.mkdtemp(prefix="agentkv-"))
     if cfg.directory.redis_url:
@@ -134,8 +144,7 @@ def deploy(cfg: AgentKvConfig, workdir: Path | None = None, *, policy: str | Non
     controller = spawn_controller(spec, directory)
     topo = Topology(controller=controller, directory=directory, workdir=workdir)
     nodes = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: n["NodeID"])
-    for i, node in enumerate(nodes):
-        add_node(cfg, topo, node, i, hbm_capacity)
+    place(cfg, topo, nodes, hbm_capacity)
     connect(topo)
     return topo
 
@@ -151,19 +160,40 @@ def spawn_controller(spec: ControllerSpec, directory: Any) -> Handle:
                           {"num_cpus": 0, "max_concurrency": 64, **_here()}, spec, directory)
 
 
-def add_node(cfg: AgentKvConfig, topo: Topology, node: dict[str, Any], index: int,
-             hbm_capacity: int | None = None) -> None:
-    """One pool actor, and an HBM actor per GPU / hbm_slot, on one Ray node."""
-    pool = f"node{index}"
-    spawn_pool(topo, pool_spec(cfg, pool, topo.workdir), node["NodeID"])
-    topo.controller.add_pool(pool, topo.pools[pool])
-    kind, count = _hbm_slots(node, cfg.hbm.resource)
+def pool_nodes(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Nodes advertising ``akv_pool`` (their /dev/shm is sized for a pool); every node
+    when none does (local demo, single-node clusters)."""
+    marked = [n for n in nodes if n.get("Resources", {}).get(POOL_RESOURCE, 0) >= 1]
+    return marked or list(nodes)
+
+
+def place(cfg: AgentKvConfig, topo: Topology, nodes: list[dict[str, Any]],
+          hbm_capacity: int | None = None) -> None:
+    """Pool actors on the pool nodes, then HBM actors per GPU / hbm_slot on every node.
+
+    An HBM actor uses the pool on its own node when there is one (shared-memory hops),
+    else the pools round-robin, so pool load spreads across the pool nodes.
+    """
+    index = {n["NodeID"]: i for i, n in enumerate(nodes)}
+    by_node: dict[str, str] = {}
+    for node in pool_nodes(nodes):
+        pool = f"node{index[node['NodeID']]}"
+        spawn_pool(topo, pool_spec(cfg, pool, topo.workdir), node["NodeID"])
+        topo.controller.add_pool(pool, topo.pools[pool])
+        by_node[node["NodeID"]] = pool
+    pools = sorted(topo.pools)
     capacity = hbm_capacity or cfg.hbm.page_bytes * cfg.hbm.num_pages
-    for g in range(count):
-        name = f"{pool}-hbm{g}"
-        topo.hbms[name] = spawn_hbm(cfg, name, node["NodeID"], kind)
-        topo.hbm_pool[name] = pool
-        topo.controller.add_hbm(name, topo.hbms[name], capacity, pool)
+    spread = 0
+    for node in nodes:
+        kind, count = _hbm_slots(node, cfg.hbm.resource)
+        for g in range(count):
+            pool = by_node.get(node["NodeID"])
+            if pool is None:
+                pool, spread = pools[spread % len(pools)], spread + 1
+            name = f"node{index[node['NodeID']]}-hbm{g}"
+            topo.hbms[name] = spawn_hbm(cfg, name, node["NodeID"], kind)
+            topo.hbm_pool[name] = pool
+            topo.controller.add_hbm(name, topo.hbms[name], capacity, pool)
 
 
 def introduce(a: Handle | Any, b: Handle | Any) -> None:

@@ -106,6 +106,22 @@ def test_stats_report_fragmentation(arena):
     assert stats.used_bytes == 5120 and stats.fragmentation == pytest.approx(1 - 5120 / 8192)
 
 
+def test_mark_written_records_bytes_written_through_the_buffer(arena):
+    page = arena.alloc()
+    off = arena.page_offset(page)
+    arena.buffer.view(-1)[off:off + 5].copy_(torch.frombuffer(bytearray(b"bytes"), dtype=torch.uint8))
+    assert arena.read(page) == b""  # not yet recorded
+    arena.mark_written(page, 5)
+    assert arena.read(page) == b"bytes" and arena.length(page) == 5
+    assert arena.stats().used_bytes == 5
+    with pytest.raises(PageTooLarge):
+        arena.mark_written(page, 4097)
+    assert arena.length(page) == 5  # a refused call changes nothing
+    arena.free(page)
+    with pytest.raises(PageNotAllocated):
+        arena.mark_written(page, 1)
+
+
 def test_bad_geometry_is_rejected():
     with pytest.raises(ValueError):
         HbmArena(0, 4)

@@ -1,0 +1,98 @@
+"""Tenant erasure through the service: keys crypto-shredded, pages gone from HBM, host
+pool, NVMe and the directory, a receipt that verifies with the public key alone, and
+other tenants untouched."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from agentkv_cluster.api.protocol import RemoteError
+from agentkv_cluster.config import load_config
+from agentkv_cluster.runtime.service import Service
+from security.audit import verify_log
+from security.blinding import DirectoryBlinder
+from security.erasure import verify_receipt
+from security.errors import InvalidReceipt, KeyUnavailable
+from security.keyring import FileKeySource, TenantKeyring
+from security.signing import load_verifier
+from store.types import Lookup
+from tests.integration.runtime.test_cluster import identity, kv_page
+from tests.integration.runtime.test_metrics import PAGE
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def service():
+    workdir = Path(tempfile.mkdtemp(prefix="agentkv-erase-"))
+    cfg = load_config(env={}, overrides={
+        "api": {"port": 0},
+        "hbm": {"page_bytes": PAGE, "num_pages": 12},
+        "pool": {"pool_bytes": 4 << 20, "slot_bytes": PAGE, "nvme_dir": str(workdir / "nv")},
+    })
+    svc = Service(cfg, workdir=workdir, hbm_capacity=4 * PAGE).start(local=True)
+    yield svc
+    svc.stop()
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _store(svc: Service, tenant: str, n: int):
+    client = svc.client(tenant)
+    s = client.open_session("e1")
+    pages = [kv_page(i, "evidence", identity(tenant, "e1", 1000 * i)) for i in range(n)]
+    return client, s, pages, s.store_pages(pages)
+
+
+def _tiers_holding(svc: Service, keys: list[bytes]) -> dict[str, int]:
+    topo = svc.topo
+    held = {"hbm": 0, "host": 0, "nvme": 0}
+    for key in keys:
+        held["hbm"] += sum(key in h.keys() for h in topo.hbms.values())
+        for pool in topo.pools.values():
+            for tier, _codec in pool.holds(key).get("copies", []):
+                held["nvme" if tier == 2 else "host"] += 1
+    return held
+
+
+def test_erase_shreds_keys_and_pages_in_every_tier(service) -> None:
+    acme, s_acme, pages, keys = _store(service, "acme", 6)  # 6 pages, room for 4 in HBM
+    globex, s_glob, g_pages, g_keys = _store(service, "globex", 1)
+    before = _tiers_holding(service, keys)
+    assert before["hbm"] > 0 and before["host"] + before["nvme"] > 0, before
+    keyring = TenantKeyring(FileKeySource(service.keys_dir))
+    namespace = DirectoryBlinder(keyring).namespace("acme")
+    directory = service.topo.directory
+    listed = [k for k in keys if directory.get(namespace, k)[0] is Lookup.HIT]
+    assert listed  # pool copies are published in the directory
+
+    receipt = service.erase_tenant("acme")
+
+    counts = dict(receipt.counts)
+    assert receipt.failed_tiers == ()
+    assert counts["hbm"] == before["hbm"]
+    assert counts["host"] + counts["nvme"] == before["host"] + before["nvme"]
+    assert counts["directory"] == len(listed)
+    assert _tiers_holding(service, keys) == {"hbm": 0, "host": 0, "nvme": 0}
+    assert all(directory.get(namespace, k)[0] is Lookup.MISS for k in keys)
+    assert keyring.generations("acme") == []
+    with pytest.raises(KeyUnavailable):
+        DirectoryBlinder(TenantKeyring(FileKeySource(service.keys_dir))).namespace("acme")
+    with pytest.raises(RemoteError):  # the old session and its pages are gone
+        s_acme.prepare_load(keys[:1])
+    acme.close()
+
+    public = load_verifier(service.workdir / "audit.pub")  # the public key alone
+    assert verify_receipt(receipt.to_json(), public).tenant == "acme"
+    forged = receipt.to_json().replace('"acme"', '"acmf"')
+    with pytest.raises(InvalidReceipt):
+        verify_receipt(forged, public)
+    report = verify_log(service.workdir / "audit.log", public)
+    assert report.ok and report.records >= 1, report.problems
+
+    prep = s_glob.prepare_load(g_keys)  # another tenant is untouched
+    assert s_glob.complete_load(prep["load_id"])["pages"][0]["data"] == g_pages[0]["data"]
+    globex.close()

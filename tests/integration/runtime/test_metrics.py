@@ -1,0 +1,113 @@
+"""Scrape ``/metrics`` and ``/readyz`` of a running service: the figures that live in the
+actors (credit waits, per-tier occupancy, pool-tier bytes, recompute tokens) reach the
+exposition, and readiness follows the directory (a real redis-server going away)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agentkv_cluster.api.protocol import RemoteError
+from agentkv_cluster.config import load_config
+from agentkv_cluster.runtime.directory_glue import RedisSpec, probe
+from agentkv_cluster.runtime.service import Service
+from tests.integration.runtime.test_cluster import identity, kv_page
+from tests.support.redis_proc import RedisProcess
+
+pytestmark = pytest.mark.integration
+
+PAGE = 2 * 2 * 2 * 128 * 64 * 2  # kv_page(): 2 x L x H x 128 tokens x D fp16 = 128 KiB
+
+
+@pytest.fixture(scope="module")
+def service():
+    workdir = Path(tempfile.mkdtemp(prefix="agentkv-metrics-"))
+    cfg = load_config(env={}, overrides={
+        "api": {"port": 0}, "metrics": {"port": 0},
+        "hbm": {"page_bytes": PAGE, "num_pages": 8},
+        "pool": {"pool_bytes": 4 << 20, "slot_bytes": PAGE, "nvme_dir": str(workdir / "nv")},
+    })
+    svc = Service(cfg, workdir=workdir, hbm_capacity=3 * PAGE).start(local=True,
+                                                                       metrics_http=True)
+    yield svc
+    svc.stop()
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _get(svc: Service, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{svc.http.port}{path}", timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def scrape(svc: Service) -> dict[tuple[str, tuple], float]:
+    code, text = _get(svc, "/metrics")
+    assert code == 200
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_readiness_follows_the_directory(service) -> None:
+    assert _get(service, "/readyz") == (200, "directory ok\n")
+    redis = RedisProcess().start()
+    spec = RedisSpec(url=redis.url)
+    embedded = service.topo.directory
+    try:
+        assert probe(spec) == (True, "directory ok")
+        service.topo.directory = spec  # as `agentkv serve --redis-url` deploys it
+        assert _get(service, "/readyz") == (200, "directory ok\n")
+        redis.close()
+        code, body = _get(service, "/readyz")
+        assert code == 503 and body.startswith("directory unreachable: DirectoryUnavailable")
+    finally:
+        service.topo.directory = embedded
+        redis.close()
+    assert _get(service, "/readyz")[0] == 200
+
+
+def test_credit_waits_occupancy_and_pool_bytes_are_exported(service) -> None:
+    before = scrape(service)
+    with service.client("acme") as client:
+        s = client.open_session("m1")
+        pages = [kv_page(i, "evidence", identity("acme", "m1", 1000 * i)) for i in range(6)]
+        keys = s.store_pages(pages)  # 6 pages into room for 3: the oldest go to the pool
+        prep = s.prepare_load(keys[:2])
+        done = s.complete_load(prep["load_id"])
+        assert [p["data"] for p in done["pages"]] == [p["data"] for p in pages[:2]]
+        assert {p["source"] for p in prep["pages"]} & {"host", "nvme"}
+        s.release(keys[:2])
+    after = scrape(service)
+    waits = ("agentkv_credit_wait_seconds_count", (("tier", "hbm"),))
+    assert after[waits] - before.get(waits, 0) >= 2  # one per restore at least
+    occ = "agentkv_tier_occupancy_bytes"
+    assert after[(occ, (("tier", "hbm"),))] >= PAGE
+    assert after[(occ, (("tier", "host"),))] + after[(occ, (("tier", "nvme"),))] >= PAGE
+    pool_bytes = sum(v for (n, labels), v in after.items()
+                     if n == "agentkv_transfer_bytes_total" and ("tenant", "acme") in labels
+                     and dict(labels)["tier"] in ("host", "nvme"))
+    assert pool_bytes >= PAGE
+
+
+def test_recompute_tokens_count_pages_lost_for_good(service) -> None:
+    topo = service.topo
+    with service.client("acme") as client:
+        s = client.open_session("r1")
+        (key,) = s.store_pages([kv_page(0, "temp_reasoning", identity("acme", "r1", 0))])
+        before = scrape(service)
+        # The HBM actor dies with the only copy (it comes back empty).
+        topo.controller.remove_hbm("node0-hbm0")
+        topo.hbms["node0-hbm0"].reset()
+        topo.controller.add_hbm("node0-hbm0", topo.hbms["node0-hbm0"], 3 * PAGE, "node0")
+        with pytest.raises(RemoteError, match="PageLost"):
+            s.prepare_load([key])
+    after = scrape(service)
+    series = ("agentkv_recompute_tokens_total", (("tenant", "acme"),))
+    assert after[series] - before.get(series, 0) == 128

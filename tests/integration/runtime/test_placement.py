@@ -1,0 +1,77 @@
+"""Pool actors go only to nodes advertising ``akv_pool``; HBM actors to hbm_slot/GPU nodes.
+
+A real two-node Ray cluster: the head offers ``hbm_slot`` only (like a GPU worker with
+a small /dev/shm), the worker offers ``akv_pool`` (the pool StatefulSet's pods).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from agentkv_cluster.config import load_config
+from agentkv_cluster.runtime import wiring
+from agentkv_cluster.runtime.service import Service
+from tests.integration.runtime.test_cluster import identity, kv_page
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster
+
+pytestmark = pytest.mark.integration
+
+SMALL = {"num_cpus": 1, "object_store_memory": 128 << 20}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    c = Cluster(initialize_head=True, head_node_args={**SMALL, "resources": {"hbm_slot": 1}})
+    pool_node = c.add_node(**SMALL, resources={"akv_pool": 1})
+    c.wait_for_nodes()
+    ray.init(address=c.address, log_to_driver=False)
+    yield c, pool_node.node_id
+    ray.shutdown()
+    c.shutdown()
+
+
+def test_pool_nodes_fall_back_to_every_node_when_none_is_marked() -> None:
+    plain = [{"NodeID": "a", "Resources": {"CPU": 1}}, {"NodeID": "b", "Resources": {"GPU": 1}}]
+    assert [n["NodeID"] for n in wiring.pool_nodes(plain)] == ["a", "b"]
+    marked = [*plain, {"NodeID": "c", "Resources": {"akv_pool": 1}}]
+    assert [n["NodeID"] for n in wiring.pool_nodes(marked)] == ["c"]
+
+
+def test_pool_only_on_akv_pool_node_and_hbm_uses_it(cluster) -> None:
+    c, pool_node_id = cluster
+    workdir = Path(tempfile.mkdtemp(prefix="agentkv-place-"))
+    cfg = load_config(env={}, overrides={
+        "api": {"port": 0}, "ray": {"address": c.address},
+        "hbm": {"page_bytes": 1 << 17, "num_pages": 8},
+        "pool": {"pool_bytes": 4 << 20, "slot_bytes": 1 << 17, "nvme_dir": str(workdir / "nv")},
+    })
+    page = 2 * 2 * 2 * 128 * 64 * 2  # kv_page()'s size
+    svc = Service(cfg, workdir=workdir, hbm_capacity=2 * page).start()
+    try:
+        topo = svc.topo
+        assert len(topo.pools) == 1, topo.pools
+        (pool,) = topo.pools
+        assert topo.pool_node[pool] == pool_node_id
+        assert topo.pools[pool].node_id() == pool_node_id  # where Ray really placed it
+        assert len(topo.hbms) == 1  # one hbm_slot, on the head only
+        (hbm,) = topo.hbms
+        assert topo.hbm_pool[hbm] == pool
+        with svc.client("acme") as client:  # 4 pages, room for 2: two go to the pool node
+            s = client.open_session("p1")
+            pages = [kv_page(i, "evidence", identity("acme", "p1", 1000 * i)) for i in range(4)]
+            keys = s.store_pages(pages)
+            prep = s.prepare_load(keys[:1])
+            assert prep["pages"][0]["source"] in ("host", "nvme")  # back from the pool node
+            done = s.complete_load(prep["load_id"])
+            assert done["pages"][0]["data"] == pages[0]["data"]
+    finally:
+        svc.stop()
+        shutil.rmtree(workdir, ignore_errors=True)

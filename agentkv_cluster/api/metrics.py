@@ -165,7 +165,7 @@ class MetricsHttpServer:
             return
         try:
             self.refresh()
-        except Exception:  # noqa: BLE001 - stale figures beat a failed scrape
+        except Exception:  # stale figures beat a failed scrape
             log.warning("metrics refresh failed", exc_info=True)
         finally:
             self._refreshing.release()

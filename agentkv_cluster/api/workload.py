@@ -104,13 +104,7 @@ def _store(sc: SessionClient, ep: _Episode, pages: list[dict[str, Any]]) -> None
 def _resume(sc: SessionClient, ep: _Episode, results: Results) -> None:
     pids = sorted(ep.live)
     keys = [ep.live[p] for p in pids]
-    _t = time.monotonic()
     prep = sc.prepare_load(keys)
-    import os as _o, json as _j
-    if _o.environ.get("AKV_TRACE"):
-        with open(_o.environ["AKV_TRACE"] + ".loads", "a") as _f:
-            _f.write(_j.dumps({"s": ep.session, "t": _t, "wall": time.monotonic() - _t,
-                "pages": [[p["source"], p["delay_ms"], p["codec"], p["hidden_ms"]] for p in prep["pages"]]}) + "\n")
     with results.lock:
         for pid, page in zip(pids, prep["pages"]):
             results.accesses.append(Access(session=ep.session, source=page["source"],

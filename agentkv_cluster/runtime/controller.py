@@ -33,6 +33,8 @@ from agentkv_cluster.runtime.records import (
 from agentkv_cluster.runtime.strategies import Strategy
 from store.types import Codec, Tier
 
+# Gap migrations run only while the HBM actor is at least this full (high watermark).
+GAP_WATERMARK = 0.75
 _PAGE_LIST_FIELDS = ("prefix_pages", "input_pages", "consumes", "supersedes", "pages")
 
 
@@ -73,6 +75,7 @@ class Controller:
         self.idle = threading.Condition(self.lock)  # notified whenever a page stops being busy
         self.stats = {"events": 0, "demotes": 0, "restores": 0, "prefetches": 0, "lost": 0}
         self._wanted: Counter[int] = Counter()  # gids an engine load is waiting for
+        self._recalled: set[int] = set()  # gids whose prefetch is due while still moving out
         self._victims: dict[int, list[int]] = {}  # restore gid -> gids demoted for its room
 
     # -- topology -------------------------------------------------------------------------
@@ -277,7 +280,7 @@ class Controller:
 
     def wanted(self, gid: int) -> bool:
         """An engine waits for this page now (read without the lock: a hint)."""
-        return self._wanted.get(gid, 0) > 0
+        return self._wanted.get(gid, 0) > 0 or gid in self._recalled
 
     def take_victims(self, gid: int) -> list[int]:
         """The pages demoted to make room for restoring ``gid`` (once)."""
@@ -378,6 +381,7 @@ class Controller:
     def finished(self, action: Action, ok: bool, now: float, info: dict[str, Any]) -> None:
         with self.lock:
             self.idle.notify_all()
+            self._recalled.discard(action.gid)
             rec = self.pages.get(action.gid)
             if rec is None:
                 return
@@ -465,6 +469,10 @@ class Controller:
                 if self.pages[g].resident and not self.pages[g].busy and self.pages[g].pins == 0
                 and self.pages[g].hbm == state.hbm]
         actions, plan = self.strategy.gap_plan(recs, event, budget.policy, now)
+        if budget.used < GAP_WATERMARK * budget.capacity:
+            # Room to spare: moving the pausing session's pages out frees HBM nobody
+            # needs, and bringing them back only delays its return and moves bytes.
+            actions = []
         state.tools[event.call_id] = (event.tool, now, plan)
         self.stats["gap_migrations"] = self.stats.get("gap_migrations", 0) + sum(
             a.kind is ActionKind.DEMOTE for a in actions)
@@ -511,7 +519,14 @@ class Controller:
             while self._scheduled and self._scheduled[0][0] <= now:
                 _, _, action = heapq.heappop(self._scheduled)
                 rec = self.pages.get(action.gid)
-                if rec is None or rec.busy or rec.hbm not in self.hbms or rec.hbm != action.hbm:
+                if rec is None or rec.hbm not in self.hbms or rec.hbm != action.hbm:
+                    continue
+                if rec.busy:
+                    if action.kind is ActionKind.RESTORE and not rec.resident:
+                        # Its migration has not finished by the time the page must come
+                        # back: recall it (a queued one gives way) and look again shortly.
+                        self._recalled.add(rec.gid)
+                        heapq.heappush(self._scheduled, (now + 0.02, next(self._seq), action))
                     continue
                 if action.kind is ActionKind.DEMOTE:
                     if rec.resident and rec.pins == 0:

@@ -7,6 +7,7 @@ pass through this actor: it tells HBM and pool actors what to move.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -14,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from agentkv_cluster.lifecycle.events import EventValidationError
-from agentkv_cluster.lifecycle.types import StateType
+from agentkv_cluster.lifecycle.types import StateType, UnknownPage
 from agentkv_cluster.runtime.controller import Controller, HbmFull
 from agentkv_cluster.runtime.executor import Executor, LinkCredits
 from agentkv_cluster.runtime.handles import ActorGone, Handle
@@ -345,10 +346,8 @@ class ControllerActor:
                     resident.setdefault(rec.hbm, []).append(rec.meta.key)
                     c._evict(rec, tracked=True)
                 c.by_key.pop((rec.meta.key, rec.hbm), None)
-                try:
+                with contextlib.suppress(UnknownPage):  # no event mentioned the page
                     c.graph.retire(gid)
-                except Exception:  # noqa: BLE001 - pages no event mentioned are not in it
-                    pass
             for key in [k for k in c.by_pid if k[0] == tenant]:
                 del c.by_pid[key]
             for key in [k for k in c.sessions if k[0] == tenant]:

@@ -95,7 +95,12 @@ class LinkCredits:
                 try:
                     self._tick(link, t0, timeout_s, give_up)
                 except (Abandoned, TimeoutError):
-                    mgr.cancel(grant.ticket)
+                    got = self._granted.pop((link, grant.ticket), None)
+                    if got is None:
+                        mgr.cancel(grant.ticket)
+                    else:  # granted while we woke up: hand the credit straight back
+                        mgr.release(got, time.monotonic())
+                        self._poll(link, mgr)
                     raise
                 self._poll(link, mgr)
             return grant
@@ -152,7 +157,7 @@ class Executor:
         self._lock = threading.Lock()
 
     def submit(self, actions: list[Action]) -> list[Future]:
-        return [self._pool.submit(self._run, a, time.monotonic()) for a in actions]
+        return [self._pool.submit(self._run, a) for a in actions]
 
     def run(self, actions: list[Action]) -> list[dict[str, Any]]:
         """Run and wait. Each restore starts as soon as the demotions that make its own
@@ -165,15 +170,15 @@ class Executor:
         for a in actions:
             if a.kind is ActionKind.RESTORE:
                 deps = [by_gid[g] for g in self.controller.take_victims(a.gid) if g in by_gid]
-                later.append(self._pool.submit(self._after, deps, a, time.monotonic()))
+                later.append(self._pool.submit(self._after, deps, a))
         return [f.result() for f in futures] + [f.result() for f in later]
 
-    def _after(self, deps: list[Future], action: Action, tsub=0.0) -> dict[str, Any]:
+    def _after(self, deps: list[Future], action: Action) -> dict[str, Any]:
         for f in deps:
             f.result()
-        return self._run(action, tsub)
+        return self._run(action)
 
-    def _run(self, action: Action, tsub: float = 0.0) -> dict[str, Any]:
+    def _run(self, action: Action) -> dict[str, Any]:
         t0 = time.monotonic()
         info: dict[str, Any] = {}
         ok = False
@@ -191,13 +196,6 @@ class Executor:
             info = {"error": f"{type(exc).__name__}: {exc}"}
             self.errors.append(f"{action.kind.value} {action.reason}: {info['error'][:300]}")
         info["elapsed_s"] = time.monotonic() - t0
-        import json as _j, os as _o
-        if _o.environ.get("AKV_TRACE"):
-            with open(_o.environ["AKV_TRACE"], "a") as _f:
-                _f.write(_j.dumps({"k": action.kind.value, "r": action.reason, "s": action.session,
-                  "g": action.gid, "codec": int(action.codec), "tier": int(action.tier), "ref": action.reference,
-                  "sub": tsub, "t0": t0, "q": t0 - tsub, "cw": info.get("_cw", 0.0), "call": info.get("_call", 0.0),
-                  "el": info["elapsed_s"], "ok": ok, "ab": info.get("abandoned", False)}) + "\n")
         self.controller.finished(action, ok, time.monotonic(), info)
         return {"action": action, "ok": ok, **info}
 
@@ -211,9 +209,12 @@ class Executor:
         except KeyError:
             return {"copies": [], "retired": True}  # retired while queued: nothing to keep
         targets = []
-        if a.codec not in rec.copies:
+        # Pages are immutable: a pool copy at least as precise as the one asked for (or as
+        # the working copy, when that was restored lossy) already holds all it could.
+        best = max(a.codec, rec.resident_codec)
+        if not any(c <= best for c in rec.copies):
             targets.append((int(a.tier), int(a.codec)))
-        if a.reference and Codec.FULL not in rec.copies:
+        if a.reference and rec.resident_codec is Codec.FULL and Codec.FULL not in rec.copies:
             targets.append((int(Tier.NVME), int(Codec.FULL)))
         name, pool = self._pool_for(rec.pool, a.hbm)
         if a.reason != "gap" or not targets:
@@ -234,7 +235,6 @@ class Executor:
         rec = self.controller.record(a.gid)
         name, pool = self._pool_for(rec.pool, a.hbm)
         link = f"{name}>{a.hbm}"
-        _t0r = time.monotonic()
         if a.reason == "prefetch":
             try:
                 grant = self.credits.acquire(a.session, link + BACKGROUND,
@@ -244,17 +244,15 @@ class Executor:
                 grant = self.credits.acquire(a.session, link)
         else:
             grant = self.credits.acquire(a.session, link)
-        _t1 = time.monotonic()
         try:
             receipt = self.hbms[a.hbm].restore(rec.meta, int(a.tier), int(a.codec), pool)
         finally:
             self.credits.release(link, grant)
-        _t2 = time.monotonic()
         self.traffic.add(rec.meta.tenant, "hbm", receipt.link_bytes)
         source = Tier(receipt.tier).name.lower()
         if self.hbm_pool.get(a.hbm) != name:
             source = "remote"
-        return {"source": source, "link_bytes": receipt.link_bytes, "exact": receipt.exact, "_cw": _t1 - _t0r, "_call": _t2 - _t1}
+        return {"source": source, "link_bytes": receipt.link_bytes, "exact": receipt.exact}
 
     def _delete(self, a: Action) -> dict[str, Any]:
         """A retired page: drop its HBM copy; its pool copies too unless another HBM shares it."""

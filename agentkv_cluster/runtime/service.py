@@ -19,11 +19,11 @@ from agentkv_cluster.config import AgentKvConfig
 from agentkv_cluster.runtime import wiring
 from agentkv_cluster.runtime.controller_actor import ControllerSpec
 from agentkv_cluster.runtime.directory_glue import open_directory, probe
-from agentkv_cluster.runtime.handles import ActorGone
 from agentkv_cluster.runtime.front import ServiceFront
+from agentkv_cluster.runtime.handles import ActorGone
 from security.audit import AuditLog
 from security.blinding import DirectoryBlinder
-from security.erasure import ErasureReceipt, Eraser
+from security.erasure import Eraser, ErasureReceipt
 from security.errors import KeyUnavailable
 from security.keyring import FileKeySource, TenantKeyring
 from security.principals import TokenIssuer

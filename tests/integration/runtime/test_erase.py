@@ -51,7 +51,7 @@ def _tiers_holding(svc: Service, keys: list[bytes]) -> dict[str, int]:
     topo = svc.topo
     held = {"hbm": 0, "host": 0, "nvme": 0}
     for key in keys:
-        held["hbm"] += sum(key in h.keys() for h in topo.hbms.values())
+        held["hbm"] += sum(key in h.call("keys") for h in topo.hbms.values())
         for pool in topo.pools.values():
             for tier, _codec in pool.holds(key).get("copies", []):
                 held["nvme" if tier == 2 else "host"] += 1
@@ -59,7 +59,7 @@ def _tiers_holding(svc: Service, keys: list[bytes]) -> dict[str, int]:
 
 
 def test_erase_shreds_keys_and_pages_in_every_tier(service) -> None:
-    acme, s_acme, pages, keys = _store(service, "acme", 6)  # 6 pages, room for 4 in HBM
+    acme, s_acme, _pages, keys = _store(service, "acme", 6)  # 6 pages, room for 4 in HBM
     globex, s_glob, g_pages, g_keys = _store(service, "globex", 1)
     before = _tiers_holding(service, keys)
     assert before["hbm"] > 0 and before["host"] + before["nvme"] > 0, before

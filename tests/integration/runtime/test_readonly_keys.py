@@ -25,7 +25,7 @@ def _read_only(path: Path) -> bool:
         path.chmod(0o500)
         return True
     done = subprocess.run(["mount", "--bind", "-o", "ro", str(path), str(path)],
-                          capture_output=True)
+                          check=False, capture_output=True)
     return done.returncode == 0
 
 

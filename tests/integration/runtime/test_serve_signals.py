@@ -27,8 +27,7 @@ SECRET = b"s" * 40
 
 def _reader(proc: subprocess.Popen, lines: list[str]) -> threading.Thread:
     def run() -> None:
-        for line in proc.stdout:
-            lines.append(line)
+        lines.extend(proc.stdout)
 
     t = threading.Thread(target=run, daemon=True)
     t.start()

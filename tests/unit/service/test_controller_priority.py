@@ -1,0 +1,113 @@
+"""Foreground-first data path: all-or-nothing loads, victims per restore, background
+credits that give way, prefetches recalled at their due time (pure: no Ray, no bytes)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from agentkv_cluster.runtime.controller import Controller
+from agentkv_cluster.runtime.executor import BACKGROUND, Abandoned, LinkCredits
+from agentkv_cluster.runtime.records import Action, ActionKind
+from agentkv_cluster.runtime.strategies import make_strategy
+from store.types import Codec, Tier
+from tests.unit.service.test_controller import MB, admitted, finish
+
+
+def test_a_load_that_cannot_fit_restores_nothing_instead_of_a_part() -> None:
+    ctl = Controller(make_strategy("lru"))
+    ctl.add_hbm("h", 2 * MB)
+    admitted(ctl, "a", range(2), 0.0)
+    finish(ctl, admitted(ctl, "b", range(2), 1.0), 1.0)  # a's pages are in the pool now
+    (gb0, _) = ctl.resolve("t", "b", [b"b/0", b"b/1"])
+    ctl.access([gb0], 2.0)  # one of b's pages pinned: 1 MB left to evict, a needs 2 MB
+    gids_a = ctl.resolve("t", "a", [b"a/0", b"a/1"])
+    demotes, restores, lost, blocked = ctl.access(gids_a, 3.0)
+    assert (demotes, restores, lost, blocked) == ([], [], [], gids_a)
+    assert all(ctl.pages[g].pins == 0 and not ctl.pages[g].resident for g in gids_a)
+
+
+def test_each_restore_names_only_the_victims_that_made_its_room() -> None:
+    ctl = Controller(make_strategy("lru"))
+    ctl.add_hbm("h", 2 * MB)
+    admitted(ctl, "a", range(2), 0.0)
+    finish(ctl, admitted(ctl, "b", range(2), 1.0), 1.0)
+    gids_a = ctl.resolve("t", "a", [b"a/0", b"a/1"])
+    gids_b = ctl.resolve("t", "b", [b"b/0", b"b/1"])
+    demotes, restores, _, _ = ctl.access(gids_a, 2.0)
+    assert [ctl.take_victims(r.gid) for r in restores] == [[gids_b[0]], [gids_b[1]]]
+    assert ctl.take_victims(restores[0].gid) == []  # handed out once
+    finish(ctl, demotes + restores, 2.0)
+
+
+def test_background_waits_while_foreground_queues_and_gives_up_when_wanted() -> None:
+    credits = LinkCredits(per_link=1, per_session=4)
+    fg = credits.acquire("s1", "L")  # the link is full of foreground work
+    got: list[str] = []
+
+    def background() -> None:
+        try:
+            grant = credits.acquire("s2", "L" + BACKGROUND, timeout_s=5.0,
+                                    give_up=lambda: wanted.is_set())
+            credits.release("L" + BACKGROUND, grant)
+            got.append("ran")
+        except Abandoned:
+            got.append("abandoned")
+
+    wanted = threading.Event()
+    t = threading.Thread(target=background)
+    t.start()
+    time.sleep(0.1)
+    assert got == [] and credits.in_flight["L" + BACKGROUND] == 0  # not admitted
+    wanted.set()
+    t.join(5.0)
+    assert got == ["abandoned"]
+    credits.release("L", fg)
+    grant = credits.acquire("s2", "L" + BACKGROUND, timeout_s=1.0)  # link idle: admitted
+    credits.release("L" + BACKGROUND, grant)
+    assert sum(credits.in_flight.values()) == 0
+
+
+def test_wanted_pages_make_background_moves_give_way() -> None:
+    ctl = Controller(make_strategy("agentkv"))
+    ctl.add_hbm("h", 4 * MB)
+    admitted(ctl, "a", range(1), 0.0)
+    (g,) = ctl.resolve("t", "a", [b"a/0"])
+    assert not ctl.wanted(g)
+    ctl.pages[g].busy = True
+    waiter = threading.Thread(target=ctl.wait_idle, args=([g], 5.0))
+    waiter.start()
+    deadline = time.monotonic() + 2.0
+    while not ctl.wanted(g) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ctl.wanted(g)  # an engine waits for it
+    with ctl.lock:
+        ctl.pages[g].busy = False
+        ctl.idle.notify_all()
+    waiter.join(5.0)
+    assert not ctl.wanted(g)
+
+
+def test_a_due_prefetch_recalls_its_page_still_moving_out() -> None:
+    ctl = Controller(make_strategy("agentkv"))
+    ctl.add_hbm("h", 4 * MB)
+    admitted(ctl, "a", range(1), 0.0)
+    (g,) = ctl.resolve("t", "a", [b"a/0"])
+    rec = ctl.pages[g]
+    ctl._evict(rec, tracked=True)  # a gap migration is in flight
+    rec.busy = True
+    rec.copies = {Codec.INT4: Tier.HOST}
+    prefetch = Action(kind=ActionKind.RESTORE, gid=g, hbm="h", tier=Tier.HOST,
+                      codec=Codec.INT4, start_at=1.0, reason="prefetch", session="a")
+    ctl._scheduled.append((1.0, 0, prefetch))
+    assert ctl.due(1.0) == [] and ctl.wanted(g)  # recalled, looked at again shortly
+    assert ctl.next_due() == pytest.approx(1.02)
+    migration = Action(kind=ActionKind.DEMOTE, gid=g, hbm="h", tier=Tier.HOST,
+                       codec=Codec.INT4, reason="gap", session="a")
+    ctl.finished(migration, True, 1.01, {"copies": [], "pool": "p"})
+    assert not ctl.wanted(g)
+    (restore,) = ctl.due(1.05)
+    assert (restore.kind, restore.reason, restore.codec) == (
+        ActionKind.RESTORE, "prefetch", Codec.INT4)

@@ -309,15 +309,7 @@ class Controller:
             restores: list[Action] = []
             lost: list[int] = []
             blocked: list[int] = []
-            # Pin every requested page first: making room for one must never evict another.
-            for gid in gids:
-                rec = self.pages[gid]
-                rec.pins += 1
-                rec.view.pinned = True
-                rec.view.last_access = now
-                rec.view.access_count += 1
-                if rec.resident:
-                    self.hbms[rec.hbm].policy.on_access(rec.view, now)
+            self._pin_all(gids, now)
             short = self._short_hbms(gids)
             for gid in gids:
                 rec = self.pages[gid]
@@ -348,6 +340,17 @@ class Controller:
                 rec.view.pinned = rec.pins > 0
             self.stats["restores"] += len(restores)
             return demotes, restores, lost, blocked
+
+    def _pin_all(self, gids: list[int], now: float) -> None:
+        """Pin every requested page first: making room for one must never evict another."""
+        for gid in gids:
+            rec = self.pages[gid]
+            rec.pins += 1
+            rec.view.pinned = True
+            rec.view.last_access = now
+            rec.view.access_count += 1
+            if rec.resident:
+                self.hbms[rec.hbm].policy.on_access(rec.view, now)
 
     def _short_hbms(self, gids: list[int]) -> set[str]:
         """HBM actors where the missing pages of ``gids`` cannot all fit now, even after

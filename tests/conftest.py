@@ -33,6 +33,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_gpu)
 
 
+SHM = Path("/dev/shm")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_pool_segments_left_by_killed_actors():
+    """Fault tests SIGKILL pool actors and whole Ray nodes, which cannot unlink their
+    /dev/shm segments; remove only the segments that appeared during this session."""
+    before = set(SHM.glob("akv-*")) if SHM.is_dir() else set()
+    yield
+    if SHM.is_dir():
+        for path in set(SHM.glob("akv-*")) - before:
+            path.unlink(missing_ok=True)
+
+
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
     """../shared (read-only in CI). Tests never write there."""

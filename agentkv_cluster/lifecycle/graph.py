@@ -164,28 +164,24 @@ class EventGraph(GraphBase):
         return touched
 
     def _model_call(self, e: ev.ModelCall, now: float) -> set[PageId]:
-        task = self._open_task(e)
-        self._open_branch(task, e.branch)
-        self._check_new_call(task, e.call_id)
-        self._check_reads(task, e.consumes)
-        self._check_writes(task, e.produces)
-        node = self._add_node(task, e.branch, NodeKind.MODEL_CALL, e.version, done=False)
-        task.calls[e.call_id] = node.node_id
-        node.call_id = e.call_id
-        touched = self._link_reads(node, e.consumes, now)
-        touched |= self._link_writes(task, node, e.produces, e.version, now)
-        self._fold(task)
-        return touched
+        return self._start_call(e, NodeKind.MODEL_CALL, e.produces, now)
 
     def _tool_start(self, e: ev.ToolStart, now: float) -> set[PageId]:
+        return self._start_call(e, NodeKind.TOOL_CALL, (), now)
+
+    def _start_call(self, e: ev.ModelCall | ev.ToolStart, kind: NodeKind,
+                    produces: tuple[ev.PageRef, ...], now: float) -> set[PageId]:
+        """A model call or tool start: a new open node reading ``consumes``, writing ``produces``."""
         task = self._open_task(e)
         self._open_branch(task, e.branch)
         self._check_new_call(task, e.call_id)
         self._check_reads(task, e.consumes)
-        node = self._add_node(task, e.branch, NodeKind.TOOL_CALL, e.version, done=False)
+        self._check_writes(task, produces)
+        node = self._add_node(task, e.branch, kind, e.version, done=False)
         task.calls[e.call_id] = node.node_id
         node.call_id = e.call_id
         touched = self._link_reads(node, e.consumes, now)
+        touched |= self._link_writes(task, node, produces, e.version, now)
         self._fold(task)
         return touched
 

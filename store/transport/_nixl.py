@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 import uuid
 from typing import Any
@@ -43,6 +44,37 @@ NIXL_ERRORS: tuple[type[BaseException], ...] = tuple(
 
 _CLOSE_GRACE_S = 10.0
 
+# nixl_agent starts its progress thread with pthrDelay = 0: it polls without pause and
+# keeps a whole core busy per agent (three agents on a 2-core node starve every actor).
+# With a delay the idle thread sleeps between polls; a transfer waits at most this long.
+PROGRESS_DELAY_US = int(os.environ.get("AGENTKV_NIXL_PROGRESS_US", "100"))
+_AGENT_CONFIG = _nixl_bind.nixlAgentConfig
+
+
+class _PacedAgentConfig(_AGENT_CONFIG):  # type: ignore[misc, valid-type]
+    """The bindings' agent config, with ``pthrDelay`` held at ``PROGRESS_DELAY_US``."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "pthrDelay":
+            value = max(0, PROGRESS_DELAY_US)
+        super().__setattr__(name, value)
+
+
+_AGENT_LOCK = threading.Lock()
+
+
+def _new_agent(name: str, config: Any) -> Any:
+    """A ``nixl_agent`` whose progress thread sleeps ``PROGRESS_DELAY_US`` when idle.
+
+    ``nixl_agent_config`` exposes no delay, so the bindings' config class is swapped for
+    the paced one while the agent is built (under a lock; restored at once)."""
+    with _AGENT_LOCK:
+        _nixl_bind.nixlAgentConfig = _PacedAgentConfig
+        try:
+            return nixl.nixl_agent(name, config)
+        finally:
+            _nixl_bind.nixlAgentConfig = _AGENT_CONFIG
+
 
 class NixlTransportBase(JobBook):
     """A NIXL agent with one backend; subclasses choose the backend and allowed kinds."""
@@ -60,7 +92,7 @@ class NixlTransportBase(JobBook):
         config = nixl.nixl_agent_config(
             enable_prog_thread=self.progress_thread, backends=[self.backend]
         )
-        self._agent = nixl.nixl_agent(self.name, config)
+        self._agent = _new_agent(self.name, config)
         if self.backend not in self._agent.backends:
             raise RuntimeError(f"NIXL backend {self.backend} did not load")
         self._peers: set[str] = {self.name}

@@ -1,7 +1,8 @@
 """NvmeShard: append-only segment files with checksummed records and crash recovery.
 
-Bytes move through a ``Transport`` (NIXL POSIX when installed, plain file I/O
-otherwise), so both paths share every line here. A record is published in
+Bytes move through a file engine (``store.nvme_io``: direct syscalls by default,
+or NIXL POSIX jobs), so both paths share every line here; every read is
+verified against the record's payload hash. A record is published in
 the index only after all of its bytes are written (and synced, per policy);
 a failed write is truncated away, so a full disk leaves the shard as it was.
 One lock serialises callers; one process owns a shard directory (flock).
@@ -15,23 +16,16 @@ import threading
 from pathlib import Path
 from typing import Any, Self
 
-import numpy as np
-
 from store import nvme_format as fmt
-from store.nvme_files import (
-    aligned_buffer,
-    as_bytes_view,
-    check_key,
-    free_bytes,
-    fsync_dir,
-    lock_directory,
-)
+from store.nvme_files import as_bytes_view, check_key, free_bytes, fsync_dir, lock_directory
+from store.nvme_io import open_engine
 from store.nvme_maintenance import compact_segments, rebuild_index
 from store.nvme_types import (
     CompactionReport,
     DiskFull,
     FsyncPolicy,
     InvalidRecord,
+    NvmeEngine,
     NvmeShardConfig,
     RecordLocation,
     ShardClosed,
@@ -40,19 +34,9 @@ from store.nvme_types import (
     ShardLocked,
     ShardStats,
 )
-from store.transport import (
-    FileSpan,
-    Region,
-    TransferJob,
-    TransferOp,
-    TransferStatus,
-    file_transport,
-)
 from store.types import Lookup
 
-_FILE_SPAN = 1 << 40  # offsets a segment's registration admits; registration allocates nothing
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
-_STAGE_BYTES = 1 << 20  # header + payload up to this size go out in one job
 _FREE_MARGIN = 256 << 20  # re-read free space when the estimate gets this close
 
 __all__ = [
@@ -60,6 +44,7 @@ __all__ = [
     "DiskFull",
     "FsyncPolicy",
     "InvalidRecord",
+    "NvmeEngine",
     "NvmeShard",
     "NvmeShardConfig",
     "RecordLocation",
@@ -72,10 +57,10 @@ __all__ = [
 
 
 class _Segment:
-    __slots__ = ("fd", "index", "keys", "path", "region", "size")
+    __slots__ = ("fd", "handle", "index", "keys", "path", "size")
 
-    def __init__(self, index: int, path: Path, fd: int, region: Region, size: int) -> None:
-        self.index, self.path, self.fd, self.region, self.size = index, path, fd, region, size
+    def __init__(self, index: int, path: Path, fd: int, handle: Any, size: int) -> None:
+        self.index, self.path, self.fd, self.handle, self.size = index, path, fd, handle, size
         self.keys: set[bytes] = set()  # every key with a record or tombstone in this file
 
 
@@ -89,14 +74,11 @@ class NvmeShard:
         self._lock = threading.Lock()
         self._lock_fd = lock_directory(self.path)
         try:
-            self._io = file_transport(prefer_nixl=self.config.use_nixl)
+            self._io = open_engine(self.config)
         except BaseException:
             os.close(self._lock_fd)
             raise
-        self._scratch = aligned_buffer(max(_STAGE_BYTES, 2 * self.config.align))
-        self._read_buf: np.ndarray | None = None
-        self._read_region: Region | None = None
-        self._out_cache: tuple[Any, np.ndarray, Region] | None = None
+        self._header = bytearray(fmt.header_block(fmt.MAX_KEY_BYTES, self.config.align))
         self._segments: dict[int, _Segment] = {}
         self._index: dict[bytes, RecordLocation] = {}
         self._tombs: dict[bytes, tuple[int, int]] = {}  # key -> (seq, segment)
@@ -108,7 +90,6 @@ class NvmeShard:
         self._free_estimate = 0  # bytes the file system had free, less what we wrote since
         self._closed = False
         try:
-            self._scratch_region = self._io.register(self._scratch)
             rebuild_index(self)
         except BaseException:
             self._release()  # no descriptors or lock left behind by a failed open
@@ -147,7 +128,7 @@ class NvmeShard:
             if loc is None:
                 return Lookup.MISS
             view = self._read_payload(loc, out)
-            if view is None or fmt.checksum(view) != loc.checksum:
+            if view is None:
                 self._corrupt += 1
                 self._unpublish(key)
                 return Lookup.MISS
@@ -188,7 +169,7 @@ class NvmeShard:
                 live_bytes=sum(self._live.values()),
                 corrupt_records=self._corrupt,
                 syncs=self._syncs,
-                engine=type(self._io).__name__,
+                engine=self._io.name,
             )
 
     def sync(self) -> None:
@@ -210,7 +191,7 @@ class NvmeShard:
             self._release()
 
     def _release(self) -> None:
-        self._io.close()  # drops every registration, then the files can go
+        self._io.close()  # drops every registration (and helper thread), then the files can go
         for seg in self._segments.values():
             os.close(seg.fd)
         os.close(self._lock_fd)
@@ -254,16 +235,17 @@ class NvmeShard:
         align = self.config.align
         block = fmt.header_block(len(key), align)
         n = payload.nbytes
-        digest = fmt.checksum(payload)
+        digest = fmt.payload_digest(payload)
         seg = self._active(fmt.round_up(block + n, align))
         offset = fmt.round_up(seg.size, align)
         self._check_space(offset - seg.size + block + n, bool(flags & fmt.FLAG_TOMBSTONE))
         header = fmt.RecordHeader(
             flags=flags, key=key, generation=generation, payload_len=n, seq=seq, payload_hash=digest
         )
-        self._scratch[:block] = 0
-        fmt.pack_header_into(memoryview(self._scratch), header)
-        self._write(seg, offset, block, payload)
+        header_view = memoryview(self._header)[:block]
+        header_view[:] = bytes(block)
+        fmt.pack_header_into(header_view, header)
+        self._write(seg, offset, header_view, payload)
         seg.size = offset + block + n
         seg.keys.add(key)
         self._after_write(seg)
@@ -275,38 +257,20 @@ class NvmeShard:
             generation=generation,
             seq=seq,
             checksum=digest,
+            version=fmt.FORMAT_VERSION,
         )
 
-    def _write(self, seg: _Segment, offset: int, block: int, payload: memoryview) -> None:
-        """Header + payload to the file: small records staged into one job, large ones in two
-        (a copy into the staging buffer costs less than a second job up to _STAGE_BYTES)."""
-        n = payload.nbytes
-        if block + n <= self._scratch.nbytes:
-            if n:
-                self._scratch[block : block + n] = np.frombuffer(payload, np.uint8)
-            job = self._submit(TransferOp.WRITE, self._scratch_region, seg, offset, block + n)
-            results = [self._io.wait(job)]
-        else:
-            region = self._io.register(np.frombuffer(payload, np.uint8))
-            try:
-                jobs = [
-                    self._submit(TransferOp.WRITE, self._scratch_region, seg, offset, block),
-                    self._submit(TransferOp.WRITE, region, seg, offset + block, n),
-                ]
-                results = [self._io.wait(j) for j in jobs]
-            finally:
-                self._io.deregister(region)
-        failed = [r for r in results if r.status is not TransferStatus.DONE]
-        if failed:
-            os.ftruncate(seg.fd, seg.size)  # roll back: nothing of the record stays
+    def _write(self, seg: _Segment, offset: int, header: memoryview, payload: memoryview) -> None:
+        """Header block + payload at ``offset``; on failure nothing of the record stays."""
+        try:
+            self._io.write(seg.handle, offset, header, payload)
+        except OSError as exc:
+            os.ftruncate(seg.fd, seg.size)  # roll back
             self._free_estimate = 0  # look at the file system again next time
-            if any(r.errno in _FULL_ERRNOS for r in failed) or free_bytes(self.path) < block + n:
-                raise DiskFull(f"writing {block + n} B to {seg.path} failed: {failed[0].error}")
-            raise ShardIOError(f"writing to {seg.path} failed: {failed[0].error}")
-
-    def _submit(self, op: TransferOp, local: Region, seg: _Segment, offset: int, n: int) -> int:
-        job = TransferJob(op=op, local=local, remote=seg.region, length=n, remote_offset=offset)
-        return self._io.submit(job)
+            need = header.nbytes + payload.nbytes
+            if exc.errno in _FULL_ERRNOS or free_bytes(self.path) < need:
+                raise DiskFull(f"writing {need} B to {seg.path} failed: {exc}") from exc
+            raise ShardIOError(f"writing to {seg.path} failed: {exc}") from exc
 
     def _after_write(self, seg: _Segment) -> None:
         policy = self.config.fsync
@@ -338,44 +302,11 @@ class NvmeShard:
 
     # ---------------------------------------------------------------- reading
     def _read_payload(self, loc: RecordLocation, out: Any) -> memoryview | None:
-        n = loc.length
-        if n == 0:
-            return memoryview(b"")
-        if out is None:
-            if self._read_buf is None or self._read_buf.nbytes < n:
-                self._grow_read_buffer(n)
-            region, target = self._read_region, self._read_buf
-        else:
-            region, target = self._out_region(out, n)
+        """The verified payload (in ``out`` or the engine's buffer), None if bad or gone."""
+        if loc.length == 0:
+            return memoryview(b"") if loc.checksum == fmt.checksum(b"") else None
         seg = self._segments[loc.segment]
-        job = self._submit(TransferOp.READ, region, seg, loc.payload_offset, n)
-        ok = self._io.wait(job).status is TransferStatus.DONE
-        return memoryview(target)[:n] if ok else None
-
-    def _out_region(self, out: Any, n: int) -> tuple[Region, np.ndarray]:
-        """The registration of a caller's ``out`` buffer. The last one is kept (with a view
-        that pins its memory), since callers usually read into the same buffer again."""
-        cached = self._out_cache
-        if cached is not None and cached[0] is out:
-            target, region = cached[1], cached[2]
-        else:
-            target = np.frombuffer(out, np.uint8)
-            if not target.flags.writeable:
-                raise InvalidRecord("out must be a writable buffer")
-            if cached is not None:
-                self._io.deregister(cached[2])
-                self._out_cache = None
-            region = self._io.register(target)
-            self._out_cache = (out, target, region)
-        if target.nbytes < n:
-            raise InvalidRecord(f"out holds {target.nbytes} bytes; the record has {n}")
-        return region, target
-
-    def _grow_read_buffer(self, n: int) -> None:
-        if self._read_region is not None:
-            self._io.deregister(self._read_region)
-        self._read_buf = aligned_buffer(fmt.round_up(max(n, 1 << 20), self.config.align))
-        self._read_region = self._io.register(self._read_buf)
+        return self._io.read(seg.handle, loc, out)
 
     # ---------------------------------------------------------------- recovery
     def _new_segment(self, index: int) -> _Segment:
@@ -384,7 +315,12 @@ class NvmeShard:
         if self.config.fsync is not FsyncPolicy.NONE:
             fsync_dir(self.path)
         size = os.fstat(fd).st_size
-        seg = _Segment(index, path, fd, self._io.register(FileSpan(fd=fd, length=_FILE_SPAN)), size)
+        try:
+            handle = self._io.attach(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        seg = _Segment(index, path, fd, handle, size)
         self._segments[index] = seg
         self._live.setdefault(index, 0)
         return seg

@@ -29,6 +29,20 @@ def as_bytes_view(data: Any) -> memoryview:
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
+def writable_view(out: Any, n: int) -> memoryview:
+    """``out`` as a flat, writable byte view of at least ``n`` bytes."""
+    try:
+        view = memoryview(out)
+    except TypeError as exc:
+        raise InvalidRecord(f"out must support the buffer protocol: {exc}") from exc
+    if view.readonly or not view.c_contiguous:
+        raise InvalidRecord("out must be a writable, C-contiguous buffer")
+    view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+    if view.nbytes < n:
+        raise InvalidRecord(f"out holds {view.nbytes} bytes; the record has {n}")
+    return view
+
+
 def aligned_buffer(n: int) -> np.ndarray:
     """A page-aligned, pre-faulted buffer (anonymous mmap): reads into it run at full speed."""
     buf = np.frombuffer(mmap.mmap(-1, n), dtype=np.uint8)

@@ -37,6 +37,13 @@ class FsyncPolicy(enum.Enum):
     ON_CLOSE = "on-close"
 
 
+class NvmeEngine(enum.Enum):
+    """How record bytes move (see ``store.nvme_io``)."""
+
+    SYSCALL = "syscall"  # os.pwritev / os.preadv on the caller's buffers
+    NIXL_POSIX = "nixl-posix"  # NIXL POSIX transfer jobs
+
+
 @dataclass(frozen=True, kw_only=True)
 class NvmeShardConfig:
     segment_bytes: int = 256 << 20
@@ -45,7 +52,9 @@ class NvmeShardConfig:
     fsync: FsyncPolicy = FsyncPolicy.ON_CLOSE
     fsync_every_n: int = 64
     align: int = 4096
-    use_nixl: bool = True  # NIXL POSIX when installed
+    engine: NvmeEngine = NvmeEngine.SYSCALL
+    # syscall engine: 2 = records of 4 MiB and up are read and verified on two threads
+    read_threads: int = 2
 
     def __post_init__(self) -> None:
         if self.align < 512 or self.align & (self.align - 1):
@@ -56,6 +65,10 @@ class NvmeShardConfig:
             raise ValueError("max_bytes must be positive")
         if self.max_record_bytes < 1:
             raise ValueError("max_record_bytes must be positive")
+        if not isinstance(self.engine, NvmeEngine):
+            raise TypeError(f"engine must be an NvmeEngine, got {self.engine!r}")
+        if self.read_threads not in (1, 2):
+            raise ValueError(f"read_threads must be 1 or 2, got {self.read_threads!r}")
         if self.fsync_every_n < 1:
             raise ValueError("fsync_every_n must be >= 1")
 
@@ -68,7 +81,8 @@ class RecordLocation:
     length: int
     generation: int
     seq: int
-    checksum: int  # XXH3-64 of the payload
+    checksum: int  # payload hash (see nvme_format.payload_digest)
+    version: int  # record format version, which says how ``checksum`` was computed
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,7 +93,7 @@ class ShardStats:
     live_bytes: int
     corrupt_records: int
     syncs: int  # fsync calls made, per the fsync policy
-    engine: str
+    engine: str  # NvmeEngine value
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,16 +13,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from store.nvme import DiskFull, NvmeShard, NvmeShardConfig
+from store import nvme_format as fmt
+from store.nvme import DiskFull, NvmeEngine, NvmeShard, NvmeShardConfig
 from store.transport import nixl_available
 from store.types import Lookup
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[3]
 ENGINES = [
-    pytest.param(False, id="plain-io"),
+    pytest.param(NvmeEngine.SYSCALL, id="syscall"),
     pytest.param(
-        True, id="nixl-posix", marks=pytest.mark.skipif(not nixl_available(), reason="no NIXL")
+        NvmeEngine.NIXL_POSIX,
+        id="nixl-posix",
+        marks=pytest.mark.skipif(not nixl_available(), reason="no NIXL"),
     ),
 ]
 
@@ -54,11 +57,11 @@ def filled(tmp_path):
     return tmp_path, data, locs
 
 
-@pytest.mark.parametrize("use_nixl", ENGINES)
-def test_bit_flipped_payload_is_a_miss(filled, use_nixl):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_bit_flipped_payload_is_a_miss(filled, engine):
     root, data, locs = filled
     flip_bit(seg_path(root, 0), locs[b"k2"].payload_offset + 5_000)
-    with NvmeShard(root, NvmeShardConfig(use_nixl=use_nixl)) as shard:
+    with NvmeShard(root, NvmeShardConfig(engine=engine)) as shard:
         assert shard.get(b"k2") is Lookup.MISS
         assert shard.stats().corrupt_records == 1
         assert shard.get(b"k2") is Lookup.MISS  # dropped from the index, stays a miss
@@ -170,11 +173,11 @@ def test_full_tmpfs_fails_cleanly(tmp_path):
 
 FSIZE_WRITER = textwrap.dedent("""
     import json, resource, signal, sys
-    from store.nvme import NvmeShard, NvmeShardConfig
+    from store.nvme import NvmeEngine, NvmeShard, NvmeShardConfig
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     limit = (1 << 20) + (100 << 10)
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-    shard = NvmeShard(sys.argv[1], NvmeShardConfig(use_nixl=sys.argv[2] == "1"))
+    shard = NvmeShard(sys.argv[1], NvmeShardConfig(engine=NvmeEngine(sys.argv[2])))
     shard.put(b"a", b"A" * (512 << 10), 1)
     size_before = shard.stats().file_bytes
     try:
@@ -189,11 +192,11 @@ FSIZE_WRITER = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("use_nixl", ENGINES)
-def test_write_refused_by_the_os_rolls_back(tmp_path, use_nixl):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_write_refused_by_the_os_rolls_back(tmp_path, engine):
     """The file system refuses mid-record (RLIMIT_FSIZE): the partial record is cut away."""
     out = subprocess.run(
-        [sys.executable, "-c", FSIZE_WRITER, str(tmp_path), str(int(use_nixl))],
+        [sys.executable, "-c", FSIZE_WRITER, str(tmp_path), engine.value],
         cwd=REPO,
         check=False,
         capture_output=True,
@@ -201,8 +204,85 @@ def test_write_refused_by_the_os_rolls_back(tmp_path, use_nixl):
         timeout=60,
     )
     report = json.loads(out.stdout.strip().splitlines()[-1])
-    expected_errors = {"DiskFull"} if not use_nixl else {"DiskFull", "ShardIOError"}
+    syscall = engine is NvmeEngine.SYSCALL
+    expected_errors = {"DiskFull"} if syscall else {"DiskFull", "ShardIOError"}
     assert report["error"] in expected_errors
     assert report["keys"] == ["a"] and report["a_ok"]
     assert report["size_after"] == report["size_before"]
     assert os.path.getsize(seg_path(tmp_path, 0)) == report["size_before"]
+
+
+STRIPE = 1 << 20
+# Two read paths for large records: one thread, stripe by stripe (below 4 MiB), and two
+# threads sharing the stripes (4 MiB and up).
+LARGE = {"one-thread": STRIPE + STRIPE // 2 + 7, "two-threads": 5 * STRIPE + 3}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("path", sorted(LARGE))
+@pytest.mark.parametrize("where", ["first-stripe", "second-stripe", "last-partial-stripe"])
+def test_a_flip_in_any_stripe_of_a_large_record_is_a_miss(tmp_path, engine, path, where):
+    size = LARGE[path]
+    at = {"first-stripe": 10, "second-stripe": STRIPE + 5, "last-partial-stripe": size - 1}[where]
+    with NvmeShard(tmp_path) as shard:
+        shard.put(b"big", blob(size, 1), 1)
+        shard.put(b"next", blob(size, 2), 1)
+        loc = shard.locate(b"big")[1]
+    flip_bit(seg_path(tmp_path, 0), loc.payload_offset + at)
+    out = np.zeros(size, np.uint8)
+    with NvmeShard(tmp_path, NvmeShardConfig(engine=engine)) as shard:
+        assert shard.get(b"big", out=out) is Lookup.MISS
+        assert shard.get(b"big") is Lookup.MISS
+        assert shard.stats().corrupt_records == 1
+        assert bytes(shard.get(b"next", out=out)) == blob(size, 2)
+        assert shard.get(b"next") == blob(size, 2)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("path", sorted(LARGE))
+def test_a_large_record_cut_short_under_a_live_shard_is_a_miss(tmp_path, engine, path):
+    size = LARGE[path]
+    with NvmeShard(tmp_path, NvmeShardConfig(engine=engine)) as shard:
+        shard.put(b"first", blob(size, 1), 1)
+        shard.put(b"last", blob(size, 2), 1)
+        loc = shard.locate(b"last")[1]
+        os.truncate(seg_path(tmp_path, 0), loc.payload_offset + size - 2)
+        assert shard.get(b"last", out=np.zeros(size, np.uint8)) is Lookup.MISS
+        assert shard.get(b"first") == blob(size, 1)
+
+
+def _rewrite_as_version_1(root: Path, key: bytes, payload: bytes, loc) -> None:
+    """Turn a record into what format version 1 wrote: one XXH3-64 over the whole payload."""
+    header = fmt.RecordHeader(
+        flags=0,
+        key=key,
+        generation=loc.generation,
+        payload_len=loc.length,
+        seq=loc.seq,
+        payload_hash=fmt.checksum(payload),
+        version=1,
+    )
+    block = bytearray(loc.payload_offset - loc.offset)
+    fmt.pack_header_into(memoryview(block), header)
+    with open(seg_path(root, loc.segment), "r+b") as f:
+        f.seek(loc.offset)
+        f.write(block)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_version_1_records_are_still_read_and_verified(tmp_path, engine):
+    data = {b"small": blob(5000, 1), b"large": blob(3 * STRIPE + 11, 2)}
+    with NvmeShard(tmp_path) as shard:
+        locs = {k: shard.put(k, v, 4) for k, v in data.items()}
+    for k, v in data.items():
+        _rewrite_as_version_1(tmp_path, k, v, locs[k])
+    with NvmeShard(tmp_path, NvmeShardConfig(engine=engine)) as shard:
+        assert {k: shard.locate(k)[1].version for k in data} == {b"small": 1, b"large": 1}
+        assert all(shard.get(k) == v for k, v in data.items())
+        assert bytes(shard.get(b"large", out=bytearray(len(data[b"large"])))) == data[b"large"]
+        shard.put(b"new", b"x" * 10, 1)
+        assert shard.locate(b"new")[1].version == fmt.FORMAT_VERSION
+    flip_bit(seg_path(tmp_path, 0), locs[b"large"].payload_offset + 2 * STRIPE + 1)
+    with NvmeShard(tmp_path, NvmeShardConfig(engine=engine)) as shard:
+        assert shard.get(b"large") is Lookup.MISS
+        assert shard.get(b"small") == data[b"small"]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import struct
 
+import numpy as np
 import pytest
 
 from store import nvme_format as fmt
@@ -43,7 +45,7 @@ def test_header_round_trip():
     [
         (lambda b: b[:20], "truncated header"),
         (lambda b: b"XKVR" + b[4:], "bad magic"),
-        (lambda b: b[:4] + b"\x02\x00" + b[6:], "unknown record version"),
+        (lambda b: b[:4] + b"\x03\x00" + b[6:], "unknown record version"),
         (lambda b: b[:20] + bytes([b[20] ^ 1]) + b[21:], "header checksum mismatch"),
         (lambda b: b[: fmt.HEADER.size + 1], "bad or truncated key"),
         (
@@ -60,6 +62,26 @@ def test_damaged_headers_are_rejected(damage, message):
 def test_checksum_is_xxh3_64():
     assert fmt.checksum(b"") == 0x2D06800538D394C2  # XXH3-64 of the empty input, seed 0
     assert fmt.checksum(b"a" * 4096) != fmt.checksum(b"a" * 4095 + b"b")
+
+
+def test_payload_digest_is_xxh3_up_to_one_stripe_then_hashes_stripe_hashes():
+    stripe = fmt.STRIPE_BYTES
+    small = bytes(range(256)) * (stripe // 256)  # exactly one stripe
+    assert fmt.payload_digest(small) == fmt.checksum(small)
+    big = small + b"tail"  # two stripes, the last one partial
+    stripes = [fmt.checksum(small), fmt.checksum(b"tail")]
+    assert fmt.payload_digest(big) == fmt.checksum(struct.pack("<2Q", *stripes))
+    assert fmt.payload_digest(big) == fmt.combine(stripes) != fmt.checksum(big)
+    assert fmt.payload_digest(big, version=1) == fmt.checksum(big)  # version 1: one pass
+    arr = np.frombuffer(big[: 2 * 4096], np.float16)  # any buffer, hashed as its bytes
+    assert fmt.payload_digest(arr) == fmt.checksum(big[: 2 * 4096])
+
+
+def test_version_1_headers_still_parse_and_later_ones_do_not():
+    assert fmt.parse_header(packed(version=1)).version == 1
+    assert fmt.parse_header(packed()).version == fmt.FORMAT_VERSION == 2
+    with pytest.raises(fmt.RecordFormatError, match="unknown record version 3"):
+        fmt.parse_header(packed(version=3))
 
 
 def test_sizes_are_aligned():

@@ -21,7 +21,7 @@ import numpy as np
 from agentkv_cluster.api.client import AgentKvClient, SessionClient
 from agentkv_cluster.lifecycle.identity import PageIdentity
 
-TOOLS = {"search": 0.45, "compile": 0.9, "db": 0.3}  # median seconds (time-scaled)
+TOOLS = {"search": 0.9, "compile": 1.8, "db": 0.6}  # median seconds (time-scaled)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,6 +13,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", type=Path, help="write the figures (simulator JSON schema) here")
     p.add_argument("--budget", type=float, default=0.35,
                    help="HBM budget as a fraction of the working set (default 0.35)")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="runs per policy, interleaved AgentKV, LRU, LRU, AgentKV (default 2)")
     p.add_argument("--seed", type=int, default=7)
     p.set_defaults(handler=run)
 
@@ -37,8 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _spec(args: argparse.Namespace) -> Any:
     from agentkv_cluster.api.workload import WorkloadSpec
 
-    if args.sessions < 1 or args.turns < 1:
-        raise CliError("--sessions and --turns must be >= 1")
+    if args.sessions < 1 or args.turns < 1 or args.rounds < 1:
+        raise CliError("--sessions, --turns and --rounds must be >= 1")
     if not 0.05 <= args.budget <= 1.0:
         raise CliError("--budget must be in [0.05, 1]")
     plan = None
@@ -82,9 +85,34 @@ def _table(figures: dict[str, dict[str, Any]]) -> Any:
     return table
 
 
-def run_demo(spec: Any, budget: float, progress: Any | None = None) -> dict[str, Any]:
-    """Both policies, same workload, one service; returns the JSON payload."""
-    from agentkv_cluster.api.workload import run_workload, summarize
+def _warm_up(service: Any, spec: Any) -> None:
+    """One short untimed round (every session, one quick tool call, AgentKV so both lossy
+    codecs run): the first transfers between two processes set up NIXL connections and the
+    first codec calls load kernels. Without it whichever policy runs first pays for that."""
+    from dataclasses import replace
+
+    from agentkv_cluster.api.workload import run_workload
+
+    quick = replace(spec, turns=1, stagger_s=0.0, tool_plan=((("warmup", 0.05),),))
+    service.use_policy("agentkv")
+    results = run_workload(lambda: service.client("demo"), quick, "warmup")
+    if results.errors:
+        raise CliError(f"warm-up: {len(results.errors)} session(s) failed: {results.errors[0]}")
+
+
+def round_order(rounds: int) -> list[str]:
+    """AgentKV, LRU, LRU, AgentKV, ...: drift on a shared machine hits both policies alike."""
+    order: list[str] = []
+    for r in range(rounds):
+        order += list(POLICIES if r % 2 == 0 else reversed(POLICIES))
+    return order
+
+
+def run_demo(spec: Any, budget: float, progress: Any | None = None,
+             rounds: int = 2) -> dict[str, Any]:
+    """Both policies, same workload, one service, ``rounds`` runs each (pooled); returns
+    the JSON payload."""
+    from agentkv_cluster.api.workload import Results, run_workload, summarize
     from agentkv_cluster.runtime.service import Service
 
     # The demo always starts its own Ray: never join one another process left running.
@@ -94,26 +122,31 @@ def run_demo(spec: Any, budget: float, progress: Any | None = None) -> dict[str,
     capacity = max(int(budget * working_set), 2 * (2 + 3 * spec.turns) * spec.page_bytes(384))
     service = Service(_config(workdir), workdir=workdir, policy=POLICIES[0],
                       hbm_capacity=capacity)
-    figures: dict[str, dict[str, Any]] = {}
+    pooled = {p: Results() for p in POLICIES}
+    traffic: dict[str, Counter[str]] = {p: Counter() for p in POLICIES}
+    tasks = {p: progress.add_task(f"{p:8s}", total=spec.sessions * spec.turns * rounds)
+             for p in POLICIES} if progress else {}
     try:
         service.start()
-        for policy in POLICIES:
-            if policy != service.policy:
-                service.use_policy(policy)
-            task = progress.add_task(f"{policy:8s}", total=spec.sessions * spec.turns) \
-                if progress else None
-            tick = (lambda t=task: progress.advance(t)) if progress else (lambda: None)
-            results = run_workload(lambda: service.client("demo"), spec, policy, tick)
+        _warm_up(service, spec)
+        for i, policy in enumerate(round_order(rounds)):
+            service.use_policy(policy)  # fresh controller, emptied actors: same start for each
+            tick = (lambda t=tasks.get(policy): progress.advance(t)) if progress else (
+                lambda: None)
+            results = run_workload(lambda: service.client("demo"), spec, f"{policy}{i}", tick)
             if results.errors:
                 raise CliError(f"{policy}: {len(results.errors)} session(s) failed: "
                                f"{results.errors[0]}")
-            figures[policy] = summarize(results, service.stats()["traffic"], spec.sessions)
+            pooled[policy].accesses += results.accesses
+            traffic[policy].update(service.stats()["traffic"])
     finally:
         service.stop(shutdown_ray=True)
         shutil.rmtree(workdir, ignore_errors=True)
+    figures = {p: summarize(pooled[p], dict(traffic[p]), spec.sessions * rounds)
+               for p in POLICIES}
     return {"policies": figures, "config": {
-        "sessions": spec.sessions, "turns": spec.turns, "seed": spec.seed,
-        "hbm_budget": budget, "hbm_capacity_bytes": capacity,
+        "sessions": spec.sessions, "turns": spec.turns, "seed": spec.seed, "rounds": rounds,
+        "order": round_order(rounds), "hbm_budget": budget, "hbm_capacity_bytes": capacity,
         "working_set_bytes": working_set}}
 
 
@@ -127,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
     with Progress(TextColumn("{task.description}"), BarColumn(),
                   TextColumn("{task.completed}/{task.total} resumes"), TimeElapsedColumn(),
                   console=console) as progress:
-        payload = run_demo(spec, args.budget, progress)
+        payload = run_demo(spec, args.budget, progress, args.rounds)
     console.print(_table(payload["policies"]))
     a, b = payload["policies"]["agentkv"], payload["policies"]["lru"]
     console.print(f"P95 restore delay: AgentKV {a['p95_ms']:.1f} ms vs LRU {b['p95_ms']:.1f} ms; "

@@ -76,6 +76,9 @@ class Controller:
         self.stats = {"events": 0, "demotes": 0, "restores": 0, "prefetches": 0, "lost": 0}
         self._wanted: Counter[int] = Counter()  # gids an engine load is waiting for
         self._recalled: set[int] = set()  # gids whose prefetch is due while still moving out
+        # Pages of sessions whose tool has returned, until the engine loads them (or the
+        # next tool starts): the load is imminent, so background moves of them give way.
+        self._returning: set[int] = set()
         self._victims: dict[int, list[int]] = {}  # restore gid -> gids demoted for its room
 
     # -- topology -------------------------------------------------------------------------
@@ -279,8 +282,24 @@ class Controller:
                 del self._wanted[g]
 
     def wanted(self, gid: int) -> bool:
-        """An engine waits for this page now (read without the lock: a hint)."""
-        return self._wanted.get(gid, 0) > 0 or gid in self._recalled
+        """An engine waits for this page now, or will as soon as its session resumes
+        (read without the lock: a hint)."""
+        return self._wanted.get(gid, 0) > 0 or gid in self._recalled or gid in self._returning
+
+    def keep_if_wanted(self, gid: int, now: float) -> bool:
+        """A gap migration finished with the HBM copy still in place (the page is still
+        busy): keep that copy if the page is wanted now and fits, rather than dropping it
+        and restoring it again for the load that waits. True if kept."""
+        with self.lock:
+            rec = self.pages.get(gid)
+            if rec is None or rec.resident or not self.wanted(gid) or rec.hbm not in self.hbms:
+                return False
+            budget = self.hbms[rec.hbm]
+            if budget.used + rec.meta.length > budget.capacity:
+                return False
+            self._insert(rec, now, rec.resident_codec)
+            self.stats["kept_on_return"] = self.stats.get("kept_on_return", 0) + 1
+            return True
 
     def take_victims(self, gid: int) -> list[int]:
         """The pages demoted to make room for restoring ``gid`` (once)."""
@@ -310,6 +329,7 @@ class Controller:
             lost: list[int] = []
             blocked: list[int] = []
             self._pin_all(gids, now)
+            self._returning.difference_update(gids)
             short = self._short_hbms(gids)
             for gid in gids:
                 rec = self.pages[gid]
@@ -449,6 +469,7 @@ class Controller:
                 self._cancel(list(state.pages))
             if isinstance(event, ev.TaskEnd):
                 self._cancel(list(state.pages))
+                self._returning.difference_update(state.pages)
                 touched = frozenset(state.pages)
             for gid in sorted(touched):
                 if gid in self.pages and gid in state.pages and self._retirable(gid):
@@ -467,6 +488,7 @@ class Controller:
         return not blockers
 
     def _tool_start(self, state: SessionState, event: ev.ToolStart, now: float) -> None:
+        self._returning.difference_update(state.pages)
         budget = self.hbms[state.hbm]
         recs = [self.pages[g] for g in sorted(state.pages)
                 if self.pages[g].resident and not self.pages[g].busy and self.pages[g].pins == 0
@@ -494,6 +516,7 @@ class Controller:
         # yet are cancelled. The engine's load now restores those pages in the foreground
         # class; one left scheduled would start late and make that load wait behind it.
         self._cancel(list(state.pages), kinds=(ActionKind.DEMOTE, ActionKind.RESTORE))
+        self._returning.update(g for g in state.pages if g in self.pages)
 
     def _cancel(self, gids: list[int], kinds: tuple[ActionKind, ...] = (ActionKind.DEMOTE,)) -> None:
         drop = set(gids)
@@ -504,6 +527,7 @@ class Controller:
             self._scheduled = kept
 
     def _retire(self, gid: int, state: SessionState, now: float) -> Action:
+        self._returning.discard(gid)
         rec = self.pages.pop(gid)
         if rec.resident:
             self._evict(rec, tracked=True)

@@ -217,16 +217,22 @@ class Executor:
         if a.reference and rec.resident_codec is Codec.FULL and Codec.FULL not in rec.copies:
             targets.append((int(Tier.NVME), int(Codec.FULL)))
         name, pool = self._pool_for(rec.pool, a.hbm)
-        if a.reason != "gap" or not targets:
-            receipt = self.hbms[a.hbm].demote(rec.meta, targets, pool, not a.keep)
-        else:  # a gap migration is background work on the link HBM actor -> pool
+        hbm = self.hbms[a.hbm]
+        gap = a.reason == "gap"
+        if gap and targets:  # a gap migration is background work on the link HBM actor -> pool
             link = f"{name}>{a.hbm}{BACKGROUND}"
             grant = self.credits.acquire(a.session, link,
                                          give_up=lambda: self.controller.wanted(a.gid))
             try:
-                receipt = self.hbms[a.hbm].demote(rec.meta, targets, pool, not a.keep)
+                receipt = hbm.demote(rec.meta, targets, pool, False)
             finally:
                 self.credits.release(link, grant)
+        else:
+            receipt = hbm.demote(rec.meta, targets, pool, not a.keep and not gap)
+        # A gap migration drops the HBM copy only now: if the session's tool returned while
+        # the page was moving out, the copy stays (no restore of a page that never left).
+        if gap and not a.keep and not self.controller.keep_if_wanted(a.gid, time.monotonic()):
+            hbm.drop(rec.meta.key)
         for (tier, _codec), n in zip(receipt.copies, receipt.tier_bytes):
             self.traffic.add(rec.meta.tenant, Tier(tier).name.lower(), n)
         return {"copies": list(receipt.copies), "pool": name, "link_bytes": receipt.link_bytes}

@@ -27,12 +27,13 @@ def test_demo_writes_both_policies_in_the_simulator_schema(tmp_path: Path) -> No
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
     proc = subprocess.run(
         [sys.executable, "-c", "import sys; from agentkv_cluster.cli import main; sys.exit(main())",
-         "demo", "--sessions", "3", "--turns", "2",
+         "demo", "--sessions", "3", "--turns", "2", "--rounds", "1",
          "--trace", str(trace), "--json", str(out)],
         capture_output=True, text=True, timeout=300, env=env, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     payload = json.loads(out.read_text())
     assert set(payload["policies"]) == {"agentkv", "lru"}
+    assert payload["config"]["order"] == ["agentkv", "lru"]
     for name, figures in payload["policies"].items():
         assert KEYS <= set(figures), name
         # each resume loads every live page: 2 + 3 per turn -> 5 + 8 per session

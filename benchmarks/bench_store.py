@@ -1,8 +1,11 @@
 """Store data-plane benchmark: every figure side by side with its baseline, in one run.
 
   host pool   put/get vs a plain numpy copy of the same buffers (256 KiB, 2 MiB, 16 MiB)
-  nvme shard  put/get vs raw os.write / os.readv of the same buffers (default engine checked;
-              one read thread and NIXL POSIX reported beside it)
+  nvme shard  durable puts (fsync per record) vs os.write + os.fsync, and cold gets (record
+              dropped from the page cache, mincore-checked) vs a cold os.preadv: the target
+              is checked on these, default engine. Warm page-cache put/get vs os.write /
+              os.readv (and vs os.readv + XXH3, the verification floor) for every engine,
+              report only
   nixl ucx    write/read into another process vs a numpy copy (report only)
   codecs      INT8 / INT4 encode and decode GB/s of fp16 input, one thread
   directory   embedded and Redis (own redis-server on a free port) ops/s
@@ -10,6 +13,7 @@
 Ratios are what matter on a noisy machine; targets are checked on them.
 
     .venv/bin/python benchmarks/bench_store.py [--rounds 7] [--dir /tmp] [--json OUT]
+        [--only nvme ...]
 """
 
 from __future__ import annotations
@@ -37,14 +41,18 @@ from rich.progress import Progress
 from store.directory import DirectoryEntry, EmbeddedDirectory
 from store.host_pool import HostPool
 from store.nvme import FsyncPolicy, NvmeEngine, NvmeShard, NvmeShardConfig
+from store.nvme_files import drop_range, resident_pages
 from store.nvme_format import checksum
 from store.transport import TransferJob, TransferOp, nixl_available
-from store.types import Codec, Tier
+from store.types import Codec, Lookup, Tier
 
 KIB, MIB = 1 << 10, 1 << 20
 SIZES = (256 * KIB, 2 * MIB, 16 * MIB)
+# NVMe: checked on durable puts and cold (device) gets; warm page-cache rows are reported.
+NVME_TARGET = 0.8
 console = Console(width=170)
 rows: list[dict] = []
+STEPS = ("host_pool", "nvme", "nixl_ucx", "codecs", "directory")
 
 
 def aligned(n: int, fill: bool = False) -> np.ndarray:
@@ -168,53 +176,121 @@ def _nvme_round(
     return tuple(statistics.median(t) for t in times)
 
 
-def _nvme_variants() -> list[tuple[str, NvmeShardConfig, float | None, int]]:
-    """(label, config, target, smallest size reported). The default (syscall engine, two
-    read threads) is checked; one read thread and NIXL POSIX are reported beside it."""
+def _nvme_device_round(
+    root: Path, size: int, count: int, bufs: tuple[np.ndarray, np.ndarray], config: NvmeShardConfig
+) -> tuple[float, ...]:
+    """One durable-write + cold-read round, interleaved like ``_nvme_round``: median seconds of
+    (os.write + os.fsync, shard put with an fsync per record, cold os.preadv, cold shard get).
+
+    Before each timed read that record's range is dropped from the page cache on its side
+    (``posix_fadvise(DONTNEED)`` on the raw file, ``NvmeShard.drop_cache`` on the shard), and
+    mincore(2) confirms both are out of cache, so both reads come from the device.
+    """
+    src, dst = bufs
+    fd = os.open(root / "raw.bin", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    shard = NvmeShard(root / "shard", replace(config, fsync=FsyncPolicy.EVERY_RECORD))
+    keys = [b"k%d" % i for i in range(count)]
+    times: list[list[float]] = [[], [], [], []]
+
+    def timed(i: int, *calls: tuple[int, Callable[[], object], Callable[[], None]]) -> None:
+        for slot, fn, prepare in calls if i % 2 else calls[::-1]:
+            prepare()
+            t = time.perf_counter()
+            fn()
+            times[slot].append(time.perf_counter() - t)
+
+    def nothing() -> None:
+        pass
+
+    def drop_raw(i: int) -> None:
+        drop_range(fd, i * size, size)
+        assert resident_pages(fd, i * size, size)[0] == 0, "raw range still cached"
+
+    def drop_shard(i: int) -> None:
+        assert shard.drop_cache(keys[i]) is Lookup.HIT
+        _, loc = shard.locate(keys[i])
+        seg = os.open(root / "shard" / f"seg-{loc.segment:08d}.akv", os.O_RDONLY)
+        try:
+            assert resident_pages(seg, loc.payload_offset, size)[0] == 0, "record still cached"
+        finally:
+            os.close(seg)
+
+    for i in range(count):
+        timed(
+            i,
+            (0, lambda: (os.write(fd, src), os.fsync(fd)), nothing),
+            (1, lambda i=i: shard.put(keys[i], src, 1), nothing),
+        )
+    for i in range(count):
+        timed(
+            i,
+            (2, lambda i=i: os.preadv(fd, [dst], i * size), lambda i=i: drop_raw(i)),
+            (3, lambda i=i: shard.get(keys[i], out=dst), lambda i=i: drop_shard(i)),
+        )
+    assert bytes(dst) == src.tobytes()
+    assert shard.stats().syncs >= count
+    shard.close()
+    os.close(fd)
+    (root / "raw.bin").unlink()
+    shutil.rmtree(root / "shard")
+    return tuple(statistics.median(t) for t in times)
+
+
+def _nvme_variants() -> list[tuple[str, NvmeShardConfig, int]]:
+    """(label, config, smallest size reported); the default engine comes first."""
     base = NvmeShardConfig(fsync=FsyncPolicy.NONE)
     variants = [
-        ("syscall", base, 0.8, 0),
-        ("syscall, 1 read thread", replace(base, read_threads=1), None, 2 * MIB),
+        ("syscall", base, 0),
+        ("syscall, 1 read thread", replace(base, read_threads=1), 2 * MIB),
     ]
     if nixl_available():
-        variants.append(("nixl-posix", replace(base, engine=NvmeEngine.NIXL_POSIX), None, 0))
+        variants.append(("nixl-posix", replace(base, engine=NvmeEngine.NIXL_POSIX), 0))
     return variants
+
+
+def _nvme_row(case: str, size: int, shard_s: float, raw_s: float, raw: str, target) -> None:
+    value = f"{gbps(size, shard_s):5.2f} GB/s vs {raw} {gbps(size, raw_s):5.2f} GB/s"
+    report("nvme", case, value, raw_s / shard_s, target)
+
+
+def bench_nvme_device(rounds: int, root: Path, size: int, label: str) -> None:
+    """Durable puts and cold (device) gets of the default engine: the rows the target is on.
+    One read thread is reported beside it (gets of 2 MiB and up; its puts are the same)."""
+    bufs = aligned(size, fill=True), aligned(size)
+    count = max(8, (16 * MIB) // size)
+    for name, config, smallest in _nvme_variants()[:2]:
+        if size < smallest:
+            continue
+        runs = [_nvme_device_round(root, size, count, bufs, config) for _ in range(rounds)]
+        raw_w, put, raw_r, get = (statistics.median(col) for col in zip(*runs))
+        target = NVME_TARGET if config.read_threads == 2 else None
+        if config.read_threads == 2:
+            _nvme_row(f"put {label} durable [{name}]", size, put, raw_w, "write+fsync", target)
+        _nvme_row(f"get {label} cold [{name}]", size, get, raw_r, "cold preadv", target)
+
+
+def bench_nvme_warm(rounds: int, root: Path, size: int, label: str) -> None:
+    """Page-cache puts and gets of every engine (report only; see BENCHMARKS.md)."""
+    bufs = aligned(size, fill=True), aligned(size)
+    count = max(8, (32 * MIB) // size)
+    for name, config, smallest in _nvme_variants():
+        if size < smallest:
+            continue
+        runs = [_nvme_round(root, size, count, bufs, config) for _ in range(rounds)]
+        raw_w, put, raw_r, get, floor = (statistics.median(col) for col in zip(*runs))
+        if config.read_threads == 2:  # puts do not depend on read_threads
+            _nvme_row(f"put {label} warm [{name}]", size, put, raw_w, "os.write", None)
+        _nvme_row(f"get {label} warm [{name}]", size, get, raw_r, "os.readv", None)
+        _nvme_row("  (warm get vs os.readv + xxh3)", size, get, floor, "readv+xxh3", None)
 
 
 def bench_nvme(rounds: int, base_dir: str) -> None:
     root = Path(tempfile.mkdtemp(prefix="akv-bench-nvme-", dir=base_dir))
     try:
         for size in SIZES:
-            bufs = aligned(size, fill=True), aligned(size)
-            count = max(8, (32 * MIB) // size)
             label = f"{size // KIB} KiB" if size < MIB else f"{size // MIB} MiB"
-            for name, config, target, smallest in _nvme_variants():
-                if size < smallest:
-                    continue
-                runs = [_nvme_round(root, size, count, bufs, config) for _ in range(rounds)]
-                raw_w, put, raw_r, get, floor = (statistics.median(col) for col in zip(*runs))
-                if config.read_threads == 2:  # puts do not depend on read_threads
-                    report(
-                        "nvme",
-                        f"put {label} [{name}]",
-                        f"{gbps(size, put):5.2f} GB/s vs os.write {gbps(size, raw_w):5.2f} GB/s",
-                        raw_w / put,
-                        target,
-                    )
-                report(
-                    "nvme",
-                    f"get {label} [{name}]",
-                    f"{gbps(size, get):5.2f} GB/s vs os.readv {gbps(size, raw_r):5.2f} GB/s",
-                    raw_r / get,
-                    target,
-                )
-                report(
-                    "nvme",
-                    "  (get vs os.readv + xxh3, one thread)",
-                    f"{gbps(size, get):5.2f} GB/s vs {gbps(size, floor):5.2f} GB/s",
-                    floor / get,
-                    None,
-                )
+            bench_nvme_device(rounds, root, size, label)
+            bench_nvme_warm(rounds, root, size, label)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -372,14 +448,16 @@ def main() -> int:
     parser.add_argument("--dir", default=tempfile.gettempdir(), help="where NVMe files go")
     parser.add_argument("--entries", type=int, default=20_000, help="directory entries")
     parser.add_argument("--json", type=Path, help="also write every row here")
+    parser.add_argument("--only", nargs="+", choices=STEPS, help="run just these groups")
     args = parser.parse_args()
     steps = [
-        ("host pool", lambda: bench_host_pool(args.rounds)),
-        ("nvme shard", lambda: bench_nvme(args.rounds, args.dir)),
-        ("nixl ucx", lambda: bench_ucx(args.rounds)),
+        ("host_pool", lambda: bench_host_pool(args.rounds)),
+        ("nvme", lambda: bench_nvme(args.rounds, args.dir)),
+        ("nixl_ucx", lambda: bench_ucx(args.rounds)),
         ("codecs", lambda: bench_codecs(args.rounds)),
         ("directory", lambda: bench_directory(args.entries)),
     ]
+    steps = [(name, step) for name, step in steps if not args.only or name in args.only]
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("store benchmarks", total=len(steps))
         for name, step in steps:

@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any, Self
 
 from store import nvme_format as fmt
-from store.nvme_files import as_bytes_view, check_key, free_bytes, fsync_dir, lock_directory
+from store.nvme_files import (
+    as_bytes_view,
+    check_key,
+    drop_range,
+    free_bytes,
+    fsync_dir,
+    lock_directory,
+)
 from store.nvme_io import open_engine
 from store.nvme_maintenance import compact_segments, rebuild_index
 from store.nvme_types import (
@@ -38,6 +45,7 @@ from store.types import Lookup
 
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 _FREE_MARGIN = 256 << 20  # re-read free space when the estimate gets this close
+_ZEROS = memoryview(bytes(fmt.MAX_KEY_BYTES))
 
 __all__ = [
     "CompactionReport",
@@ -78,8 +86,13 @@ class NvmeShard:
         except BaseException:
             os.close(self._lock_fd)
             raise
-        self._header = bytearray(fmt.header_block(fmt.MAX_KEY_BYTES, self.config.align))
+        # The header block of every append; bytes past the longest key are never written.
+        self._header_view = memoryview(
+            bytearray(fmt.header_block(fmt.MAX_KEY_BYTES, self.config.align))
+        )
+        self._key_end = 0  # where the key last packed into it ends
         self._segments: dict[int, _Segment] = {}
+        self._active_seg: _Segment  # the newest segment, set by _new_segment
         self._index: dict[bytes, RecordLocation] = {}
         self._tombs: dict[bytes, tuple[int, int]] = {}  # key -> (seq, segment)
         self._live: dict[int, int] = {}  # segment -> live record bytes
@@ -153,6 +166,21 @@ class NvmeShard:
             self._tombs[key] = (seq, loc.segment)
             return Lookup.HIT
 
+    def drop_cache(self, key: bytes) -> Lookup:
+        """Drop ``key``'s record (header and payload) from the page cache; HIT if it exists.
+
+        The next ``get`` then reads the device. Pages not yet written back stay cached
+        (the kernel only starts their writeback): ``sync()`` first to drop them all.
+        """
+        check_key(key)
+        with self._lock:
+            self._check_open()
+            loc = self._index.get(key)
+            if loc is None:
+                return Lookup.MISS
+            drop_range(self._segments[loc.segment].fd, loc.offset, _record_bytes(loc))
+            return Lookup.HIT
+
     def keys(self) -> list[bytes]:
         with self._lock:
             return list(self._index)
@@ -205,7 +233,7 @@ class NvmeShard:
 
     # ---------------------------------------------------------------- writing
     def _active(self, need: int) -> _Segment:
-        active = self._segments[max(self._segments)]
+        active = self._active_seg
         if active.size and active.size + need > self.config.segment_bytes:
             if self.config.fsync is not FsyncPolicy.NONE:
                 self._sync_active()
@@ -213,14 +241,13 @@ class NvmeShard:
         return active
 
     def _check_space(self, need: int, tombstone: bool) -> None:
-        total = sum(s.size for s in self._segments.values())
         # Tombstones (one header block) are exempt from the quota: a full shard must still
         # be able to retire records, or it could never make room again.
         quota = self.config.max_bytes
-        if quota is not None and not tombstone and total + need > quota:
-            raise DiskFull(
-                f"shard quota {self.config.max_bytes} B: {total} B used, record needs {need} B"
-            )
+        if quota is not None and not tombstone:
+            total = sum(s.size for s in self._segments.values())
+            if total + need > quota:
+                raise DiskFull(f"shard quota {quota} B: {total} B used, record needs {need} B")
         # statvfs only when the running estimate nears the need; a write that still finds
         # the disk full is rolled back the same way.
         if self._free_estimate < need + _FREE_MARGIN:
@@ -233,31 +260,25 @@ class NvmeShard:
         self, key: bytes, payload: memoryview, generation: int, seq: int, flags: int
     ) -> RecordLocation:
         align = self.config.align
+        key_end = fmt.HEADER.size + len(key)
         block = fmt.header_block(len(key), align)
         n = payload.nbytes
-        digest = fmt.payload_digest(payload)
+        # One hash for a payload up to a stripe (most records); payload_digest stripes the rest.
+        digest = fmt.checksum(payload) if n <= fmt.STRIPE_BYTES else fmt.payload_digest(payload)
         seg = self._active(fmt.round_up(block + n, align))
         offset = fmt.round_up(seg.size, align)
         self._check_space(offset - seg.size + block + n, bool(flags & fmt.FLAG_TOMBSTONE))
-        header = fmt.RecordHeader(
-            flags=flags, key=key, generation=generation, payload_len=n, seq=seq, payload_hash=digest
-        )
-        header_view = memoryview(self._header)[:block]
-        header_view[:] = bytes(block)
-        fmt.pack_header_into(header_view, header)
-        self._write(seg, offset, header_view, payload)
+        header = self._header_view
+        if key_end < self._key_end:  # zero the tail of a longer key written before
+            header[key_end : self._key_end] = _ZEROS[: self._key_end - key_end]
+        self._key_end = key_end
+        fmt.pack_fields_into(header, flags, key, generation, n, seq, digest)
+        self._write(seg, offset, header[:block], payload)
         seg.size = offset + block + n
         seg.keys.add(key)
         self._after_write(seg)
         return RecordLocation(
-            segment=seg.index,
-            offset=offset,
-            payload_offset=offset + block,
-            length=n,
-            generation=generation,
-            seq=seq,
-            checksum=digest,
-            version=fmt.FORMAT_VERSION,
+            seg.index, offset, offset + block, n, generation, seq, digest, fmt.FORMAT_VERSION
         )
 
     def _write(self, seg: _Segment, offset: int, header: memoryview, payload: memoryview) -> None:
@@ -283,7 +304,7 @@ class NvmeShard:
 
     def _sync_active(self) -> None:
         if self._segments and self._unsynced:
-            self._fsync(self._segments[max(self._segments)].fd)
+            self._fsync(self._active_seg.fd)
         self._unsynced = 0
 
     def _fsync(self, fd: int) -> None:
@@ -322,6 +343,7 @@ class NvmeShard:
             raise
         seg = _Segment(index, path, fd, handle, size)
         self._segments[index] = seg
+        self._active_seg = seg  # indices only grow: the newest segment is the active one
         self._live.setdefault(index, 0)
         return seg
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import mmap
 import os
@@ -61,6 +62,52 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def drop_range(fd: int, offset: int, length: int) -> None:
+    """Ask the kernel to drop ``[offset, offset + length)`` of ``fd`` from the page cache.
+
+    Clean pages go at once; dirty ones only start writeback, so sync first for a full drop.
+    """
+    os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_long,
+]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def resident_pages(fd: int, offset: int, length: int) -> tuple[int, int]:
+    """(pages of ``[offset, offset + length)`` in the page cache, pages in that range), by
+    ``mincore(2)`` on a read-only mapping that touches nothing."""
+    if length <= 0:
+        return 0, 0
+    page = mmap.PAGESIZE
+    start = offset - offset % page
+    span = offset + length - start
+    pages = -(-span // page)
+    addr = _libc.mmap(None, span, mmap.PROT_READ, mmap.MAP_SHARED, fd, start)
+    if addr in (None, _MAP_FAILED):
+        err = ctypes.get_errno()
+        raise OSError(err, f"mmap for mincore: {os.strerror(err)}")
+    try:
+        vec = ctypes.create_string_buffer(pages)
+        if _libc.mincore(addr, span, vec) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"mincore: {os.strerror(err)}")
+        return sum(b & 1 for b in vec.raw), pages
+    finally:
+        _libc.munmap(addr, span)
 
 
 def lock_directory(path: Path) -> int:

@@ -31,6 +31,7 @@ MAX_KEY_BYTES = 255
 # magic, version, flags, key_len, reserved, generation, payload_len, seq, payload_hash, header_hash
 HEADER = struct.Struct("<4sHHHHQQQQQ")
 _HASH_AT = HEADER.size - 8
+_HASH = struct.Struct("<Q")
 
 
 class RecordFormatError(ValueError):
@@ -52,9 +53,8 @@ class RecordHeader:
         return bool(self.flags & FLAG_TOMBSTONE)
 
 
-def checksum(data: memoryview | bytes) -> int:
-    """XXH3-64 of ``data`` (a 64-bit unsigned int)."""
-    return xxhash.xxh3_64_intdigest(data)
+# XXH3-64 of a buffer, as a 64-bit unsigned int (bound directly: it runs on every put and get).
+checksum = xxhash.xxh3_64_intdigest
 
 
 def combine(stripe_digests: list[int]) -> int:
@@ -85,23 +85,36 @@ def header_block(key_len: int, align: int) -> int:
 
 def pack_header_into(buf: memoryview, header: RecordHeader) -> None:
     """Write header + key at the start of ``buf`` (which the caller zeroed up to the block)."""
-    key_len = len(header.key)
-    HEADER.pack_into(
+    pack_fields_into(
         buf,
-        0,
-        MAGIC,
-        header.version,
         header.flags,
-        key_len,
-        0,
+        header.key,
         header.generation,
         header.payload_len,
         header.seq,
         header.payload_hash,
-        0,
+        header.version,
     )
-    buf[HEADER.size : HEADER.size + key_len] = header.key
-    struct.pack_into("<Q", buf, _HASH_AT, checksum(buf[: HEADER.size + key_len]))
+
+
+def pack_fields_into(
+    buf: memoryview,
+    flags: int,
+    key: bytes,
+    generation: int,
+    payload_len: int,
+    seq: int,
+    payload_hash: int,
+    version: int = FORMAT_VERSION,
+) -> None:
+    """``pack_header_into`` from the fields: the append path builds no ``RecordHeader``."""
+    key_len = len(key)
+    end = HEADER.size + key_len
+    HEADER.pack_into(
+        buf, 0, MAGIC, version, flags, key_len, 0, generation, payload_len, seq, payload_hash, 0
+    )
+    buf[HEADER.size : end] = key
+    _HASH.pack_into(buf, _HASH_AT, checksum(buf[:end]))
 
 
 def parse_header(raw: bytes) -> RecordHeader:

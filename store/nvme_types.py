@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
 class ShardError(Exception):
@@ -73,8 +74,10 @@ class NvmeShardConfig:
             raise ValueError("fsync_every_n must be >= 1")
 
 
-@dataclass(frozen=True, slots=True)
-class RecordLocation:
+class RecordLocation(NamedTuple):
+    """Where a record lives. A NamedTuple, not a frozen dataclass: one is built per put and
+    per recovered record, and a frozen dataclass costs ~1 µs more to build."""
+
     segment: int
     offset: int
     payload_offset: int

@@ -18,6 +18,7 @@ from store.nvme import (
     ShardClosed,
     ShardLocked,
 )
+from store.nvme_format import payload_digest
 from store.transport import nixl_available
 from store.types import Lookup
 
@@ -278,6 +279,20 @@ def test_large_records_round_trip_on_every_read_path(tmp_path, engine, size, thr
         assert (compacted.records_moved, compacted.records_dropped) == (1, 0)
     with open_shard(tmp_path, engine) as shard:
         assert shard.get(b"big") == data
+
+
+@pytest.mark.parametrize("size", [5, (1 << 20) + 1, (5 << 20) + 3])
+def test_every_write_path_stores_the_same_record(tmp_path, engine, size):
+    """The read-thread setting changes reads only: both puts leave the same bytes, and the
+    digest is the format's (one XXH3-64 up to a stripe, striped above)."""
+    data = blob(size, 7)
+    files = []
+    for threads in (1, 2):
+        with open_shard(tmp_path / str(threads), engine, read_threads=threads) as shard:
+            loc = shard.put(b"k", data, 3)
+            assert loc.checksum == payload_digest(data) and loc.length == size
+        files.append((tmp_path / str(threads) / "seg-00000000.akv").read_bytes())
+    assert files[0] == files[1]
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -181,7 +181,7 @@ FSIZE_WRITER = textwrap.dedent("""
     shard.put(b"a", b"A" * (512 << 10), 1)
     size_before = shard.stats().file_bytes
     try:
-        shard.put(b"b", b"B" * (768 << 10), 1)
+        shard.put(b"b", b"B" * int(sys.argv[3]), 1)
         error = None
     except Exception as exc:
         error = type(exc).__name__
@@ -193,10 +193,12 @@ FSIZE_WRITER = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_write_refused_by_the_os_rolls_back(tmp_path, engine):
+# 768 KiB: one stripe; 5 MiB: a striped digest, and the write cut several stripes in
+@pytest.mark.parametrize("size", [768 << 10, 5 << 20])
+def test_write_refused_by_the_os_rolls_back(tmp_path, engine, size):
     """The file system refuses mid-record (RLIMIT_FSIZE): the partial record is cut away."""
     out = subprocess.run(
-        [sys.executable, "-c", FSIZE_WRITER, str(tmp_path), engine.value],
+        [sys.executable, "-c", FSIZE_WRITER, str(tmp_path), engine.value, str(size)],
         cwd=REPO,
         check=False,
         capture_output=True,

@@ -42,8 +42,9 @@ if [ $# -gt 0 ]; then
 fi
 echo "== running tests"
 .venv/bin/python -m pytest --ignore=tests/integration/runtime
-# Each Ray-cluster module gets a fresh interpreter: NIXL/UCX progress threads and Ray
-# driver state left by one module otherwise starve the next module's actors on 2 cores.
+# Each Ray-cluster module gets a fresh interpreter, so no Ray driver state or NIXL agent of
+# one module can touch the next (NIXL progress threads used to spin a core each; they now
+# sleep between polls, see store/transport/_nixl.py, but the isolation costs only seconds).
 for module in tests/integration/runtime/test_*.py; do
   echo "== $module"
   .venv/bin/python -m pytest -q "$module"

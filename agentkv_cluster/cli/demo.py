@@ -131,8 +131,8 @@ def run_demo(spec: Any, budget: float, progress: Any | None = None,
         _warm_up(service, spec)
         for i, policy in enumerate(round_order(rounds)):
             service.use_policy(policy)  # fresh controller, emptied actors: same start for each
-            tick = (lambda t=tasks.get(policy): progress.advance(t)) if progress else (
-                lambda: None)
+            task = tasks.get(policy)
+            tick = (lambda t=task: progress.advance(t)) if progress else (lambda: None)
             results = run_workload(lambda: service.client("demo"), spec, f"{policy}{i}", tick)
             if results.errors:
                 raise CliError(f"{policy}: {len(results.errors)} session(s) failed: "

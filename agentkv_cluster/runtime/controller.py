@@ -9,6 +9,7 @@ passed in. One lock guards the state because the controller actor is threaded.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import threading
@@ -20,7 +21,7 @@ from typing import Any
 from agentkv_cluster.lifecycle import events as ev
 from agentkv_cluster.lifecycle.graph import EventGraph
 from agentkv_cluster.lifecycle.graph_records import Blocker
-from agentkv_cluster.lifecycle.types import TYPE_DEFAULTS, StateType
+from agentkv_cluster.lifecycle.types import TYPE_DEFAULTS, StateType, UnknownPage
 from agentkv_cluster.policy.base import EvictionPolicy, GapPlan, PageView
 from agentkv_cluster.runtime.records import (
     Action,
@@ -424,6 +425,30 @@ class Controller:
                     self._evict(rec, tracked=True)
                     rec.pins = 0
                     rec.view.pinned = False
+
+    def forget_tenant(self, tenant: str) -> dict[str, list[bytes]]:
+        """Tenant erasure: drop every page, session and scheduled move of ``tenant``;
+        returns the keys that were resident, per HBM actor (the caller zeroes them)."""
+        with self.lock:
+            gids = [g for g, r in self.pages.items() if r.meta.tenant == tenant]
+            self._cancel(gids, kinds=(ActionKind.DEMOTE, ActionKind.RESTORE))
+            self._returning.difference_update(gids)
+            resident: dict[str, list[bytes]] = {}
+            for gid in gids:
+                rec = self.pages.pop(gid)
+                if rec.resident:
+                    resident.setdefault(rec.hbm, []).append(rec.meta.key)
+                    self._evict(rec, tracked=True)
+                self.by_key.pop((rec.meta.key, rec.hbm), None)
+                with contextlib.suppress(UnknownPage):  # no event mentioned the page
+                    self.graph.retire(gid)
+            for key in [k for k in self.by_pid if k[0] == tenant]:
+                del self.by_pid[key]
+            for key in [k for k in self.sessions if k[0] == tenant]:
+                state = self.sessions.pop(key)
+                if state.hbm in self.hbms:
+                    self.hbms[state.hbm].sessions -= 1
+            return resident
 
     # -- orchestrator events -----------------------------------------------------------------
     def translate(self, owner: str, session: str, data: dict[str, Any]) -> ev.Event:

@@ -7,7 +7,6 @@ pass through this actor: it tells HBM and pool actors what to move.
 
 from __future__ import annotations
 
-import contextlib
 import random
 import threading
 import time
@@ -15,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from agentkv_cluster.lifecycle.events import EventValidationError
-from agentkv_cluster.lifecycle.types import StateType, UnknownPage
+from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.runtime.controller import Controller, HbmFull
 from agentkv_cluster.runtime.executor import Executor, LinkCredits
 from agentkv_cluster.runtime.handles import ActorGone, Handle
@@ -335,25 +334,7 @@ class ControllerActor:
     def erase_tenant(self, tenant: str) -> int:
         """Forget every page and session of ``tenant`` and zero its HBM copies; returns the
         HBM pages erased. Scheduled moves of those pages are cancelled first."""
-        c = self.controller
-        with c.lock:
-            gids = [g for g, r in c.pages.items() if r.meta.tenant == tenant]
-            c._cancel(gids, kinds=(ActionKind.DEMOTE, ActionKind.RESTORE))
-            resident: dict[str, list[bytes]] = {}
-            for gid in gids:
-                rec = c.pages.pop(gid)
-                if rec.resident:
-                    resident.setdefault(rec.hbm, []).append(rec.meta.key)
-                    c._evict(rec, tracked=True)
-                c.by_key.pop((rec.meta.key, rec.hbm), None)
-                with contextlib.suppress(UnknownPage):  # no event mentioned the page
-                    c.graph.retire(gid)
-            for key in [k for k in c.by_pid if k[0] == tenant]:
-                del c.by_pid[key]
-            for key in [k for k in c.sessions if k[0] == tenant]:
-                state = c.sessions.pop(key)
-                if state.hbm in c.hbms:
-                    c.hbms[state.hbm].sessions -= 1
+        resident = self.controller.forget_tenant(tenant)
         return sum(self.hbms[h].erase(keys) for h, keys in resident.items() if h in self.hbms)
 
     # -- recovery and stats ------------------------------------------------------------------

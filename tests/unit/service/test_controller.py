@@ -108,3 +108,19 @@ def test_link_credits_bound_each_link_and_keep_tickets_apart() -> None:
     assert errors == []
     assert dict(credits.max_in_flight) == {"L0": 2, "L1": 2}
     assert sum(credits.in_flight.values()) == 0
+
+
+def test_forget_tenant_drops_only_that_tenants_pages_and_reports_resident_keys() -> None:
+    ctl = Controller(make_strategy("agentkv"))
+    ctl.add_hbm("h", 8 * MB)
+    admitted(ctl, "a", range(2), 0.0)
+    other = PageMeta(key=b"o/0", digest=b"d" * 32, tenant="other", namespace="other",
+                     session="o", page_id=0, state_type=StateType.EVIDENCE, length=MB, tokens=16)
+    ctl.open_session("other", "o")
+    out, _ = ctl.admit("other", "o", [other], 0.0)
+    ctl.ingested([g for g, _ in out])
+    resident = ctl.forget_tenant("t")
+    assert sorted(resident["h"]) == [b"a/0", b"a/1"]
+    assert ("t", "a") not in ctl.sessions and ctl.hbms["h"].used == MB
+    assert [r.meta.tenant for r in ctl.pages.values()] == ["other"]
+    assert ctl.forget_tenant("t") == {}

@@ -134,10 +134,8 @@ class NvmeShard:
         A record whose checksum fails or whose bytes are gone is a miss, and is
         dropped from the index.
         """
-        check_key(key)
         with self._lock:
-            self._check_open()
-            loc = self._index.get(key)
+            loc = self._find(key)
             if loc is None:
                 return Lookup.MISS
             view = self._read_payload(loc, out)
@@ -146,6 +144,12 @@ class NvmeShard:
                 self._unpublish(key)
                 return Lookup.MISS
             return view if out is not None else bytes(view)
+
+    def _find(self, key: bytes) -> RecordLocation | None:
+        """The published record of a valid ``key`` on an open shard (caller holds the lock)."""
+        check_key(key)
+        self._check_open()
+        return self._index.get(key)
 
     def locate(self, key: bytes) -> tuple[Lookup, RecordLocation | None]:
         with self._lock:
@@ -172,10 +176,8 @@ class NvmeShard:
         The next ``get`` then reads the device. Pages not yet written back stay cached
         (the kernel only starts their writeback): ``sync()`` first to drop them all.
         """
-        check_key(key)
         with self._lock:
-            self._check_open()
-            loc = self._index.get(key)
+            loc = self._find(key)
             if loc is None:
                 return Lookup.MISS
             drop_range(self._segments[loc.segment].fd, loc.offset, _record_bytes(loc))

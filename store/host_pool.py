@@ -8,7 +8,8 @@ A slot-table row is eight uint64: seq, version, length, state, writer_pid,
 data_offset and two spare words. ``seq`` is a seqlock: the writer makes it
 odd, copies, publishes length/version, makes it even again. A reader copies
 between two reads of ``seq`` and retries when they differ, so it returns a
-whole old page or a whole new page, never a mix. A writer that dies mid-copy
+whole old page or a whole new page, never a mix (``view`` skips the copy: the caller
+uses the bytes in place, then asks ``unchanged``). A writer that dies mid-copy
 leaves ``seq`` odd: readers report TornRead, and the next writer to attach
 turns such slots into empty ones. x86-64 keeps stores in program order, which
 this protocol relies on (ARM would need explicit fences).
@@ -286,9 +287,7 @@ class HostPool:
         for attempt in range(_READ_RETRIES):
             seq = w[base + SEQ]
             if seq & 1:
-                if not _pid_alive(w[base + PID]):
-                    raise TornRead(f"{self.name}: slot {slot}'s writer died mid-write")
-                time.sleep(0 if attempt < 100 else 0.0001)
+                self._writer_busy(slot, attempt)
                 continue
             n, version, off = w[base + LEN], w[base + VER], w[base + OFF]
             if w[base + STATE] != _USED or n == 0:
@@ -305,6 +304,33 @@ class HostPool:
             if w[base + SEQ] == seq:
                 return data, version
         raise TornRead(f"{self.name}: slot {slot} changed on every one of {_READ_RETRIES} attempts")
+
+    def view(self, slot: int) -> tuple[memoryview, int]:
+        """Zero-copy read: a read-only view of the slot's page and the ``seq`` it was taken at.
+
+        The bytes may change under the caller (the writer is not held off), so whatever is
+        read from the view counts only if :meth:`unchanged` (slot, seq) holds afterwards.
+        """
+        w, base = self._words, self._base(slot)
+        for attempt in range(_READ_RETRIES):
+            seq = w[base + SEQ]
+            if seq & 1:
+                self._writer_busy(slot, attempt)
+                continue
+            n, off = w[base + LEN], w[base + OFF]
+            if w[base + STATE] != _USED or n == 0:
+                if w[base + SEQ] == seq:
+                    raise SlotEmpty(f"{self.name}: slot {slot} holds no page")
+                continue
+            page = memoryview(self._mm)[off : off + n].toreadonly()
+            if w[base + SEQ] == seq:
+                return page, seq
+            page.release()
+        raise TornRead(f"{self.name}: slot {slot} changed on every one of {_READ_RETRIES} attempts")
+
+    def unchanged(self, slot: int, seq: int) -> bool:
+        """Whether no write or free touched ``slot`` since :meth:`view` returned ``seq``."""
+        return self._words[self._base(slot) + SEQ] == seq
 
     def slots(self) -> Iterator[tuple[int, int, int]]:
         """(slot, version, length) of every allocated slot holding a page (a snapshot)."""
@@ -364,6 +390,12 @@ class HostPool:
         if not 0 <= slot < self.num_slots:
             raise SlotEmpty(f"{self.name}: slot {slot} is out of range [0, {self.num_slots})")
         return slot * _ROW
+
+    def _writer_busy(self, slot: int, attempt: int) -> None:
+        """A reader found ``slot`` mid-write: wait a little, or give up if its writer died."""
+        if not _pid_alive(self._words[self._base(slot) + PID]):
+            raise TornRead(f"{self.name}: slot {slot}'s writer died mid-write")
+        time.sleep(0 if attempt < 100 else 0.0001)
 
     def _need_writer(self) -> None:
         if not self.writer:

@@ -175,13 +175,13 @@ class HbmActor:
         page = self._alloc(meta.key)
         try:
             if Codec(codec) is Codec.FULL:
-                span = self._span(page, meta.length)
-                got = pool.restore_into(meta, Tier(tier), Codec(codec), span)
+                span = self._span(page, meta.length)  # straight into the arena page
+                got = pool.restore_to(meta.key, meta.digest, int(codec), span.wire())
             else:
                 slot = self.mover.take_slot()
                 try:
                     span = self.mover.slot_span(slot, self.mover.slot_bytes)
-                    got = pool.restore_into(meta, Tier(tier), Codec(codec), span)
+                    got = pool.restore_to(meta.key, meta.digest, int(codec), span.wire())
                     dst = self.arena.view(page)[: meta.length].numpy()
                     decode_into(self.mover.slot_view(slot, got["nbytes"]), meta, dst)
                 finally:

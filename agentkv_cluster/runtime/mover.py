@@ -10,6 +10,7 @@ Ray object store.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass
 
@@ -42,6 +43,17 @@ class RemoteSpan:
     region: bytes  # Region.pack()
     offset: int
     length: int
+
+    def wire(self) -> tuple[str, bytes, bytes, int, int]:
+        """Plain values only: Ray ships these without pickling (hot-path calls)."""
+        return (self.endpoint.agent, self.endpoint.metadata, self.region, self.offset,
+                self.length)
+
+    @classmethod
+    def from_wire(cls, wire: tuple | list) -> RemoteSpan:
+        agent, metadata, region, offset, length = wire
+        return cls(endpoint=Endpoint(agent=agent, metadata=metadata), region=region,
+                   offset=offset, length=length)
 
 
 def aligned_buffer(nbytes: int) -> np.ndarray:
@@ -157,6 +169,13 @@ class Mover:
                 moved += result.nbytes
         self.bytes_moved += moved
         return moved
+
+    def drain(self, job_ids: list[int]) -> None:
+        """Wait for every job to end, failed or not (an error path freeing its buffers)."""
+        with self._xfer:
+            for job_id in job_ids:
+                with contextlib.suppress(Exception):  # already failing: the caller's error wins
+                    self.transport.wait(job_id, timeout_s=60.0)
 
     def pull(self, span: RemoteSpan, local: Region, local_offset: int = 0) -> int:
         """Copy a peer's span into our registered ``local`` region (NIXL READ)."""

@@ -1,0 +1,65 @@
+"""What every store benchmark section shares: buffers, timing, and the report rows."""
+
+from __future__ import annotations
+
+import mmap
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+from rich.console import Console
+
+KIB, MIB = 1 << 10, 1 << 20
+SIZES = (256 * KIB, 2 * MIB, 16 * MIB)
+console = Console(width=170)
+rows: list[dict] = []
+
+
+def aligned(n: int, fill: bool = False) -> np.ndarray:
+    buf = np.frombuffer(mmap.mmap(-1, n), dtype=np.uint8)
+    buf[:] = np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8) if fill else 0
+    return buf
+
+
+def median_time(fn: Callable[[], object], reps: int) -> float:
+    """Median seconds per call of ``fn`` over ``reps`` calls (after one warm-up)."""
+    fn()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def report(
+    group: str,
+    case: str,
+    value: str,
+    ratio: float | None,
+    target: float | None,
+    unit: str = "ratio",
+) -> None:
+    """One line; ``ratio`` is the figure the target is checked on (in ``unit``)."""
+    verdict = (
+        "" if target is None else ("PASS" if ratio is not None and ratio >= target else "FAIL")
+    )
+    rows.append(
+        {
+            "group": group,
+            "case": case,
+            "value": value,
+            "checked": ratio,
+            "unit": unit,
+            "target": target,
+            "verdict": verdict,
+        }
+    )
+    r = "" if ratio is None or unit != "ratio" else f"ratio {ratio:5.2f}"
+    t = "" if target is None else f"target {unit} >= {target:g} {verdict}"
+    console.print(f"{group:<10} {case:<36} {value:<46} {r:<11} {t}", highlight=False, markup=False)
+
+
+def gbps(nbytes: int, seconds: float) -> float:
+    return nbytes / seconds / 1e9

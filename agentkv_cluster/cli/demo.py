@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     spec = _spec(args)
-    console = Console()
+    console = Console(width=max(110, Console().width))  # the table needs ~105 columns
     t0 = time.monotonic()
     with Progress(TextColumn("{task.description}"), BarColumn(),
                   TextColumn("{task.completed}/{task.total} resumes"), TimeElapsedColumn(),

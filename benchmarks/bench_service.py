@@ -89,8 +89,10 @@ def bench_restore(reps: int, pages: int = 4, inflight: int = 4) -> dict[str, flo
         receipt = hbm.demote(meta, [(int(Tier.HOST), int(Codec.FULL))], pool, True)
         assert receipt.copies == ((int(Tier.HOST), int(Codec.FULL)),), receipt  # not NVMe
 
+    hbm.add_pool("node0", pool)  # as the controller's executor does: moves name the pool
+
     def restore(meta: PageMeta) -> None:
-        hbm.restore(meta, int(Tier.HOST), int(Codec.FULL), pool)  # open seal + NIXL push
+        hbm.restore(meta, int(Tier.HOST), int(Codec.FULL), "node0")  # open seal + NIXL push
 
     actors, raw, s_actors, s_raw = [], [], [], []
     for rep in range(reps + 1):  # round 0 warms both paths (threads, UCX lanes) untimed

@@ -154,6 +154,7 @@ class Executor:
         self.rejects: Counter[str] = Counter()
         self.errors: deque[str] = deque(maxlen=50)
         self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="agentkv-exec")
+        self._told: dict[tuple[str, str], tuple[Any, Any]] = {}  # (hbm, pool) -> handles
         self._lock = threading.Lock()
 
     def submit(self, actions: list[Action]) -> list[Future]:
@@ -203,6 +204,16 @@ class Executor:
         name = rec_pool or self.hbm_pool[hbm]
         return name, self.pools[name]
 
+    def _pool_ref(self, hbm: str, name: str, pool: Any) -> str:
+        """The pool's name for ``hbm``'s calls, after handing it the handle once (again
+        whenever either actor was replaced): a name pickles in microseconds."""
+        handles = (self.hbms[hbm], pool)
+        told = self._told.get((hbm, name))
+        if told is None or told[0] is not handles[0] or told[1] is not handles[1]:
+            handles[0].add_pool(name, pool)
+            self._told[(hbm, name)] = handles
+        return name
+
     def _demote(self, a: Action) -> dict[str, Any]:
         try:
             rec = self.controller.record(a.gid)
@@ -216,7 +227,8 @@ class Executor:
             targets.append((int(a.tier), int(a.codec)))
         if a.reference and rec.resident_codec is Codec.FULL and Codec.FULL not in rec.copies:
             targets.append((int(Tier.NVME), int(Codec.FULL)))
-        name, pool = self._pool_for(rec.pool, a.hbm)
+        name, handle = self._pool_for(rec.pool, a.hbm)
+        pool = self._pool_ref(a.hbm, name, handle)
         hbm = self.hbms[a.hbm]
         gap = a.reason == "gap"
         if gap and targets:  # a gap migration is background work on the link HBM actor -> pool
@@ -251,7 +263,8 @@ class Executor:
         else:
             grant = self.credits.acquire(a.session, link)
         try:
-            receipt = self.hbms[a.hbm].restore(rec.meta, int(a.tier), int(a.codec), pool)
+            receipt = self.hbms[a.hbm].restore(rec.meta, int(a.tier), int(a.codec),
+                                               self._pool_ref(a.hbm, name, pool))
         finally:
             self.credits.release(link, grant)
         self.traffic.add(rec.meta.tenant, "hbm", receipt.link_bytes)

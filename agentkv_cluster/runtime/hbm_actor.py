@@ -53,6 +53,7 @@ class HbmActor:
         # The whole arena is one NIXL region; a peer addresses a page at its page_offset.
         self._whole = self.mover.register(self.arena.buffer)
         self._pages: dict[bytes, int] = {}  # key -> arena page
+        self._pools: dict[str, Any] = {}  # pool name -> handle (see add_pool)
         self._lock = threading.Lock()
 
     # -- identity -----------------------------------------------------------------------------
@@ -61,6 +62,14 @@ class HbmActor:
 
     def introduce(self, endpoint: Endpoint) -> None:
         self.mover.introduce(endpoint)
+
+    def add_pool(self, name: str, pool: Any) -> None:
+        """Remember a pool's handle, so moves can name the pool instead of carrying its
+        handle (pickling an actor handle costs ~0.4 ms per call)."""
+        self._pools[name] = pool
+
+    def _pool(self, pool: Any) -> Any:
+        return self._pools[pool] if isinstance(pool, str) else pool
 
     def ping(self) -> str:
         return self.spec.name
@@ -149,7 +158,9 @@ class HbmActor:
     # -- tier moves ---------------------------------------------------------------------------
     def demote(self, meta: PageMeta, targets: list[tuple[int, int]], pool: Any,
                drop: bool = True) -> DemoteReceipt:
-        """Encode the page for each (tier, codec) target, let ``pool`` pull and seal it."""
+        """Encode the page for each (tier, codec) target, let ``pool`` (a handle or the name
+        of one given to ``add_pool``) pull and seal it."""
+        pool = self._pool(pool)
         page = self._page(meta.key)
         raw = self.arena.view(page)[: meta.length].numpy()
         link = 0
@@ -172,6 +183,7 @@ class HbmActor:
 
     def restore(self, meta: PageMeta, tier: int, codec: int, pool: Any) -> RestoreReceipt:
         """Have ``pool`` push the sealed-then-opened form into staging, decode into the arena."""
+        pool = self._pool(pool)
         page = self._alloc(meta.key)
         try:
             if Codec(codec) is Codec.FULL:

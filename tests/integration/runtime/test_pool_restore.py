@@ -137,3 +137,16 @@ def test_copy_rewritten_while_opened_is_retried_never_torn_never_a_reject(servic
     assert all(page in pages for page in served)  # whole old or whole new, never a mix
     assert pool.stats()["rejects"] == 0
     assert pool.stats()["torn"] >= 3, (pool.stats(), len(served), missing)  # control: it raced
+
+
+def test_moves_may_name_a_pool_handed_over_once(service):
+    hbm, pool, front = service
+    pages = _pages(front)
+    _store(pool, front, 0, Tier.HOST)
+    with pytest.raises(KeyError):  # a name the HBM actor was never given
+        hbm.restore(_meta(), int(Tier.HOST), int(Codec.FULL), "node0")
+    hbm.add_pool("node0", pool)
+    receipt = hbm.restore(_meta(), int(Tier.HOST), int(Codec.FULL), "node0")
+    assert receipt.exact and hbm.read(b"k" * 32)[:PAGE] == pages[0]
+    demoted = hbm.demote(_meta(), [(int(Tier.NVME), int(Codec.FULL))], "node0", False)
+    assert demoted.copies == ((int(Tier.NVME), int(Codec.FULL)),)

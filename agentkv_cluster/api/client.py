@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import socket
 import threading
-from typing import Any
+from typing import Any, Self
 
 from agentkv_cluster.api import protocol as p
 
@@ -46,7 +46,7 @@ class AgentKvClient:
     def close(self) -> None:
         self._sock.close()
 
-    def __enter__(self) -> AgentKvClient:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -189,7 +189,7 @@ class ApiServer:
             try:
                 import msgpack
                 rid = p.peek_request_id(msgpack.unpackb(payload, raw=False))
-            except Exception:  # noqa: BLE001 - best effort only: echo an id when one parses
+            except Exception:  # noqa: BLE001, S110 - best effort: echo an id when one parses
                 pass
             self._count("decode", exc.code)
             return p.error_reply(rid, exc.code, exc.message)

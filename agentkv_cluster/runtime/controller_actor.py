@@ -108,7 +108,7 @@ class ControllerActor:
         while not self._stop.wait(0.5):
             try:
                 self._sweep()
-            except Exception:  # noqa: BLE001 - the watcher must outlive any one failure
+            except Exception:  # noqa: BLE001, S112 - the watcher must outlive any one failure
                 continue
 
     def _sweep(self) -> None:

@@ -103,7 +103,7 @@ class PoolActor:
                 self.host.free(slot)
                 continue
             self._adopt(header, Tier.HOST, slot)
-        for nkey in self.nvme.keys():
+        for nkey in list(self.nvme.keys()):  # a snapshot: bad records leave the index
             data = self.nvme.get(nkey)
             if data is Lookup.MISS:
                 continue

@@ -227,16 +227,16 @@ def shutdown(topo: Topology) -> None:
     for handle in [*topo.hbms.values()]:
         try:
             handle.call("close", timeout_s=10)
-        except Exception:  # noqa: BLE001 - best effort at teardown
+        except Exception:  # noqa: BLE001, S110 - best effort at teardown
             pass
     for handle in topo.pools.values():
         try:
             handle.call("close", timeout_s=10)
-        except Exception:  # noqa: BLE001 - best effort at teardown
+        except Exception:  # noqa: BLE001, S110 - best effort at teardown
             pass
     try:
         topo.controller.call("close", timeout_s=10)
-    except Exception:  # noqa: BLE001 - best effort at teardown
+    except Exception:  # noqa: BLE001, S110 - best effort at teardown
         pass
 
 

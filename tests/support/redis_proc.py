@@ -37,7 +37,7 @@ class RedisProcess:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self) -> "RedisProcess":
+    def start(self) -> RedisProcess:
         conf = self.workdir / "redis.conf"
         conf.write_text(
             f"port {self.port}\nbind 127.0.0.1\nsave \"\"\nappendonly no\n"
@@ -66,7 +66,7 @@ class RedisProcess:
             self.proc.wait(timeout=10)
             self.proc = None
 
-    def restart(self) -> "RedisProcess":
+    def restart(self) -> RedisProcess:
         self.stop()
         return self.start()
 

@@ -192,10 +192,11 @@ def test_herd_32_sessions_credits_bound_links_and_nobody_starves(service) -> Non
         delays: list[float] = []
         barrier = threading.Barrier(32)
 
-        def resume(ep: Episode) -> None:
+        def resume(ep: Episode, barrier: threading.Barrier = barrier,
+                   delays: list[float] = delays) -> None:
             barrier.wait()  # every tool returns at the same instant
             t0 = time.monotonic()
-            prep, done = ep.load([0])
+            _prep, done = ep.load([0])
             assert done[0]["data"] == ep.pages[0]["data"]
             delays.append(time.monotonic() - t0)
 
@@ -252,7 +253,7 @@ def test_killing_hbm_actor_and_node_loses_only_uncopied_pages(service, cluster) 
     assert "PageLost" in info.value.message  # refused, never a wrong page
     ep.client.close()
     # a whole node goes: pages whose only copies lived there are refused, never wrong
-    worker = [n for n in cluster.list_all_nodes() if not n.head][0]
+    worker = next(n for n in cluster.list_all_nodes() if not n.head)
     pools_before = len(service.topo.controller.topology()["pools"])
     cluster.remove_node(worker)
     deadline = time.monotonic() + 60

@@ -40,6 +40,8 @@ export TOKENIZERS_PARALLELISM=false
 if [ $# -gt 0 ]; then
   exec .venv/bin/python -m pytest "$@"
 fi
+echo "== lint"
+.venv/bin/ruff check .
 echo "== running tests"
 .venv/bin/python -m pytest --ignore=tests/integration/runtime
 # Each Ray-cluster module gets a fresh interpreter, so no Ray driver state or NIXL agent of

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,14 @@ def _remove_pool_segments_left_by_killed_actors():
     if SHM.is_dir():
         for path in set(SHM.glob("akv-*")) - before:
             path.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def pool_name():
+    """A fresh /dev/shm segment name for a host pool, unlinked after the test."""
+    name = f"akv-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    yield name
+    (SHM / name).unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="session")

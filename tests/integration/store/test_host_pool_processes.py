@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -37,15 +36,6 @@ def _result(proc: subprocess.Popen, timeout: float = 60):
     assert proc.returncode == 0, err
     return json.loads(out.strip().splitlines()[-1])
 
-
-@pytest.fixture
-def pool_name():
-    name = f"akv-int-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    yield name
-    try:
-        os.unlink(f"/dev/shm/{name}")
-    except FileNotFoundError:
-        pass
 
 
 def _seed(name: str, slots: int, slot_bytes: int = SLOT) -> None:

@@ -3,9 +3,7 @@ confirms afterwards never holds a mix of two versions, and the check does catch 
 
 from __future__ import annotations
 
-import os
 import time
-import uuid
 
 import numpy as np
 import pytest
@@ -16,15 +14,6 @@ from tests.integration.store.test_host_pool_processes import _result, _seed, _sp
 
 pytestmark = pytest.mark.integration
 
-
-@pytest.fixture
-def pool_name():
-    name = f"akv-view-int-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    yield name
-    try:
-        os.unlink(f"/dev/shm/{name}")
-    except FileNotFoundError:
-        pass
 
 
 def _consistent(page: np.ndarray) -> bool:

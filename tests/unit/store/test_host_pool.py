@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import uuid
 
 import numpy as np
 import pytest
@@ -18,16 +17,6 @@ from store.host_pool import (
     PoolFull,
     SlotEmpty,
 )
-
-
-@pytest.fixture
-def pool_name():
-    name = f"akv-unit-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    yield name
-    try:
-        os.unlink(f"/dev/shm/{name}")
-    except FileNotFoundError:
-        pass
 
 
 @pytest.fixture

@@ -31,8 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", type=Path, help="write the figures (simulator JSON schema) here")
     p.add_argument("--budget", type=float, default=0.35,
                    help="HBM budget as a fraction of the working set (default 0.35)")
-    p.add_argument("--rounds", type=int, default=2,
-                   help="runs per policy, interleaved AgentKV, LRU, LRU, AgentKV (default 2)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="runs per policy, interleaved AgentKV, LRU, LRU, AgentKV, ... (default 3)")
     p.add_argument("--seed", type=int, default=7)
     p.set_defaults(handler=run)
 
@@ -109,7 +109,7 @@ def round_order(rounds: int) -> list[str]:
 
 
 def run_demo(spec: Any, budget: float, progress: Any | None = None,
-             rounds: int = 2) -> dict[str, Any]:
+             rounds: int = 3) -> dict[str, Any]:
     """Both policies, same workload, one service, ``rounds`` runs each (pooled); returns
     the JSON payload."""
     from agentkv_cluster.api.workload import Results, run_workload, summarize

@@ -249,8 +249,26 @@ class Controller:
             actions.append(Action(kind=ActionKind.DEMOTE, gid=gid, hbm=rec.hbm, tier=tier,
                                   codec=codec, reference=reference, start_at=now,
                                   reason="pressure", session=rec.meta.session))
+            self._prefetch_later(rec, tier, codec, now)
         self.stats["demotes"] += len(actions)
         return actions
+
+    def _prefetch_later(self, rec: PageRecord, tier: Tier, codec: Codec, now: float) -> None:
+        """A page pushed out while its session waits on a tool comes back before the tool's
+        predicted return if there is free room then (a "refill"; it never evicts, or two
+        sessions in tools would push each other out in turn). Without it every pressure
+        victim costs its session a foreground restore on resume."""
+        state = self.sessions.get((rec.meta.tenant, rec.meta.session))
+        if state is None or not state.tools:
+            return
+        plan = list(state.tools.values())[-1][2]
+        at = self.strategy.prefetch_at(rec, plan, tier, codec, now)
+        if at is None:
+            return
+        action = Action(kind=ActionKind.RESTORE, gid=rec.gid, hbm=rec.hbm, tier=tier,
+                        codec=codec, start_at=at, reason="refill", session=rec.meta.session)
+        heapq.heappush(self._scheduled, (at, next(self._seq), action))
+        self.stats["refills"] = self.stats.get("refills", 0) + 1
 
     def resolve(self, owner: str, session: str, keys: Iterable[bytes]) -> list[int]:
         """Keys (as returned by ``store_pages``) -> gids, checking the session may use them."""
@@ -589,10 +607,14 @@ class Controller:
                     continue
                 if rec.resident or not rec.copies or self.wanted(rec.gid):
                     continue
-                out += self._prefetch(rec, now)
+                out += self._prefetch(rec, now, evict=action.reason != "refill")
             return out
 
-    def _prefetch(self, rec: PageRecord, now: float) -> list[Action]:
+    def _prefetch(self, rec: PageRecord, now: float, evict: bool = True) -> list[Action]:
+        if not evict:  # a refill only uses free room: evicting for it would ping-pong
+            budget = self.hbms[rec.hbm]
+            if budget.used + rec.meta.length > budget.capacity:
+                return []
         try:
             demotes = self._make_room(rec.hbm, rec.meta.length, now)
         except HbmFull:

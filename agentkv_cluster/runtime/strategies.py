@@ -67,6 +67,9 @@ class Strategy(Protocol):
     def tool_return(self, plan: GapPlan | None, recs: Sequence[PageRecord],
                     policy: EvictionPolicy, tool: str, started: float, now: float) -> None: ...
 
+    def prefetch_at(self, rec: PageRecord, plan: GapPlan | None, tier: Tier, codec: Codec,
+                    now: float) -> float | None: ...
+
 
 class LruStrategy:
     """The paper's LRU baseline: evict least recently used, keep FULL on the host, restore FULL."""
@@ -92,6 +95,9 @@ class LruStrategy:
 
     def tool_return(self, plan, recs, policy, tool, started, now) -> None:
         return None
+
+    def prefetch_at(self, rec, plan, tier, codec, now) -> float | None:
+        return None  # LRU never prefetches
 
 
 class AgentKvStrategy:
@@ -166,12 +172,25 @@ class AgentKvStrategy:
                                   start_at=f.start_at, reason="prefetch", session=event.session))
         return actions, plan
 
+    def prefetch_at(self, rec: PageRecord, plan: GapPlan | None, tier: Tier, codec: Codec,
+                    now: float) -> float | None:
+        return _agentkv_prefetch_at(self.config.cost, rec, plan, tier, codec, now)
+
     def tool_return(self, plan: GapPlan | None, recs: Sequence[PageRecord],
                     policy: EvictionPolicy, tool: str, started: float, now: float) -> None:
         if plan is not None and isinstance(policy, AgentKvPolicy):
             policy.on_tool_return(plan, [r.view for r in recs], now)
         else:
             self.predictor.observe_tool(tool, max(now - started, 1e-6))
+
+
+def _agentkv_prefetch_at(cost: CostModel, rec: PageRecord, plan: GapPlan | None, tier: Tier,
+                         codec: Codec, now: float) -> float | None:
+    """When a page pushed out during its session's tool call should start coming back:
+    its restore time before the plan's predicted return (at once if that has passed)."""
+    if plan is None:
+        return None
+    return max(now, plan.predicted_return - cost.restore_time(rec.meta.length, tier, codec))
 
 
 def make_strategy(name: str) -> Strategy:

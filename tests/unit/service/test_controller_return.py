@@ -62,3 +62,26 @@ def test_a_returning_page_is_not_kept_when_it_no_longer_fits() -> None:
     ctl.hbms["h"].used = ctl.hbms["h"].capacity  # its room went to another session's restore
     assert not ctl.keep_if_wanted(g0, 1.0)
     assert not ctl.pages[g0].resident
+
+
+def test_a_pressure_victim_of_a_session_in_a_tool_is_prefetched_before_its_return() -> None:
+    ctl, (g0, g1) = _session(capacity=2 * MB)  # session a: in a tool, both pages resident
+    (_t, _started, plan) = ctl.sessions[("t", "a")].tools["k1"]
+    assert plan is not None
+    admitted(ctl, "b", range(1), 0.3)  # a new page needs room: one of a's pages goes
+    demoted = [g for g in (g0, g1) if not ctl.pages[g].resident]
+    assert len(demoted) == 1
+    scheduled = [(at, a) for at, _seq, a in ctl._scheduled if a.gid == demoted[0]]
+    assert [a.reason for _at, a in scheduled] == ["refill"]
+    assert 0.3 <= scheduled[0][0] <= plan.predicted_return  # back before the tool returns
+
+
+def test_lru_schedules_no_prefetch_for_its_victims() -> None:
+    ctl = Controller(make_strategy("lru"))
+    ctl.add_hbm("h", 2 * MB)
+    admitted(ctl, "a", range(2), 0.0)
+    _event(ctl, 1, 0.1, kind="task_start", prefix_generation=1, prefix_pages=[0],
+           input_pages=[1])
+    _event(ctl, 2, 0.2, kind="tool_start", call_id="k1", tool="grep")
+    admitted(ctl, "b", range(1), 0.3)
+    assert not [a for _at, _s, a in ctl._scheduled if a.kind.value == "restore"]

@@ -10,19 +10,17 @@ passed in. One lock guards the state because the controller actor is threaded.
 from __future__ import annotations
 
 import contextlib
-import heapq
 import itertools
 import threading
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
-from agentkv_cluster.lifecycle import events as ev
 from agentkv_cluster.lifecycle.graph import EventGraph
-from agentkv_cluster.lifecycle.graph_records import Blocker
 from agentkv_cluster.lifecycle.types import TYPE_DEFAULTS, StateType, UnknownPage
-from agentkv_cluster.policy.base import EvictionPolicy, GapPlan, PageView
+from agentkv_cluster.policy.base import PageView
+from agentkv_cluster.runtime.controller_events import EventScheduling
+from agentkv_cluster.runtime.controller_state import HbmBudget, HbmFull, SessionState
 from agentkv_cluster.runtime.records import (
     Action,
     ActionKind,
@@ -34,31 +32,8 @@ from agentkv_cluster.runtime.records import (
 from agentkv_cluster.runtime.strategies import Strategy
 from store.types import Codec, Tier
 
-# Gap migrations run only while the HBM actor is at least this full (high watermark).
-GAP_WATERMARK = 0.75
-_PAGE_LIST_FIELDS = ("prefix_pages", "input_pages", "consumes", "supersedes", "pages")
 
-
-class HbmFull(Exception):
-    """Pinned pages alone fill the HBM actor: nothing can be admitted or restored."""
-
-
-@dataclass(slots=True)
-class HbmBudget:
-    capacity: int
-    policy: EvictionPolicy
-    used: int = 0
-    sessions: int = 0
-
-
-@dataclass(slots=True)
-class SessionState:
-    hbm: str
-    pages: set[int] = field(default_factory=set)
-    tools: dict[str, tuple[str, float, GapPlan | None]] = field(default_factory=dict)
-
-
-class Controller:
+class Controller(EventScheduling):
     """Bookkeeping for every page, session and HBM actor of one cluster."""
 
     def __init__(self, strategy: Strategy) -> None:
@@ -253,23 +228,6 @@ class Controller:
         self.stats["demotes"] += len(actions)
         return actions
 
-    def _prefetch_later(self, rec: PageRecord, tier: Tier, codec: Codec, now: float) -> None:
-        """A page pushed out while its session waits on a tool comes back before the tool's
-        predicted return if there is free room then (a "refill"; it never evicts, or two
-        sessions in tools would push each other out in turn). Without it every pressure
-        victim costs its session a foreground restore on resume."""
-        state = self.sessions.get((rec.meta.tenant, rec.meta.session))
-        if state is None or not state.tools:
-            return
-        plan = list(state.tools.values())[-1][2]
-        at = self.strategy.prefetch_at(rec, plan, tier, codec, now)
-        if at is None:
-            return
-        action = Action(kind=ActionKind.RESTORE, gid=rec.gid, hbm=rec.hbm, tier=tier,
-                        codec=codec, start_at=at, reason="refill", session=rec.meta.session)
-        heapq.heappush(self._scheduled, (at, next(self._seq), action))
-        self.stats["refills"] = self.stats.get("refills", 0) + 1
-
     def resolve(self, owner: str, session: str, keys: Iterable[bytes]) -> list[int]:
         """Keys (as returned by ``store_pages``) -> gids, checking the session may use them."""
         with self.lock:
@@ -304,21 +262,6 @@ class Controller:
         """An engine waits for this page now, or will as soon as its session resumes
         (read without the lock: a hint)."""
         return self._wanted.get(gid, 0) > 0 or gid in self._recalled or gid in self._returning
-
-    def keep_if_wanted(self, gid: int, now: float) -> bool:
-        """A gap migration finished with the HBM copy still in place (the page is still
-        busy): keep that copy if the page is wanted now and fits, rather than dropping it
-        and restoring it again for the load that waits. True if kept."""
-        with self.lock:
-            rec = self.pages.get(gid)
-            if rec is None or rec.resident or not self.wanted(gid) or rec.hbm not in self.hbms:
-                return False
-            budget = self.hbms[rec.hbm]
-            if budget.used + rec.meta.length > budget.capacity:
-                return False
-            self._insert(rec, now, rec.resident_codec)
-            self.stats["kept_on_return"] = self.stats.get("kept_on_return", 0) + 1
-            return True
 
     def take_victims(self, gid: int) -> list[int]:
         """The pages demoted to make room for restoring ``gid`` (once)."""
@@ -468,169 +411,7 @@ class Controller:
                     self.hbms[state.hbm].sessions -= 1
             return resident
 
-    # -- orchestrator events -----------------------------------------------------------------
-    def translate(self, owner: str, session: str, data: dict[str, Any]) -> ev.Event:
-        """Wire event -> typed event with engine page ids mapped to global ids."""
-        data = dict(data, tenant=owner, session=session)
-        with self.lock:
-            for name in _PAGE_LIST_FIELDS:
-                if isinstance(data.get(name), list):
-                    data[name] = [self._gid(owner, session, pid) for pid in data[name]]
-            if isinstance(data.get("produces"), list):
-                data["produces"] = [
-                    [self._gid(owner, session, r[0]), *r[1:]] if isinstance(r, list) and r else r
-                    for r in data["produces"]]
-        return ev.event_from_dict(data)
-
-    def _gid(self, owner: str, session: str, pid: Any) -> Any:
-        if type(pid) is not int:
-            return pid  # left for event_from_dict to reject with a precise message
-        gid = self.by_pid.get((owner, session, pid))
-        if gid is None:
-            raise ev.UnknownReference(f"page {pid} was not stored in session {session!r}")
-        return gid
-
-    def apply(self, event: ev.Event, now: float) -> list[Action]:
-        """Run one event through the graph and the strategy; returns actions due now."""
-        with self.lock:
-            state = self._session(event.tenant, event.session)
-            touched = self.graph.apply(event, now)
-            self.stats["events"] += 1
-            for gid in touched:
-                rec = self.pages.get(gid)
-                if rec is not None:
-                    try:
-                        rec.view.dependency = self.graph.dependency_strength(gid)
-                    except KeyError:
-                        pass  # a page the engine stored but no event produced yet
-            actions: list[Action] = []
-            if isinstance(event, ev.ToolStart):
-                self._tool_start(state, event, now)
-            elif isinstance(event, ev.ObservationReturn):
-                self._tool_return(state, event, now)
-            elif isinstance(event, ev.ModelCall):
-                self._cancel(list(state.pages))
-            if isinstance(event, ev.TaskEnd):
-                self._cancel(list(state.pages))
-                self._returning.difference_update(state.pages)
-                touched = frozenset(state.pages)
-            for gid in sorted(touched):
-                if gid in self.pages and gid in state.pages and self._retirable(gid):
-                    actions.append(self._retire(gid, state, now))
-            return actions + self.due(now)
-
-    def _retirable(self, gid: int) -> bool:
-        try:
-            blockers = self.graph.blockers(gid)
-        except KeyError:
-            return False
-        if blockers == {Blocker.AUDIT}:
-            # The audit summary is the page's identity and type, which the service keeps.
-            self.graph.record_audit_summary(gid)
-            return True
-        return not blockers
-
-    def _tool_start(self, state: SessionState, event: ev.ToolStart, now: float) -> None:
-        self._returning.difference_update(state.pages)
-        budget = self.hbms[state.hbm]
-        recs = [self.pages[g] for g in sorted(state.pages)
-                if self.pages[g].resident and not self.pages[g].busy and self.pages[g].pins == 0
-                and self.pages[g].hbm == state.hbm]
-        actions, plan = self.strategy.gap_plan(recs, event, budget.policy, now)
-        if budget.used < GAP_WATERMARK * budget.capacity:
-            # Room to spare: moving the pausing session's pages out frees HBM nobody
-            # needs, and bringing them back only delays its return and moves bytes.
-            actions = []
-        state.tools[event.call_id] = (event.tool, now, plan)
-        self.stats["gap_migrations"] = self.stats.get("gap_migrations", 0) + sum(
-            a.kind is ActionKind.DEMOTE for a in actions)
-        self.stats["gap_prefetches"] = self.stats.get("gap_prefetches", 0) + sum(
-            a.kind is ActionKind.RESTORE for a in actions)
-        for action in actions:
-            heapq.heappush(self._scheduled, (action.start_at, next(self._seq), action))
-
-    def _tool_return(self, state: SessionState, event: ev.ObservationReturn, now: float) -> None:
-        tool = state.tools.pop(event.call_id, None)
-        if tool is None:
-            return
-        recs = [self.pages[g] for g in sorted(state.pages) if g in self.pages]
-        self.strategy.tool_return(tool[2], recs, self.hbms[state.hbm].policy, tool[0], tool[1], now)
-        # As the policy's early-return report says: migrations and prefetches not started
-        # yet are cancelled. The engine's load now restores those pages in the foreground
-        # class; one left scheduled would start late and make that load wait behind it.
-        self._cancel(list(state.pages), kinds=(ActionKind.DEMOTE, ActionKind.RESTORE))
-        self._returning.update(g for g in state.pages if g in self.pages)
-
-    def _cancel(self, gids: list[int], kinds: tuple[ActionKind, ...] = (ActionKind.DEMOTE,)) -> None:
-        drop = set(gids)
-        kept = [item for item in self._scheduled
-                if not (item[2].gid in drop and item[2].kind in kinds)]
-        if len(kept) != len(self._scheduled):
-            heapq.heapify(kept)
-            self._scheduled = kept
-
-    def _retire(self, gid: int, state: SessionState, now: float) -> Action:
-        self._returning.discard(gid)
-        rec = self.pages.pop(gid)
-        if rec.resident:
-            self._evict(rec, tracked=True)
-        self.by_key.pop((rec.meta.key, rec.hbm), None)
-        state.pages.discard(gid)
-        self.graph.retire(gid)
-        shared = any((rec.meta.key, h) in self.by_key for h in self.hbms)
-        return Action(kind=ActionKind.DELETE, gid=gid, hbm=rec.hbm, start_at=now,
-                      reason="shared" if shared else "retire", session=rec.meta.session,
-                      tenant=rec.meta.namespace, key=rec.meta.key, pool=rec.pool)
-
-    def due(self, now: float) -> list[Action]:
-        """Scheduled gap migrations and prefetches whose start time has come."""
-        with self.lock:
-            out: list[Action] = []
-            while self._scheduled and self._scheduled[0][0] <= now:
-                _, _, action = heapq.heappop(self._scheduled)
-                rec = self.pages.get(action.gid)
-                if rec is None or rec.hbm not in self.hbms or rec.hbm != action.hbm:
-                    continue
-                if rec.busy:
-                    if action.kind is ActionKind.RESTORE and not rec.resident:
-                        # Its migration has not finished by the time the page must come
-                        # back: recall it (a queued one gives way) and look again shortly.
-                        self._recalled.add(rec.gid)
-                        heapq.heappush(self._scheduled, (now + 0.02, next(self._seq), action))
-                    continue
-                if action.kind is ActionKind.DEMOTE:
-                    if rec.resident and rec.pins == 0:
-                        self._evict(rec, tracked=True)
-                        rec.busy = True
-                        out.append(action)
-                        self.stats["demotes"] += 1
-                    continue
-                if rec.resident or not rec.copies or self.wanted(rec.gid):
-                    continue
-                out += self._prefetch(rec, now, evict=action.reason != "refill")
-            return out
-
-    def _prefetch(self, rec: PageRecord, now: float, evict: bool = True) -> list[Action]:
-        if not evict:  # a refill only uses free room: evicting for it would ping-pong
-            budget = self.hbms[rec.hbm]
-            if budget.used + rec.meta.length > budget.capacity:
-                return []
-        try:
-            demotes = self._make_room(rec.hbm, rec.meta.length, now)
-        except HbmFull:
-            return []  # prefetch is best effort: the access path restores on demand
-        tier, codec = self.strategy.restore_source(rec)
-        self._insert(rec, now, codec)
-        self._set_busy(rec, True)
-        self.stats["prefetches"] += 1
-        return demotes + [Action(kind=ActionKind.RESTORE, gid=rec.gid, hbm=rec.hbm, tier=tier,
-                                 codec=codec, start_at=now, reason="prefetch",
-                                 session=rec.meta.session)]
-
-    def next_due(self) -> float | None:
-        with self.lock:
-            return self._scheduled[0][0] if self._scheduled else None
-
+    # -- lookups -------------------------------------------------------------------------------
     def record(self, gid: int) -> PageRecord:
         with self.lock:
             return self.pages[gid]

@@ -276,7 +276,6 @@ class HostPool:
 
     def read_versioned(self, slot: int, out=None) -> tuple[memoryview | bytes, int]:
         """Like :meth:`read`, also returning the version the copy belongs to."""
-        w, base = self._words, self._base(slot)
         dst = (
             None
             if out is None
@@ -284,6 +283,37 @@ class HostPool:
             if not isinstance(out, np.ndarray)
             else out
         )
+        for seq, n, version, off in self._stable_reads(slot):
+            if dst is None:
+                data = self._mm[off : off + n]  # one copy straight into a new bytes object
+            elif dst.nbytes < n:
+                raise ValueError(f"out holds {dst.nbytes} bytes, page is {n}")
+            else:
+                _copy(dst[:n], self._bytes[off : off + n])
+                data = memoryview(dst[:n])
+            if self.unchanged(slot, seq):
+                return data, version
+        raise self._kept_changing(slot)
+
+    def view(self, slot: int) -> tuple[memoryview, int]:
+        """Zero-copy read: a read-only view of the slot's page and the ``seq`` it was taken at.
+
+        The bytes may change under the caller (the writer is not held off), so whatever is
+        read from the view counts only if :meth:`unchanged` (slot, seq) holds afterwards.
+        """
+        for seq, n, _version, off in self._stable_reads(slot):
+            page = memoryview(self._mm)[off : off + n].toreadonly()
+            if self.unchanged(slot, seq):
+                return page, seq
+            page.release()
+        raise self._kept_changing(slot)
+
+    def _stable_reads(self, slot: int) -> Iterator[tuple[int, int, int, int]]:
+        """The seqlock reader's attempts: (seq, length, version, offset) of a slot that is
+        not mid-write and holds a page. The caller reads, then keeps the result only if
+        :meth:`unchanged` (slot, seq), and raises ``_kept_changing`` when they run out.
+        SlotEmpty for a slot that stays empty; TornRead when its writer died mid-write."""
+        w, base = self._words, self._base(slot)
         for attempt in range(_READ_RETRIES):
             seq = w[base + SEQ]
             if seq & 1:
@@ -294,39 +324,10 @@ class HostPool:
                 if w[base + SEQ] == seq:
                     raise SlotEmpty(f"{self.name}: slot {slot} holds no page")
                 continue
-            if dst is None:
-                data = self._mm[off : off + n]  # one copy straight into a new bytes object
-            elif dst.nbytes < n:
-                raise ValueError(f"out holds {dst.nbytes} bytes, page is {n}")
-            else:
-                _copy(dst[:n], self._bytes[off : off + n])
-                data = memoryview(dst[:n])
-            if w[base + SEQ] == seq:
-                return data, version
-        raise TornRead(f"{self.name}: slot {slot} changed on every one of {_READ_RETRIES} attempts")
+            yield seq, n, version, off
 
-    def view(self, slot: int) -> tuple[memoryview, int]:
-        """Zero-copy read: a read-only view of the slot's page and the ``seq`` it was taken at.
-
-        The bytes may change under the caller (the writer is not held off), so whatever is
-        read from the view counts only if :meth:`unchanged` (slot, seq) holds afterwards.
-        """
-        w, base = self._words, self._base(slot)
-        for attempt in range(_READ_RETRIES):
-            seq = w[base + SEQ]
-            if seq & 1:
-                self._writer_busy(slot, attempt)
-                continue
-            n, off = w[base + LEN], w[base + OFF]
-            if w[base + STATE] != _USED or n == 0:
-                if w[base + SEQ] == seq:
-                    raise SlotEmpty(f"{self.name}: slot {slot} holds no page")
-                continue
-            page = memoryview(self._mm)[off : off + n].toreadonly()
-            if w[base + SEQ] == seq:
-                return page, seq
-            page.release()
-        raise TornRead(f"{self.name}: slot {slot} changed on every one of {_READ_RETRIES} attempts")
+    def _kept_changing(self, slot: int) -> TornRead:
+        return TornRead(f"{self.name}: slot {slot} changed on every one of {_READ_RETRIES} attempts")
 
     def unchanged(self, slot: int, seq: int) -> bool:
         """Whether no write or free touched ``slot`` since :meth:`view` returned ``seq``."""

@@ -200,17 +200,15 @@ class Executor:
         self.controller.finished(action, ok, time.monotonic(), info)
         return {"action": action, "ok": ok, **info}
 
-    def _pool_for(self, rec_pool: str, hbm: str) -> tuple[str, Any]:
+    def _pool_for(self, rec_pool: str, hbm: str) -> str:
+        """The name of the pool a move between ``hbm`` and it uses; the HBM actor gets the
+        pool's handle once (again whenever either actor was replaced) and the moves carry
+        the name, which pickles in microseconds where an actor handle takes ~0.4 ms."""
         name = rec_pool or self.hbm_pool[hbm]
-        return name, self.pools[name]
-
-    def _pool_ref(self, hbm: str, name: str, pool: Any) -> str:
-        """The pool's name for ``hbm``'s calls, after handing it the handle once (again
-        whenever either actor was replaced): a name pickles in microseconds."""
-        handles = (self.hbms[hbm], pool)
+        handles = (self.hbms[hbm], self.pools[name])
         told = self._told.get((hbm, name))
         if told is None or told[0] is not handles[0] or told[1] is not handles[1]:
-            handles[0].add_pool(name, pool)
+            handles[0].add_pool(name, handles[1])
             self._told[(hbm, name)] = handles
         return name
 
@@ -227,8 +225,7 @@ class Executor:
             targets.append((int(a.tier), int(a.codec)))
         if a.reference and rec.resident_codec is Codec.FULL and Codec.FULL not in rec.copies:
             targets.append((int(Tier.NVME), int(Codec.FULL)))
-        name, handle = self._pool_for(rec.pool, a.hbm)
-        pool = self._pool_ref(a.hbm, name, handle)
+        name = self._pool_for(rec.pool, a.hbm)
         hbm = self.hbms[a.hbm]
         gap = a.reason == "gap"
         if gap and targets:  # a gap migration is background work on the link HBM actor -> pool
@@ -236,11 +233,11 @@ class Executor:
             grant = self.credits.acquire(a.session, link,
                                          give_up=lambda: self.controller.wanted(a.gid))
             try:
-                receipt = hbm.demote(rec.meta, targets, pool, False)
+                receipt = hbm.demote(rec.meta, targets, name, False)
             finally:
                 self.credits.release(link, grant)
         else:
-            receipt = hbm.demote(rec.meta, targets, pool, not a.keep and not gap)
+            receipt = hbm.demote(rec.meta, targets, name, not a.keep and not gap)
         # A gap migration drops the HBM copy only now: if the session's tool returned while
         # the page was moving out, the copy stays (no restore of a page that never left).
         if gap and not a.keep and not self.controller.keep_if_wanted(a.gid, time.monotonic()):
@@ -251,7 +248,7 @@ class Executor:
 
     def _restore(self, a: Action) -> dict[str, Any]:
         rec = self.controller.record(a.gid)
-        name, pool = self._pool_for(rec.pool, a.hbm)
+        name = self._pool_for(rec.pool, a.hbm)
         link = f"{name}>{a.hbm}"
         if a.reason == "prefetch":
             try:
@@ -263,8 +260,7 @@ class Executor:
         else:
             grant = self.credits.acquire(a.session, link)
         try:
-            receipt = self.hbms[a.hbm].restore(rec.meta, int(a.tier), int(a.codec),
-                                               self._pool_ref(a.hbm, name, pool))
+            receipt = self.hbms[a.hbm].restore(rec.meta, int(a.tier), int(a.codec), name)
         finally:
             self.credits.release(link, grant)
         self.traffic.add(rec.meta.tenant, "hbm", receipt.link_bytes)

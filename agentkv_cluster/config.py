@@ -78,6 +78,8 @@ class HbmConfig:
     num_pages: int = 64
     device: str | None = None  # None: cuda when available, else cpu
     resource: str = "hbm_slot"  # custom resource on CPU-only nodes
+    # Arena pages beyond num_pages held ready for one-hop restores (runtime/landing.py).
+    landing_pages: int = 8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,6 +145,8 @@ def validate(cfg: AgentKvConfig) -> AgentKvConfig:
                  "credits.max_wait_s", "controller.tick_s", "ray.object_store_memory"):
         section, attr = name.split(".")
         _positive(name, getattr(getattr(cfg, section), attr))
+    if cfg.hbm.landing_pages < 0:
+        raise ConfigError("hbm.landing_pages", f"must be >= 0, got {cfg.hbm.landing_pages}")
     if cfg.pool.slot_bytes > cfg.pool.pool_bytes:
         raise ConfigError("pool.slot_bytes", "must not exceed pool.pool_bytes")
     if cfg.controller.policy not in POLICIES:

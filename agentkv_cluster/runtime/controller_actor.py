@@ -42,6 +42,7 @@ class ControllerSpec:
     per_session: int = 2
     credits: bool = True
     tick_s: float = 0.01
+    landing_pages: int = 8  # per HBM actor, for one-hop restores (as its HbmSpec says)
 
 
 class ControllerActor:
@@ -52,7 +53,8 @@ class ControllerActor:
         self.hbms: dict[str, Handle] = {}
         self.pools: dict[str, Handle] = {}
         self.hbm_pool: dict[str, str] = {}
-        self.executor = Executor(self.controller, self.hbms, self.pools, self.hbm_pool, self.credits)
+        self.executor = Executor(self.controller, self.hbms, self.pools, self.hbm_pool,
+                                 self.credits, landing_pages=spec.landing_pages)
         self.directory = directory
         self.recompute_tokens: dict[str, int] = {}  # tenant -> tokens of pages lost for good
         self._restarting: set[str] = set()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -24,6 +25,7 @@ from typing import Any
 from agentkv_cluster.policy.base import CreditGrant, CreditOutcome, CreditRequest, Resource
 from agentkv_cluster.policy.credits import BucketSpec, CreditConfig, CreditManager
 from agentkv_cluster.runtime.controller import Controller
+from agentkv_cluster.runtime.landing import LandingPages
 from agentkv_cluster.runtime.records import Action, ActionKind
 from store.types import Codec, Tier
 
@@ -146,7 +148,8 @@ class Executor:
     """Runs actions on a thread pool; reports each back to the controller."""
 
     def __init__(self, controller: Controller, hbms: dict[str, Any], pools: dict[str, Any],
-                 hbm_pool: dict[str, str], credits: LinkCredits) -> None:
+                 hbm_pool: dict[str, str], credits: LinkCredits, *,
+                 landing_pages: int = 8) -> None:
         self.controller = controller
         self.hbms, self.pools, self.hbm_pool = hbms, pools, hbm_pool
         self.credits = credits
@@ -156,6 +159,8 @@ class Executor:
         self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="agentkv-exec")
         self._told: dict[tuple[str, str], tuple[Any, Any]] = {}  # (hbm, pool) -> handles
         self._lock = threading.Lock()
+        self.landing = LandingPages(f"executor-{uuid.uuid4().hex[:12]}", landing_pages,
+                                    background=self._pool.submit)
 
     def submit(self, actions: list[Action]) -> list[Future]:
         return [self._pool.submit(self._run, a) for a in actions]
@@ -260,7 +265,8 @@ class Executor:
         else:
             grant = self.credits.acquire(a.session, link)
         try:
-            receipt = self.hbms[a.hbm].restore(rec.meta, int(a.tier), int(a.codec), name)
+            receipt = self.landing.restore(a.hbm, self.hbms[a.hbm], self.pools[name], name,
+                                           rec.meta, int(a.tier), int(a.codec))
         finally:
             self.credits.release(link, grant)
         self.traffic.add(rec.meta.tenant, "hbm", receipt.link_bytes)
@@ -280,3 +286,4 @@ class Executor:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self.landing.release()

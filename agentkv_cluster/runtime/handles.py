@@ -8,6 +8,7 @@ plain object, with one syntax: ``handle.method(*args)``. A dead actor surfaces a
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 
@@ -26,11 +27,32 @@ class Handle:
     def call(self, method: str, *args: Any, timeout_s: float | None = 120.0) -> Any:
         if not self.remote:
             return getattr(self.target, method)(*args)
+        return self._get(getattr(self.target, method).remote(*args), timeout_s)
+
+    def start(self, method: str, *args: Any, timeout_s: float | None = 120.0
+              ) -> Callable[[], Any]:
+        """Send a call now and return a function that waits for its result (or raises what
+        ``call`` would): the caller overlaps the call with other work."""
+        if not self.remote:
+            try:
+                value = getattr(self.target, method)(*args)
+            except Exception as exc:  # noqa: BLE001 - handed to the waiter, as remotely
+                error = exc
+
+                def fail() -> Any:
+                    raise error
+
+                return fail
+            return lambda: value
+        return functools.partial(self._get, getattr(self.target, method).remote(*args),
+                                 timeout_s)
+
+    def _get(self, ref: Any, timeout_s: float | None) -> Any:
         import ray
         from ray import exceptions as rex
 
         try:
-            return ray.get(getattr(self.target, method).remote(*args), timeout=timeout_s)
+            return ray.get(ref, timeout=timeout_s)
         except rex.RayTaskError as exc:
             cause = getattr(exc, "cause", None)
             if isinstance(cause, Exception):

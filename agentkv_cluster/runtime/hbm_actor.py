@@ -14,7 +14,7 @@ from typing import Any
 from agentkv_cluster.runtime.codec_glue import decode_into, encode_page
 from agentkv_cluster.runtime.mover import Endpoint, Mover, RemoteSpan
 from agentkv_cluster.runtime.records import PageMeta, UnknownPageKey
-from store.hbm import HbmArena
+from store.hbm import ArenaFull, HbmArena
 from store.types import Codec, Tier
 
 
@@ -25,6 +25,9 @@ class HbmSpec:
     num_pages: int
     device: str | None = None
     staging_slots: int = 16
+    # Arena pages beyond ``num_pages`` that the controller's executor may hold as landing
+    # pages for one-hop restores (see ``reserve``); the HBM budget never counts them.
+    landing_pages: int = 8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,12 +51,13 @@ class HbmActor:
 
     def __init__(self, spec: HbmSpec) -> None:
         self.spec = spec
-        self.arena = HbmArena(spec.page_bytes, spec.num_pages, spec.device)
+        self.arena = HbmArena(spec.page_bytes, spec.num_pages + spec.landing_pages, spec.device)
         self.mover = Mover(f"hbm-{spec.name}", spec.page_bytes, spec.staging_slots)
         # The whole arena is one NIXL region; a peer addresses a page at its page_offset.
         self._whole = self.mover.register(self.arena.buffer)
         self._pages: dict[bytes, int] = {}  # key -> arena page
         self._pools: dict[str, Any] = {}  # pool name -> handle (see add_pool)
+        self._landing: dict[int, str] = {}  # arena page -> owner that reserved it
         self._lock = threading.Lock()
 
     # -- identity -----------------------------------------------------------------------------
@@ -77,7 +81,8 @@ class HbmActor:
     def stats(self) -> dict[str, Any]:
         s = self.arena.stats()
         return {"name": self.spec.name, "pages": len(self._pages), "used_pages": s.used_pages,
-                "capacity_bytes": self.arena.capacity_bytes, "used_bytes": s.used_bytes}
+                "capacity_bytes": self.spec.page_bytes * self.spec.num_pages,
+                "used_bytes": s.used_bytes, "landing_pages": len(self._landing)}
 
     def keys(self) -> list[bytes]:
         return list(self._pages)
@@ -142,13 +147,53 @@ class HbmActor:
             return n
 
     def reset(self) -> int:
-        """Drop every page (a new controller takes over this actor)."""
+        """Drop every page and landing reservation (a new controller takes over this actor;
+        the old one, whose executor held the reservations, is gone)."""
         with self._lock:
             n = len(self._pages)
-            for page in self._pages.values():
+            for page in [*self._pages.values(), *self._landing]:
                 self.arena.free(page)
             self._pages.clear()
+            self._landing.clear()
             return n
+
+    # -- landing pages (one-hop restores) -----------------------------------------------------
+    def reserve(self, n: int, owner: str) -> list[tuple[int, tuple]]:
+        """Set aside up to ``n`` free arena pages for ``owner`` (never more than
+        ``spec.landing_pages`` at once), as ``(page, span wire)`` pairs. A pool may push a
+        FULL page straight into one; ``land`` then names the key it holds. Only ``owner``
+        can land or return them, so no other page is ever written through such a span."""
+        out = []
+        with self._lock:
+            while n > len(out) and len(self._landing) < self.spec.landing_pages:
+                try:
+                    page = self.arena.alloc()
+                except ArenaFull:
+                    break
+                self._landing[page] = owner
+                out.append((page, self._span(page, self.spec.page_bytes).wire()))
+        return out
+
+    def land(self, key: bytes, page: int, length: int, owner: str) -> None:
+        """A reserved page now holds ``key`` (``length`` bytes, pushed by a pool)."""
+        with self._lock:
+            if self._landing.get(page) != owner:
+                raise UnknownPageKey(f"arena page {page} is not reserved by {owner}")
+            del self._landing[page]
+            old = self._pages.pop(key, None)
+            if old is not None:
+                self.arena.free(old)
+            self._pages[key] = page
+            self.arena.mark_written(page, length)
+
+    def release_landing(self, pages: list[int], owner: str) -> int:
+        """Give reserved pages back (their owner no longer needs them)."""
+        with self._lock:
+            mine = [p for p in pages if self._landing.get(p) == owner]
+            for page in mine:
+                del self._landing[page]
+                self.arena.free(page)
+            return len(mine)
 
     def read(self, key: bytes) -> bytes:
         """Test and debug helper: the resident bytes (never on the hot path)."""

@@ -17,7 +17,6 @@ from agentkv_cluster.api.metrics import MetricsHttpServer, ServiceMetrics
 from agentkv_cluster.api.server import ApiServer
 from agentkv_cluster.config import AgentKvConfig
 from agentkv_cluster.runtime import wiring
-from agentkv_cluster.runtime.controller_actor import ControllerSpec
 from agentkv_cluster.runtime.directory_glue import open_directory, probe
 from agentkv_cluster.runtime.front import ServiceFront
 from agentkv_cluster.runtime.handles import ActorGone
@@ -84,16 +83,14 @@ class Service:
         """A fresh controller on the same actors (emptied): for side-by-side policy runs."""
         assert self.topo is not None and self.front is not None
         topo = self.topo
+        topo.controller.close()  # its executor's moves end before the actors are emptied
+        topo.controller.kill()
         for h in [*topo.hbms.values(), *topo.pools.values()]:
             h.reset()
-        topo.controller.close()
-        topo.controller.kill()
         self.policy = policy
         self.credits = self.credits if credits is None else credits
-        spec = ControllerSpec(policy=policy, per_link=self.cfg.credits.per_link,
-                              per_session=self.cfg.credits.per_session, credits=self.credits,
-                              tick_s=self.cfg.controller.tick_s)
-        topo.controller = wiring.spawn_controller(spec, topo.directory)
+        topo.controller = wiring.spawn_controller(
+            wiring.controller_spec(self.cfg, policy, self.credits), topo.directory)
         capacity = self.hbm_capacity or self.cfg.hbm.page_bytes * self.cfg.hbm.num_pages
         for name, handle in topo.pools.items():
             topo.controller.add_pool(name, handle)

@@ -104,6 +104,19 @@ def pool_spec(cfg: AgentKvConfig, name: str, workdir: Path) -> PoolSpec:
                     shm_name=f"akv-{name}-{tag}")
 
 
+def hbm_spec(cfg: AgentKvConfig, name: str) -> HbmSpec:
+    return HbmSpec(name=name, page_bytes=cfg.hbm.page_bytes, num_pages=cfg.hbm.num_pages,
+                   device=cfg.hbm.device, landing_pages=cfg.hbm.landing_pages)
+
+
+def controller_spec(cfg: AgentKvConfig, policy: str | None = None,
+                    credits: bool = True) -> ControllerSpec:
+    return ControllerSpec(policy=policy or cfg.controller.policy,
+                          per_link=cfg.credits.per_link, per_session=cfg.credits.per_session,
+                          credits=credits, tick_s=cfg.controller.tick_s,
+                          landing_pages=cfg.hbm.landing_pages)
+
+
 def spawn_pool(topo: Topology, spec: PoolSpec, node_id: str) -> Handle:
     ray = _ray()
     cls = ray.remote(PoolShell)
@@ -117,8 +130,7 @@ def spawn_pool(topo: Topology, spec: PoolSpec, node_id: str) -> Handle:
 
 def spawn_hbm(cfg: AgentKvConfig, name: str, node_id: str, kind: str) -> Handle:
     ray = _ray()
-    spec = HbmSpec(name=name, page_bytes=cfg.hbm.page_bytes, num_pages=cfg.hbm.num_pages,
-                   device=cfg.hbm.device)
+    spec = hbm_spec(cfg, name)
     opts: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 8, **_affinity(node_id)}
     if kind == "GPU":
         opts["num_gpus"] = 1
@@ -138,10 +150,7 @@ def deploy(cfg: AgentKvConfig, workdir: Path | None = None, *, policy: str | Non
     else:
         directory = handles.create(ray.remote(DirectoryShell), "directory",
                                    {"num_cpus": 0, "max_concurrency": 8, **_here()})
-    spec = ControllerSpec(policy=policy or cfg.controller.policy, per_link=cfg.credits.per_link,
-                          per_session=cfg.credits.per_session, credits=credits,
-                          tick_s=cfg.controller.tick_s)
-    controller = spawn_controller(spec, directory)
+    controller = spawn_controller(controller_spec(cfg, policy, credits), directory)
     topo = Topology(controller=controller, directory=directory, workdir=workdir)
     nodes = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: n["NodeID"])
     place(cfg, topo, nodes, hbm_capacity)
@@ -244,15 +253,13 @@ def deploy_local(cfg: AgentKvConfig, workdir: Path, *, policy: str | None = None
                  hbm_capacity: int | None = None) -> Topology:
     """The same objects in this process, no Ray: one pool, one HBM actor (tests, tools)."""
     directory = handles.local(DirectoryShell(), "directory")
-    spec = ControllerSpec(policy=policy or cfg.controller.policy, per_link=cfg.credits.per_link,
-                          per_session=cfg.credits.per_session, tick_s=cfg.controller.tick_s)
-    controller = handles.local(ControllerActor(spec, directory), "controller")
+    controller = handles.local(ControllerActor(controller_spec(cfg, policy), directory),
+                               "controller")
     topo = Topology(controller=controller, directory=directory, workdir=workdir)
     pspec = pool_spec(cfg, "node0", workdir)
     topo.pools["node0"] = handles.local(PoolActor(pspec, directory), "node0")
     topo.pool_specs["node0"] = pspec
-    hbm = HbmActor(HbmSpec(name="node0-hbm0", page_bytes=cfg.hbm.page_bytes,
-                           num_pages=cfg.hbm.num_pages, device=cfg.hbm.device))
+    hbm = HbmActor(hbm_spec(cfg, "node0-hbm0"))
     topo.hbms["node0-hbm0"] = handles.local(hbm, "node0-hbm0")
     topo.hbm_pool["node0-hbm0"] = "node0"
     controller.add_pool("node0", topo.pools["node0"])

@@ -1,0 +1,127 @@
+"""One-hop restores into landing pages (real NIXL, real /dev/shm, real AES-GCM; the actors
+in this process): a FULL copy lands byte-identical in a reserved arena page, compressed
+copies still go through the HBM actor, a failed push leaves no page behind, and only the
+executor that reserved a page can land it or give it back."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from agentkv_cluster.config import load_config
+from agentkv_cluster.lifecycle.types import StateType
+from agentkv_cluster.runtime import wiring
+from agentkv_cluster.runtime.landing import LandingPages
+from agentkv_cluster.runtime.mover import Mover
+from agentkv_cluster.runtime.pool_actor import PageMissing, ensure_tenant
+from agentkv_cluster.runtime.records import KvShape, PageMeta, UnknownPageKey
+from store.types import Codec, Tier
+
+pytestmark = pytest.mark.integration
+MIB = 1 << 20
+PAGE = 3 * MIB + 17  # two sealed chunks
+
+
+@pytest.fixture
+def service(tmp_path):
+    cfg = load_config(env={}, overrides={
+        "hbm": {"page_bytes": 4 * MIB, "num_pages": 2},
+        "pool": {"pool_bytes": 16 * MIB, "slot_bytes": 4 * MIB, "nvme_dir": str(tmp_path / "nv")},
+        "security": {"tenant_keys_dir": str(tmp_path / "keys")}})
+    topo = wiring.deploy_local(cfg, tmp_path)
+    ensure_tenant(str(tmp_path / "keys"), "acme")
+    front = Mover("landing-front", PAGE, 1)
+    pool = topo.pools["node0"]
+    wiring.introduce(pool, front)
+    topo.hbms["node0-hbm0"].add_pool("node0", pool)  # as the executor does: moves name it
+    yield topo.hbms["node0-hbm0"], pool, front
+    wiring.shutdown(topo)
+    front.close()
+
+
+def _meta(key: bytes = b"k" * 32) -> PageMeta:
+    return PageMeta(key=key, digest=b"d" * 32, tenant="acme", namespace="acme", session="s",
+                    page_id=0, state_type=StateType.EVIDENCE, length=PAGE, tokens=1)
+
+
+def _stored(pool, front: Mover, codec: Codec = Codec.FULL) -> bytes:
+    data = np.random.default_rng(3).integers(0, 256, PAGE, dtype=np.uint8)
+    front.slot_view(0, PAGE)[:] = data
+    pool.store_from(_meta(), Tier.HOST, codec, front.slot_span(0, PAGE))
+    return data.tobytes()
+
+
+def test_full_copy_lands_in_a_reserved_page_byte_identical(service):
+    hbm, pool, front = service
+    page = _stored(pool, front)
+    landing = LandingPages("exec-a", per_hbm=2)
+    # The first restore finds no stock (it is reserved in the background) and goes via the
+    # HBM actor; the next one lands straight in a reserved page.
+    for expected_one_hop in (0, 1):
+        receipt = landing.restore("h", hbm, pool, "node0", _meta(), int(Tier.HOST),
+                                  int(Codec.FULL))
+        assert (receipt.tier, receipt.link_bytes, receipt.exact) == (int(Tier.HOST), PAGE, True)
+        assert hbm.read(b"k" * 32)[:PAGE] == page
+        assert landing.one_hop == expected_one_hop
+        hbm.drop(b"k" * 32)
+    assert (landing.one_hop, landing.two_hop) == (1, 1)
+    assert hbm.stats()["landing_pages"] == 2  # refilled after the landing
+    landing.release()
+    assert hbm.stats()["landing_pages"] == 0 and hbm.stats()["used_pages"] == 0
+
+
+def test_compressed_copy_goes_through_the_hbm_actor(service):
+    hbm, _pool, front = service
+    shape = KvShape(layers=2, kv_heads=4, tokens=64, head_dim=64)
+    meta = replace(_meta(), length=shape.nbytes(), shape=shape)
+    kv = np.random.default_rng(5).standard_normal(shape.nbytes() // 2).astype(np.float16)
+    front.slot_view(0, meta.length)[:] = kv.view(np.uint8)
+    wiring.introduce(hbm, front)
+    hbm.ingest(meta.key, front.slot_span(0, meta.length))
+    hbm.demote(meta, [(int(Tier.HOST), int(Codec.INT8))], "node0", True)
+    landing = LandingPages("exec-a", per_hbm=2)
+    receipt = landing.restore("h", hbm, _pool, "node0", meta, int(Tier.HOST), int(Codec.INT8))
+    assert receipt.exact is False and receipt.link_bytes < meta.length * 0.6  # INT8 + scales
+    assert (landing.one_hop, landing.two_hop) == (0, 1)
+    assert hbm.stats()["landing_pages"] == 0  # compressed restores never take stock
+    back = np.frombuffer(hbm.read(meta.key)[:meta.length], np.float16).astype(np.float32)
+    assert np.abs(back - kv.astype(np.float32)).max() < 0.1  # INT8 of N(0,1): close, lossy
+
+
+def test_failed_push_leaves_no_page_and_keeps_the_stock_bounded(service):
+    hbm, pool, front = service
+    _stored(pool, front)
+    landing = LandingPages("exec-a", per_hbm=2)
+    landing.restore("h", hbm, pool, "node0", _meta(), int(Tier.HOST), int(Codec.FULL))
+    hbm.drop(b"k" * 32)
+    for _ in range(3):  # no copy of this key: the push fails after the page was landed
+        with pytest.raises(PageMissing):
+            landing.restore("h", hbm, pool, "node0", _meta(b"x" * 32), int(Tier.HOST),
+                            int(Codec.FULL))
+    resident = hbm.keys()
+    assert b"x" * 32 not in resident
+    stats = hbm.stats()
+    assert stats["pages"] == 0 and stats["used_pages"] == stats["landing_pages"] <= 2
+    landing.release()
+    assert hbm.stats()["used_pages"] == 0
+
+
+def test_only_the_owner_lands_or_returns_a_reserved_page(service):
+    hbm, _pool, _front = service
+    target = hbm.target
+    got = target.reserve(10, "exec-a")
+    assert len(got) == target.spec.landing_pages  # capped, beyond the budgeted pages
+    assert target.stats()["capacity_bytes"] == 2 * 4 * MIB  # landing pages are not budget
+    page = got[0][0]
+    with pytest.raises(UnknownPageKey):
+        target.land(b"k" * 32, page, PAGE, "exec-b")
+    assert target.release_landing([page], "exec-b") == 0
+    assert target.release_landing([page], "exec-a") == 1
+    with pytest.raises(UnknownPageKey):  # given back: no longer landable
+        target.land(b"k" * 32, page, PAGE, "exec-a")
+    target.land(b"k" * 32, got[1][0], PAGE, "exec-a")
+    assert target.keys() == [b"k" * 32]
+    assert target.reset() == 1
+    assert target.stats()["used_pages"] == 0 and target.stats()["landing_pages"] == 0

@@ -93,7 +93,7 @@ def bench_restore(reps: int, pages: int = 4, inflight: int = 4) -> dict[str, flo
 
     hbm.add_pool("node0", pool)  # as the controller's executor does: moves name the pool
     refills = ThreadPoolExecutor(1)
-    landing = LandingPages("bench", background=refills.submit)  # the executor's restore path
+    landing = LandingPages("bench", cfg.hbm.landing_pages, background=refills.submit)
 
     def restore(meta: PageMeta) -> None:  # open the seal, NIXL push into the arena page
         landing.restore("node0-hbm0", hbm, pool, "node0", meta, int(Tier.HOST),

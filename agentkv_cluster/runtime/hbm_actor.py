@@ -14,7 +14,7 @@ from typing import Any
 from agentkv_cluster.runtime.codec_glue import decode_into, encode_page
 from agentkv_cluster.runtime.mover import Endpoint, Mover, RemoteSpan
 from agentkv_cluster.runtime.records import PageMeta, UnknownPageKey
-from store.hbm import ArenaFull, HbmArena
+from store.hbm import ArenaFull, HbmArena, PageTooLarge
 from store.types import Codec, Tier
 
 
@@ -229,6 +229,8 @@ class HbmActor:
     def restore(self, meta: PageMeta, tier: int, codec: int, pool: Any) -> RestoreReceipt:
         """Have ``pool`` push the sealed-then-opened form into staging, decode into the arena."""
         pool = self._pool(pool)
+        if meta.length > self.spec.page_bytes:  # a push would run into the next arena page
+            raise PageTooLarge(f"a {meta.length} B page does not fit {self.spec.page_bytes} B")
         page = self._alloc(meta.key)
         try:
             if Codec(codec) is Codec.FULL:

@@ -20,6 +20,7 @@ from typing import Any
 
 from agentkv_cluster.runtime.hbm_actor import RestoreReceipt
 from agentkv_cluster.runtime.records import PageMeta
+from store.hbm import PageTooLarge
 from store.types import Codec
 
 
@@ -33,7 +34,7 @@ class _Stock:
 class LandingPages:
     """Per HBM actor, a small stock of reserved arena pages; restores FULL copies into them."""
 
-    def __init__(self, owner: str, per_hbm: int = 4,
+    def __init__(self, owner: str, per_hbm: int = 8,
                  background: Callable[[Callable[[], None]], Any] | None = None) -> None:
         self.owner = owner
         self.per_hbm = per_hbm
@@ -53,6 +54,10 @@ class LandingPages:
             self.two_hop += 1
             return hbm.restore(meta, tier, codec, pool_name)
         page, wire = landing
+        if meta.length > wire[4]:  # never push past the page into its neighbour
+            with contextlib.suppress(Exception):
+                hbm.release_landing([page], self.owner)
+            raise PageTooLarge(f"a {meta.length} B page does not fit a {wire[4]} B arena page")
         landed = hbm.start("land", meta.key, page, meta.length, self.owner)
         try:
             got = pool.restore_to(meta.key, meta.digest, int(codec), (*wire[:4], meta.length))

@@ -17,6 +17,7 @@ from agentkv_cluster.runtime.landing import LandingPages
 from agentkv_cluster.runtime.mover import Mover
 from agentkv_cluster.runtime.pool_actor import PageMissing, ensure_tenant
 from agentkv_cluster.runtime.records import KvShape, PageMeta, UnknownPageKey
+from store.hbm import PageTooLarge
 from store.types import Codec, Tier
 
 pytestmark = pytest.mark.integration
@@ -125,3 +126,16 @@ def test_only_the_owner_lands_or_returns_a_reserved_page(service):
     assert target.keys() == [b"k" * 32]
     assert target.reset() == 1
     assert target.stats()["used_pages"] == 0 and target.stats()["landing_pages"] == 0
+
+
+def test_a_page_larger_than_an_arena_page_is_refused_before_any_push(service):
+    hbm, pool, front = service
+    _stored(pool, front)
+    landing = LandingPages("exec-a", per_hbm=2)
+    big = replace(_meta(), length=4 * MIB + 1)
+    for expected in ((0, 1), (0, 1)):  # via the HBM actor, then with a landing page in stock
+        with pytest.raises(PageTooLarge):
+            landing.restore("h", hbm, pool, "node0", big, int(Tier.HOST), int(Codec.FULL))
+        assert (landing.one_hop, landing.two_hop) == expected
+    stats = hbm.stats()
+    assert stats["pages"] == 0 and stats["used_pages"] == stats["landing_pages"]  # no leak

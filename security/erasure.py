@@ -146,6 +146,9 @@ class Eraser:
 
     def erase_tenant(self, tenant: str, now: float) -> ErasureReceipt:
         validate_namespace(tenant)
+        # Marked first: a token issued before now must not provision the tenant again
+        # while (or after) its keys are destroyed.
+        self.keyring.mark_erased(tenant, now)
         key_ids = self.keyring.destroy_tenant(tenant)
         return self._finish(EraseScope(tenant=tenant, generation=None), key_ids, now)
 

@@ -9,6 +9,7 @@ in a log line, exception message or directory entry.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import re
 import threading
@@ -24,6 +25,7 @@ PUBLIC_NAMESPACE = "_public"
 _TENANT_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 _KEY_NAME_RE = re.compile(r"[a-z0-9_][a-z0-9_.-]{0,127}")
 _KEK_RE = re.compile(r"(?P<ns>[a-z0-9_][a-z0-9_-]*)\.g(?P<gen>\d{8})\.(?P<kind>kek|gone)")
+_ERASED_RE = re.compile(r"(?P<ns>[a-z0-9_][a-z0-9_-]*)\.erased\.(?P<ms>\d{13})")
 MAX_GENERATION = 99_999_999
 NIST_RANDOM_NONCE_LIMIT = 2**32  # SP 800-38D §8.3: invocations per key with random IVs
 
@@ -54,6 +56,12 @@ def tombstone_name(namespace: str, generation: int) -> str:
 
 def blind_name(namespace: str) -> str:
     return f"{namespace}.blind.key"
+
+
+def erased_name(namespace: str, at: float) -> str:
+    """Left behind by ``mark_erased``: the erasure time (ms) outlives the keys, so tokens
+    issued before it can be refused even after the tenant is provisioned again."""
+    return f"{namespace}.erased.{int(at * 1000):013d}"
 
 
 class KeySource(Protocol):
@@ -332,6 +340,19 @@ class TenantKeyring:
         self.source.create(tombstone_name(namespace, generation), b"")
         self._forget(namespace, {generation})
         return [key_id]
+
+    def mark_erased(self, namespace: str, at: float) -> None:
+        """Record that ``namespace`` was erased at ``at`` (kept when its keys are gone)."""
+        validate_namespace(namespace)
+        with contextlib.suppress(KeyExists):  # the same millisecond: already recorded
+            self.source.create(erased_name(namespace, at), b"")
+
+    def erased_at(self, namespace: str) -> float | None:
+        """When ``namespace`` was last erased (seconds), or None if it never was."""
+        validate_namespace(namespace)
+        found = (_ERASED_RE.fullmatch(n) for n in self.source.names())
+        times = [int(m["ms"]) for m in found if m and m["ns"] == namespace]
+        return max(times) / 1000 if times else None
 
     def destroy_tenant(self, namespace: str) -> list[str]:
         """Crypto-shred every generation and the blinding secret of a namespace."""

@@ -33,6 +33,7 @@ class Principal:
     roles: frozenset[str]
     public_read: bool  # the tenant opted in to the PUBLIC namespace
     expires: float
+    issued: float = 0.0  # the token's iat (a token issued before its tenant's erasure is void)
 
     @property
     def is_admin(self) -> bool:
@@ -94,6 +95,7 @@ class TokenIssuer:
             tenant = validate_namespace(claims["ten"])
             roles = frozenset(claims["roles"])
             exp = float(claims["exp"])
+            iat = float(claims["iat"])
         except (ValueError, TypeError):
             raise InvalidToken("token claims are invalid") from None
         subject = claims["sub"]
@@ -103,7 +105,7 @@ class TokenIssuer:
         if now >= exp:
             raise InvalidToken("token has expired")
         return Principal(tenant=tenant, subject=subject, roles=roles,
-                         public_read=claims["pub"] is True, expires=exp)
+                         public_read=claims["pub"] is True, expires=exp, issued=iat)
 
     def _mac(self, body: str) -> bytes:
         return hmac.new(self._secret, body.encode(), hashlib.sha256).digest()

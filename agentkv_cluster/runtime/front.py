@@ -25,12 +25,13 @@ from agentkv_cluster.runtime.pool_actor import ensure_tenant
 from agentkv_cluster.runtime.records import KvShape, PageMeta
 from security.blinding import DirectoryBlinder
 from security.errors import AccessDenied as SecurityDenied
-from security.errors import InvalidToken
+from security.errors import InvalidToken, KeyUnavailable
 from security.keyring import PUBLIC_NAMESPACE, FileKeySource, TenantKeyring
 from security.principals import AccessPolicy, Principal, TokenIssuer
 
 CHUNK = 4  # pages staged per controller call
 _DTYPES = ("float16", "bfloat16", "float32")
+ERASED_RECHECK_S = 1.0  # how stale a tenant's erasure mark may be when a token is checked
 
 
 class ServiceFront:
@@ -53,6 +54,7 @@ class ServiceFront:
         self._loads: dict[int, tuple[str, str, list[bytes], list[Any]]] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
+        self._erased: dict[str, tuple[float | None, float]] = {}  # tenant -> (at, checked)
 
     def endpoint(self) -> Any:
         return self.mover.endpoint()
@@ -62,10 +64,34 @@ class ServiceFront:
 
     # -- auth ----------------------------------------------------------------------------------
     def authenticate(self, token: str) -> Principal:
+        """The token's principal; a token issued before its tenant was erased is void, so
+        it can neither reach what is left nor provision the tenant's keys again."""
         try:
-            return self.issuer.verify(token, time.time())
+            principal = self.issuer.verify(token, time.time())
         except InvalidToken as exc:
             raise Unauthenticated(str(exc)) from None
+        erased = self._erased_at(principal.tenant)
+        if erased is not None and principal.issued <= erased:
+            raise Unauthenticated(f"token predates the erasure of tenant {principal.tenant}")
+        return principal
+
+    def forget_erasure(self, tenant: str) -> None:
+        """Re-read ``tenant``'s erasure mark on the next request (it was just erased here)."""
+        self._erased.pop(tenant, None)
+
+    def _erased_at(self, tenant: str) -> float | None:
+        """The tenant's erasure time, re-read at most every ``ERASED_RECHECK_S`` (every
+        request authenticates; an erasure by another process shows within that time)."""
+        now = time.monotonic()
+        hit = self._erased.get(tenant)
+        if hit is not None and now - hit[1] < ERASED_RECHECK_S:
+            return hit[0]
+        try:
+            at = self.keyring.erased_at(tenant)
+        except (OSError, KeyUnavailable):  # no key directory: nothing was ever erased here
+            at = None
+        self._erased[tenant] = (at, now)
+        return at
 
     def _call(self, method: str, *args: Any) -> Any:
         try:

@@ -149,6 +149,8 @@ class Service:
             return eraser.erase_tenant(tenant, time.time())
         finally:
             audit.close()
+            if self.front is not None:
+                self.front.forget_erasure(tenant)
 
     def audit_signer(self) -> Signer:
         """The audit signing key (``security.audit_key``), or one generated in the workdir

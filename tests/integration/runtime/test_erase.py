@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from agentkv_cluster.api.client import AgentKvClient
 from agentkv_cluster.api.protocol import RemoteError
 from agentkv_cluster.config import load_config
 from agentkv_cluster.runtime.service import Service
@@ -60,6 +61,7 @@ def _tiers_holding(svc: Service, keys: list[bytes]) -> dict[str, int]:
 
 def test_erase_shreds_keys_and_pages_in_every_tier(service) -> None:
     acme, s_acme, _pages, keys = _store(service, "acme", 6)  # 6 pages, room for 4 in HBM
+    old_token = service.token("acme")  # still valid for a day when the tenant is erased
     globex, s_glob, g_pages, g_keys = _store(service, "globex", 1)
     before = _tiers_holding(service, keys)
     assert before["hbm"] > 0 and before["host"] + before["nvme"] > 0, before
@@ -84,6 +86,16 @@ def test_erase_shreds_keys_and_pages_in_every_tier(service) -> None:
     with pytest.raises(RemoteError):  # the old session and its pages are gone
         s_acme.prepare_load(keys[:1])
     acme.close()
+    # A token issued before the erasure is void: it cannot open a session, which would
+    # provision the tenant's keys again, nor reach anything else.
+    with AgentKvClient.connect(service.address, old_token) as stale, \
+            pytest.raises(RemoteError, match="auth"):
+        stale.open_session("e2")
+    assert keyring.generations("acme") == []
+    with service.client("acme") as fresh:  # the tenant provisioned again, new token
+        fresh.open_session("e3")
+    assert keyring.generations("acme") == [1]
+    assert keyring.erased_at("acme") == pytest.approx(receipt.time, abs=0.001)
 
     public = load_verifier(service.workdir / "audit.pub")  # the public key alone
     assert verify_receipt(receipt.to_json(), public).tenant == "acme"

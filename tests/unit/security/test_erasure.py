@@ -33,6 +33,7 @@ def test_erase_tenant_receipt(eraser, keyring, sealer, signer, tmp_path):
     assert receipt.counts == (("host", 3), ("nvme", 5)) and receipt.failed_tiers == ()
     assert [k.split("/")[1] for k in receipt.key_ids] == ["g1", "blind"]
     assert receipt.time == 1234.5
+    assert keyring.erased_at("alice") == 1234.5  # tokens issued until then are void
     verifier = Verifier(signer.public_raw())
     assert verify_receipt(receipt.to_json(), verifier) == receipt
     assert verify_log(tmp_path / "audit.log", verifier, anchors=[receipt.audit_position()]).ok

@@ -108,6 +108,20 @@ def test_destroy_tenant_removes_every_key(keyring):
         keyring.destroy_tenant("alice")
 
 
+def test_erasure_mark_outlives_the_keys_and_a_new_provisioning(keyring):
+    assert keyring.erased_at("alice") is None
+    keyring.mark_erased("alice", 1000.25)
+    keyring.mark_erased("alice", 1000.25)  # the same instant twice: recorded once
+    keyring.destroy_tenant("alice")
+    assert keyring.erased_at("alice") == 1000.25
+    keyring.create_tenant("alice")  # provisioned again: the mark stays
+    keyring.mark_erased("alice", 2000.5)
+    assert keyring.erased_at("alice") == 2000.5  # the latest erasure counts
+    assert keyring.erased_at("bob") is None and keyring.generations("alice") == [1]
+    with pytest.raises(InvalidName):
+        keyring.erased_at("Alice")
+
+
 @pytest.mark.parametrize("name", ["", "A", "-x", "a" * 64, "a/b", "a.b", "..", 7, None, "public!"])
 def test_invalid_tenant_names(keyring, name):
     with pytest.raises(InvalidName):

@@ -24,8 +24,8 @@ def issuer() -> TokenIssuer:
 def test_round_trip(issuer):
     token = issuer.issue("acme", subject="svc-1", now=NOW, ttl_s=60, public_read=True)
     p = issuer.verify(token, NOW + 59)
-    assert (p.tenant, p.subject, p.roles, p.public_read, p.expires) == (
-        "acme", "svc-1", frozenset({"tenant"}), True, NOW + 60)
+    assert (p.tenant, p.subject, p.roles, p.public_read, p.expires, p.issued) == (
+        "acme", "svc-1", frozenset({"tenant"}), True, NOW + 60, NOW)
     assert not p.is_admin
 
 

@@ -49,6 +49,7 @@ class Controller(EventScheduling):
         self._gids = itertools.count(1)
         self.lock = threading.RLock()
         self.idle = threading.Condition(self.lock)  # notified whenever a page stops being busy
+        self.changes = 0  # bumped with every notification of ``idle`` (see wait_changed)
         self.stats = {"events": 0, "demotes": 0, "restores": 0, "prefetches": 0, "lost": 0}
         self._wanted: Counter[int] = Counter()  # gids an engine load is waiting for
         self._recalled: set[int] = set()  # gids whose prefetch is due while still moving out
@@ -84,7 +85,7 @@ class Controller(EventScheduling):
                 if not rec.copies:
                     lost.append(rec.gid)
             self.stats["lost"] += len(lost)
-            self.idle.notify_all()
+            self._changed()
             return lost
 
     def _least_loaded(self) -> str:
@@ -161,7 +162,7 @@ class Controller(EventScheduling):
                     out.append(Action(kind=ActionKind.DEMOTE, gid=gid, hbm=rec.hbm,
                                       tier=Tier.HOST, codec=Codec.FULL, keep=True,
                                       reason="write-through", session=rec.meta.session))
-            self.idle.notify_all()
+            self._changed()
         return out
 
     def remove_pool(self, name: str) -> list[int]:
@@ -352,7 +353,8 @@ class Controller(EventScheduling):
                 room[rec.hbm] += rec.meta.length
         return {h for h, n in need.items() if n > room[h]}
 
-    def unpin(self, gids: Iterable[int], now: float) -> None:
+    def unpin(self, gids: Iterable[int], now: float) -> int:
+        """Drop one pin of each page; returns the change count after it (``wait_changed``)."""
         with self.lock:
             for gid in gids:
                 rec = self.pages.get(gid)
@@ -361,11 +363,24 @@ class Controller(EventScheduling):
                     rec.view.pinned = rec.pins > 0
                     if rec.resident and rec.hbm in self.hbms:
                         self.hbms[rec.hbm].policy.on_update(rec.view, now)
+            self._changed()  # unpinned pages are room for a load that waits for some
+            return self.changes
+
+    def wait_changed(self, seen: int, timeout_s: float) -> int:
+        """Block until a pin was dropped or a move ended after change ``seen`` (or the
+        timeout); returns the change count."""
+        with self.idle:
+            self.idle.wait_for(lambda: self.changes != seen, timeout_s)
+            return self.changes
+
+    def _changed(self) -> None:
+        self.changes += 1
+        self.idle.notify_all()
 
     # -- executor feedback -----------------------------------------------------------------
     def finished(self, action: Action, ok: bool, now: float, info: dict[str, Any]) -> None:
         with self.lock:
-            self.idle.notify_all()
+            self._changed()
             self._recalled.discard(action.gid)
             rec = self.pages.get(action.gid)
             if rec is None:

@@ -7,7 +7,6 @@ pass through this actor: it tells HBM and pool actors what to move.
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -248,10 +247,10 @@ class ControllerActor:
             if not blocked:
                 break
             # All or nothing: holding some pins while waiting for room deadlocks a herd.
-            self.controller.unpin(pinned, time.monotonic())
+            seen = self.controller.unpin(pinned, time.monotonic())
             if time.monotonic() > deadline:
                 raise RequestRefused("HBM is full of pinned pages; release some and retry")
-            time.sleep(0.01 + 0.04 * random.random())
+            self.controller.wait_changed(seen, 0.05)  # a pin dropped or a move ended
         self._check(results)
         return {r["action"].gid: r for r in results if r["action"].kind is ActionKind.RESTORE}
 

@@ -72,6 +72,29 @@ def test_pinned_hbm_blocks_instead_of_losing_pages() -> None:
     assert ctl.pages[ga].copies == {Codec.FULL: Tier.HOST} and ctl.pages[ga].pins == 0
 
 
+def test_a_blocked_load_wakes_when_a_pin_is_dropped_not_on_a_timer() -> None:
+    ctl = Controller(make_strategy("lru"))
+    ctl.add_hbm("h", 1 * MB)
+    admitted(ctl, "a", range(1), 0.0)
+    finish(ctl, admitted(ctl, "b", range(1), 1.0), 1.0)
+    (gb,) = ctl.resolve("t", "b", [b"b/0"])
+    ctl.access([gb], 2.0)  # b pinned: a's load is blocked
+    seen = ctl.changes
+    assert ctl.wait_changed(seen, 0.05) == seen  # nothing happened: the timeout returns
+    woke: list[float] = []
+    waiter = threading.Thread(target=lambda: woke.append(
+        (ctl.wait_changed(seen, 30.0), time.monotonic())[1]))
+    waiter.start()
+    time.sleep(0.05)
+    dropped = time.monotonic()
+    after = ctl.unpin([gb], 3.0)
+    waiter.join(5.0)
+    assert after == seen + 1 and woke and woke[0] - dropped < 5.0  # woken by the unpin
+    (ga,) = ctl.resolve("t", "a", [b"a/0"])
+    demotes, restores, lost, blocked = ctl.access([ga], 3.0)
+    assert (lost, blocked) == ([], []) and [a.gid for a in restores] == [ga]
+
+
 def test_task_end_retires_pages_with_delete_actions() -> None:
     ctl = Controller(make_strategy("agentkv"))
     ctl.add_hbm("h", 8 * MB)

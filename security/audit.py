@@ -11,12 +11,14 @@ elsewhere) detect a rollback of log and head file together.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import re
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,9 +64,11 @@ def _checkpoint_message(count: int, head: str) -> bytes:
 
 
 class AuditLog:
-    """Appends records; thread-safe; refuses to extend a log whose chain is broken.
+    """Appends records; refuses to extend a log whose chain is broken.
 
-    One writer process per log (the chain state lives in that process).
+    Safe across threads and processes: each append holds an exclusive ``flock`` on the
+    log, and a writer that finds the file grown by another one re-reads (and re-verifies)
+    the chain before extending it, so two writers never fork it.
     """
 
     def __init__(self, path: str | os.PathLike[str], signer: Signer, *,
@@ -76,8 +80,15 @@ class AuditLog:
         self.checkpoint_every = checkpoint_every
         self.fsync = fsync
         self._lock = threading.Lock()
-        self._seq, self._prev, self._time, self._since = self._recover()
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+        self._end = -1  # file size after our last write; -1: chain state not read yet
+        try:
+            with self._exclusive():
+                pass  # read under the lock: no other writer is halfway through a line
+        except BaseException:
+            os.close(self._fd)
+            raise
+        self._own_time = self._time  # this writer's clock may not go back past the chain
 
     def _recover(self) -> tuple[int, str, float, int]:
         seq, prev, last_time, since = 0, GENESIS, float("-inf"), 0
@@ -91,6 +102,21 @@ class AuditLog:
             since = 0 if rec["kind"] == CHECKPOINT else since + 1
         return seq, prev, last_time, since
 
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """Hold the log against other writers (threads here, other processes) and bring
+        the chain state up to date with what they appended."""
+        with self._lock:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                size = os.fstat(self._fd).st_size
+                if size != self._end:
+                    self._seq, self._prev, self._time, self._since = self._recover()
+                yield
+                self._end = os.fstat(self._fd).st_size
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+
     @property
     def head(self) -> AuditPosition:
         return AuditPosition(seq=self._seq - 1, hash=self._prev)
@@ -102,7 +128,7 @@ class AuditLog:
         payload = dict(data)
         if len(canonical_json(payload)) > _MAX_DATA:
             raise ValueError("audit record data is larger than 64 KiB")
-        with self._lock:
+        with self._exclusive():
             pos = self._write(kind, payload, now)
             self._since += 1
             if self._since >= self.checkpoint_every:
@@ -112,7 +138,7 @@ class AuditLog:
 
     def checkpoint(self, now: float) -> AuditPosition:
         """Sign the current head into the log now (also done on ``close``)."""
-        with self._lock:
+        with self._exclusive():
             pos = self._write_checkpoint(now)
             self._write_head()
             return pos
@@ -129,8 +155,12 @@ class AuditLog:
         if self._fd < 0:
             raise AuditLogError("audit log is closed")
         now = float(now)
-        if now < self._time:
+        if now < self._own_time:
             raise ValueError("audit time went backwards")
+        # Another writer may have appended a later time while this one waited for the lock:
+        # the record takes that time, so the chain's times never decrease.
+        now = max(now, self._time)
+        self._own_time = now
         record_hash = _record_hash(self._seq, now, kind, data, self._prev)
         line = canonical_json({"seq": self._seq, "time": now, "kind": kind, "data": data,
                                "prev": self._prev, "hash": record_hash}) + b"\n"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import shutil
+import time
 
 import pytest
 
@@ -187,3 +189,26 @@ def test_cross_tenant_denials_are_recorded(tmp_path, signer):
     assert [(r["time"], r["data"]["namespace"], r["data"]["action"]) for r in denied] == [
         (5.0, "globex", "read"), (6.0, "globex", "write")]
     assert verify_log(path, Verifier(signer.public_raw())).ok
+
+
+def _append_many(path: str, signer: Signer, worker: int, n: int) -> None:
+    log = AuditLog(path, signer, checkpoint_every=7, fsync=False)
+    for i in range(n):  # the time is read before the lock: the other may write later times
+        log.append("erasure", {"worker": worker, "i": i}, time.time())
+    log.close(time.time())
+
+
+def test_two_writer_processes_extend_one_chain_without_forking_it(tmp_path, signer):
+    path = tmp_path / "shared.log"
+    AuditLog(path, signer).close()
+    ctx = multiprocessing.get_context("fork")  # the children inherit the signing key
+    procs = [ctx.Process(target=_append_many, args=(str(path), signer, w, 40)) for w in (0, 1)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    report = verify_log(path, Verifier(signer.public_raw()))
+    assert report.ok, report.problems
+    kinds = [json.loads(line)["kind"] for line in path.read_text().splitlines()]
+    assert kinds.count("erasure") == 80  # every append of both writers, on one chain

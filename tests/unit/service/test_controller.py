@@ -93,6 +93,7 @@ def test_a_blocked_load_wakes_when_a_pin_is_dropped_not_on_a_timer() -> None:
     (ga,) = ctl.resolve("t", "a", [b"a/0"])
     demotes, restores, lost, blocked = ctl.access([ga], 3.0)
     assert (lost, blocked) == ([], []) and [a.gid for a in restores] == [ga]
+    assert [a.gid for a in demotes] == [gb]  # the page whose pin dropped makes the room
 
 
 def test_task_end_retires_pages_with_delete_actions() -> None:

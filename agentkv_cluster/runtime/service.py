@@ -6,8 +6,10 @@ start the service through this class, so they exercise the same code.
 
 from __future__ import annotations
 
+import logging
 import secrets
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,9 @@ from security.principals import TokenIssuer
 from security.signing import Signer, load_signer, write_keypair
 from store.types import Lookup, Tier
 
+log = logging.getLogger(__name__)
+JOIN_POLL_S = 2.0  # how often the service looks for Ray nodes that joined
+
 
 class Service:
     def __init__(self, cfg: AgentKvConfig, *, workdir: Path | None = None,
@@ -46,6 +51,9 @@ class Service:
         self.front: ServiceFront | None = None
         self.server: ApiServer | None = None
         self.http: MetricsHttpServer | None = None
+        self._stop = threading.Event()
+        self._joiner: threading.Thread | None = None
+        self._topology = threading.Lock()  # joins and policy swaps change the topology
 
     @property
     def keys_dir(self) -> str:
@@ -69,7 +77,25 @@ class Service:
         if metrics_http:
             self.http = MetricsHttpServer(self.metrics, self.ready, self.cfg.metrics.host,
                                           self.cfg.metrics.port, MetricsFeed(self)).start()
+        if not local:
+            self._joiner = threading.Thread(target=self._join_nodes, name="agentkv-join",
+                                            daemon=True)
+            self._joiner.start()
         return self
+
+    def _join_nodes(self) -> None:
+        """Nodes that join the Ray cluster later (GPU workers scaled up) get their HBM
+        actors (and a pool on pool nodes) within ``JOIN_POLL_S``."""
+        while not self._stop.wait(JOIN_POLL_S):
+            try:
+                with self._topology:
+                    assert self.topo is not None
+                    added = wiring.join_new_nodes(self.cfg, self.topo, self.front,
+                                                  self.hbm_capacity)
+                if added:
+                    log.info("placed HBM actors on joined nodes: %s", ", ".join(added))
+            except Exception:  # logged; the service keeps serving on the nodes it has
+                log.exception("placing actors on joined nodes failed")
 
     def ready(self) -> tuple[bool, str]:
         """``/readyz``: the controller answers and the directory (Redis) is reachable."""
@@ -82,21 +108,22 @@ class Service:
     def use_policy(self, policy: str, *, credits: bool | None = None) -> None:
         """A fresh controller on the same actors (emptied): for side-by-side policy runs."""
         assert self.topo is not None and self.front is not None
-        topo = self.topo
-        topo.controller.close()  # its executor's moves end before the actors are emptied
-        topo.controller.kill()
-        for h in [*topo.hbms.values(), *topo.pools.values()]:
-            h.reset()
-        self.policy = policy
-        self.credits = self.credits if credits is None else credits
-        topo.controller = wiring.spawn_controller(
-            wiring.controller_spec(self.cfg, policy, self.credits), topo.directory)
-        capacity = self.hbm_capacity or self.cfg.hbm.page_bytes * self.cfg.hbm.num_pages
-        for name, handle in topo.pools.items():
-            topo.controller.add_pool(name, handle)
-        for name, handle in topo.hbms.items():
-            topo.controller.add_hbm(name, handle, capacity, topo.hbm_pool[name])
-        self.front.controller = topo.controller
+        with self._topology:
+            topo = self.topo
+            topo.controller.close()  # its executor's moves end before the actors are emptied
+            topo.controller.kill()
+            for h in [*topo.hbms.values(), *topo.pools.values()]:
+                h.reset()
+            self.policy = policy
+            self.credits = self.credits if credits is None else credits
+            topo.controller = wiring.spawn_controller(
+                wiring.controller_spec(self.cfg, policy, self.credits), topo.directory)
+            capacity = self.hbm_capacity or self.cfg.hbm.page_bytes * self.cfg.hbm.num_pages
+            for name, handle in topo.pools.items():
+                topo.controller.add_pool(name, handle)
+            for name, handle in topo.hbms.items():
+                topo.controller.add_hbm(name, handle, capacity, topo.hbm_pool[name])
+            self.front.controller = topo.controller
 
     @property
     def address(self) -> tuple[str, int] | str:
@@ -167,6 +194,9 @@ class Service:
         return self.topo.controller.stats()
 
     def stop(self, *, shutdown_ray: bool = False) -> None:
+        self._stop.set()
+        if self._joiner is not None:
+            self._joiner.join(30.0)
         if self.http is not None:
             self.http.stop()
         if self.server is not None:

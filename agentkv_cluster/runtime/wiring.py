@@ -37,6 +37,8 @@ class Topology:
     pool_node: dict[str, str] = field(default_factory=dict)  # pool -> Ray node id
     workdir: Path = Path(".")
     pool_specs: dict[str, PoolSpec] = field(default_factory=dict)
+    node_names: dict[str, str] = field(default_factory=dict)  # Ray node id -> "nodeN"
+    spread: int = 0  # round-robin cursor for HBM actors on nodes without a pool
 
 
 class ControllerShell(ControllerActor):
@@ -169,40 +171,72 @@ def spawn_controller(spec: ControllerSpec, directory: Any) -> Handle:
                           {"num_cpus": 0, "max_concurrency": 64, **_here()}, spec, directory)
 
 
-def pool_nodes(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Nodes advertising ``akv_pool`` (their /dev/shm is sized for a pool); every node
-    when none does (local demo, single-node clusters)."""
-    marked = [n for n in nodes if n.get("Resources", {}).get(POOL_RESOURCE, 0) >= 1]
-    return marked or list(nodes)
+def pool_nodes(nodes: list[dict[str, Any]], cluster: list[dict[str, Any]] | None = None
+               ) -> list[dict[str, Any]]:
+    """The nodes of ``nodes`` that get a pool: those advertising ``akv_pool`` (their
+    /dev/shm is sized for one), or all of them when no node of ``cluster`` (default:
+    ``nodes``) advertises it (local demo, single-node clusters)."""
+    def marked(n: dict[str, Any]) -> bool:
+        return n.get("Resources", {}).get(POOL_RESOURCE, 0) >= 1
+
+    if any(marked(n) for n in (nodes if cluster is None else cluster)):
+        return [n for n in nodes if marked(n)]
+    return list(nodes)
 
 
 def place(cfg: AgentKvConfig, topo: Topology, nodes: list[dict[str, Any]],
-          hbm_capacity: int | None = None) -> None:
-    """Pool actors on the pool nodes, then HBM actors per GPU / hbm_slot on every node.
+          hbm_capacity: int | None = None, cluster: list[dict[str, Any]] | None = None
+          ) -> list[str]:
+    """Pool actors on the pool nodes, then HBM actors per GPU / hbm_slot on every node;
+    returns the names of the new HBM actors. ``nodes`` are new to ``topo`` (all of them
+    at deploy time, those that joined later afterwards; ``cluster``: every live node).
 
     An HBM actor uses the pool on its own node when there is one (shared-memory hops),
     else the pools round-robin, so pool load spreads across the pool nodes.
     """
-    index = {n["NodeID"]: i for i, n in enumerate(nodes)}
-    by_node: dict[str, str] = {}
-    for node in pool_nodes(nodes):
-        pool = f"node{index[node['NodeID']]}"
+    for node in nodes:
+        topo.node_names[node["NodeID"]] = f"node{len(topo.node_names)}"
+    for node in pool_nodes(nodes, cluster):
+        pool = topo.node_names[node["NodeID"]]
         spawn_pool(topo, pool_spec(cfg, pool, topo.workdir), node["NodeID"])
         topo.controller.add_pool(pool, topo.pools[pool])
-        by_node[node["NodeID"]] = pool
+    by_node = {node: pool for pool, node in topo.pool_node.items()}
     pools = sorted(topo.pools)
     capacity = hbm_capacity or cfg.hbm.page_bytes * cfg.hbm.num_pages
-    spread = 0
+    added = []
     for node in nodes:
         kind, count = _hbm_slots(node, cfg.hbm.resource)
         for g in range(count):
             pool = by_node.get(node["NodeID"])
             if pool is None:
-                pool, spread = pools[spread % len(pools)], spread + 1
-            name = f"node{index[node['NodeID']]}-hbm{g}"
+                pool, topo.spread = pools[topo.spread % len(pools)], topo.spread + 1
+            name = f"{topo.node_names[node['NodeID']]}-hbm{g}"
             topo.hbms[name] = spawn_hbm(cfg, name, node["NodeID"], kind)
             topo.hbm_pool[name] = pool
             topo.controller.add_hbm(name, topo.hbms[name], capacity, pool)
+            added.append(name)
+    return added
+
+
+def join_new_nodes(cfg: AgentKvConfig, topo: Topology, front: Any | None = None,
+                   hbm_capacity: int | None = None) -> list[str]:
+    """Place actors on Ray nodes that joined after ``deploy`` (GPU workers scaled up) and
+    wire them to the rest; returns the new HBM actors' names. Dead nodes are the health
+    watcher's business; a node is placed once."""
+    cluster = [n for n in _ray().nodes() if n.get("Alive")]
+    new = sorted((n for n in cluster if n["NodeID"] not in topo.node_names),
+                 key=lambda n: n["NodeID"])
+    if not new:
+        return []
+    old_pools = set(topo.pools)
+    added = place(cfg, topo, new, hbm_capacity, cluster)
+    for name, hbm in topo.hbms.items():
+        for pool_name, pool in topo.pools.items():
+            if name in added or pool_name not in old_pools:
+                introduce(hbm, pool)
+        if front is not None and name in added:
+            introduce(hbm, front)
+    return added
 
 
 def introduce(a: Handle | Any, b: Handle | Any) -> None:

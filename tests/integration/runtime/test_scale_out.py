@@ -1,0 +1,65 @@
+"""A Ray node that joins after ``agentkv serve`` started (a GPU worker scaled up) gets its
+own HBM actor, wired to the pools and the front, and serves sessions byte-identically.
+Real two-then-three-node Ray cluster on one machine, real NIXL, embedded directory."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from agentkv_cluster.config import load_config
+from agentkv_cluster.runtime.service import Service
+from tests.integration.runtime.test_cluster import NODE, Episode, identity, kv_page
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def cluster():
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    c = Cluster(initialize_head=True, head_node_args=dict(NODE))
+    c.add_node(**NODE)
+    c.wait_for_nodes()
+    ray.init(address=c.address, log_to_driver=False)
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+def test_a_node_that_joins_later_gets_an_hbm_actor_that_serves(cluster):
+    workdir = Path(tempfile.mkdtemp(prefix="agentkv-join-"))
+    cfg = load_config(env={}, overrides={
+        "api": {"port": 0}, "ray": {"address": cluster.address},
+        "hbm": {"page_bytes": 1 << 17, "num_pages": 16},
+        "pool": {"pool_bytes": 8 << 20, "slot_bytes": 1 << 17, "nvme_dir": str(workdir / "nv")},
+    })
+    svc = Service(cfg, workdir=workdir, policy="agentkv").start()
+    try:
+        assert sorted(svc.topo.hbms) == ["node0-hbm0", "node1-hbm0"]
+        first = Episode(svc, "acme", "before")  # the first two actors each get a session
+        second = Episode(svc, "acme", "before-2")
+        cluster.add_node(**NODE)
+        deadline = time.monotonic() + 60
+        while "node2-hbm0" not in svc.topo.hbms and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert sorted(svc.topo.hbms) == ["node0-hbm0", "node1-hbm0", "node2-hbm0"]
+        assert svc.topo.controller.topology()["hbms"] == sorted(svc.topo.hbms)
+        assert "node2" in svc.topo.pools  # no node advertises akv_pool: every node has one
+        joined = Episode(svc, "acme", "after")  # the least loaded actor: the new one
+        placed = joined.s.client.call("open_session", {"session": joined.session})["hbm"]
+        assert placed == "node2-hbm0"
+        pages = [kv_page(i, "evidence", identity("acme", "after", 128 * i)) for i in range(3)]
+        joined.store(*pages)
+        _, done = joined.load([0, 1, 2])
+        assert [p["data"] for p in done] == [p["data"] for p in pages]
+        for ep in (first, second, joined):
+            ep.client.close()
+    finally:
+        svc.stop()

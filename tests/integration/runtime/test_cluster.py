@@ -5,7 +5,6 @@ One module-scoped cluster and service; tests that kill things run last and in or
 
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -20,15 +19,14 @@ from agentkv_cluster.lifecycle.identity import PageIdentity
 from agentkv_cluster.runtime import wiring
 from agentkv_cluster.runtime.service import Service
 from store.codecs import kv_error
+from tests.support.ray_cluster import NODE, ray_cluster
 from tests.support.redis_proc import RedisProcess
 
-ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster
+pytest.importorskip("ray")
 
 pytestmark = pytest.mark.integration
 
 L, H, D = 2, 2, 64
-NODE = {"num_cpus": 1, "object_store_memory": 256 << 20, "resources": {"hbm_slot": 1}}
 
 
 @pytest.fixture(scope="module")
@@ -40,15 +38,8 @@ def redis():
 
 @pytest.fixture(scope="module")
 def cluster():
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    c = Cluster(initialize_head=True, head_node_args=dict(NODE))
-    c.add_node(**NODE)
-    c.add_node(**NODE)
-    c.wait_for_nodes()
-    ray.init(address=c.address, log_to_driver=False)
-    yield c
-    ray.shutdown()
-    c.shutdown()
+    with ray_cluster(NODE, NODE) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")

@@ -10,15 +10,15 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from agentkv_cluster.config import load_config
 from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.runtime import wiring
 from agentkv_cluster.runtime.landing import LandingPages
 from agentkv_cluster.runtime.mover import Mover
-from agentkv_cluster.runtime.pool_actor import PageMissing, ensure_tenant
+from agentkv_cluster.runtime.pool_actor import PageMissing
 from agentkv_cluster.runtime.records import KvShape, PageMeta, UnknownPageKey
 from store.hbm import PageTooLarge
 from store.types import Codec, Tier
+from tests.support.local_topology import local_topology
 
 pytestmark = pytest.mark.integration
 MIB = 1 << 20
@@ -27,19 +27,11 @@ PAGE = 3 * MIB + 17  # two sealed chunks
 
 @pytest.fixture
 def service(tmp_path):
-    cfg = load_config(env={}, overrides={
-        "hbm": {"page_bytes": 4 * MIB, "num_pages": 2},
-        "pool": {"pool_bytes": 16 * MIB, "slot_bytes": 4 * MIB, "nvme_dir": str(tmp_path / "nv")},
-        "security": {"tenant_keys_dir": str(tmp_path / "keys")}})
-    topo = wiring.deploy_local(cfg, tmp_path)
-    ensure_tenant(str(tmp_path / "keys"), "acme")
-    front = Mover("landing-front", PAGE, 1)
-    pool = topo.pools["node0"]
-    wiring.introduce(pool, front)
-    topo.hbms["node0-hbm0"].add_pool("node0", pool)  # as the executor does: moves name it
-    yield topo.hbms["node0-hbm0"], pool, front
-    wiring.shutdown(topo)
-    front.close()
+    with local_topology(tmp_path, hbm_page=4 * MIB, hbm_pages=2, pool_bytes=16 * MIB,
+                        front_bytes=PAGE, front_slots=1) as (topo, front):
+        pool = topo.pools["node0"]
+        topo.hbms["node0-hbm0"].add_pool("node0", pool)  # as the executor does: moves name it
+        yield topo.hbms["node0-hbm0"], pool, front
 
 
 def _meta(key: bytes = b"k" * 32) -> PageMeta:

@@ -6,7 +6,6 @@ a small /dev/shm), the worker offers ``akv_pool`` (the pool StatefulSet's pods).
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -17,9 +16,9 @@ from agentkv_cluster.config import load_config
 from agentkv_cluster.runtime import wiring
 from agentkv_cluster.runtime.service import Service
 from tests.integration.runtime.test_cluster import identity, kv_page
+from tests.support.ray_cluster import ray_cluster
 
 ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster
 
 pytestmark = pytest.mark.integration
 
@@ -28,14 +27,9 @@ SMALL = {"num_cpus": 1, "object_store_memory": 128 << 20}
 
 @pytest.fixture(scope="module")
 def cluster():
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    c = Cluster(initialize_head=True, head_node_args={**SMALL, "resources": {"hbm_slot": 1}})
-    pool_node = c.add_node(**SMALL, resources={"akv_pool": 1})
-    c.wait_for_nodes()
-    ray.init(address=c.address, log_to_driver=False)
-    yield c, pool_node.node_id
-    ray.shutdown()
-    c.shutdown()
+    with ray_cluster({**SMALL, "resources": {"akv_pool": 1}},
+                     head={**SMALL, "resources": {"hbm_slot": 1}}) as c:
+        yield c, next(n.node_id for n in c.list_all_nodes() if not n.head)
 
 
 def test_pool_nodes_fall_back_to_every_node_when_none_is_marked() -> None:
@@ -43,6 +37,9 @@ def test_pool_nodes_fall_back_to_every_node_when_none_is_marked() -> None:
     assert [n["NodeID"] for n in wiring.pool_nodes(plain)] == ["a", "b"]
     marked = [*plain, {"NodeID": "c", "Resources": {"akv_pool": 1}}]
     assert [n["NodeID"] for n in wiring.pool_nodes(marked)] == ["c"]
+    # Nodes joining a cluster that has pool nodes get a pool only when marked themselves.
+    assert wiring.pool_nodes(plain, cluster=marked) == []
+    assert [n["NodeID"] for n in wiring.pool_nodes(plain, cluster=plain)] == ["a", "b"]
 
 
 def test_pool_only_on_akv_pool_node_and_hbm_uses_it(cluster) -> None:

@@ -11,13 +11,12 @@ import time
 import numpy as np
 import pytest
 
-from agentkv_cluster.config import load_config
 from agentkv_cluster.lifecycle.types import StateType
-from agentkv_cluster.runtime import wiring
 from agentkv_cluster.runtime.mover import Mover
-from agentkv_cluster.runtime.pool_actor import PageMissing, SealRejected, ensure_tenant
+from agentkv_cluster.runtime.pool_actor import PageMissing, SealRejected
 from agentkv_cluster.runtime.records import PageMeta
 from store.types import Codec, Tier
+from tests.support.local_topology import local_topology
 
 pytestmark = pytest.mark.integration
 MIB = 1 << 20
@@ -26,18 +25,9 @@ PAGE = 5 * MIB + 123  # three sealed chunks: 2 MiB, 2 MiB and the rest
 
 @pytest.fixture
 def service(tmp_path):
-    cfg = load_config(env={}, overrides={
-        "hbm": {"page_bytes": 6 * MIB, "num_pages": 2},
-        "pool": {"pool_bytes": 12 * MIB, "slot_bytes": 6 * MIB, "nvme_dir": str(tmp_path / "nv")},
-        "security": {"tenant_keys_dir": str(tmp_path / "keys")}})
-    topo = wiring.deploy_local(cfg, tmp_path)
-    ensure_tenant(str(tmp_path / "keys"), "acme")
-    front = Mover("test-front", PAGE, 2)
-    pool = topo.pools["node0"]
-    wiring.introduce(pool, front)
-    yield topo.hbms["node0-hbm0"].target, pool, front
-    wiring.shutdown(topo)
-    front.close()
+    with local_topology(tmp_path, hbm_page=6 * MIB, hbm_pages=2, pool_bytes=12 * MIB,
+                        front_bytes=PAGE, front_slots=2) as (topo, front):
+        yield topo.hbms["node0-hbm0"].target, topo.pools["node0"], front
 
 
 def _meta(length: int = PAGE) -> PageMeta:

@@ -4,7 +4,6 @@ Real two-then-three-node Ray cluster on one machine, real NIXL, embedded directo
 
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -13,24 +12,17 @@ import pytest
 
 from agentkv_cluster.config import load_config
 from agentkv_cluster.runtime.service import Service
-from tests.integration.runtime.test_cluster import NODE, Episode, identity, kv_page
+from tests.integration.runtime.test_cluster import Episode, identity, kv_page
+from tests.support.ray_cluster import NODE, ray_cluster
 
-ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster
-
+pytest.importorskip("ray")
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def cluster():
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    c = Cluster(initialize_head=True, head_node_args=dict(NODE))
-    c.add_node(**NODE)
-    c.wait_for_nodes()
-    ray.init(address=c.address, log_to_driver=False)
-    yield c
-    ray.shutdown()
-    c.shutdown()
+    with ray_cluster(NODE) as c:
+        yield c
 
 
 def test_a_node_that_joins_later_gets_an_hbm_actor_that_serves(cluster):

@@ -59,14 +59,20 @@ def test_access_pins_every_requested_page_before_making_room() -> None:
     assert all(ctl.pages[g].resident and ctl.pages[g].pins == 1 for g in gids_a)
 
 
-def test_pinned_hbm_blocks_instead_of_losing_pages() -> None:
-    ctl = Controller(make_strategy("lru"))
+def pinned_full(ctl: Controller) -> tuple[int, int]:
+    """A 1-page HBM holding b's page pinned, a's page in the pool: (a's gid, b's gid)."""
     ctl.add_hbm("h", 1 * MB)
     admitted(ctl, "a", range(1), 0.0)
     finish(ctl, admitted(ctl, "b", range(1), 1.0), 1.0)
     (gb,) = ctl.resolve("t", "b", [b"b/0"])
     ctl.access([gb], 2.0)  # b pinned: the HBM is full of pinned bytes
     (ga,) = ctl.resolve("t", "a", [b"a/0"])
+    return ga, gb
+
+
+def test_pinned_hbm_blocks_instead_of_losing_pages() -> None:
+    ctl = Controller(make_strategy("lru"))
+    ga, _gb = pinned_full(ctl)
     demotes, restores, lost, blocked = ctl.access([ga], 3.0)
     assert (demotes, restores, lost, blocked) == ([], [], [], [ga])
     assert ctl.pages[ga].copies == {Codec.FULL: Tier.HOST} and ctl.pages[ga].pins == 0
@@ -74,11 +80,7 @@ def test_pinned_hbm_blocks_instead_of_losing_pages() -> None:
 
 def test_a_blocked_load_wakes_when_a_pin_is_dropped_not_on_a_timer() -> None:
     ctl = Controller(make_strategy("lru"))
-    ctl.add_hbm("h", 1 * MB)
-    admitted(ctl, "a", range(1), 0.0)
-    finish(ctl, admitted(ctl, "b", range(1), 1.0), 1.0)
-    (gb,) = ctl.resolve("t", "b", [b"b/0"])
-    ctl.access([gb], 2.0)  # b pinned: a's load is blocked
+    ga, gb = pinned_full(ctl)  # a's load is blocked
     seen = ctl.changes
     assert ctl.wait_changed(seen, 0.05) == seen  # nothing happened: the timeout returns
     woke: list[float] = []
@@ -90,7 +92,6 @@ def test_a_blocked_load_wakes_when_a_pin_is_dropped_not_on_a_timer() -> None:
     after = ctl.unpin([gb], 3.0)
     waiter.join(5.0)
     assert after == seen + 1 and woke and woke[0] - dropped < 5.0  # woken by the unpin
-    (ga,) = ctl.resolve("t", "a", [b"a/0"])
     demotes, restores, lost, blocked = ctl.access([ga], 3.0)
     assert (lost, blocked) == ([], []) and [a.gid for a in restores] == [ga]
     assert [a.gid for a in demotes] == [gb]  # the page whose pin dropped makes the room

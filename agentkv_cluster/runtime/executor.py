@@ -47,7 +47,7 @@ class LinkCredits:
         self.in_flight: Counter[str] = Counter()
         self.waiting: Counter[str] = Counter()  # foreground requests queued per link
         self.max_in_flight: Counter[str] = Counter()
-        self.waits: list[float] = []
+        self.waits: list[tuple[str, float]] = []  # (destination tier, seconds waited)
 
     def _manager(self, link: str) -> CreditManager:
         mgr = self._managers.get(link)
@@ -62,9 +62,11 @@ class LinkCredits:
         return mgr
 
     def acquire(self, session: str, link: str, timeout_s: float = 60.0,
-                give_up: Callable[[], bool] | None = None) -> CreditGrant | None:
-        """Block for one credit of ``link``; a background request (``link`` ends with
-        BACKGROUND) raises ``Abandoned`` as soon as ``give_up()`` says its page is wanted."""
+                give_up: Callable[[], bool] | None = None, tier: str = "hbm"
+                ) -> CreditGrant | None:
+        """Block for one credit of ``link`` (a move into ``tier``, for the wait metrics);
+        a background request (``link`` ends with BACKGROUND) raises ``Abandoned`` as soon
+        as ``give_up()`` says its page is wanted."""
         t0 = time.monotonic()
         with self._cv:
             if self.enabled:
@@ -73,7 +75,7 @@ class LinkCredits:
                 grant = None
             self.in_flight[link] += 1
             self.max_in_flight[link] = max(self.max_in_flight[link], self.in_flight[link])
-            self.waits.append(time.monotonic() - t0)
+            self.waits.append((tier, time.monotonic() - t0))
             return grant
 
     def _wait_grant(self, session: str, link: str, t0: float, timeout_s: float,
@@ -236,7 +238,8 @@ class Executor:
         if gap and targets:  # a gap migration is background work on the link HBM actor -> pool
             link = f"{name}>{a.hbm}{BACKGROUND}"
             grant = self.credits.acquire(a.session, link,
-                                         give_up=lambda: self.controller.wanted(a.gid))
+                                         give_up=lambda: self.controller.wanted(a.gid),
+                                         tier=Tier(a.tier).name.lower())
             try:
                 receipt = hbm.demote(rec.meta, targets, name, False)
             finally:

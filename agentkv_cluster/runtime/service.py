@@ -229,8 +229,8 @@ class MetricsFeed:
             self._controller, self._cursor, self._last = topo.controller, 0, {}
         got = topo.controller.call("metrics_since", self._cursor, timeout_s=5.0)
         self._cursor = got["cursor"]
-        for seconds in got["waits"]:
-            m.waited("hbm", seconds)  # credits guard the pool -> HBM links
+        for tier, seconds in got["waits"]:
+            m.waited(tier, seconds)  # restores into HBM; gap migrations into host / NVMe
         m.set_occupancy("hbm", got["hbm_used"])
         for tenant, tokens in got["recompute"].items():
             m.recompute(tenant, self._delta(("recompute", tenant), tokens))

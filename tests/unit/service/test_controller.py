@@ -133,6 +133,15 @@ def test_link_credits_bound_each_link_and_keep_tickets_apart() -> None:
     assert errors == []
     assert dict(credits.max_in_flight) == {"L0": 2, "L1": 2}
     assert sum(credits.in_flight.values()) == 0
+    assert len(credits.waits) == 180 and {t for t, _ in credits.waits} == {"hbm"}
+
+
+def test_credit_waits_are_labelled_with_the_tier_the_move_goes_into() -> None:
+    credits = LinkCredits(per_link=1, per_session=1)
+    grant = credits.acquire("s", "p>h/bg", tier="host")  # a gap migration out of HBM
+    credits.release("p>h/bg", grant)
+    credits.release("p>h", credits.acquire("s", "p>h"))  # a restore into HBM
+    assert [tier for tier, _ in credits.waits] == ["host", "hbm"]
 
 
 def test_forget_tenant_drops_only_that_tenants_pages_and_reports_resident_keys() -> None:

@@ -200,8 +200,9 @@ def place(cfg: AgentKvConfig, topo: Topology, nodes: list[dict[str, Any]],
         pool = topo.node_names[node["NodeID"]]
         spawn_pool(topo, pool_spec(cfg, pool, topo.workdir), node["NodeID"])
         topo.controller.add_pool(pool, topo.pools[pool])
-    by_node = {node: pool for pool, node in topo.pool_node.items()}
-    pools = sorted(topo.pools)
+    live = {n["NodeID"] for n in (nodes if cluster is None else cluster)}
+    by_node = {node: pool for pool, node in topo.pool_node.items() if node in live}
+    pools = sorted(by_node.values())  # never a pool whose node is gone
     capacity = hbm_capacity or cfg.hbm.page_bytes * cfg.hbm.num_pages
     added = []
     for node in nodes:
@@ -226,16 +227,21 @@ def join_new_nodes(cfg: AgentKvConfig, topo: Topology, front: Any | None = None,
     cluster = [n for n in _ray().nodes() if n.get("Alive")]
     new = sorted((n for n in cluster if n["NodeID"] not in topo.node_names),
                  key=lambda n: n["NodeID"])
-    if not new:
-        return []
+    live = {n["NodeID"] for n in cluster}
+    if not new or not (pool_nodes(new, cluster) or live & set(topo.pool_node.values())):
+        return []  # nothing new, or no live pool to pair with yet: looked at again later
     old_pools = set(topo.pools)
     added = place(cfg, topo, new, hbm_capacity, cluster)
-    for name, hbm in topo.hbms.items():
-        for pool_name, pool in topo.pools.items():
-            if name in added or pool_name not in old_pools:
-                introduce(hbm, pool)
-        if front is not None and name in added:
-            introduce(hbm, front)
+    pools = {p: h for p, h in topo.pools.items() if topo.pool_node.get(p) in live}
+    for name in added:  # the new HBM actors with every live pool and the front
+        for pool in pools.values():
+            introduce(topo.hbms[name], pool)
+        if front is not None:
+            introduce(topo.hbms[name], front)
+    for pool_name in set(pools) - old_pools:  # new pools with the HBM actors from before
+        for name, hbm in topo.hbms.items():
+            if name not in added and hbm.alive(5.0):
+                introduce(hbm, pools[pool_name])
     return added
 
 

@@ -25,7 +25,7 @@ def cluster():
         yield c
 
 
-def test_a_node_that_joins_later_gets_an_hbm_actor_that_serves(cluster):
+def test_a_node_that_joins_later_gets_an_hbm_actor_that_serves(cluster, caplog):
     workdir = Path(tempfile.mkdtemp(prefix="agentkv-join-"))
     cfg = load_config(env={}, overrides={
         "api": {"port": 0}, "ray": {"address": cluster.address},
@@ -53,5 +53,21 @@ def test_a_node_that_joins_later_gets_an_hbm_actor_that_serves(cluster):
         assert [p["data"] for p in done] == [p["data"] for p in pages]
         for ep in (first, second, joined):
             ep.client.close()
+        # A node dies (its pool with it) and another joins: the newcomer is wired to the
+        # live pools only, and serves.
+        cluster.remove_node(next(n for n in cluster.list_all_nodes() if not n.head))
+        cluster.add_node(**NODE)
+        deadline = time.monotonic() + 60
+        while "node3-hbm0" not in svc.topo.hbms and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert "node3-hbm0" in svc.topo.hbms and "node3" in svc.topo.pools
+        later = Episode(svc, "acme", "later")
+        later.s.client.call("open_session", {"session": later.session})
+        pages = [kv_page(i, "evidence", identity("acme", "later", 128 * i)) for i in range(2)]
+        later.store(*pages)
+        assert [p["data"] for p in later.load([0, 1])[1]] == [p["data"] for p in pages]
+        later.client.close()
+        failed = [r for r in caplog.records if "joined nodes failed" in r.getMessage()]
+        assert failed == []  # every join wired its actors completely, dead ones skipped
     finally:
         svc.stop()

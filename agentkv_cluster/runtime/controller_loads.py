@@ -1,0 +1,166 @@
+"""The load half of ``Controller``: an engine needs pages in HBM now.
+
+A mixin over the bookkeeping in ``controller.py``: resolves an engine's keys, pins
+every page of a load (all or nothing), makes room and plans the restores, and lets a
+load that found the HBM full of pinned pages wait for a change (a pin dropped, a move
+ended) instead of polling. Pure like the rest of the controller: no Ray, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from agentkv_cluster.runtime.controller_state import HbmFull
+from agentkv_cluster.runtime.records import Action, ActionKind, UnknownPageKey
+
+
+class EngineLoads:
+    """Mixed into ``Controller``; every method runs under (or takes) ``self.lock``."""
+
+    def resolve(self, owner: str, session: str, keys: Iterable[bytes]) -> list[int]:
+        """Keys (as returned by ``store_pages``) -> gids, checking the session may use them."""
+        with self.lock:
+            state = self._session(owner, session)
+            gids = []
+            for key in keys:
+                gid = self.by_key.get((key, state.hbm))
+                if gid is None or gid not in state.pages:
+                    raise UnknownPageKey("page not stored in this session")
+                gids.append(gid)
+            return gids
+
+    def wait_idle(self, gids: list[int], timeout_s: float) -> bool:
+        """Block until no page of ``gids`` has a demote or restore in flight. While it
+        waits the pages are ``wanted``: background moves of them give way (see executor)."""
+        with self.idle:
+            self._want(gids, 1)
+            try:
+                return self.idle.wait_for(
+                    lambda: not any(self.pages[g].busy for g in gids if g in self.pages),
+                    timeout_s)
+            finally:
+                self._want(gids, -1)
+
+    def _want(self, gids: list[int], step: int) -> None:
+        for g in gids:
+            self._wanted[g] += step
+            if self._wanted[g] <= 0:
+                del self._wanted[g]
+
+    def wanted(self, gid: int) -> bool:
+        """An engine waits for this page now, or will as soon as its session resumes
+        (read without the lock: a hint)."""
+        return self._wanted.get(gid, 0) > 0 or gid in self._recalled or gid in self._returning
+
+    def take_victims(self, gid: int) -> list[int]:
+        """The pages demoted to make room for restoring ``gid`` (once)."""
+        with self.lock:
+            return self._victims.pop(gid, [])
+
+    def access(self, gids: list[int], now: float
+               ) -> tuple[list[Action], list[Action], list[int], list[int]]:
+        """The engine needs ``gids`` in HBM: pin them.
+
+        Returns (demotions, restores, lost, blocked): ``lost`` pages have no copy left
+        (re-prefill), ``blocked`` ones found no room now (pinned pages fill the HBM).
+
+        Waits (lock released) while any of them is being demoted or restored: a page
+        being demoted has no copy yet."""
+        with self.idle:
+            self._want(gids, 1)
+            try:
+                self.idle.wait_for(lambda: not any(self.pages[g].busy for g in gids
+                                                   if g in self.pages), 60.0)
+            finally:
+                self._want(gids, -1)
+            # Demanded now: scheduled migrations and prefetches of these pages are moot.
+            self._cancel(gids, kinds=(ActionKind.DEMOTE, ActionKind.RESTORE))
+            demotes: list[Action] = []
+            restores: list[Action] = []
+            lost: list[int] = []
+            blocked: list[int] = []
+            self._pin_all(gids, now)
+            self._returning.difference_update(gids)
+            short = self._short_hbms(gids)
+            for gid in gids:
+                rec = self.pages[gid]
+                if rec.resident:
+                    continue
+                if not rec.copies:
+                    lost.append(gid)
+                    continue
+                if rec.hbm in short:
+                    blocked.append(gid)
+                    continue
+                try:
+                    room = self._make_room(rec.hbm, rec.meta.length, now)
+                except HbmFull:
+                    blocked.append(gid)
+                    continue
+                demotes += room
+                self._victims[gid] = [a.gid for a in room]
+                tier, codec = self.strategy.restore_source(rec)
+                self._insert(rec, now, codec)
+                self._set_busy(rec, True)
+                restores.append(Action(kind=ActionKind.RESTORE, gid=gid, hbm=rec.hbm,
+                                       tier=tier, codec=codec, start_at=now, reason="access",
+                                       session=rec.meta.session))
+            for gid in lost + blocked:  # not pinned: the caller retries or gives up
+                rec = self.pages[gid]
+                rec.pins -= 1
+                rec.view.pinned = rec.pins > 0
+            self.stats["restores"] += len(restores)
+            return demotes, restores, lost, blocked
+
+    def _pin_all(self, gids: list[int], now: float) -> None:
+        """Pin every requested page first: making room for one must never evict another."""
+        for gid in gids:
+            rec = self.pages[gid]
+            rec.pins += 1
+            rec.view.pinned = True
+            rec.view.last_access = now
+            rec.view.access_count += 1
+            if rec.resident:
+                self.hbms[rec.hbm].policy.on_access(rec.view, now)
+
+    def _short_hbms(self, gids: list[int]) -> set[str]:
+        """HBM actors where the missing pages of ``gids`` cannot all fit now, even after
+        evicting every unpinned page. Such a load restores none of them (all or nothing):
+        restoring part only to unpin and retry would see those pages evicted by the next
+        load and restored again, moving bytes and delaying everyone for nothing."""
+        need: dict[str, int] = {}
+        for gid in gids:
+            rec = self.pages[gid]
+            if not rec.resident and rec.copies:
+                need[rec.hbm] = need.get(rec.hbm, 0) + rec.meta.length
+        if not need:
+            return set()
+        room = {h: self.hbms[h].capacity - self.hbms[h].used for h in need}
+        for rec in self.pages.values():
+            if rec.hbm in room and rec.resident and not rec.view.pinned:
+                room[rec.hbm] += rec.meta.length
+        return {h for h, n in need.items() if n > room[h]}
+
+    def unpin(self, gids: Iterable[int], now: float) -> int:
+        """Drop one pin of each page; returns the change count after it (``wait_changed``)."""
+        with self.lock:
+            for gid in gids:
+                rec = self.pages.get(gid)
+                if rec is not None and rec.pins > 0:
+                    rec.pins -= 1
+                    rec.view.pinned = rec.pins > 0
+                    if rec.resident and rec.hbm in self.hbms:
+                        self.hbms[rec.hbm].policy.on_update(rec.view, now)
+            self._changed()  # unpinned pages are room for a load that waits for some
+            return self.changes
+
+    def wait_changed(self, seen: int, timeout_s: float) -> int:
+        """Block until a pin was dropped or a move ended after change ``seen`` (or the
+        timeout); returns the change count."""
+        with self.idle:
+            self.idle.wait_for(lambda: self.changes != seen, timeout_s)
+            return self.changes
+
+    def _changed(self) -> None:
+        self.changes += 1
+        self.idle.notify_all()

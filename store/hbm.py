@@ -110,6 +110,14 @@ class HbmArena:
         self._lengths[page] = 0
         self._free.append(page)
 
+    def scrub_free(self) -> int:
+        """Zero every free page (erasure: a page released earlier still holds its bytes
+        until reused); returns how many were zeroed."""
+        free = list(self._free)
+        if free:
+            self._buf[torch.tensor(free, device=self.device)] = 0
+        return len(free)
+
     def pin(self, page: int) -> None:
         self._check(page)
         self._pins[page] += 1

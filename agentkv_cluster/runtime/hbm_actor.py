@@ -136,7 +136,9 @@ class HbmActor:
             return page is not None
 
     def erase(self, keys: list[bytes]) -> int:
-        """Tenant erasure: free and zero these pages (not just release them)."""
+        """Tenant erasure: free and zero these pages (not just release them), and zero
+        every free page: pages dropped earlier (the tenant's among them) keep their bytes
+        until reused. Reserved landing pages are left alone: a push may be landing in one."""
         with self._lock:
             n = 0
             for key in keys:
@@ -144,6 +146,7 @@ class HbmActor:
                 if page is not None:
                     self.arena.free(page, scrub=True)
                     n += 1
+            self.arena.scrub_free()
             return n
 
     def reset(self) -> int:

@@ -65,6 +65,10 @@ def test_erase_shreds_keys_and_pages_in_every_tier(service) -> None:
     globex, s_glob, g_pages, g_keys = _store(service, "globex", 1)
     before = _tiers_holding(service, keys)
     assert before["hbm"] > 0 and before["host"] + before["nvme"] > 0, before
+    arena = service.topo.hbms["node0-hbm0"].target.arena.buffer.numpy().tobytes()
+    # 64 bytes from inside each acme page (page 0 has the same bytes as globex's page 0)
+    marks = [p["data"][4096:4160] for p in _pages[1:]]
+    assert sum(m in arena for m in marks) == len(marks)  # the demoted ones linger, freed
     keyring = TenantKeyring(FileKeySource(service.keys_dir))
     namespace = DirectoryBlinder(keyring).namespace("acme")
     directory = service.topo.directory
@@ -79,6 +83,8 @@ def test_erase_shreds_keys_and_pages_in_every_tier(service) -> None:
     assert counts["host"] + counts["nvme"] == before["host"] + before["nvme"]
     assert counts["directory"] == len(listed)
     assert _tiers_holding(service, keys) == {"hbm": 0, "host": 0, "nvme": 0}
+    arena = service.topo.hbms["node0-hbm0"].target.arena.buffer.numpy().tobytes()
+    assert not any(m in arena for m in marks)  # resident and freed pages alike are zero
     assert all(directory.get(namespace, k)[0] is Lookup.MISS for k in keys)
     assert keyring.generations("acme") == []
     with pytest.raises(KeyUnavailable):

@@ -98,6 +98,17 @@ def test_scrubbing_free_zeroes_the_page(arena):
     assert not bool(arena.buffer[b].any())
 
 
+def test_scrub_free_zeroes_released_pages_and_keeps_live_ones(arena):
+    a, b, c = arena.alloc(), arena.alloc(), arena.alloc()
+    for page, data in ((a, b"live"), (b, b"old1"), (c, b"old2")):
+        arena.write(page, data)
+    arena.free(b)
+    arena.free(c)
+    assert arena.scrub_free() == 3  # b, c and the never-used fourth page
+    assert bytes(arena.buffer[a, :4].numpy()) == b"live"
+    assert not bool(arena.buffer[b].any()) and not bool(arena.buffer[c].any())
+
+
 def test_stats_report_fragmentation(arena):
     a, b = arena.alloc(), arena.alloc()
     arena.write(a, bytes(4096))

@@ -9,6 +9,7 @@ capacity (``hbm_slot`` resource for ``hbm``), which the head then uses.
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import threading
 from pathlib import Path
@@ -106,6 +107,13 @@ def run(args: argparse.Namespace) -> int:
         return _join_worker(cfg)
     from agentkv_cluster.runtime.service import Service
 
+    # The service's own log lines (nodes placed, failed joins) go to stderr with the
+    # container's other output; library loggers stay at their own levels.
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    service_log = logging.getLogger("agentkv_cluster")
+    service_log.addHandler(handler)
+    service_log.setLevel(logging.INFO)
     secret = read_token_secret(cfg.security.token_secret_file)
     service = Service(cfg, token_secret=secret)
     if secret is None:  # tokens must be issuable by the operator: keep the secret on disk

@@ -93,7 +93,7 @@ class Service:
                     added = wiring.join_new_nodes(self.cfg, self.topo, self.front,
                                                   self.hbm_capacity)
                 if added:
-                    log.info("placed HBM actors on joined nodes: %s", ", ".join(added))
+                    log.info("placed actors on joined nodes: %s", ", ".join(added))
             except Exception:  # logged; the service keeps serving on the nodes it has
                 log.exception("placing actors on joined nodes failed")
 

@@ -10,7 +10,9 @@ objects in this process for tests and tools that need no Ray.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -184,6 +186,37 @@ def pool_nodes(nodes: list[dict[str, Any]], cluster: list[dict[str, Any]] | None
     return list(nodes)
 
 
+_HOST_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,46}[a-z0-9])?")
+
+
+def _host(node: dict[str, Any]) -> str:
+    return str(node.get("NodeManagerHostname", "")).split(".")[0].lower()
+
+
+def stable_name(node: dict[str, Any], cluster: list[dict[str, Any]]) -> str | None:
+    """A node name that survives restarts: its host name, when that is a plain DNS label no
+    other live node shares (a StatefulSet pod in Kubernetes keeps it, so a restarted
+    service reopens the same NVMe folder and shared-memory segment). None on a one-node
+    cluster (its ``node0`` is stable already) and when several Ray nodes share a host
+    (tests): those are numbered."""
+    host = _host(node)
+    if len(cluster) < 2 or not _HOST_LABEL.fullmatch(host) or re.fullmatch(r"node\d+", host):
+        return None
+    return host if sum(_host(n) == host for n in cluster) == 1 else None
+
+
+def _name_node(topo: Topology, node: dict[str, Any], cluster: list[dict[str, Any]]) -> str:
+    """``stable_name``, unless a live node holds it already; else the next free ``nodeN``
+    (a dead node's name is reused by the node that replaces it)."""
+    live = {n["NodeID"] for n in cluster}
+    holders = {name: nid for nid, name in topo.node_names.items()}
+    name = stable_name(node, cluster)
+    if name is None or holders.get(name, node["NodeID"]) in live - {node["NodeID"]}:
+        name = next(f"node{i}" for i in itertools.count(len(topo.node_names))
+                    if f"node{i}" not in holders)
+    return name
+
+
 def place(cfg: AgentKvConfig, topo: Topology, nodes: list[dict[str, Any]],
           hbm_capacity: int | None = None, cluster: list[dict[str, Any]] | None = None
           ) -> list[str]:
@@ -195,7 +228,7 @@ def place(cfg: AgentKvConfig, topo: Topology, nodes: list[dict[str, Any]],
     else the pools round-robin, so pool load spreads across the pool nodes.
     """
     for node in nodes:
-        topo.node_names[node["NodeID"]] = f"node{len(topo.node_names)}"
+        topo.node_names[node["NodeID"]] = _name_node(topo, node, cluster or nodes)
     for node in pool_nodes(nodes, cluster):
         pool = topo.node_names[node["NodeID"]]
         spawn_pool(topo, pool_spec(cfg, pool, topo.workdir), node["NodeID"])
@@ -221,28 +254,29 @@ def place(cfg: AgentKvConfig, topo: Topology, nodes: list[dict[str, Any]],
 
 def join_new_nodes(cfg: AgentKvConfig, topo: Topology, front: Any | None = None,
                    hbm_capacity: int | None = None) -> list[str]:
-    """Place actors on Ray nodes that joined after ``deploy`` (GPU workers scaled up) and
-    wire them to the rest; returns the new HBM actors' names. Dead nodes are the health
-    watcher's business; a node is placed once."""
+    """Place actors on Ray nodes that joined after ``deploy`` (GPU workers scaled up, a pool
+    pod replaced) and wire them to the rest; returns the new actors' names (pools, then
+    HBM actors). Dead nodes are the health watcher's business; a node is placed once."""
     cluster = [n for n in _ray().nodes() if n.get("Alive")]
     new = sorted((n for n in cluster if n["NodeID"] not in topo.node_names),
                  key=lambda n: n["NodeID"])
     live = {n["NodeID"] for n in cluster}
     if not new or not (pool_nodes(new, cluster) or live & set(topo.pool_node.values())):
         return []  # nothing new, or no live pool to pair with yet: looked at again later
-    old_pools = set(topo.pools)
+    before = dict(topo.pools)
     added = place(cfg, topo, new, hbm_capacity, cluster)
     pools = {p: h for p, h in topo.pools.items() if topo.pool_node.get(p) in live}
+    fresh = [p for p, h in pools.items() if before.get(p) is not h]  # new or replacing one
     for name in added:  # the new HBM actors with every live pool and the front
         for pool in pools.values():
             introduce(topo.hbms[name], pool)
         if front is not None:
             introduce(topo.hbms[name], front)
-    for pool_name in set(pools) - old_pools:  # new pools with the HBM actors from before
+    for pool_name in fresh:  # new pools with the HBM actors from before
         for name, hbm in topo.hbms.items():
             if name not in added and hbm.alive(5.0):
                 introduce(hbm, pools[pool_name])
-    return added
+    return fresh + added
 
 
 def introduce(a: Handle | Any, b: Handle | Any) -> None:

@@ -42,6 +42,34 @@ def test_pool_nodes_fall_back_to_every_node_when_none_is_marked() -> None:
     assert [n["NodeID"] for n in wiring.pool_nodes(plain, cluster=plain)] == ["a", "b"]
 
 
+def test_nodes_are_named_by_unique_host_names_else_numbered() -> None:
+    def node(nid: str, host: str) -> dict:
+        return {"NodeID": nid, "NodeManagerHostname": host, "Resources": {}}
+
+    k8s = [node("a", "agentkv-pool-0.agentkv-pool.ns.svc"), node("b", "agentkv-pool-1"),
+           node("c", "gpu-worker-x7k2p")]
+    assert [wiring.stable_name(n, k8s) for n in k8s] == [
+        "agentkv-pool-0", "agentkv-pool-1", "gpu-worker-x7k2p"]
+    one_host = [node("a", "vm"), node("b", "vm")]  # Ray nodes sharing a machine
+    assert [wiring.stable_name(n, one_host) for n in one_host] == [None, None]
+    for bad in ("Bad_Host!", "node3"):
+        assert wiring.stable_name(node("d", bad), [node("d", bad), k8s[0]]) is None
+    assert wiring.stable_name(k8s[0], k8s[:1]) is None  # one node: node0 is stable already
+
+    topo = wiring.Topology(controller=None, directory=None)
+    cluster = [*k8s, node("v", "vm")]
+    for n in cluster:
+        topo.node_names[n["NodeID"]] = wiring._name_node(topo, n, cluster)
+    assert list(topo.node_names.values()) == [
+        "agentkv-pool-0", "agentkv-pool-1", "gpu-worker-x7k2p", "vm"]
+    # The pod behind "agentkv-pool-1" comes back as a new Ray node: while the old one is
+    # alive it gets a number, once that one is gone it takes the name over.
+    back = node("b2", "agentkv-pool-1")
+    assert wiring._name_node(topo, back, [*cluster, back]) == "node4"
+    assert wiring._name_node(topo, back, [k8s[0], k8s[2], cluster[3], back]) == \
+        "agentkv-pool-1"
+
+
 def test_pool_only_on_akv_pool_node_and_hbm_uses_it(cluster) -> None:
     c, pool_node_id = cluster
     workdir = Path(tempfile.mkdtemp(prefix="agentkv-place-"))

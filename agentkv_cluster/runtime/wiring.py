@@ -263,8 +263,19 @@ def join_new_nodes(cfg: AgentKvConfig, topo: Topology, front: Any | None = None,
     live = {n["NodeID"] for n in cluster}
     if not new or not (pool_nodes(new, cluster) or live & set(topo.pool_node.values())):
         return []  # nothing new, or no live pool to pair with yet: looked at again later
-    before = dict(topo.pools)
-    added = place(cfg, topo, new, hbm_capacity, cluster)
+    before, before_hbms = dict(topo.pools), dict(topo.hbms)
+    try:
+        added = place(cfg, topo, new, hbm_capacity, cluster)
+    except Exception:
+        # Nodes that got no actor are looked at again on the next poll (e.g. the dead
+        # pool they replace still held its actor name).
+        made = {topo.pool_node[p] for p, h in topo.pools.items() if before.get(p) is not h}
+        made |= {nid for nid, name in topo.node_names.items() for h, handle in topo.hbms.items()
+                 if before_hbms.get(h) is not handle and h.startswith(f"{name}-hbm")}
+        for node in new:
+            if node["NodeID"] not in made:
+                topo.node_names.pop(node["NodeID"], None)
+        raise
     pools = {p: h for p, h in topo.pools.items() if topo.pool_node.get(p) in live}
     fresh = [p for p, h in pools.items() if before.get(p) is not h]  # new or replacing one
     for name in added:  # the new HBM actors with every live pool and the front

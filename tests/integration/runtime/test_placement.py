@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -68,6 +69,22 @@ def test_nodes_are_named_by_unique_host_names_else_numbered() -> None:
     assert wiring._name_node(topo, back, [*cluster, back]) == "node4"
     assert wiring._name_node(topo, back, [k8s[0], k8s[2], cluster[3], back]) == \
         "agentkv-pool-1"
+
+
+def test_a_join_that_placed_nothing_is_tried_again(monkeypatch) -> None:
+    joined = [{"NodeID": "a", "Alive": True, "NodeManagerHostname": "vm", "Resources": {}}]
+    monkeypatch.setattr(wiring, "_ray", lambda: SimpleNamespace(nodes=lambda: joined))
+
+    def refused(cfg, topo, nodes, capacity, cluster):  # e.g. the dead pool's name is held
+        for n in nodes:
+            topo.node_names[n["NodeID"]] = "node0"
+        raise ValueError("actor name akv-pool-node0 is taken")
+
+    monkeypatch.setattr(wiring, "place", refused)
+    topo = wiring.Topology(controller=None, directory=None)
+    with pytest.raises(ValueError):
+        wiring.join_new_nodes(None, topo)
+    assert topo.node_names == {}  # not marked placed: the next poll tries it again
 
 
 def test_pool_only_on_akv_pool_node_and_hbm_uses_it(cluster) -> None:

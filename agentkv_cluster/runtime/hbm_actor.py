@@ -94,12 +94,17 @@ class HbmActor:
 
     def _alloc(self, key: bytes) -> int:
         with self._lock:
-            old = self._pages.pop(key, None)
-            if old is not None:
-                self.arena.free(old)
+            self._release(key)  # first: the old page is room for the new one
             page = self.arena.alloc()
             self._pages[key] = page
             return page
+
+    def _release(self, key: bytes) -> bool:
+        """Free the page ``key`` holds, if any (the caller holds the lock)."""
+        page = self._pages.pop(key, None)
+        if page is not None:
+            self.arena.free(page)
+        return page is not None
 
     def _page(self, key: bytes) -> int:
         page = self._pages.get(key)
@@ -130,10 +135,7 @@ class HbmActor:
 
     def drop(self, key: bytes) -> bool:
         with self._lock:
-            page = self._pages.pop(key, None)
-            if page is not None:
-                self.arena.free(page)
-            return page is not None
+            return self._release(key)
 
     def erase(self, keys: list[bytes]) -> int:
         """Tenant erasure: free and zero these pages (not just release them), and zero
@@ -183,9 +185,7 @@ class HbmActor:
             if self._landing.get(page) != owner:
                 raise UnknownPageKey(f"arena page {page} is not reserved by {owner}")
             del self._landing[page]
-            old = self._pages.pop(key, None)
-            if old is not None:
-                self.arena.free(old)
+            self._release(key)
             self._pages[key] = page
             self.arena.mark_written(page, length)
 

@@ -138,13 +138,18 @@ class Mover:
             self._peers.discard(agent)
             self.transport.remove_peer(agent)
 
+    def _submit(self, op: TransferOp, local: Region, local_offset: int, span: RemoteSpan
+                ) -> int:
+        """Start one transfer of ``span``; the caller holds ``_xfer``."""
+        self._peer(span.endpoint)
+        return self.transport.submit(TransferJob(
+            op=op, local=local, remote=Region.unpack(span.region), length=span.length,
+            local_offset=local_offset, remote_offset=span.offset))
+
     def _move(self, op: TransferOp, local: Region, local_offset: int, span: RemoteSpan) -> int:
-        job = TransferJob(op=op, local=local, remote=Region.unpack(span.region),
-                          length=span.length, local_offset=local_offset,
-                          remote_offset=span.offset)
         with self._xfer:
-            self._peer(span.endpoint)
-            result = self.transport.wait(self.transport.submit(job), timeout_s=60.0)
+            result = self.transport.wait(self._submit(op, local, local_offset, span),
+                                         timeout_s=60.0)
         if result.status is not TransferStatus.DONE:
             raise MoveError(f"{op.value} of {span.length} B failed: {result.error}")
         self.bytes_moved += span.length
@@ -152,12 +157,8 @@ class Mover:
 
     def push_async(self, local: Region, local_offset: int, span: RemoteSpan) -> int:
         """Start a NIXL WRITE and return its job id (``wait_all`` collects it)."""
-        job = TransferJob(op=TransferOp.WRITE, local=local, remote=Region.unpack(span.region),
-                          length=span.length, local_offset=local_offset,
-                          remote_offset=span.offset)
         with self._xfer:
-            self._peer(span.endpoint)
-            return self.transport.submit(job)
+            return self._submit(TransferOp.WRITE, local, local_offset, span)
 
     def wait_all(self, job_ids: list[int]) -> int:
         moved = 0

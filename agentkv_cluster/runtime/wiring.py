@@ -37,6 +37,7 @@ class Topology:
     hbms: dict[str, Handle] = field(default_factory=dict)
     hbm_pool: dict[str, str] = field(default_factory=dict)
     pool_node: dict[str, str] = field(default_factory=dict)  # pool -> Ray node id
+    hbm_node: dict[str, str] = field(default_factory=dict)  # HBM actor -> Ray node id
     workdir: Path = Path(".")
     pool_specs: dict[str, PoolSpec] = field(default_factory=dict)
     node_names: dict[str, str] = field(default_factory=dict)  # Ray node id -> "nodeN"
@@ -227,13 +228,14 @@ def place(cfg: AgentKvConfig, topo: Topology, nodes: list[dict[str, Any]],
     An HBM actor uses the pool on its own node when there is one (shared-memory hops),
     else the pools round-robin, so pool load spreads across the pool nodes.
     """
+    cluster = nodes if cluster is None else cluster
     for node in nodes:
-        topo.node_names[node["NodeID"]] = _name_node(topo, node, cluster or nodes)
+        topo.node_names[node["NodeID"]] = _name_node(topo, node, cluster)
     for node in pool_nodes(nodes, cluster):
         pool = topo.node_names[node["NodeID"]]
         spawn_pool(topo, pool_spec(cfg, pool, topo.workdir), node["NodeID"])
         topo.controller.add_pool(pool, topo.pools[pool])
-    live = {n["NodeID"] for n in (nodes if cluster is None else cluster)}
+    live = {n["NodeID"] for n in cluster}
     by_node = {node: pool for pool, node in topo.pool_node.items() if node in live}
     pools = sorted(by_node.values())  # never a pool whose node is gone
     capacity = hbm_capacity or cfg.hbm.page_bytes * cfg.hbm.num_pages
@@ -246,7 +248,7 @@ def place(cfg: AgentKvConfig, topo: Topology, nodes: list[dict[str, Any]],
                 pool, topo.spread = pools[topo.spread % len(pools)], topo.spread + 1
             name = f"{topo.node_names[node['NodeID']]}-hbm{g}"
             topo.hbms[name] = spawn_hbm(cfg, name, node["NodeID"], kind)
-            topo.hbm_pool[name] = pool
+            topo.hbm_pool[name], topo.hbm_node[name] = pool, node["NodeID"]
             topo.controller.add_hbm(name, topo.hbms[name], capacity, pool)
             added.append(name)
     return added
@@ -270,8 +272,8 @@ def join_new_nodes(cfg: AgentKvConfig, topo: Topology, front: Any | None = None,
         # Nodes that got no actor are looked at again on the next poll (e.g. the dead
         # pool they replace still held its actor name).
         made = {topo.pool_node[p] for p, h in topo.pools.items() if before.get(p) is not h}
-        made |= {nid for nid, name in topo.node_names.items() for h, handle in topo.hbms.items()
-                 if before_hbms.get(h) is not handle and h.startswith(f"{name}-hbm")}
+        made |= {topo.hbm_node[h] for h, handle in topo.hbms.items()
+                 if before_hbms.get(h) is not handle}
         for node in new:
             if node["NodeID"] not in made:
                 topo.node_names.pop(node["NodeID"], None)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
-from agentkv_cluster.runtime.mover import Mover, RemoteSpan
+from agentkv_cluster.runtime.mover import MoveError, Mover, RemoteSpan
 from agentkv_cluster.runtime.pool_records import StoredCopy, chunk_slot, chunks, parse
 from security.errors import InvalidSeal
 from security.sealing import TenantSealer, sealed_size
@@ -41,7 +41,10 @@ class ChunkOpener:
         ``dst``. With ``stable`` (a zero-copy read of bytes a writer may replace), a chunk is
         pushed only if ``stable()`` still holds after it opened; False = it did not (torn:
         the caller retries; a failed tag on torn bytes is not tampering). Raises
-        ``SealRejected`` when a chunk of unchanged bytes fails to open."""
+        ``SealRejected`` when a chunk of unchanged bytes fails to open, ``MoveError`` when
+        the copy is larger than ``dst`` (nothing is pushed)."""
+        if copy.nbytes > dst.length:
+            raise MoveError(f"a {copy.nbytes} B copy does not fit a {dst.length} B span")
         jobs: list[int] = []
         try:
             ok = self._open_chunks(digest, copy, record, slot, dst, stable, jobs)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from agentkv_cluster.lifecycle.types import StateType
-from agentkv_cluster.runtime.mover import Mover
+from agentkv_cluster.runtime.mover import MoveError, Mover
 from agentkv_cluster.runtime.pool_actor import PageMissing, SealRejected
 from agentkv_cluster.runtime.records import PageMeta
 from store.types import Codec, Tier
@@ -80,6 +80,19 @@ def test_restore_boundary_rejects_unknown_codecs_and_missing_copies(service):
     with pytest.raises(SealRejected):  # another page's identity does not open this copy
         pool.restore_to(b"k" * 32, b"e" * 32, int(Codec.FULL), wire)
     assert pool.stats()["rejects"] == 1
+
+
+def test_a_copy_larger_than_its_destination_span_is_not_pushed(service):
+    hbm, pool, front = service
+    pages = _pages(front)
+    _store(pool, front, 0, Tier.HOST)
+    hbm.restore(_meta(), int(Tier.HOST), int(Codec.FULL), pool)
+    _store(pool, front, 1, Tier.HOST)  # a newer version of the page in the pool
+    short = (*hbm.span(b"k" * 32).wire()[:4], PAGE - 1)  # one byte short of the copy
+    with pytest.raises(MoveError, match="does not fit"):
+        pool.restore_to(b"k" * 32, b"d" * 32, int(Codec.FULL), short)
+    assert hbm.read(b"k" * 32)[:PAGE] == pages[0]  # not a byte of the new version landed
+    assert pool.stats()["rejects"] == 0
 
 
 def test_tampered_host_copy_is_rejected_counted_and_not_left_in_hbm(service):

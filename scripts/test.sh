@@ -4,12 +4,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v redis-server >/dev/null 2>&1; then
+# System packages. redis-server: the directory and service tests start their own.
+# ibverbs-providers: the host's rdma-core user space, as RDMA nodes and many images carry
+# it; with it a NIXL process can load a second libibverbs/libnl, the exit-status tests
+# (tests/integration/store/test_nixl_process_exit.py) need that condition to mean anything.
+apt_needed=()
+command -v redis-server >/dev/null 2>&1 || apt_needed+=(redis-server)
+ldconfig -p 2>/dev/null | grep -q 'libefa\.so\.1' || apt_needed+=(ibverbs-providers)
+if [ ${#apt_needed[@]} -gt 0 ]; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
-    echo "== installing redis-server (apt)"
+    echo "== installing ${apt_needed[*]} (apt)"
     apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
-  else
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${apt_needed[@]}" >/dev/null
+  fi
+  if ! command -v redis-server >/dev/null 2>&1; then
     echo "redis-server is missing and cannot be installed without root + apt" >&2
     exit 1
   fi

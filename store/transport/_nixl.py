@@ -7,6 +7,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import MutableMapping
 from typing import Any
 
 from store.transport.base import (
@@ -21,6 +22,39 @@ from store.transport.base import (
     UnknownPeer,
     memory_address,
 )
+
+
+def _select_ucx_modules(environ: MutableMapping[str, str] = os.environ) -> str | None:
+    """Keep UCX from loading its InfiniBand modules on a host without RDMA devices.
+
+    The NIXL wheel bundles its own libibverbs and libnl (hashed names). UCX loads its
+    ``ib`` modules at context start whether or not the host has an RDMA device; one of
+    them (``uct_ib_efa``) needs ``libefa.so.1``, which only the host's rdma-core provides,
+    and that pulls in the host's libibverbs and libnl-route as well. Two copies of
+    libnl-route then register the same traffic-control ops; the second registration is
+    refused and leaves its ops unlinked, and at exit that copy's destructor unlinks them
+    anyway: a segmentation fault in ``rtnl_tc_unregister`` after the program has finished
+    (every process that started a NIXL UCX agent on a host with rdma-core installed).
+
+    Without an RDMA device the ``ib`` modules can carry nothing, so they are not loaded
+    (``UCX_MODULES=^ib``): no second libibverbs, no second libnl. CUDA and shared-memory
+    modules are unaffected. An operator's own ``UCX_MODULES`` always wins; on hosts with
+    RDMA devices UCX keeps its default (see docs/architecture.md). Returns what was set."""
+    if "UCX_MODULES" in environ or _has_rdma_device():
+        return None
+    environ["UCX_MODULES"] = "^ib"
+    return environ["UCX_MODULES"]
+
+
+def _has_rdma_device(sysfs: str = "/sys/class/infiniband") -> bool:
+    try:
+        return any(True for _ in os.scandir(sysfs))
+    except OSError:
+        return False
+
+
+# Before the bindings load: UCX reads its configuration when the first agent starts.
+_select_ucx_modules()
 
 try:
     import nixl  # type: ignore[import-not-found]

@@ -2,11 +2,16 @@
 
     python benchmarks/bench_security.py [--rounds 60] [--sizes-mib 2 16]
 
-For each page size, the raw ``AESGCM.encrypt_into`` / ``decrypt_into`` and
-``TenantSealer.seal`` / ``open`` (with ``out=`` buffers) run interleaved, round
-by round, on the very same preallocated, pre-faulted buffers (raw writes its
-ciphertext exactly where the sealer does), so cache placement is identical. The
-figures that matter are the ratios (target: sealer >= 0.8 x raw).
+For each page size, the raw ``AESGCM.encrypt_into`` / ``decrypt_into`` and the sealers
+(with ``out=`` buffers) run interleaved, round by round, on the very same preallocated,
+pre-faulted buffers (raw writes its ciphertext where the sealer does), so cache placement
+is identical. The figures that matter are the ratios (target: sealer >= 0.8 x raw):
+
+  format 1     ``TenantSealer.seal`` / ``open``, one message, vs raw on one thread
+  format 2, 1T ``ChunkedSealer`` (the pool's record format: sealed meta block, chunks,
+               padding to a size class) on one thread, vs raw on one thread
+  format 2, NT ``ChunkedSealer`` on its thread pool (one thread per core), vs raw split
+               into one part per core on as many threads
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import random
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -27,6 +33,7 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
+from security.chunked import Binding, ChunkedSealer, default_threads, record_size
 from security.keyring import FileKeySource, TenantKeyring
 from security.sealing import HEADER_BYTES, TenantSealer, sealed_size
 
@@ -54,6 +61,15 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
+THREADS = default_threads()
+BINDING = Binding(tenant="bench", generation=1, tier=1, slot_id=bytes(32), digest=DIGEST)
+
+
+def _split(n: int) -> list[tuple[int, int]]:
+    step = -(-n // THREADS)
+    return [(i * step, min(step, n - i * step)) for i in range(THREADS)]
+
+
 def measure(n: int, rounds: int, sealer: TenantSealer) -> dict[str, float]:
     """Raw and sealer use the very same source, ciphertext and output memory.
 
@@ -74,13 +90,42 @@ def measure(n: int, rounds: int, sealer: TenantSealer) -> dict[str, float]:
     def nothing() -> None:
         pass
 
+    one, many = ChunkedSealer(sealer.keyring, threads=1), ChunkedSealer(sealer.keyring)
+    record = _buffer(record_size(n))
+    pool = ThreadPoolExecutor(THREADS)
+    parts = _split(n)
+    src, rec = memoryview(plain), memoryview(record)
+
+    def raw_mt(decrypt: bool) -> None:
+        def part(i: int) -> None:
+            off, k = parts[i]
+            ct = rec[off + 16 * i:off + 16 * i + k + 16]
+            if decrypt:
+                gcm.decrypt_into(nonce, ct, aad, memoryview(opened)[off:off + k])
+            else:
+                gcm.encrypt_into(nonce, src[off:off + k], aad, ct)
+        list(pool.map(part, range(THREADS)))
+
     ops = {  # op -> (prepare raw, raw, prepare sealer, sealer); preparing is not timed
         "seal": (nothing, lambda: gcm.encrypt_into(nonce, plain, aad, body),
                  nothing, lambda: sealer.seal("bench", DIGEST, 1, 1, 0, plain, sealed_buf)),
         "open": (raw_ct, lambda: gcm.decrypt_into(nonce, body, aad, opened),
                  sealer_ct, lambda: sealer.open("bench", DIGEST, 1, 1, 0, sealed_buf, opened)),
+        "seal2": (nothing, lambda: gcm.encrypt_into(nonce, plain, aad, rec[:n + 16]),
+                  nothing, lambda: one.seal_into(record, plain, BINDING)),
+        "open2": (lambda: gcm.encrypt_into(nonce, plain, aad, rec[:n + 16]),
+                  lambda: gcm.decrypt_into(nonce, rec[:n + 16], aad, opened),
+                  lambda: one.seal_into(record, plain, BINDING),
+                  lambda: one.open_into(record, BINDING, opened)),
+        "seal2mt": (nothing, lambda: raw_mt(False),
+                    nothing, lambda: many.seal_into(record, plain, BINDING)),
+        "open2mt": (lambda: raw_mt(False), lambda: raw_mt(True),
+                    lambda: many.seal_into(record, plain, BINDING),
+                    lambda: many.open_into(record, BINDING, opened)),
     }
-    times: dict[str, list[float]] = {k: [] for k in ("raw_seal", "seal", "raw_open", "open")}
+    times: dict[str, list[float]] = {}
+    for op in ops:
+        times[op], times[f"raw_{op}"] = [], []
     rng = random.Random(n)
     for _ in track(range(rounds), description=f"{n >> 20} MiB pages", transient=True):
         for op, (prep_raw, raw_fn, prep_sealer, sealer_fn) in ops.items():
@@ -89,8 +134,14 @@ def measure(n: int, rounds: int, sealer: TenantSealer) -> dict[str, float]:
             for is_raw in order:
                 (prep_raw if is_raw else prep_sealer)()
                 times[f"raw_{op}" if is_raw else op].append(_timed(raw_fn if is_raw else sealer_fn))
+    pool.shutdown()
     assert opened[:] == plain[:], "sealer round trip failed"
     return {k: n / _fast_quantile(v) / 1e9 for k, v in times.items()}
+
+
+LABELS = {"seal": "seal, format 1", "open": "open, format 1",
+          "seal2": "seal, format 2, 1T", "open2": "open, format 2, 1T",
+          "seal2mt": f"seal, format 2, {THREADS}T", "open2mt": f"open, format 2, {THREADS}T"}
 
 
 def main() -> int:
@@ -104,15 +155,17 @@ def main() -> int:
         sealer = TenantSealer(ring)
         results = {mib: measure(mib << 20, args.rounds, sealer) for mib in args.sizes_mib}
     table = Table(title=f"AES-256-GCM sealing, p10 times over {args.rounds} shuffled rounds (GB/s)")
-    for col in ("page", "op", "raw *_into", "TenantSealer", "ratio", f"target >= {TARGET}"):
+    for col in ("page", "op", "raw *_into", "sealer", "ratio", f"target >= {TARGET}"):
         table.add_column(col, justify="right")
     failed = 0
     for mib, r in results.items():
-        for op, raw_key in (("seal", "raw_seal"), ("open", "raw_open")):
+        for op, raw_key in ((o, f"raw_{o}") for o in ("seal", "open", "seal2", "open2",
+                                                      "seal2mt", "open2mt")):
             ratio = r[op] / r[raw_key]
             ok = ratio >= TARGET
             failed += not ok
-            table.add_row(f"{mib} MiB", op, f"{r[raw_key]:.2f}", f"{r[op]:.2f}", f"{ratio:.3f}",
+            table.add_row(f"{mib} MiB", LABELS[op], f"{r[raw_key]:.2f}", f"{r[op]:.2f}",
+                          f"{ratio:.3f}",
                           "[green]PASS[/green]" if ok else "[red]FAIL[/red]")
     Console().print(table)
     return 1 if failed else 0

@@ -33,6 +33,26 @@ def median_time(fn: Callable[[], object], reps: int) -> float:
     return statistics.median(times)
 
 
+def sample_times(fn: Callable[[], object], reps: int) -> list[float]:
+    """Seconds of each of ``reps`` calls of ``fn`` (after one warm-up)."""
+    fn()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def fast(samples: list[float]) -> float:
+    """The 10th-percentile time. On the shared 2-core machine the times are bimodal (another
+    process takes the core part of the time); like timeit's min (and bench_security.py), a
+    low quantile measures the code rather than the neighbours. Every row and its baseline
+    get the same treatment, interleaved round by round."""
+    ordered = sorted(samples)
+    return ordered[len(ordered) // 10]
+
+
 def report(
     group: str,
     case: str,

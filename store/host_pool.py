@@ -33,6 +33,8 @@ from typing import Self
 
 import numpy as np
 
+from store.parallel import copy_into
+
 SHM_DIR = "/dev/shm"
 COPY_CHUNK = 4 << 20  # shared memory copies fastest in 2-16 MiB chunks
 _PAGE = 4096
@@ -117,8 +119,8 @@ def _path(name: str) -> str:
 
 
 def _copy(dst: np.ndarray, src: np.ndarray) -> None:
-    for start in range(0, src.shape[0], COPY_CHUNK):
-        dst[start : start + COPY_CHUNK] = src[start : start + COPY_CHUNK]
+    """Large pages are copied in slices on every core (``store.parallel``)."""
+    copy_into(dst, src)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -252,6 +254,49 @@ class HostPool:
         w[base + SEQ] += 1  # even: published
         return w[base + VER]
 
+    def reserve(self, slot: int, n: int) -> np.ndarray:
+        """Start writing ``n`` bytes into ``slot`` in place: returns a writable view of them.
+
+        Readers of the slot wait (as for ``write``) until :meth:`commit` publishes the page
+        or :meth:`abort` leaves the slot empty. For producers that build a page straight
+        into the pool (sealing into the slot, a decoder writing its output): no copy."""
+        self._need_writer()
+        w, base = self._words, self._base(slot)
+        if n > self.slot_bytes:
+            raise PageTooLarge(f"{n} bytes do not fit a {self.slot_bytes}-byte slot")
+        if n <= 0:
+            raise EmptyPage(f"{self.name}: refusing to reserve an empty page in slot {slot}")
+        if w[base + STATE] != _USED:
+            raise SlotEmpty(f"{self.name}: slot {slot} is not allocated")
+        if w[base + SEQ] & 1:
+            raise PoolError(f"{self.name}: slot {slot} is already reserved")
+        off = w[base + OFF]
+        w[base + PID] = self._pid
+        w[base + SEQ] += 1  # odd: writing
+        return self._bytes[off : off + n]
+
+    def commit(self, slot: int, n: int) -> int:
+        """Publish the first ``n`` reserved bytes of ``slot``; returns its new version."""
+        self._need_writer()
+        w, base = self._words, self._base(slot)
+        if not w[base + SEQ] & 1:
+            raise PoolError(f"{self.name}: slot {slot} is not reserved")
+        if not 0 < n <= self.slot_bytes:
+            raise PageTooLarge(f"{n} bytes do not fit a {self.slot_bytes}-byte slot")
+        w[base + LEN] = n
+        w[base + VER] += 1
+        w[base + SEQ] += 1  # even: published
+        return w[base + VER]
+
+    def abort(self, slot: int) -> None:
+        """Give up a reservation: the slot stays allocated and holds no page."""
+        self._need_writer()
+        w, base = self._words, self._base(slot)
+        if not w[base + SEQ] & 1:
+            raise PoolError(f"{self.name}: slot {slot} is not reserved")
+        w[base + LEN] = 0
+        w[base + SEQ] += 1
+
     def free(self, slot: int, *, scrub: bool = False) -> None:
         """Return the slot; ``scrub=True`` also zeroes its bytes (erasure, not just release)."""
         self._need_writer()
@@ -266,6 +311,16 @@ class HostPool:
             self._bytes[off : off + self.slot_bytes] = 0
         w[base + SEQ] += 1  # a reader mid-copy sees seq move and retries
         self._free.append(slot)
+
+    def scrub_free(self) -> int:
+        """Zero the data of every free slot (erasure: a slot freed without ``scrub`` keeps
+        its last record until reused); returns how many slots were zeroed. Writer only."""
+        self._need_writer()
+        free = np.flatnonzero(self._table[:, STATE] == _FREE)
+        for slot in free:
+            off = int(self._table[slot, OFF])
+            self._bytes[off : off + self.slot_bytes] = 0
+        return int(free.size)
 
     # -- readers (and the writer) ---------------------------------------------
     def read(

@@ -34,6 +34,7 @@ from store.nvme_types import (
     InvalidRecord,
     NvmeEngine,
     NvmeShardConfig,
+    RecordExtent,
     RecordLocation,
     ShardClosed,
     ShardError,
@@ -55,6 +56,7 @@ __all__ = [
     "NvmeEngine",
     "NvmeShard",
     "NvmeShardConfig",
+    "RecordExtent",
     "RecordLocation",
     "ShardClosed",
     "ShardError",
@@ -170,6 +172,42 @@ class NvmeShard:
             self._tombs[key] = (seq, loc.segment)
             return Lookup.HIT
 
+    def shred(self, key: bytes) -> Lookup:
+        """Erasure: overwrite ``key``'s payload with zeros where it lies (and sync), then
+        retire it like ``delete``; HIT if it existed. The record header (key, length,
+        checksum) stays so recovery still parses the segment; the tombstone hides it."""
+        check_key(key)
+        with self._lock:
+            self._check_open()
+            loc = self._index.get(key)
+            if loc is None:
+                return Lookup.MISS
+            seg = self._segments[loc.segment]
+            _zero_range(seg.fd, loc.payload_offset, loc.length)
+            self._fsync(seg.fd)
+        return self.delete(key)
+
+    def shred_dead(self) -> int:
+        """Erasure: zero the payload of every record that is no longer live (deleted or
+        superseded: appends leave the old bytes in place), and sync; returns how many
+        were zeroed. Reads every segment's headers: an erasure-time sweep, not a hot path."""
+        zeroed = 0
+        with self._lock:
+            self._check_open()
+            live = {(loc.segment, loc.offset) for loc in self._index.values()}
+            for seg in self._segments.values():
+                touched = False
+                for rec in fmt.scan_segment(seg.fd, seg.size, self.config.align):
+                    h = rec.header
+                    if h.is_tombstone or not h.payload_len or (seg.index, rec.offset) in live:
+                        continue
+                    if _zero_range(seg.fd, rec.payload_offset, h.payload_len):
+                        zeroed += 1
+                        touched = True
+                if touched:
+                    self._fsync(seg.fd)
+        return zeroed
+
     def drop_cache(self, key: bytes) -> Lookup:
         """Drop ``key``'s record (header and payload) from the page cache; HIT if it exists.
 
@@ -182,6 +220,16 @@ class NvmeShard:
                 return Lookup.MISS
             drop_range(self._segments[loc.segment].fd, loc.offset, _record_bytes(loc))
             return Lookup.HIT
+
+    def extent(self, key: bytes) -> RecordExtent | None:
+        """Where ``key``'s record lies on disk (its segment file and byte range), or None."""
+        with self._lock:
+            loc = self._find(key)
+            if loc is None:
+                return None
+            return RecordExtent(path=self._segments[loc.segment].path, offset=loc.offset,
+                                length=_record_bytes(loc), payload_offset=loc.payload_offset,
+                                payload_length=loc.length)
 
     def keys(self) -> list[bytes]:
         with self._lock:
@@ -352,6 +400,21 @@ class NvmeShard:
     def _check_open(self) -> None:
         if self._closed:
             raise ShardClosed(f"shard {self.path} is closed")
+
+
+def _zero_range(fd: int, offset: int, length: int) -> bool:
+    """Overwrite ``length`` bytes at ``offset`` with zeros unless they are zero already;
+    True if it wrote."""
+    chunk = 1 << 20
+    wrote = False
+    end = offset + length
+    while offset < end:
+        n = min(chunk, end - offset)
+        if os.pread(fd, n, offset).count(0) != n:
+            os.pwrite(fd, bytes(n), offset)
+            wrote = True
+        offset += n
+    return wrote
 
 
 def _record_bytes(loc: RecordLocation) -> int:

@@ -68,8 +68,13 @@ def drop_range(fd: int, offset: int, length: int) -> None:
     """Ask the kernel to drop ``[offset, offset + length)`` of ``fd`` from the page cache.
 
     Clean pages go at once; dirty ones only start writeback, so sync first for a full drop.
+    The range is widened to whole pages: the kernel drops only pages wholly inside it, so
+    a record ending mid-page would keep its last page cached.
     """
-    os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+    page = mmap.PAGESIZE
+    start = offset - offset % page
+    end = -(-(offset + length) // page) * page
+    os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_DONTNEED)
 
 
 _libc = ctypes.CDLL(None, use_errno=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from pathlib import Path
 from typing import NamedTuple
 
 
@@ -86,6 +87,18 @@ class RecordLocation(NamedTuple):
     seq: int
     checksum: int  # payload hash (see nvme_format.payload_digest)
     version: int  # record format version, which says how ``checksum`` was computed
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecordExtent:
+    """Where a record's bytes lie in its segment file (what ``drop_cache`` evicts, and
+    what a caller checks with ``mincore``)."""
+
+    path: Path
+    offset: int  # record start (header block)
+    length: int  # header block + payload
+    payload_offset: int
+    payload_length: int
 
 
 @dataclass(frozen=True, kw_only=True)

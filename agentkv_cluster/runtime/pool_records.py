@@ -1,27 +1,36 @@
-"""The pool actor's stored-record format: a plaintext header, then the page sealed in chunks.
+"""The pool actor's stored-record formats.
 
-``record = magic ‖ header length ‖ msgpack header ‖ sealed chunk 0 ‖ sealed chunk 1 ‖ ...``.
-The header names the page (key, namespace, codec, location id; no tenant data) so a
-restarted actor rebuilds its index from the records alone. Each chunk is its own
-AES-GCM message bound to the location id, its index and a last-chunk flag.
+Version 2 (written now) is a ``security.chunked`` record: in the clear only the format
+version, an opaque key id and the blinded slot identity (a hash of the blinded page key
+and codec, also the record's NVMe key); the page's index entry (key, namespace, codec,
+location id, generations, lengths, state type, shape) is sealed in its meta block, and
+the record is padded to a size class. A restarted actor opens the meta blocks with the
+keyring to rebuild its index; records of an erased tenant no longer open and are dropped.
+
+Version 1 (still read): ``magic "AKVR" ‖ header length ‖ msgpack header ‖ sealed chunk 0
+‖ ...`` with a plaintext header and ``TenantSealer`` chunks bound to the location id, the
+chunk index and a last-chunk flag, stored under NVMe key ``key ‖ codec``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 
-from security.sealing import TenantSealer, sealed_size
+from security.chunked import Binding, ChunkedSealer, is_chunked, record_size
+from security.errors import InvalidSeal
+from security.sealing import sealed_size
 from store.types import Codec, Tier
 
-_REC = struct.Struct(">4sI")  # magic, header length
+_REC = struct.Struct(">4sI")  # version 1: magic, header length
 _MAGIC = b"AKVR"
-# Pages are sealed in 2 MiB chunks, so a restore pushes the chunks it has opened by NIXL
-# while it opens the next ones.
+# Version 1 sealed pages in 2 MiB chunks.
 CHUNK = 2 << 20
+_SLOT_DOMAIN = b"agentkv/pool-slot/v1\0"
 
 
 @dataclass(slots=True)
@@ -36,16 +45,30 @@ class StoredCopy:
     full: int = 0  # full-precision page bytes
     state_type: str = "temp_reasoning"
     shape: list | None = None  # [layers, kv_heads, tokens, head_dim, dtype]
+    nkey: bytes = b""  # NVMe key; version 2: the blinded slot identity
+    version: int = 2  # record format
 
 
 def sealed_total(n: int, chunk: int = CHUNK) -> int:
-    chunks = max(1, -(-n // chunk))
-    return n + chunks * (sealed_size(0))
+    """Bytes a record of an ``n``-byte page takes at most, in either format."""
+    chunks_v1 = max(1, -(-n // chunk))
+    return max(n + chunks_v1 * sealed_size(0), record_size(n))
+
+
+def slot_identity(key: bytes, codec: Codec) -> bytes:
+    """The blinded slot identity of a (key, codec) copy: 32 opaque bytes (the key is
+    already a per-tenant keyed hash), the only name a version-2 record shows."""
+    return hashlib.sha256(_SLOT_DOMAIN + key + bytes((int(codec),))).digest()
+
+
+def legacy_nvme_key(key: bytes, codec: Codec) -> bytes:
+    """Where version 1 stored a copy on NVMe."""
+    return key + bytes((int(codec),))
 
 
 def chunk_slot(loc: int, index: int, last: bool) -> int:
-    """The seal binding of one chunk: its index, and a flag on the final chunk so a record
-    cut short (an edited length in the plaintext header) fails to open."""
+    """Version 1: the seal binding of one chunk: its index, and a flag on the final chunk
+    so a record cut short (an edited length in the plaintext header) fails to open."""
     return loc * 4096 + (2048 if last else 0) + index
 
 
@@ -56,41 +79,56 @@ def chunks(n: int, chunk: int) -> list[tuple[int, int]]:
     return [(off, min(chunk, n - off)) for off in range(0, max(n, 1), chunk)]
 
 
-def nvme_key(key: bytes, codec: Codec) -> bytes:
-    return key + bytes((int(codec),))
-
-
-def header_of(key: bytes, codec: Codec, copy: StoredCopy) -> bytes:
+def app_header(key: bytes, codec: Codec, copy: StoredCopy) -> bytes:
+    """The index entry sealed inside a version-2 record's meta block."""
     return msgpack.packb({"k": key, "ns": copy.namespace, "c": int(codec), "loc": copy.loc,
-                          "sg": copy.seal_gen, "dg": copy.dir_gen, "n": copy.nbytes, "ch": CHUNK,
+                          "sg": copy.seal_gen, "dg": copy.dir_gen, "n": copy.nbytes,
                           "fl": copy.full, "st": copy.state_type, "sh": copy.shape})
+
+
+def binding_of(copy: StoredCopy, digest: bytes) -> Binding:
+    return Binding(tenant=copy.namespace, generation=copy.seal_gen, tier=int(copy.tier),
+                   slot_id=copy.nkey, digest=digest, location=copy.loc)
+
+
+def seal_record(sealer: ChunkedSealer, out: Any, key: bytes, codec: Codec, copy: StoredCopy,
+                digest: bytes, plain: Any) -> int:
+    """Seal ``plain`` as a version-2 record straight into ``out`` (a reserved pool slot or
+    a record buffer); returns the record's size."""
+    copy.nkey, copy.version = slot_identity(key, codec), 2
+    return sealer.seal_into(out, plain, binding_of(copy, digest), app_header(key, codec, copy))
 
 
 def copy_of(h: dict[str, Any], tier: Tier, slot: int) -> StoredCopy:
     """The index entry a record's header describes."""
+    codec = Codec(h["c"])
+    version = h.get("v", 1)
+    nkey = slot_identity(h["k"], codec) if version == 2 else legacy_nvme_key(h["k"], codec)
     return StoredCopy(tier=tier, slot=slot, loc=h["loc"], seal_gen=h["sg"], dir_gen=h["dg"],
                       nbytes=h["n"], namespace=h["ns"], full=h.get("fl", h["n"]),
-                      state_type=h.get("st", "temp_reasoning"), shape=h.get("sh"))
+                      state_type=h.get("st", "temp_reasoning"), shape=h.get("sh"),
+                      nkey=nkey, version=version)
 
 
-def build_record(sealer: TenantSealer, header: bytes, copy: StoredCopy, digest: bytes,
-                 plain: Any) -> bytearray:
-    """Seal ``plain`` chunk by chunk behind ``header``, bound to ``copy``'s tier and location."""
-    record = bytearray(_REC.size + len(header) + sealed_total(len(plain)))
-    _REC.pack_into(record, 0, _MAGIC, len(header))
-    record[_REC.size:_REC.size + len(header)] = header
-    out, src = _REC.size + len(header), memoryview(plain)
-    parts = chunks(len(plain), CHUNK)
-    for i, (off, n) in enumerate(parts):
-        sealer.seal(copy.namespace, digest, copy.seal_gen, int(copy.tier),
-                    chunk_slot(copy.loc, i, i == len(parts) - 1), src[off:off + n],
-                    out=memoryview(record)[out:out + sealed_size(n)])
-        out += sealed_size(n)
-    return record
+def read_header(sealer: ChunkedSealer, record: bytes | memoryview, tier: Tier
+                ) -> dict[str, Any]:
+    """The index entry of a record in either format; ValueError if it is not one (or, for
+    version 2, does not open under a live key: an erased tenant's records)."""
+    if is_chunked(record):
+        try:
+            meta = sealer.read_meta(record, int(tier))
+        except InvalidSeal:
+            raise ValueError("record does not open under any live key") from None
+        header = msgpack.unpackb(meta.app, raw=False)
+        if not isinstance(header, dict) or header.get("ns") != meta.tenant:
+            raise ValueError("record meta is not an index entry")
+        header["v"] = 2
+        return header
+    return parse(record)[0]
 
 
 def parse(record: bytes | memoryview) -> tuple[dict[str, Any], memoryview]:
-    """(header, sealed chunks) of a record; ValueError if it is not one."""
+    """Version 1: (header, sealed chunks) of a record; ValueError if it is not one."""
     view = memoryview(record)
     if len(view) < _REC.size:
         raise ValueError("record too short")
@@ -101,3 +139,25 @@ def parse(record: bytes | memoryview) -> tuple[dict[str, Any], memoryview]:
     if not isinstance(header, dict):
         raise ValueError("record header is not a map")  # noqa: TRY004 - bad data
     return header, view[_REC.size + hlen:]
+
+
+def build_record_v1(sealer: Any, key: bytes, codec: Codec, copy: StoredCopy, digest: bytes,
+                    plain: Any) -> bytearray:
+    """A version-1 record (``sealer`` a ``TenantSealer``): only tests that read old records
+    write one now."""
+    header = msgpack.packb({"k": key, "ns": copy.namespace, "c": int(codec), "loc": copy.loc,
+                            "sg": copy.seal_gen, "dg": copy.dir_gen, "n": copy.nbytes,
+                            "ch": CHUNK, "fl": copy.full, "st": copy.state_type,
+                            "sh": copy.shape})
+    parts = chunks(len(plain), CHUNK)
+    record = bytearray(_REC.size + len(header) + len(plain) + len(parts) * sealed_size(0))
+    _REC.pack_into(record, 0, _MAGIC, len(header))
+    record[_REC.size:_REC.size + len(header)] = header
+    out, src = _REC.size + len(header), memoryview(plain)
+    for i, (off, n) in enumerate(parts):
+        sealer.seal(copy.namespace, digest, copy.seal_gen, int(copy.tier),
+                    chunk_slot(copy.loc, i, i == len(parts) - 1), src[off:off + n],
+                    out=memoryview(record)[out:out + sealed_size(n)])
+        out += sealed_size(n)
+    copy.nkey, copy.version = legacy_nvme_key(key, codec), 1
+    return record

@@ -19,10 +19,10 @@ def blob(seed: int) -> bytes:
 
 
 def record_residency(shard: NvmeShard, key: bytes) -> tuple[int, int]:
-    _, loc = shard.locate(key)
-    fd = os.open(shard.path / f"seg-{loc.segment:08d}.akv", os.O_RDONLY)
+    extent = shard.extent(key)
+    fd = os.open(extent.path, os.O_RDONLY)
     try:
-        return resident_pages(fd, loc.offset, loc.payload_offset - loc.offset + loc.length)
+        return resident_pages(fd, extent.offset, extent.length)
     finally:
         os.close(fd)
 
@@ -71,3 +71,33 @@ def test_drop_cache_of_unknown_key_bad_key_and_closed_shard(tmp_path):
     shard.close()
     with pytest.raises(ShardClosed):
         shard.drop_cache(b"a")
+
+
+def test_drop_cache_evicts_the_last_partial_page_too(tmp_path):
+    """A payload that is not a multiple of 4 KiB ends mid-page: that page is the record's
+    own (the next record starts on the next boundary) and must go as well."""
+    size = (2 << 20) + 100  # header block + 513 payload pages, the last one partial
+    config = NvmeShardConfig(fsync=FsyncPolicy.EVERY_RECORD)
+    with NvmeShard(tmp_path, config) as shard:
+        data = np.random.default_rng(3).integers(0, 256, size, dtype=np.uint8).tobytes()
+        shard.put(b"odd", data, 1)
+        shard.put(b"next", blob(4), 1)
+        extent = shard.extent(b"odd")
+        assert (extent.payload_length, extent.length % 4096) == (size, 100)
+        pages = 1 + 513
+        assert record_residency(shard, b"odd") == (pages, pages)
+        assert shard.drop_cache(b"odd") is Lookup.HIT
+        assert record_residency(shard, b"odd") == (0, pages)
+        assert record_residency(shard, b"next")[0] == record_residency(shard, b"next")[1]
+        assert shard.get(b"odd") == data
+
+
+def test_extent_names_the_record_or_none(tmp_path):
+    with NvmeShard(tmp_path) as shard:
+        shard.put(b"a", b"x" * 10, 1)
+        extent = shard.extent(b"a")
+        assert extent.path.parent == tmp_path and extent.path.read_bytes()[
+            extent.payload_offset:extent.payload_offset + 10] == b"x" * 10
+        assert shard.extent(b"missing") is None
+        with pytest.raises(InvalidRecord):
+            shard.extent(b"")

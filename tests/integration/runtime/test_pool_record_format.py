@@ -1,0 +1,105 @@
+"""Pool record formats (real NIXL, /dev/shm, NVMe files, AES-GCM; no Ray): version-2 records
+show neither the tenant nor the page key nor its exact length on any tier, a restarted index
+finds them again through the keyring, and version-1 records written by the old code are
+still restored byte-identical."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agentkv_cluster.lifecycle.types import StateType
+from agentkv_cluster.runtime.pool_records import StoredCopy, build_record_v1, slot_identity
+from agentkv_cluster.runtime.records import PageMeta
+from security.chunked import record_size
+from store.host_pool import SHM_DIR
+from store.types import Codec, Lookup, Tier
+from tests.support.local_topology import local_topology
+
+pytestmark = pytest.mark.integration
+MIB = 1 << 20
+PAGE = 3 * MIB + 4321
+
+
+@pytest.fixture
+def service(tmp_path):
+    with local_topology(tmp_path, hbm_page=4 * MIB, hbm_pages=2, pool_bytes=16 * MIB,
+                        front_bytes=PAGE, front_slots=1) as (topo, front):
+        yield topo.hbms["node0-hbm0"].target, topo.pools["node0"], front, tmp_path
+
+
+def _meta(key: bytes) -> PageMeta:
+    return PageMeta(key=key, digest=key[::-1], tenant="acme", namespace="acme", session="s",
+                    page_id=0, state_type=StateType.EVIDENCE, length=PAGE, tokens=1)
+
+
+def _page(front, seed: int) -> bytes:
+    data = np.random.default_rng(seed).integers(0, 256, PAGE, dtype=np.uint8)
+    front.slot_view(0, PAGE)[:] = data
+    return data.tobytes()
+
+
+def _restored(hbm, pool, key: bytes, tier: Tier) -> bytes:
+    receipt = hbm.restore(_meta(key), int(tier), int(Codec.FULL), pool)
+    assert receipt.exact
+    return hbm.read(key)[:PAGE]
+
+
+def test_version_2_records_name_nothing_and_survive_a_rebuild(service):
+    hbm, pool, front, workdir = service
+    actor = pool.target
+    host_key, nvme_key = b"H" * 32, b"N" * 32
+    pages = {}
+    for key, tier, seed in ((host_key, Tier.HOST, 1), (nvme_key, Tier.NVME, 2)):
+        pages[key] = _page(front, seed)
+        assert pool.store_from(_meta(key), tier, Codec.FULL, front.slot_span(0, PAGE))["tier"] \
+            == int(tier)
+    host_copy = actor._index[(host_key, Codec.FULL)]
+    nvme_copy = actor._index[(nvme_key, Codec.FULL)]
+    assert actor.host.stats().used_bytes == record_size(PAGE) == record_size(3 * MIB + 1)
+    _, loc = actor.nvme.locate(nvme_copy.nkey)
+    assert loc.length == record_size(PAGE) and loc.generation == 0
+    assert nvme_copy.nkey == slot_identity(nvme_key, Codec.FULL)
+    blobs = [(Path(SHM_DIR) / actor.host.name).read_bytes()]
+    blobs += [p.read_bytes() for p in (workdir / "nv").rglob("*.akv")]
+    for blob in blobs:
+        for secret in (b"acme", host_key, nvme_key, PAGE.to_bytes(8, "big"),
+                       host_copy.loc.to_bytes(8, "big"), nvme_copy.loc.to_bytes(8, "big")):
+            assert secret not in blob
+    actor._index.clear()  # a restarted actor: the index comes back from the records alone
+    actor._rebuild()
+    for key, tier in ((host_key, Tier.HOST), (nvme_key, Tier.NVME)):
+        copy = actor._index[(key, Codec.FULL)]
+        assert (copy.tier, copy.nbytes, copy.namespace, copy.version) == (tier, PAGE, "acme", 2)
+        assert _restored(hbm, pool, key, tier) == pages[key]
+    assert pool.stats()["rejects"] == 0
+
+
+def test_version_1_records_are_still_read(service):
+    hbm, pool, front, _ = service
+    actor = pool.target
+    gen = actor.keyring.current_generation("acme")
+    pages = {}
+    for key, tier, seed in ((b"h" * 32, Tier.HOST, 3), (b"n" * 32, Tier.NVME, 4)):
+        pages[key] = _page(front, seed)
+        copy = StoredCopy(tier=tier, slot=-1, loc=4242 + seed, seal_gen=gen, dir_gen=1,
+                          nbytes=PAGE, namespace="acme", full=PAGE, state_type="evidence")
+        record = build_record_v1(actor.sealer, key, Codec.FULL, copy, _meta(key).digest,
+                                 pages[key])
+        assert record[:4] == b"AKVR" and b"acme" in record  # the old plaintext header
+        if tier is Tier.HOST:
+            actor.host.write(actor.host.alloc(), record)
+        else:
+            actor.nvme.put(copy.nkey, record, 1)
+    actor._index.clear()
+    actor._rebuild()
+    for key, tier in ((b"h" * 32, Tier.HOST), (b"n" * 32, Tier.NVME)):
+        assert actor._index[(key, Codec.FULL)].version == 1
+        assert _restored(hbm, pool, key, tier) == pages[key]
+    # a version-1 copy replaced by a new store leaves no old record behind
+    _page(front, 5)
+    pool.store_from(_meta(b"n" * 32), Tier.NVME, Codec.FULL, front.slot_span(0, PAGE))
+    assert actor.nvme.locate(b"n" * 32 + b"\0")[0] is Lookup.MISS
+    assert actor._index[(b"n" * 32, Codec.FULL)].version == 2

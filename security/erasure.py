@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from security.audit import AuditLog, AuditPosition
-from security.errors import InvalidReceipt
+from security.errors import InvalidReceipt, KeyUnavailable
 from security.keyring import TenantKeyring, validate_generation, validate_namespace
 from security.signing import Signer, Verifier, canonical_json, fingerprint
 
@@ -146,6 +146,8 @@ class Eraser:
 
     def erase_tenant(self, tenant: str, now: float) -> ErasureReceipt:
         validate_namespace(tenant)
+        if not self.keyring.has_keys(tenant):  # nothing to erase: leave no mark either
+            raise KeyUnavailable(f"tenant {tenant} has no keys (never created or already erased)")
         # Marked first: a token issued before now must not provision the tenant again
         # while (or after) its keys are destroyed.
         self.keyring.mark_erased(tenant, now)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import math
 import os
 import re
 import threading
@@ -60,8 +61,11 @@ def blind_name(namespace: str) -> str:
 
 def erased_name(namespace: str, at: float) -> str:
     """Left behind by ``mark_erased``: the erasure time (ms) outlives the keys, so tokens
-    issued before it can be refused even after the tenant is provisioned again."""
-    return f"{namespace}.erased.{int(at * 1000):013d}"
+    issued before it can be refused even after the tenant is provisioned again. Rounded
+    up, never down: a token issued a fraction of a millisecond before the erasure is
+    older than the mark (a token issued in that same millisecond after it is refused
+    too; the client asks for a new one)."""
+    return f"{namespace}.erased.{math.ceil(at * 1000):013d}"
 
 
 class KeySource(Protocol):
@@ -298,19 +302,22 @@ class TenantKeyring:
         return self.source.read(blind_name(validate_namespace(namespace)))
 
     # -- data keys -------------------------------------------------------------
-    def seal_key(self, namespace: str, generation: int) -> tuple[int, prim.Aead]:
-        """The (epoch, data key) for one more seal; counts it against the nonce budget."""
+    def seal_key(self, namespace: str, generation: int, uses: int = 1) -> tuple[int, prim.Aead]:
+        """The (epoch, data key) for ``uses`` more seals (a chunked record takes one per
+        chunk, all under one epoch); counts them against the nonce budget."""
+        if not 1 <= uses <= self.config.nonce_limit:
+            raise ValueError(f"uses must be in 1..{self.config.nonce_limit}")
         slot = (namespace, generation)
         with self._lock:
             current = self._seal.get(slot)
-            if current is None or current.used >= self.config.nonce_limit:
+            if current is None or current.used + uses > self.config.nonce_limit:
                 if current is not None:
                     self.retired_epochs += 1
                 kek = self._kek_locked(namespace, generation)
                 epoch = int.from_bytes(prim.random_bytes(8), "big") or 1
                 current = _SealKey(epoch, _derive(kek, namespace, generation, epoch), 0)
                 self._seal[slot] = current
-            current.used += 1
+            current.used += uses
             return current.epoch, current.aead
 
     def open_key(self, namespace: str, generation: int, epoch: int) -> prim.Aead:
@@ -368,6 +375,28 @@ class TenantKeyring:
         if not ids:
             raise KeyUnavailable(f"tenant {namespace} has no keys (never created or already erased)")
         return ids
+
+    def tenants(self) -> list[str]:
+        """Every tenant that holds a blinding secret (PUBLIC excluded), sorted."""
+        suffix = ".blind.key"
+        found = (n[: -len(suffix)] for n in self.source.names() if n.endswith(suffix))
+        return sorted(t for t in found if t != PUBLIC_NAMESPACE and _TENANT_RE.fullmatch(t))
+
+    def has_keys(self, namespace: str) -> bool:
+        """Whether ``namespace`` holds any key material (a live generation or its blinding
+        secret): an erasure of a tenant without any leaves no mark."""
+        validate_namespace(namespace)
+        names = set(self.source.names())
+        return bool(self.generations(namespace)) or blind_name(namespace) in names
+
+    def forget(self, namespace: str) -> None:
+        """Drop every cached key of ``namespace`` (KEKs, sealing and opening data keys).
+        A process that did not destroy the keys itself calls this when it learns of an
+        erasure; a tenant provisioned again under the same name then reads its new keys."""
+        with self._lock:
+            for cache in (self._keks, self._seal, self._open):
+                for slot in [s for s in cache if s[0] == namespace]:
+                    del cache[slot]
 
     def _forget(self, namespace: str, generations: set[int]) -> None:
         with self._lock:

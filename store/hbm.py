@@ -106,6 +106,7 @@ class HbmArena:
             raise PagePinned(f"page {page} is pinned {self._pins[page]} time(s)")
         if scrub:
             self._buf[page].zero_()
+            self._settle()
         self._allocated[page] = False
         self._lengths[page] = 0
         self._free.append(page)
@@ -116,7 +117,20 @@ class HbmArena:
         free = list(self._free)
         if free:
             self._buf[torch.tensor(free, device=self.device)] = 0
+            self._settle()
         return len(free)
+
+    def zero(self, page: int) -> None:
+        """Zero an allocated page now (before a peer writes into it directly)."""
+        self._check(page)
+        self._buf[page].zero_()
+        self._settle()
+
+    def _settle(self) -> None:
+        """Wait for zeroing queued on the device: a transport (NIXL) may write the page
+        next, outside the device's stream order."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def pin(self, page: int) -> None:
         self._check(page)

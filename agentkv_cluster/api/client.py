@@ -30,6 +30,7 @@ class AgentKvClient:
         self._max_frame = max_frame
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
+        self._authenticated = False  # a request with the token succeeded on this connection
 
     @classmethod
     def connect(cls, address: tuple[str, int] | str, token: str | None = None,
@@ -67,11 +68,24 @@ class AgentKvClient:
         """Send one request and return its ``result``; raises ``RemoteError`` on error replies."""
         with self._lock:
             rid = next(self._ids)
-            self._sock.sendall(p.encode_request(rid, op, args or {}, self._token))
-            length = p.frame_length(self._recv_exact(p.HEADER.size), self._max_frame)
-            reply = p.decode_reply(self._recv_exact(length), self._max_frame)
+            frame = p.encode_request(rid, op, args or {}, self._token)
+            if self._token is not None and not self._authenticated and \
+                    len(frame) > p.PREAUTH_MAX_FRAME + p.HEADER.size:
+                # The server may hold back large frames of unauthenticated connections:
+                # authenticate the connection with a small hello first.
+                hello = next(self._ids)
+                self._exchange(hello, p.encode_request(hello, "hello", {}, self._token))
+            return self._exchange(rid, frame)
+
+    def _exchange(self, rid: int, frame: bytes) -> Any:
+        """Send one frame and read its reply (the caller holds the lock)."""
+        self._sock.sendall(frame)
+        length = p.frame_length(self._recv_exact(p.HEADER.size), self._max_frame)
+        reply = p.decode_reply(self._recv_exact(length), self._max_frame)
         if reply.get("id") != rid:
             raise p.ProtocolError(p.ErrorCode.MALFORMED, f"reply id {reply.get('id')} != {rid}")
+        if self._token is not None:
+            self._authenticated = True
         return reply.get("result")
 
     def hello(self) -> dict[str, Any]:

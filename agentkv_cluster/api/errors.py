@@ -27,6 +27,13 @@ class Unauthenticated(ServiceError):
     code = ErrorCode.UNAUTHENTICATED
 
 
+class TenantErased(ServiceError):
+    """The tenant was erased while the request ran (or is being erased): nothing of it
+    was served. A token issued after the erasure starts the tenant again, empty."""
+
+    code = ErrorCode.TENANT_ERASED
+
+
 class TenantNotProvisioned(ServiceError):
     """The tenant has no keys and the key directory cannot create them (read-only Secret)."""
 

@@ -20,6 +20,7 @@ PROTOCOL_VERSION = 1
 SUPPORTED_VERSIONS = frozenset({PROTOCOL_VERSION})
 HEADER = struct.Struct(">I")
 DEFAULT_MAX_FRAME = 64 << 20
+PREAUTH_MAX_FRAME = 64 << 10  # larger frames need an authenticated connection under load
 MAX_REQUEST_ID = (1 << 63) - 1
 
 
@@ -33,6 +34,7 @@ class ErrorCode(str, enum.Enum):
     BAD_ARGS = "bad_args"  # op known, arguments invalid
     NOT_FOUND = "not_found"  # session / page / load id unknown
     BUSY = "busy"  # too many connections; retry later
+    TENANT_ERASED = "tenant_erased"  # the tenant was erased while the request ran
     INTERNAL = "internal"  # a bug or a backend failure; the request had no effect
 
 

@@ -4,6 +4,14 @@ One event loop in a background thread reads frames; backend calls run on a small
 thread pool so a slow restore never blocks other connections. Every bad frame gets
 an error reply; only an oversized frame (the stream cannot be resynchronised) or a
 read timeout closes the connection. Nothing a client sends can stop the server.
+
+A connection is unauthenticated until a request with a valid token (``hello`` with
+``auth`` counts) succeeds; until then ``PreAuthLimits`` bound what it may cost: it must
+authenticate within ``idle_s``, at most ``max_connections`` of them (``per_source`` per
+peer address) exist at once, the oldest giving way to a new one, and frames above
+``max_frame`` draw on one shared ``budget_bytes``. So unauthenticated peers hold at
+most ``max_connections x (max_frame + 64 KiB read buffer) + budget_bytes`` of memory
+(80 MiB by default) and cannot lock real clients out.
 """
 
 from __future__ import annotations
@@ -11,8 +19,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agentkv_cluster.api import protocol as p
@@ -21,7 +32,32 @@ from agentkv_cluster.config import ApiConfig
 
 log = logging.getLogger(__name__)
 
-IDLE_TIMEOUT_S = 900.0  # an orchestrator may sit silent through a long tool call
+IDLE_TIMEOUT_S = 900.0  # an authenticated orchestrator may sit silent through a tool call
+READ_LIMIT = 1 << 16  # StreamReader buffer per connection between frames
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreAuthLimits:
+    """What an unauthenticated connection may cost (see the module doc)."""
+
+    idle_s: float = 10.0  # authenticate within this many seconds of connecting
+    max_frame: int = p.PREAUTH_MAX_FRAME  # larger ones before authentication: the budget
+    budget_bytes: int = 64 << 20  # all such larger frames, buffered at once
+    max_connections: int = 128  # unauthenticated connections at once (oldest evicted)
+    per_source: int = 32  # of them from one peer address (oldest of that peer evicted)
+
+    def bound_bytes(self) -> int:
+        """The most memory unauthenticated peers can make the server hold."""
+        return self.max_connections * (self.max_frame + READ_LIMIT) + self.budget_bytes
+
+
+@dataclass(eq=False)
+class _Conn:
+    writer: asyncio.StreamWriter
+    source: str
+    opened: float
+    authenticated: bool = False
+    held: int = 0  # bytes of the pre-auth budget this connection holds now
 
 
 class ServiceBackend(Protocol):
@@ -73,8 +109,12 @@ class ApiServer:
     """Serve ``backend`` on ``config.unix_path`` or ``config.host:config.port``."""
 
     def __init__(self, config: ApiConfig, backend: ServiceBackend,
-                 authenticator: Authenticator, metrics: Any | None = None) -> None:
+                 authenticator: Authenticator, metrics: Any | None = None,
+                 preauth: PreAuthLimits | None = None) -> None:
         self.config = config
+        self.preauth = preauth or PreAuthLimits()
+        self._pending: OrderedDict[_Conn, None] = OrderedDict()  # unauthenticated, oldest first
+        self._budget_used = 0  # pre-auth budget bytes held by frames being read
         self.backend = backend
         self.authenticator = authenticator
         self.metrics = metrics
@@ -107,7 +147,7 @@ class ApiServer:
         self._loop.close()
 
     async def _listen(self) -> None:
-        limit = 1 << 16
+        limit = READ_LIMIT
         if self.config.unix_path:
             self._server = await asyncio.start_unix_server(
                 self._serve_conn, path=self.config.unix_path, limit=limit)
@@ -138,13 +178,20 @@ class ApiServer:
 
     # -- connections ----------------------------------------------------------------
     async def _serve_conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        conn = _Conn(writer=writer, source=str(peer[0]) if isinstance(peer, tuple) else "local",
+                     opened=time.monotonic())
         self._active += 1
         try:
+            if self.config.require_auth:
+                self._admit(conn)
+            else:  # no tokens at all (development): nothing to wait for
+                conn.authenticated = True
             if self._active > self.config.max_connections:
                 writer.write(p.error_reply(None, p.ErrorCode.BUSY, "too many connections"))
                 await writer.drain()
                 return
-            await self._frames(reader, writer)
+            await self._frames(reader, writer, conn)
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
             pass  # the peer went away or stalled mid-frame: drop only this connection
         except asyncio.CancelledError:
@@ -153,21 +200,59 @@ class ApiServer:
             log.exception("connection handler failed")
         finally:
             self._active -= 1
+            self._pending.pop(conn, None)
+            self._give_back(conn)
             writer.close()
             try:
                 await writer.wait_closed()
             except (ConnectionError, OSError):
                 pass
 
-    async def _frames(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _admit(self, conn: _Conn) -> None:
+        """Register an unauthenticated connection; over a cap, the oldest unauthenticated
+        one (of the same peer when the per-peer cap is hit) is closed to make room, so
+        idle sockets can never lock a real client out. Runs on the event loop."""
+        limits = self.preauth
+        same = [c for c in self._pending if c.source == conn.source]
+        if len(same) >= limits.per_source:
+            self._evict(same[0])
+        while self._pending and (len(self._pending) >= limits.max_connections
+                                 or self._active > self.config.max_connections):
+            self._evict(next(iter(self._pending)))
+        self._pending[conn] = None
+
+    def _evict(self, conn: _Conn) -> None:
+        self._pending.pop(conn, None)
+        self._count("preauth", p.ErrorCode.BUSY)
+        conn.writer.transport.abort()  # its handler sees the connection end
+
+    def _promote(self, conn: _Conn | None) -> None:
+        """The connection presented a valid token: the pre-auth limits end for it."""
+        if conn is not None and not conn.authenticated:
+            conn.authenticated = True
+            self._pending.pop(conn, None)
+
+    def _give_back(self, conn: _Conn) -> None:
+        self._budget_used -= conn.held
+        conn.held = 0
+
+    def _header_timeout(self, conn: _Conn) -> float:
+        if conn.authenticated:
+            return IDLE_TIMEOUT_S
+        return max(0.0, conn.opened + self.preauth.idle_s - time.monotonic())
+
+    async def _frames(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      conn: _Conn) -> None:
         max_frame = self.config.max_frame_bytes
         while True:
             try:
-                header = await asyncio.wait_for(reader.readexactly(p.HEADER.size), IDLE_TIMEOUT_S)
+                header = await asyncio.wait_for(reader.readexactly(p.HEADER.size),
+                                                self._header_timeout(conn))
             except asyncio.IncompleteReadError:
                 return  # clean EOF between frames (or a torn header)
             try:
                 length = p.frame_length(header, max_frame)
+                self._reserve(conn, length)
             except p.ProtocolError as exc:
                 self._count("frame", exc.code)
                 writer.write(p.error_reply(None, exc.code, exc.message))
@@ -175,12 +260,29 @@ class ApiServer:
                 if exc.fatal:
                     return
                 continue
-            payload = await asyncio.wait_for(
-                reader.readexactly(length), self.config.read_timeout_s)
-            writer.write(await self._handle(payload))
+            timeout = self.config.read_timeout_s
+            if not conn.authenticated:
+                timeout = min(timeout, max(0.1, self._header_timeout(conn)))
+            try:
+                payload = await asyncio.wait_for(reader.readexactly(length), timeout)
+            finally:
+                self._give_back(conn)
+            writer.write(await self._handle(payload, conn))
             await writer.drain()
 
-    async def _handle(self, payload: bytes) -> bytes:
+    def _reserve(self, conn: _Conn, length: int) -> None:
+        """Before authentication, a frame above ``preauth.max_frame`` must fit the shared
+        budget, or the connection is refused (BUSY) and closed."""
+        if conn.authenticated or length <= self.preauth.max_frame:
+            return
+        if self._budget_used + length > self.preauth.budget_bytes:
+            raise p.ProtocolError(
+                p.ErrorCode.BUSY, f"frames over {self.preauth.max_frame} bytes need an "
+                "authenticated connection now (send hello with auth first)", fatal=True)
+        self._budget_used += length
+        conn.held = length
+
+    async def _handle(self, payload: bytes, conn: _Conn | None = None) -> bytes:
         max_frame = self.config.max_frame_bytes
         try:
             req = p.decode_request(payload, max_frame)
@@ -194,29 +296,39 @@ class ApiServer:
             self._count("decode", exc.code)
             return p.error_reply(rid, exc.code, exc.message)
         op = req.op if req.op in OPS else "unknown"
+        started = time.perf_counter()
         try:
-            result = await self._execute(req)
+            result = await self._execute(req, conn)
             reply = p.ok_reply(req.request_id, result)
         except p.ProtocolError as exc:
-            self._count(op, exc.code)
+            self._count(op, exc.code, started)
             return p.error_reply(req.request_id, exc.code, exc.message)
         except ServiceError as exc:
-            self._count(op, exc.code)
+            self._count(op, exc.code, started)
             return p.error_reply(req.request_id, exc.code, str(exc))
         except Exception as exc:
             log.exception("op %s failed", op)
-            self._count(op, p.ErrorCode.INTERNAL)
+            self._count(op, p.ErrorCode.INTERNAL, started)
             return p.error_reply(req.request_id, p.ErrorCode.INTERNAL, type(exc).__name__)
-        self._count(op, None)
+        self._count(op, None, started)
         return reply
 
-    async def _execute(self, req: p.Request) -> Any:
+    async def _execute(self, req: p.Request, conn: _Conn | None = None) -> Any:
         if req.op == "hello":
+            if req.auth is not None:  # optional: authenticates the connection up front
+                try:
+                    self._authenticate(req.auth)
+                    self._promote(conn)
+                except p.ProtocolError:
+                    pass  # hello answers anyway; the connection stays unauthenticated
             return {"server": "agentkv", "versions": sorted(p.SUPPORTED_VERSIONS),
-                    "max_frame_bytes": self.config.max_frame_bytes}
+                    "max_frame_bytes": self.config.max_frame_bytes,
+                    "preauth_max_frame": self.preauth.max_frame}
         if req.op not in OPS:
             raise p.ProtocolError(p.ErrorCode.UNKNOWN_OP, f"unknown op {req.op[:64]!r}")
         principal = self._authenticate(req.auth)
+        if req.auth is not None:
+            self._promote(conn)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
             self._pool, _dispatch, self.backend, principal, req.op, req.args)
@@ -231,6 +343,7 @@ class ApiServer:
         except Exception:  # noqa: BLE001 - any verifier failure means "not authenticated"
             raise p.ProtocolError(p.ErrorCode.UNAUTHENTICATED, "invalid auth token") from None
 
-    def _count(self, op: str, code: p.ErrorCode | None) -> None:
+    def _count(self, op: str, code: p.ErrorCode | None, started: float | None = None) -> None:
         if self.metrics is not None:
-            self.metrics.api_request(op, code.value if code is not None else "ok")
+            seconds = None if started is None else time.perf_counter() - started
+            self.metrics.api_request(op, code.value if code is not None else "ok", seconds)

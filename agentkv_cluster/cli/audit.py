@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from agentkv_cluster.cli import CliError
+from agentkv_cluster.cli import CliError, add_state_dir
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -16,15 +16,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = parser.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
 
     verify = sub.add_parser("verify", help="verify an audit log offline with only the public key")
-    verify.add_argument("log", type=Path, metavar="LOG")
-    verify.add_argument("--public-key", type=Path, required=True, metavar="F")
+    verify.add_argument("log", type=Path, metavar="LOG", nargs="?",
+                        help="the audit log (default STATE_DIR/audit.log)")
+    verify.add_argument("--public-key", type=Path, metavar="F",
+                        help="the audit public key (PEM), as `audit keygen --public` wrote it "
+                             "(default STATE_DIR/audit.pub)")
+    add_state_dir(verify)
     verify.add_argument("--anchor", type=Path, action="append", default=[], metavar="RECEIPT",
                         help="an erasure receipt the log must still contain (detects rollback)")
     verify.set_defaults(handler=_verify)
 
     receipt = sub.add_parser("receipt", help="verify an erasure receipt offline")
     receipt.add_argument("receipt", type=Path, metavar="RECEIPT")
-    receipt.add_argument("--public-key", type=Path, required=True, metavar="F")
+    receipt.add_argument("--public-key", type=Path, metavar="F",
+                         help="the audit public key (PEM) the receipt was signed for "
+                              "(default STATE_DIR/audit.pub)")
+    add_state_dir(receipt)
     receipt.add_argument("--log", type=Path, help="also check that this audit log holds the receipt")
     receipt.set_defaults(handler=_receipt)
 
@@ -36,8 +43,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     iso.set_defaults(handler=_isolation)
 
     keygen = sub.add_parser("keygen", help="create an Ed25519 signing key pair (PEM)")
-    keygen.add_argument("--private", type=Path, required=True, metavar="F")
-    keygen.add_argument("--public", type=Path, required=True, metavar="F")
+    keygen.add_argument("--private", type=Path, required=True, metavar="F",
+                        help="write the private key here (PEM, 0600): serve --signing-key")
+    keygen.add_argument("--public", type=Path, required=True, metavar="F",
+                        help="write the public key here (PEM): verifies logs and receipts")
     keygen.set_defaults(handler=_keygen)
 
 

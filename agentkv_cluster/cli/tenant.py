@@ -4,11 +4,14 @@ issue client tokens and print a tenant's blinded directory namespace."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
 
-from agentkv_cluster.cli import CliError
+from agentkv_cluster.cli import CliError, add_state_dir
+
+MAX_TOKEN_TTL_S = 366 * 86400.0  # a token lives at most a year (rotate the secret to revoke)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -17,12 +20,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     def common(p: argparse.ArgumentParser, audit_required: bool) -> None:
         p.add_argument("tenant", metavar="TENANT", help="tenant name ([a-z0-9][a-z0-9_-]{0,62})")
-        p.add_argument("--keys-dir", type=Path, required=True, metavar="D",
-                       help="key directory (FileKeySource; a mounted Secret is read-only)")
-        p.add_argument("--audit-log", type=Path, required=audit_required, metavar="F",
-                       help="append-only audit log to record the action in")
-        p.add_argument("--signing-key", type=Path, required=audit_required, metavar="F",
-                       help="Ed25519 private key (PEM) for checkpoints and receipts")
+        p.add_argument("--keys-dir", type=Path, metavar="D",
+                       help="key directory (FileKeySource; a mounted Secret is read-only; "
+                            "default STATE_DIR/keys)")
+        p.add_argument("--audit-log", type=Path, metavar="F",
+                       help="append-only audit log to record the action in (default "
+                            "STATE_DIR/audit.log when STATE_DIR/audit.key exists"
+                            + (", which erase needs)" if audit_required else ")"))
+        p.add_argument("--signing-key", type=Path, metavar="F",
+                       help="Ed25519 private key (PEM) for checkpoints and receipts "
+                            "(default STATE_DIR/audit.key)")
+        add_state_dir(p)
+        p.set_defaults(audit_required=audit_required)
 
     create = sub.add_parser("create", help="create a tenant's blinding secret and generation 1")
     common(create, audit_required=False)
@@ -42,8 +51,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     token = sub.add_parser("token", help="issue a client token for a tenant (HMAC, like serve)")
     token.add_argument("tenant", metavar="TENANT", help="tenant the token acts for")
-    token.add_argument("--token-secret-file", required=True, metavar="F",
-                       help="the same secret file `agentkv serve --token-secret-file` reads")
+    token.add_argument("--token-secret-file", metavar="F",
+                       help="the same secret file `agentkv serve --token-secret-file` reads "
+                            "(default STATE_DIR/token.secret)")
+    add_state_dir(token)
     token.add_argument("--ttl", type=float, default=86400.0, metavar="S",
                        help="lifetime in seconds (default 86400)")
     token.add_argument("--subject", default="agent", help="who holds it (default: agent)")
@@ -53,14 +64,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     ns = sub.add_parser("namespace", help="print the tenant's blinded directory (Redis) namespace")
     ns.add_argument("tenant", metavar="TENANT")
-    ns.add_argument("--keys-dir", type=Path, required=True, metavar="D",
-                    help="key directory (read only)")
+    ns.add_argument("--keys-dir", type=Path, metavar="D",
+                    help="key directory (read only; default STATE_DIR/keys)")
+    add_state_dir(ns)
     ns.set_defaults(handler=_namespace)
 
 
 def _keyring(keys_dir: Path):
     from security.keyring import FileKeySource, TenantKeyring
 
+    if keys_dir.exists() and not keys_dir.is_dir():
+        raise CliError(f"--keys-dir {keys_dir} is a file, not a directory")
     if not keys_dir.is_dir():
         raise CliError(f"key directory {keys_dir} does not exist")
     return TenantKeyring(FileKeySource(keys_dir))
@@ -76,11 +90,15 @@ def _audit(args: argparse.Namespace):
         return None, None
     if args.audit_log is None or args.signing_key is None:
         raise CliError("--audit-log and --signing-key go together")
+    if Path(args.audit_log).is_dir():
+        raise CliError(f"--audit-log {args.audit_log} is a directory, not a file")
     try:
         signer = load_signer(args.signing_key)
         return AuditLog(args.audit_log, signer, checkpoint_every=1), signer
     except (InvalidSigningKey, AuditLogError) as exc:
         raise CliError(str(exc)) from None
+    except OSError as exc:
+        raise CliError(f"cannot open the audit log or signing key: {exc}") from None
 
 
 def _run(action, args: argparse.Namespace, kind: str) -> int:
@@ -101,6 +119,8 @@ def _run(action, args: argparse.Namespace, kind: str) -> int:
 
 
 def _create(args: argparse.Namespace) -> int:
+    if args.keys_dir.exists() and not args.keys_dir.is_dir():
+        raise CliError(f"--keys-dir {args.keys_dir} is a file, not a directory")
     args.keys_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     return _run(_keyring(args.keys_dir).create_tenant, args, "key.create")
 
@@ -117,6 +137,8 @@ def _erase(args: argparse.Namespace) -> int:
 
     keyring = _keyring(args.keys_dir)
     audit, signer = _audit(args)
+    if audit is None or signer is None:
+        raise CliError("erase records its receipt: give --audit-log and --signing-key")
     try:
         eraser = Eraser(keyring, audit, signer)
         if args.redis_url is not None:
@@ -125,7 +147,11 @@ def _erase(args: argparse.Namespace) -> int:
                                "generations itself")
             # The namespace comes from the blinding secret, so compute it before the keys go.
             namespace = DirectoryBlinder(keyring).namespace(args.tenant)
-            eraser.register_tier("directory", namespace_deleter(args.redis_url, namespace))
+            try:
+                deleter = namespace_deleter(args.redis_url, namespace)
+            except ValueError as exc:  # not a redis://, rediss:// or unix:// URL
+                raise CliError(f"--redis-url {args.redis_url!r}: {exc}") from None
+            eraser.register_tier("directory", deleter)
         now = time.time()
         if args.generation is None:
             receipt = eraser.erase_tenant(args.tenant, now)
@@ -150,8 +176,8 @@ def _token(args: argparse.Namespace) -> int:
     from agentkv_cluster.cli.serve import read_token_secret
     from security.principals import TokenIssuer
 
-    if not args.ttl > 0:
-        raise CliError("--ttl must be a positive number of seconds")
+    if not (math.isfinite(args.ttl) and 0 < args.ttl <= MAX_TOKEN_TTL_S):
+        raise CliError(f"--ttl must be a number of seconds in (0, {MAX_TOKEN_TTL_S:.0f}]")
     issuer = TokenIssuer(read_token_secret(args.token_secret_file))
     try:
         token = issuer.issue(args.tenant, subject=args.subject, now=time.time(),

@@ -58,6 +58,28 @@ class EventGraph(GraphBase):
     def last_version(self, tenant: str, session: str) -> int | None:
         return self._versions.get((tenant, session))
 
+    def forget_tenant(self, tenant: str) -> int:
+        """Tenant erasure: drop every task, node, page, prefix and event version of
+        ``tenant``, whatever still needs them (the tenant is gone; a tenant created again
+        under the name starts empty). Returns how many pages were dropped."""
+        tasks = {k for k in self._tasks if k[0] == tenant}
+        pages = {p for p, rec in self._pages.items() if rec.task in tasks}
+        pages |= self._prefixes.pop(tenant, set())
+        for nid in [n for n, node in self._nodes.items() if node.task in tasks]:
+            del self._nodes[nid]
+            for other in self._succ.pop(nid, set()):
+                self._pred.get(other, set()).discard(nid)
+            for other in self._pred.pop(nid, set()):
+                self._succ.get(other, set()).discard(nid)
+        for page in pages:
+            self._pages.pop(page, None)
+        for key in tasks:
+            del self._tasks[key]
+        self._generations.pop(tenant, None)
+        for key in [k for k in self._versions if k[0] == tenant]:
+            del self._versions[key]
+        return len(pages)
+
     # ---- checks (raise before any change) --------------------------------
     def _open_task(self, e: ev.Event) -> Task:
         task = self._tasks.get((e.tenant, e.session, e.task_id))

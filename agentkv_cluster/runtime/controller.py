@@ -9,7 +9,6 @@ passed in. One lock guards the state because the controller actor is threaded.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import threading
 from collections import Counter
@@ -17,7 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from agentkv_cluster.lifecycle.graph import EventGraph
-from agentkv_cluster.lifecycle.types import TYPE_DEFAULTS, StateType, UnknownPage
+from agentkv_cluster.lifecycle.types import TYPE_DEFAULTS, StateType
 from agentkv_cluster.policy.base import PageView
 from agentkv_cluster.runtime.controller_events import EventScheduling
 from agentkv_cluster.runtime.controller_loads import EngineLoads
@@ -27,6 +26,8 @@ from agentkv_cluster.runtime.records import (
     ActionKind,
     PageMeta,
     PageRecord,
+    TenantErased,
+    TenantForgotten,
     UnknownSession,
 )
 from agentkv_cluster.runtime.strategies import Strategy
@@ -36,8 +37,11 @@ from store.types import Codec, Tier
 class Controller(EngineLoads, EventScheduling):
     """Bookkeeping for every page, session and HBM actor of one cluster."""
 
-    def __init__(self, strategy: Strategy) -> None:
+    def __init__(self, strategy: Strategy, page_bytes: int = 0) -> None:
         self.strategy = strategy
+        # The HBM budget counts whole arena pages (0: plain bytes): many tiny pages fill
+        # an arena long before their bytes add up, so bytes alone would overcommit it.
+        self.page_bytes = page_bytes
         self.graph = EventGraph()
         self.pages: dict[int, PageRecord] = {}
         self.by_key: dict[tuple[bytes, str], int] = {}  # (key, hbm) -> gid
@@ -57,6 +61,8 @@ class Controller(EngineLoads, EventScheduling):
         # next tool starts): the load is imminent, so background moves of them give way.
         self._returning: set[int] = set()
         self._victims: dict[int, list[int]] = {}  # restore gid -> gids demoted for its room
+        self.erasing: set[str] = set()  # tenants being erased: every call of theirs fails
+        self.erasures: Counter[str] = Counter()  # erasures done per tenant (loads check it)
 
     # -- topology -------------------------------------------------------------------------
     def add_hbm(self, name: str, capacity: int) -> None:
@@ -95,6 +101,7 @@ class Controller(EngineLoads, EventScheduling):
 
     def open_session(self, tenant: str, session: str) -> str:
         with self.lock:
+            self._not_erasing(tenant)
             state = self.sessions.get((tenant, session))
             if state is None:
                 state = SessionState(hbm=self._least_loaded())
@@ -102,7 +109,17 @@ class Controller(EngineLoads, EventScheduling):
                 self.hbms[state.hbm].sessions += 1
             return state.hbm
 
+    def hbm_of(self, tenant: str, session: str) -> str:
+        """The HBM actor a session is placed on (``UnknownSession`` if it is not open)."""
+        with self.lock:
+            return self._session(tenant, session).hbm
+
+    def _not_erasing(self, tenant: str) -> None:
+        if tenant in self.erasing:
+            raise TenantErased("the tenant is being erased")
+
     def _session(self, tenant: str, session: str) -> SessionState:
+        self._not_erasing(tenant)
         state = self.sessions.get((tenant, session))
         if state is None:
             raise UnknownSession(f"session {session!r} is not open")
@@ -134,7 +151,7 @@ class Controller(EngineLoads, EventScheduling):
                     out.append((rec.gid, False))
                     continue
                 try:
-                    actions += self._make_room(rec.hbm, meta.length, now)
+                    actions += self._make_room(rec.hbm, rec.view.size_bytes, now, owner)
                 except HbmFull:
                     out.append((rec.gid, None))  # type: ignore[arg-type] - retry later
                     continue
@@ -185,7 +202,8 @@ class Controller(EngineLoads, EventScheduling):
     def _new_record(self, meta: PageMeta, hbm: str, now: float) -> PageRecord:
         gid = next(self._gids)
         d = TYPE_DEFAULTS[meta.state_type]
-        view = PageView(page_id=gid, size_bytes=meta.length, state_type=meta.state_type,
+        view = PageView(page_id=gid, size_bytes=self.charge(meta.length),
+                        state_type=meta.state_type,
                         session=meta.session, tenant=meta.tenant, position=meta.page_id,
                         created=now, last_access=now, reuse_prob=d.reuse_prob,
                         correctness_weight=d.correctness_weight, recompute_tokens=meta.tokens)
@@ -199,21 +217,33 @@ class Controller(EngineLoads, EventScheduling):
         rec.view.tier, rec.view.codec = Tier.HBM, codec
         self.strategy.prepare(rec, now)
         budget.policy.on_insert(rec.view, now)
-        budget.used += rec.meta.length
+        budget.used += rec.view.size_bytes
         rec.resident, rec.resident_codec = True, codec
 
     def _evict(self, rec: PageRecord, tracked: bool) -> None:
         if tracked:
             self.hbms[rec.hbm].policy.on_remove(rec.gid)
-        self.hbms[rec.hbm].used -= rec.meta.length
+        self.hbms[rec.hbm].used -= rec.view.size_bytes
         rec.resident = False
 
-    def _make_room(self, hbm: str, need: int, now: float) -> list[Action]:
+    def charge(self, length: int) -> int:
+        """What a page of ``length`` bytes costs the HBM budget: whole arena pages."""
+        if self.page_bytes <= 0:
+            return length
+        return max(1, -(-length // self.page_bytes)) * self.page_bytes
+
+    def _make_room(self, hbm: str, need: int, now: float, tenant: str | None = None
+                   ) -> list[Action]:
+        """Demotions that free ``need`` bytes of ``hbm``'s budget. When pinned pages fill
+        it and ``tenant`` (who asks) holds no more than its fair share of pins, pins of
+        tenants above theirs are revoked first (see ``revoke_pins``)."""
         budget = self.hbms[hbm]
         short = budget.used + need - budget.capacity
         if short <= 0:
             return []
         victims = budget.policy.select_victims(short, now)
+        if not victims and tenant is not None and self.revoke_pins(hbm, tenant, now):
+            victims = budget.policy.select_victims(short, now)
         if not victims:
             raise HbmFull(f"{hbm}: {short} bytes needed, pinned pages fill it")
         actions = []
@@ -254,29 +284,68 @@ class Controller(EngineLoads, EventScheduling):
                     rec.pins = 0
                     rec.view.pinned = False
 
-    def forget_tenant(self, tenant: str) -> dict[str, list[bytes]]:
-        """Tenant erasure: drop every page, session and scheduled move of ``tenant``;
-        returns the keys that were resident, per HBM actor (the caller zeroes them)."""
-        with self.lock:
+    def doomed(self, gid: int) -> bool:
+        """The page's tenant is being erased: moves of it stop (read without the lock)."""
+        rec = self.pages.get(gid)
+        return rec is not None and rec.meta.tenant in self.erasing
+
+    def forget_tenant(self, tenant: str, wait_s: float = 30.0) -> TenantForgotten:
+        """Tenant erasure, first half: refuse every call of ``tenant`` from now on (until
+        ``end_erase``), cancel its scheduled moves, wait (at most ``wait_s``) for the
+        transfers of its pages in flight to end (queued ones give up: see ``doomed``), then
+        drop every page, pin, session and graph entry of it. Loads that wait for its pages
+        wake up and fail with ``TenantErased``. Returns what was dropped; the keys are for
+        the HBM actors, which zero those pages."""
+        with self.idle:
+            self.erasing.add(tenant)
+            self._changed()
             gids = [g for g, r in self.pages.items() if r.meta.tenant == tenant]
+            before = len(self._scheduled)
             self._cancel(gids, kinds=(ActionKind.DEMOTE, ActionKind.RESTORE))
+            cancelled = before - len(self._scheduled)
+            self.idle.wait_for(lambda: not any(self.pages[g].busy for g in gids
+                                               if g in self.pages), wait_s)
+            gids = [g for g, r in self.pages.items() if r.meta.tenant == tenant]
             self._returning.difference_update(gids)
-            resident: dict[str, list[bytes]] = {}
+            self._recalled.difference_update(gids)
+            keys: dict[str, list[bytes]] = {}
+            resident = pins = straggling = 0
             for gid in gids:
                 rec = self.pages.pop(gid)
+                keys.setdefault(rec.hbm, []).append(rec.meta.key)
+                pins += rec.pins
+                straggling += rec.busy
                 if rec.resident:
-                    resident.setdefault(rec.hbm, []).append(rec.meta.key)
-                    self._evict(rec, tracked=True)
+                    resident += 1
+                    if rec.hbm in self.hbms:
+                        self._evict(rec, tracked=True)
                 self.by_key.pop((rec.meta.key, rec.hbm), None)
-                with contextlib.suppress(UnknownPage):  # no event mentioned the page
-                    self.graph.retire(gid)
+                self._victims.pop(gid, None)
+            self.graph.forget_tenant(tenant)
             for key in [k for k in self.by_pid if k[0] == tenant]:
                 del self.by_pid[key]
-            for key in [k for k in self.sessions if k[0] == tenant]:
+            sessions = [k for k in self.sessions if k[0] == tenant]
+            for key in sessions:
                 state = self.sessions.pop(key)
                 if state.hbm in self.hbms:
                     self.hbms[state.hbm].sessions -= 1
-            return resident
+            self.erasures[tenant] += 1
+            self._changed()
+            return TenantForgotten(keys=keys, pages=len(gids), resident=resident,
+                                   sessions=len(sessions), pins=pins, cancelled=cancelled,
+                                   straggling=straggling)
+
+    def begin_erase(self, tenant: str) -> None:
+        """Freeze ``tenant`` first: its calls fail and its loads end with ``TenantErased``
+        (the erasure's first step, before its keys are destroyed)."""
+        with self.idle:
+            self.erasing.add(tenant)
+            self._changed()
+
+    def end_erase(self, tenant: str) -> None:
+        """The erasure is done everywhere: the tenant name may start again, empty."""
+        with self.lock:
+            self.erasing.discard(tenant)
 
     # -- lookups -------------------------------------------------------------------------------
     def record(self, gid: int) -> PageRecord:

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from agentkv_cluster.lifecycle.events import EventValidationError
+from agentkv_cluster.lifecycle.events import EventValidationError, TaskEnd
 from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.runtime.controller import Controller, HbmFull
 from agentkv_cluster.runtime.executor import Executor, LinkCredits
@@ -23,6 +23,7 @@ from agentkv_cluster.runtime.records import (
     KvShape,
     LoadReport,
     PageMeta,
+    TenantErased,
     UnknownPageKey,
     UnknownSession,
 )
@@ -42,12 +43,14 @@ class ControllerSpec:
     credits: bool = True
     tick_s: float = 0.01
     landing_pages: int = 8  # per HBM actor, for one-hop restores (as its HbmSpec says)
+    page_bytes: int = 0  # arena page size: the HBM budget counts whole pages (0: bytes)
+    pin_timeout_s: float = 30.0  # a load's pins are dropped if not released by then
 
 
 class ControllerActor:
     def __init__(self, spec: ControllerSpec, directory: Any = None) -> None:
         self.spec = spec
-        self.controller = Controller(make_strategy(spec.policy))
+        self.controller = Controller(make_strategy(spec.policy), spec.page_bytes)
         self.credits = LinkCredits(spec.per_link, spec.per_session, enabled=spec.credits)
         self.hbms: dict[str, Handle] = {}
         self.pools: dict[str, Handle] = {}
@@ -95,9 +98,13 @@ class ControllerActor:
 
     # -- reconcile loop --------------------------------------------------------------------
     def _reconcile(self) -> None:
+        expire_at = 0.0
         while not self._stop.is_set():
             nxt = self.controller.next_due()
             now = time.monotonic()
+            if now >= expire_at:  # pins of loads never released
+                self.controller.expire_held(now, self.spec.pin_timeout_s)
+                expire_at = now + 1.0
             if nxt is None or nxt > now:
                 self._stop.wait(min(self.spec.tick_s, max(0.0, (nxt or now + 1) - now)))
                 continue
@@ -162,7 +169,11 @@ class ControllerActor:
             except UnknownSession as exc:
                 raise RequestRefused(str(exc)) from None
             self._check(self.executor.run(demotes))
-            hbm = self.controller.sessions[(tenant, session)].hbm
+            try:
+                hbm = self.controller.hbm_of(tenant, session)
+            except (TenantErased, UnknownSession):  # erased meanwhile: undo the admission
+                self.controller.ingested([g for g, needs in admitted if needs], ok=False)
+                raise TenantErased("the tenant was erased during this store") from None
             retry = []
             for i, (gid, needs) in zip(pending, admitted):
                 gids[i] = gid
@@ -205,10 +216,28 @@ class ControllerActor:
         except (EventValidationError, UnknownSession) as exc:
             raise RequestRefused(f"{type(exc).__name__}: {exc}") from None
         self.executor.submit(actions)
+        if isinstance(event, TaskEnd):  # the session's task is over: so are its pins
+            self.controller.release_held(tenant, session, None, now)
         return {"kind": event.kind.value, "actions": len(actions),
                 "retired": sum(a.kind is ActionKind.DELETE for a in actions)}
 
     def load(self, tenant: str, session: str, keys: list[bytes]) -> list[LoadReport]:
+        """Pin ``keys`` in HBM (restoring what is missing); a load that runs while its
+        tenant is erased fails with ``TenantErased`` and reports nothing."""
+        epoch = self.controller.erasures[tenant]
+        try:
+            reports = self._load(tenant, session, keys)
+        except (KeyError, RequestRefused) as exc:
+            if self.controller.erasures[tenant] != epoch or tenant in self.controller.erasing:
+                raise TenantErased("the tenant was erased during this load") from None
+            if isinstance(exc, RequestRefused):
+                raise
+            raise RequestRefused(f"{type(exc).__name__}: {exc}") from None
+        if self.controller.erasures[tenant] != epoch or tenant in self.controller.erasing:
+            raise TenantErased("the tenant was erased during this load")
+        return reports
+
+    def _load(self, tenant: str, session: str, keys: list[bytes]) -> list[LoadReport]:
         t0 = time.monotonic()
         try:
             gids = self.controller.resolve(tenant, session, keys)
@@ -229,6 +258,7 @@ class ControllerActor:
                 raise RequestRefused(f"{len(failed)} page(s) could not be restored: "
                                      f"{by_gid[failed[0]].get('error')}")
         total = time.monotonic() - t0
+        self.controller.hold(tenant, session, gids, time.monotonic())
         return [self._report(g, was_resident[g], by_gid.get(g), waited, total) for g in gids]
 
     def _bring_in(self, gids: list[int]) -> dict[int, dict[str, Any]]:
@@ -281,11 +311,14 @@ class ControllerActor:
             gids = self.controller.resolve(tenant, session, keys)
         except (UnknownSession, UnknownPageKey) as exc:
             raise RequestRefused(str(exc)) from None
-        self.controller.unpin(gids, time.monotonic())
+        self.controller.release_held(tenant, session, gids, time.monotonic())
         return len(gids)
 
     def hbm_of(self, tenant: str, session: str) -> str:
-        return self.controller.sessions[(tenant, session)].hbm
+        try:
+            return self.controller.hbm_of(tenant, session)
+        except UnknownSession as exc:
+            raise RequestRefused(str(exc)) from None
 
     # -- prefix sharing --------------------------------------------------------------------
     def lookup(self, tenant: str, session: str, metas: list[PageMeta], namespaces: list[str]
@@ -332,11 +365,33 @@ class ControllerActor:
         return True
 
     # -- tenant erasure ------------------------------------------------------------------------
-    def erase_tenant(self, tenant: str) -> int:
-        """Forget every page and session of ``tenant`` and zero its HBM copies; returns the
-        HBM pages erased. Scheduled moves of those pages are cancelled first."""
-        resident = self.controller.forget_tenant(tenant)
-        return sum(self.hbms[h].erase(keys) for h, keys in resident.items() if h in self.hbms)
+    def freeze_tenant(self, tenant: str) -> None:
+        """The erasure's first step: ``tenant``'s calls fail from now on (see erase_tenant)."""
+        self.controller.begin_erase(tenant)
+
+    def thaw_tenant(self, tenant: str) -> None:
+        """An erasure that could not start (no keys): the tenant's calls work again."""
+        self.controller.end_erase(tenant)
+
+    def erase_tenant(self, tenant: str) -> dict[str, int]:
+        """Tenant erasure across the controller and every HBM actor, as one step: refuse
+        the tenant's calls, cancel its moves (loads in flight fail with ``TenantErased``),
+        forget its pages, pins and sessions, then have each HBM actor zero the tenant's
+        pages, its free pages and free staging slots. Returns what was done; raises
+        if an HBM actor could not be reached (the caller records the tier as failed)."""
+        try:
+            gone = self.controller.forget_tenant(tenant)
+            done = {"pages": gone.pages, "sessions": gone.sessions, "pins": gone.pins,
+                    "cancelled": gone.cancelled, "straggling": gone.straggling,
+                    "hbm_pages": 0, "hbm_free_zeroed": 0, "hbm_actors": 0}
+            for name, handle in list(self.hbms.items()):
+                got = handle.purge(gone.keys.get(name, []))
+                done["hbm_pages"] += got["pages"]
+                done["hbm_free_zeroed"] += got["free_zeroed"]
+                done["hbm_actors"] += 1
+            return done
+        finally:
+            self.controller.end_erase(tenant)
 
     # -- recovery and stats ------------------------------------------------------------------
     def republish(self) -> int:

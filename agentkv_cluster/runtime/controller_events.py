@@ -51,7 +51,7 @@ class EventScheduling:
             if rec is None or rec.resident or not self.wanted(gid) or rec.hbm not in self.hbms:
                 return False
             budget = self.hbms[rec.hbm]
-            if budget.used + rec.meta.length > budget.capacity:
+            if budget.used + rec.view.size_bytes > budget.capacity:
                 return False
             self._insert(rec, now, rec.resident_codec)
             self.stats["kept_on_return"] = self.stats.get("kept_on_return", 0) + 1
@@ -201,10 +201,10 @@ class EventScheduling:
     def _prefetch(self, rec: PageRecord, now: float, evict: bool = True) -> list[Action]:
         if not evict:  # a refill only uses free room: evicting for it would ping-pong
             budget = self.hbms[rec.hbm]
-            if budget.used + rec.meta.length > budget.capacity:
+            if budget.used + rec.view.size_bytes > budget.capacity:
                 return []
         try:
-            demotes = self._make_room(rec.hbm, rec.meta.length, now)
+            demotes = self._make_room(rec.hbm, rec.view.size_bytes, now)
         except HbmFull:
             return []  # prefetch is best effort: the access path restores on demand
         tier, codec = self.strategy.restore_source(rec)

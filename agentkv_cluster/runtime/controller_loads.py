@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from agentkv_cluster.runtime.controller_state import HbmFull
-from agentkv_cluster.runtime.records import Action, ActionKind, UnknownPageKey
+from agentkv_cluster.runtime.records import Action, ActionKind, TenantErased, UnknownPageKey
 
 
 class EngineLoads:
@@ -35,11 +35,21 @@ class EngineLoads:
         with self.idle:
             self._want(gids, 1)
             try:
-                return self.idle.wait_for(
-                    lambda: not any(self.pages[g].busy for g in gids if g in self.pages),
-                    timeout_s)
+                done = self.idle.wait_for(lambda: self._settled(gids), timeout_s)
             finally:
                 self._want(gids, -1)
+            self._check_alive(gids)
+            return done
+
+    def _settled(self, gids: list[int]) -> bool:
+        """No page of ``gids`` moves, or one of them is erased (the wait is over)."""
+        return any(g not in self.pages or self.doomed(g) for g in gids) or \
+            not any(self.pages[g].busy for g in gids)
+
+    def _check_alive(self, gids: list[int]) -> None:
+        """Raise ``TenantErased`` if a page of ``gids`` was (or is being) erased."""
+        if any(g not in self.pages or self.doomed(g) for g in gids):
+            raise TenantErased("the pages of this load were erased with their tenant")
 
     def _want(self, gids: list[int], step: int) -> None:
         for g in gids:
@@ -69,10 +79,10 @@ class EngineLoads:
         with self.idle:
             self._want(gids, 1)
             try:
-                self.idle.wait_for(lambda: not any(self.pages[g].busy for g in gids
-                                                   if g in self.pages), 60.0)
+                self.idle.wait_for(lambda: self._settled(gids), 60.0)
             finally:
                 self._want(gids, -1)
+            self._check_alive(gids)
             # Demanded now: scheduled migrations and prefetches of these pages are moot.
             self._cancel(gids, kinds=(ActionKind.DEMOTE, ActionKind.RESTORE))
             demotes: list[Action] = []
@@ -82,6 +92,10 @@ class EngineLoads:
             self._pin_all(gids, now)
             self._returning.difference_update(gids)
             short = self._short_hbms(gids)
+            if short and gids:  # other tenants' pins above their share give way
+                tenant = self.pages[gids[0]].meta.tenant
+                if sum(self.revoke_pins(h, tenant, now) for h in short):
+                    short = self._short_hbms(gids)
             for gid in gids:
                 rec = self.pages[gid]
                 if rec.resident:
@@ -93,7 +107,7 @@ class EngineLoads:
                     blocked.append(gid)
                     continue
                 try:
-                    room = self._make_room(rec.hbm, rec.meta.length, now)
+                    room = self._make_room(rec.hbm, rec.view.size_bytes, now, rec.meta.tenant)
                 except HbmFull:
                     blocked.append(gid)
                     continue
@@ -132,27 +146,107 @@ class EngineLoads:
         for gid in gids:
             rec = self.pages[gid]
             if not rec.resident and rec.copies:
-                need[rec.hbm] = need.get(rec.hbm, 0) + rec.meta.length
+                need[rec.hbm] = need.get(rec.hbm, 0) + rec.view.size_bytes
         if not need:
             return set()
         room = {h: self.hbms[h].capacity - self.hbms[h].used for h in need}
         for rec in self.pages.values():
             if rec.hbm in room and rec.resident and not rec.view.pinned:
-                room[rec.hbm] += rec.meta.length
+                room[rec.hbm] += rec.view.size_bytes
         return {h for h, n in need.items() if n > room[h]}
 
     def unpin(self, gids: Iterable[int], now: float) -> int:
         """Drop one pin of each page; returns the change count after it (``wait_changed``)."""
         with self.lock:
-            for gid in gids:
-                rec = self.pages.get(gid)
-                if rec is not None and rec.pins > 0:
-                    rec.pins -= 1
-                    rec.view.pinned = rec.pins > 0
-                    if rec.resident and rec.hbm in self.hbms:
-                        self.hbms[rec.hbm].policy.on_update(rec.view, now)
-            self._changed()  # unpinned pages are room for a load that waits for some
+            self._unpin_locked(gids, now)  # unpinned pages are room for a waiting load
             return self.changes
+
+    # -- pins held by sessions: one per session and page, released, timed out, revoked --------
+    def hold(self, owner: str, session: str, gids: list[int], now: float) -> None:
+        """A load of the session pinned ``gids``: record them as held by the session. A
+        page the session already held loses the load's extra pin, so repeated loads
+        never stack pins and one ``release`` undoes them."""
+        with self.lock:
+            state = self.sessions.get((owner, session))
+            if state is None:  # erased or gone meanwhile: nothing may stay pinned for it
+                self._unpin_locked(gids, now)
+                return
+            self._unpin_locked([g for g in gids if g in state.pinned], now)
+            for gid in gids:
+                state.pinned[gid] = now
+
+    def release_held(self, owner: str, session: str, gids: list[int] | None, now: float
+                     ) -> int:
+        """Drop the session's pins on ``gids`` (None: all of them, the session's task
+        ended); returns how many it held. Pins of other sessions stay."""
+        with self.lock:
+            state = self.sessions.get((owner, session))
+            if state is None:
+                return 0
+            wanted = list(state.pinned) if gids is None else gids
+            mine = [g for g in wanted if state.pinned.pop(g, None) is not None]
+            self._unpin_locked(mine, now)
+            return len(mine)
+
+    def expire_held(self, now: float, ttl_s: float) -> int:
+        """Drop pins held longer than ``ttl_s`` (a load prepared and never released)."""
+        with self.lock:
+            n = 0
+            for state in self.sessions.values():
+                old = [g for g, at in state.pinned.items() if now - at > ttl_s]
+                for gid in old:
+                    del state.pinned[gid]
+                self._unpin_locked(old, now)
+                n += len(old)
+            return n
+
+    def pinned_bytes(self, hbm: str) -> dict[str, int]:
+        """Budget bytes each tenant holds pinned (by its sessions' loads) on ``hbm``."""
+        out: dict[str, int] = {}
+        for (tenant, _), state in self.sessions.items():
+            if state.hbm == hbm:
+                out[tenant] = out.get(tenant, 0) + sum(
+                    self.pages[g].view.size_bytes for g in state.pinned if g in self.pages)
+        return out
+
+    def revoke_pins(self, hbm: str, tenant: str, now: float) -> int:
+        """``tenant`` finds ``hbm`` full of pinned pages: if it holds no more than its fair
+        share of pins (capacity / tenants with a session there), revoke the oldest pins of
+        every other tenant above that share until it is within it. The revoked pages
+        become evictable; their holder's ``complete_load`` then finds them gone (NotFound)
+        and prepares the load again. Returns how many pins were revoked."""
+        with self.lock:
+            budget = self.hbms[hbm]
+            held = self.pinned_bytes(hbm)
+            share = budget.capacity // max(1, len({*held, tenant}))
+            if held.get(tenant, 0) > share:
+                return 0
+            revoked = 0
+            for other, total in held.items():
+                if other == tenant or total <= share:
+                    continue
+                items = sorted(((at, gid, state) for (t, _), state in self.sessions.items()
+                                if t == other and state.hbm == hbm
+                                for gid, at in state.pinned.items()),
+                               key=lambda item: item[:2])
+                for _at, gid, state in items:
+                    if total <= share:
+                        break
+                    del state.pinned[gid]
+                    self._unpin_locked([gid], now)
+                    total -= self.pages[gid].view.size_bytes if gid in self.pages else 0
+                    revoked += 1
+            return revoked
+
+    def _unpin_locked(self, gids: Iterable[int], now: float) -> None:
+        for gid in gids:
+            rec = self.pages.get(gid)
+            if rec is not None and rec.pins > 0:
+                rec.pins -= 1
+                rec.view.pinned = rec.busy or rec.pins > 0
+                if rec.resident and rec.hbm in self.hbms:
+                    self.hbms[rec.hbm].policy.on_update(rec.view, now)
+        self._changed()
 
     def wait_changed(self, seen: int, timeout_s: float) -> int:
         """Block until a pin was dropped or a move ended after change ``seen`` (or the

@@ -24,3 +24,4 @@ class SessionState:
     hbm: str
     pages: set[int] = field(default_factory=set)
     tools: dict[str, tuple[str, float, GapPlan | None]] = field(default_factory=dict)
+    pinned: dict[int, float] = field(default_factory=dict)  # gid -> when this session pinned it

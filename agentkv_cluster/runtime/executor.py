@@ -26,7 +26,7 @@ from agentkv_cluster.policy.base import CreditGrant, CreditOutcome, CreditReques
 from agentkv_cluster.policy.credits import BucketSpec, CreditConfig, CreditManager
 from agentkv_cluster.runtime.controller import Controller
 from agentkv_cluster.runtime.landing import LandingPages
-from agentkv_cluster.runtime.records import Action, ActionKind
+from agentkv_cluster.runtime.records import Action, ActionKind, TenantErased
 from store.types import Codec, Tier
 
 BACKGROUND = "/bg"
@@ -191,6 +191,8 @@ class Executor:
         info: dict[str, Any] = {}
         ok = False
         try:
+            if action.kind is not ActionKind.DELETE and self.controller.doomed(action.gid):
+                raise TenantErased("the page's tenant is being erased")
             if action.kind is ActionKind.DEMOTE:
                 info = self._demote(action)
             elif action.kind is ActionKind.RESTORE:
@@ -200,12 +202,18 @@ class Executor:
             ok = True
         except Abandoned as exc:  # not an error: the foreground path takes over
             info = {"error": f"Abandoned: {exc}", "abandoned": True}
+        except TenantErased as exc:  # not an error: the erasure cancels the move
+            info = {"error": f"TenantErased: {exc}", "erased": True}
         except Exception as exc:  # noqa: BLE001 - reported to the controller and the caller
             info = {"error": f"{type(exc).__name__}: {exc}"}
             self.errors.append(f"{action.kind.value} {action.reason}: {info['error'][:300]}")
         info["elapsed_s"] = time.monotonic() - t0
         self.controller.finished(action, ok, time.monotonic(), info)
         return {"action": action, "ok": ok, **info}
+
+    def _moot(self, gid: int) -> bool:
+        """A background move gives way: its page is wanted now, or its tenant erased."""
+        return self.controller.wanted(gid) or self.controller.doomed(gid)
 
     def _pool_for(self, rec_pool: str, hbm: str) -> str:
         """The name of the pool a move between ``hbm`` and it uses; the HBM actor gets the
@@ -237,8 +245,7 @@ class Executor:
         gap = a.reason == "gap"
         if gap and targets:  # a gap migration is background work on the link HBM actor -> pool
             link = f"{name}>{a.hbm}{BACKGROUND}"
-            grant = self.credits.acquire(a.session, link,
-                                         give_up=lambda: self.controller.wanted(a.gid),
+            grant = self.credits.acquire(a.session, link, give_up=lambda: self._moot(a.gid),
                                          tier=Tier(a.tier).name.lower())
             try:
                 receipt = hbm.demote(rec.meta, targets, name, False)
@@ -261,9 +268,11 @@ class Executor:
         if a.reason == "prefetch":
             try:
                 grant = self.credits.acquire(a.session, link + BACKGROUND,
-                                             give_up=lambda: self.controller.wanted(a.gid))
+                                             give_up=lambda: self._moot(a.gid))
                 link += BACKGROUND
             except Abandoned:  # the engine waits for this page: promote to foreground
+                if self.controller.doomed(a.gid):
+                    raise TenantErased("the page's tenant is being erased") from None
                 grant = self.credits.acquire(a.session, link)
         else:
             grant = self.credits.acquire(a.session, link)

@@ -14,7 +14,13 @@ import threading
 import time
 from typing import Any
 
-from agentkv_cluster.api.errors import AccessDenied, InvalidArgument, NotFound, Unauthenticated
+from agentkv_cluster.api.errors import (
+    AccessDenied,
+    InvalidArgument,
+    NotFound,
+    TenantErased,
+    Unauthenticated,
+)
 from agentkv_cluster.api.metrics import ServiceMetrics
 from agentkv_cluster.lifecycle.identity import IdentityError, PageIdentity
 from agentkv_cluster.lifecycle.types import StateType
@@ -22,23 +28,26 @@ from agentkv_cluster.runtime.controller_actor import RequestRefused
 from agentkv_cluster.runtime.handles import Handle
 from agentkv_cluster.runtime.mover import Mover
 from agentkv_cluster.runtime.pool_actor import ensure_tenant
-from agentkv_cluster.runtime.records import KvShape, PageMeta
+from agentkv_cluster.runtime.records import KvShape, PageMeta, UnknownPageKey
+from agentkv_cluster.runtime.records import TenantErased as ErasedInController
 from security.blinding import DirectoryBlinder
 from security.errors import AccessDenied as SecurityDenied
 from security.errors import InvalidToken, KeyUnavailable
 from security.keyring import PUBLIC_NAMESPACE, FileKeySource, TenantKeyring
-from security.principals import AccessPolicy, Principal, TokenIssuer
+from security.principals import AccessPolicy, DenialHook, Principal, TokenIssuer
 
 CHUNK = 4  # pages staged per controller call
 _DTYPES = ("float16", "bfloat16", "float32")
 ERASED_RECHECK_S = 1.0  # how stale a tenant's erasure mark may be when a token is checked
+MAX_EVENT_DEPTH = 32  # nesting of maps and lists inside one event
 
 
 class ServiceFront:
     """Implements ``agentkv_cluster.api.server.ServiceBackend`` on a deployed topology."""
 
     def __init__(self, controller: Handle, hbms: dict[str, Handle], keys_dir: str,
-                 issuer: TokenIssuer, metrics: ServiceMetrics, page_bytes: int) -> None:
+                 issuer: TokenIssuer, metrics: ServiceMetrics, page_bytes: int,
+                 on_denied: DenialHook | None = None) -> None:
         self.controller = controller
         self.hbms = hbms
         self.keys_dir = keys_dir
@@ -47,7 +56,7 @@ class ServiceFront:
         self.page_bytes = page_bytes
         self.keyring = TenantKeyring(FileKeySource(keys_dir))
         self.blinder = DirectoryBlinder(self.keyring)
-        self.access = AccessPolicy()
+        self.access = AccessPolicy(on_denied)  # every cross-tenant denial is reported
         # Slots are taken per chunk, all at once under a lock: no hold-and-wait.
         self.mover = Mover(f"front-{id(self):x}", page_bytes, 8 * CHUNK)
         self._slots = threading.Lock()
@@ -79,6 +88,20 @@ class ServiceFront:
         """Re-read ``tenant``'s erasure mark on the next request (it was just erased here)."""
         self._erased.pop(tenant, None)
 
+    def forget_tenant(self, tenant: str) -> dict[str, int]:
+        """Tenant erasure in this process: drop the tenant's cached keys and blinding
+        secret (a tenant created again under the name gets new ones, so its keys match
+        nothing of the old one), its prepared loads, and zero the free staging slots.
+        Returns how many prepared loads were dropped."""
+        self.keyring.forget(tenant)
+        self.blinder.forget(tenant)
+        with self._lock:
+            doomed = [i for i, entry in self._loads.items() if entry[0] == tenant]
+            for load_id in doomed:
+                del self._loads[load_id]
+        self.forget_erasure(tenant)
+        return {"loads": len(doomed), "staging_zeroed": self.mover.scrub_free()}
+
     def _erased_at(self, tenant: str) -> float | None:
         """The tenant's erasure time, re-read at most every ``ERASED_RECHECK_S`` (every
         request authenticates; an erasure by another process shows within that time)."""
@@ -96,6 +119,8 @@ class ServiceFront:
     def _call(self, method: str, *args: Any) -> Any:
         try:
             return self.controller.call(method, *args)
+        except ErasedInController as exc:
+            raise TenantErased(str(exc)) from None
         except RequestRefused as exc:
             text = str(exc)
             if "not open" in text or "not stored" in text:
@@ -106,6 +131,13 @@ class ServiceFront:
     def open_session(self, principal: Principal, session: str) -> dict[str, Any]:
         if not 0 < len(session) <= 256:
             raise InvalidArgument("session must be 1..256 characters")
+        # Read fresh, not cached: a request that authenticated just before an erasure
+        # must not provision the tenant's keys again.
+        self.forget_erasure(principal.tenant)
+        erased = self._erased_at(principal.tenant)
+        if erased is not None and principal.issued <= erased:
+            raise TenantErased(f"tenant {principal.tenant} was erased after this token "
+                               "was issued")
         ensure_tenant(self.keys_dir, principal.tenant)
         hbm = self._call("open_session", principal.tenant, session)
         return {"session": session, "tenant": principal.tenant, "hbm": hbm}
@@ -113,14 +145,14 @@ class ServiceFront:
     def send_event(self, principal: Principal, session: str, event: dict[str, Any]) -> dict[str, Any]:
         if "tenant" in event or "session" in event:
             raise InvalidArgument("tenant and session come from the token and the request")
+        if _depth(event) > MAX_EVENT_DEPTH:
+            raise InvalidArgument(f"event nests deeper than {MAX_EVENT_DEPTH} levels")
         return self._call("event", principal.tenant, session, event)
 
     # -- engine side --------------------------------------------------------------------------
     def _namespace(self, principal: Principal, identity: PageIdentity, action: str) -> str:
         ns = identity.tenant
-        if ns != principal.tenant and ns != PUBLIC_NAMESPACE:
-            raise AccessDenied("page identity names another tenant")
-        try:
+        try:  # another tenant's namespace is refused here, and the denial audited
             self.access.check(principal, ns, action)
         except SecurityDenied as exc:
             raise AccessDenied(str(exc)) from None
@@ -191,6 +223,9 @@ class ServiceFront:
                 break
         namespaces = [self.blinder.namespace(m.namespace) for m in metas]
         n = self._call("lookup", principal.tenant, session, metas, namespaces) if metas else 0
+        hit_tokens = sum(m.tokens for m in metas[:n])
+        miss_tokens = sum(_tokens(raw) for raw in identities[n:])
+        self.metrics.lookup(principal.tenant, n, len(identities) - n, hit_tokens, miss_tokens)
         return {"length": n, "keys": [m.key for m in metas[:n]], "refused": refused}
 
     def prepare_load(self, principal: Principal, session: str, keys: list[bytes]) -> dict[str, Any]:
@@ -215,6 +250,14 @@ class ServiceFront:
             del self._loads[load_id]
         _, _, keys, reports = entry
         hbm = self.hbms[self._call("hbm_of", principal.tenant, session)]
+        try:
+            return {"pages": self._serve(principal, session, hbm, keys, reports)}
+        except UnknownPageKey:
+            raise NotFound("a page of this load left HBM (its pin was released, timed out "
+                           "or revoked for another tenant): prepare the load again") from None
+
+    def _serve(self, principal: Principal, session: str, hbm: Handle, keys: list[bytes],
+               reports: list[Any]) -> list[dict[str, Any]]:
         out = []
         for key, report in zip(keys, reports):
             slot = self.mover.take_slot()
@@ -228,7 +271,7 @@ class ServiceFront:
             finally:
                 self.mover.give_slot(slot)
             out.append({"key": key, "data": data, "exact": exact})
-        return {"pages": out}
+        return out
 
     def release(self, principal: Principal, session: str, keys: list[bytes]) -> dict[str, Any]:
         return {"released": self._call("release", principal.tenant, session, keys)}
@@ -236,6 +279,18 @@ class ServiceFront:
     def ready(self) -> tuple[bool, str]:
         ok = self.controller.alive(5.0)
         return ok, "ready" if ok else "controller unreachable"
+
+
+def _depth(value: Any, limit: int = MAX_EVENT_DEPTH + 1) -> int:
+    """Nesting depth of maps and lists in ``value`` (iterative; stops past ``limit``)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict | list) and level <= limit:
+            deepest = max(deepest, level)
+            stack.extend((v, level + 1) for v in (item.values() if isinstance(item, dict)
+                                                  else item))
+    return deepest
 
 
 def _shape(page: dict[str, Any], length: int) -> KvShape | None:
@@ -252,3 +307,12 @@ def _shape(page: dict[str, Any], length: int) -> KvShape | None:
     if shape.nbytes() != length:
         raise InvalidArgument(f"shape gives {shape.nbytes()} bytes, data has {length}")
     return shape
+
+
+def _tokens(raw: Any) -> int:
+    """Tokens a (possibly malformed) packed identity covers, for lookup metrics; 0 if bad."""
+    try:
+        identity = PageIdentity.unpack(raw)
+    except (TypeError, IdentityError):
+        return 0
+    return identity.end - identity.start

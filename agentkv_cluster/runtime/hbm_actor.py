@@ -138,9 +138,14 @@ class HbmActor:
             return self._release(key)
 
     def erase(self, keys: list[bytes]) -> int:
-        """Tenant erasure: free and zero these pages (not just release them), and zero
-        every free page: pages dropped earlier (the tenant's among them) keep their bytes
-        until reused. Reserved landing pages are left alone: a push may be landing in one."""
+        """Tenant erasure: ``purge`` these pages; returns how many were held here."""
+        return self.purge(keys)["pages"]
+
+    def purge(self, keys: list[bytes]) -> dict[str, int]:
+        """Tenant erasure: free and zero these pages (not just release them), zero every
+        free page (pages dropped earlier, the tenant's among them, keep their bytes until
+        reused) and every free staging slot (the last page encoded there). Reserved landing
+        pages are zeroed when reserved (see ``reserve``), so they hold no old bytes."""
         with self._lock:
             n = 0
             for key in keys:
@@ -148,8 +153,14 @@ class HbmActor:
                 if page is not None:
                     self.arena.free(page, scrub=True)
                     n += 1
-            self.arena.scrub_free()
-            return n
+            free = self.arena.scrub_free()
+        return {"pages": n, "free_zeroed": free, "staging_zeroed": self.mover.scrub_free()}
+
+    def arena_holds(self, needles: list[bytes]) -> list[bool]:
+        """Test and audit helper: which of ``needles`` occur anywhere in the arena (every
+        page, allocated, free or reserved). Copies the arena: never on the hot path."""
+        whole = self.arena.buffer.cpu().numpy().tobytes()
+        return [bytes(n) in whole for n in needles]
 
     def reset(self) -> int:
         """Drop every page and landing reservation (a new controller takes over this actor;
@@ -175,6 +186,7 @@ class HbmActor:
                     page = self.arena.alloc()
                 except ArenaFull:
                     break
+                self.arena.zero(page)  # it may hold a page dropped earlier
                 self._landing[page] = owner
                 out.append((page, self._span(page, self.spec.page_bytes).wire()))
         return out

@@ -106,6 +106,14 @@ class Mover:
             self._free.append(slot)
             self._slot_ready.notify()
 
+    def scrub_free(self) -> int:
+        """Zero every staging slot not in use (erasure: a slot keeps the plaintext of the
+        last page staged in it); returns how many were zeroed."""
+        with self._slot_ready:
+            for slot in self._free:
+                self.slot_view(slot)[:] = 0
+            return len(self._free)
+
     def slot_view(self, slot: int, length: int | None = None) -> np.ndarray:
         start = slot * self.slot_bytes
         return self.staging[start:start + (self.slot_bytes if length is None else length)]

@@ -20,15 +20,14 @@ from agentkv_cluster.runtime.mover import Endpoint, Mover, RemoteSpan, aligned_b
 from agentkv_cluster.runtime.pool_opener import ChunkOpener, SealRejected
 from agentkv_cluster.runtime.pool_records import (
     StoredCopy,
-    build_record,
     copy_of,
-    header_of,
-    nvme_key,
-    parse,
+    read_header,
+    seal_record,
     sealed_total,
 )
 from agentkv_cluster.runtime.records import PageMeta
 from security.blinding import DirectoryBlinder, size_bucket
+from security.chunked import ChunkedSealer
 from security.errors import KeyExists, KeyUnavailable
 from security.keyring import FileKeySource, TenantKeyring
 from security.sealing import TenantSealer
@@ -74,13 +73,13 @@ class PoolActor:
         # One pre-faulted read buffer: sealed records are read into it, never into fresh
         # allocations (first-touch memory runs at ~0.7 GB/s here).
         self._scratch = aligned_buffer(self.host.slot_bytes)
+        self._record_buf = aligned_buffer(self.host.slot_bytes)  # NVMe records sealed here
+        self.chunked = ChunkedSealer(self.keyring)
         self.nvme = NvmeShard(spec.nvme_dir, NvmeShardConfig(max_bytes=spec.nvme_bytes))
         self._index: dict[tuple[bytes, Codec], StoredCopy] = {}
-        self._loc_base = secrets.randbits(24) << 24  # loc * 4096 + chunk must fit 64 bits
-        self._loc_next = 0
         self._lock = threading.RLock()
         self._dir_gens: dict[str, int] = {}
-        self.opener = ChunkOpener(self.sealer, self.mover, spec.name)
+        self.opener = ChunkOpener(self.sealer, self.chunked, self.mover, spec.name)
         self.torn = 0  # restores that found their host copy rewritten mid-read and retried
         self.directory_stale = False
         self._rebuild()
@@ -98,7 +97,7 @@ class PoolActor:
         """Index every record found on the host segment and the NVMe shard."""
         for slot, _version, _length in list(self.host.slots()):
             try:
-                header, _ = parse(self.host.read(slot))
+                header = read_header(self.chunked, self.host.read(slot), Tier.HOST)
             except (SlotEmpty, TornRead, ValueError):
                 self.host.free(slot)
                 continue
@@ -108,7 +107,7 @@ class PoolActor:
             if data is Lookup.MISS:
                 continue
             try:
-                header, _ = parse(data)
+                header = read_header(self.chunked, data, Tier.NVME)
             except ValueError:
                 continue
             self._adopt(header, Tier.NVME, -1)
@@ -193,8 +192,9 @@ class PoolActor:
     def _store(self, meta: PageMeta, tier: Tier, codec: Codec, plain: Any) -> dict[str, int]:
         ns_dir = self.blinder.namespace(meta.namespace)
         dir_gen = self._dir_generation(ns_dir)
-        loc = self._loc_base | self._loc_next
-        self._loc_next += 1
+        # Random, not a counter: a tenant reading its own locations must not learn how many
+        # pages other tenants stored in between (loc * 4096 + chunk must fit 64 bits).
+        loc = secrets.randbits(52)
         self.delete_copy(meta.key, codec)
         shape = meta.shape
         copy = StoredCopy(tier=Tier.NVME, slot=-1, loc=loc, dir_gen=dir_gen, nbytes=len(plain),
@@ -204,22 +204,33 @@ class PoolActor:
                           shape=None if shape is None else [shape.layers, shape.kv_heads,
                                                             shape.tokens, shape.head_dim,
                                                             shape.dtype])
-        header = header_of(meta.key, codec, copy)
         for where in ((Tier.HOST, Tier.NVME) if tier is Tier.HOST else (Tier.NVME,)):
             copy.tier = where
-            record = build_record(self.sealer, header, copy, meta.digest, plain)
-            if where is Tier.HOST:
+            if where is Tier.HOST:  # reserve -> seal in place -> commit: no record buffer
                 try:
                     copy.slot = self.host.alloc()
                 except PoolFull:
                     continue  # spill to NVMe
-                self.host.write(copy.slot, record)
-            else:
-                self.nvme.put(nvme_key(meta.key, codec), record, dir_gen)
+                self._seal_into_slot(meta, codec, copy, plain)
+            else:  # the record's length says only its size class; no generation in clear
+                size = seal_record(self.chunked, self._record_buf, meta.key, codec, copy,
+                                   meta.digest, plain)
+                self.nvme.put(copy.nkey, self._record_buf[:size], 0)
             self._index[(meta.key, codec)] = copy
             self._publish(lambda: self.directory.put(self._entry(meta.key, codec, copy)))
             return {"tier": int(where), "nbytes": len(plain)}
         raise PageMissing("unreachable: NVMe always accepts or raises")  # pragma: no cover
+
+    def _seal_into_slot(self, meta: PageMeta, codec: Codec, copy: StoredCopy, plain: Any
+                        ) -> None:
+        view = self.host.reserve(copy.slot, self.host.slot_bytes)
+        try:
+            size = seal_record(self.chunked, view, meta.key, codec, copy, meta.digest, plain)
+        except BaseException:
+            self.host.abort(copy.slot)
+            self.host.free(copy.slot)
+            raise
+        self.host.commit(copy.slot, size)
 
     def restore_into(self, meta: PageMeta, tier: Tier, codec: Codec, dst: RemoteSpan
                      ) -> dict[str, int]:
@@ -257,7 +268,7 @@ class PoolActor:
             self.mover.give_slot(slot)
 
     def _read_nvme(self, key: bytes, codec: Codec) -> memoryview:
-        data = self.nvme.get(nvme_key(key, codec), out=self._scratch)
+        data = self.nvme.get(self._index[(key, codec)].nkey, out=self._scratch)
         if data is Lookup.MISS:
             del self._index[(key, codec)]
             raise PageMissing("NVMe copy failed its checksum")
@@ -279,7 +290,7 @@ class PoolActor:
             if copy.tier is Tier.HOST:
                 self.host.free(copy.slot)
             else:
-                self.nvme.delete(nvme_key(key, codec))
+                self.nvme.delete(copy.nkey)
             return True
 
     def delete(self, key: bytes, namespace: str) -> int:
@@ -292,15 +303,48 @@ class PoolActor:
             return gone
 
     def erase_tenant(self, tenant: str, tier: int) -> list[bytes]:
-        """Tenant erasure: drop every copy of ``tenant``'s own pages held in ``tier``;
-        returns their keys (the caller removes the directory entries: by then the
-        blinded namespace can no longer be derived here)."""
+        """Tenant erasure: drop and scrub every copy of ``tenant``'s own pages held in
+        ``tier``; returns their keys (the caller removes the directory entries: by then
+        the blinded namespace can no longer be derived here). See ``purge_tenant``."""
         with self._lock:
             doomed = [(k, codec) for (k, codec), c in self._index.items()
                       if c.namespace == tenant and c.tier is Tier(tier)]
             for key, codec in doomed:
-                self.delete_copy(key, codec)
+                self._shred_copy(key, codec)
             return [k for k, _ in doomed]
+
+    def purge_tenant(self, tenant: str) -> dict[str, Any]:
+        """Tenant erasure on this node: forget the tenant's cached keys (a tenant created
+        again under the name gets new ones), overwrite and drop every copy of its pages
+        (host slots zeroed, NVMe payloads zeroed in place before the tombstone), then zero
+        every free host slot and every dead NVMe record (copies dropped earlier, of this
+        tenant or any, keep their sealed bytes until reused) and the free staging slots.
+        Returns the counts per tier and the erased keys (for the directory)."""
+        self.keyring.forget(tenant)
+        self.blinder.forget(tenant)
+        with self._lock:
+            host = self.erase_tenant(tenant, int(Tier.HOST))
+            nvme = self.erase_tenant(tenant, int(Tier.NVME))
+            return {"host": len(host), "nvme": len(nvme), "keys": sorted(set(host + nvme)),
+                    "host_free_zeroed": self.host.scrub_free(),
+                    "nvme_dead_zeroed": self.nvme.shred_dead(),
+                    "staging_zeroed": self.mover.scrub_free()}
+
+    def tenants_held(self) -> list[str]:
+        """The namespaces this pool holds copies of (recovered records included)."""
+        with self._lock:
+            return sorted({c.namespace for c in self._index.values()})
+
+    def _shred_copy(self, key: bytes, codec: Codec) -> bool:
+        """``delete_copy`` that overwrites the bytes, not only releases them (erasure)."""
+        copy = self._index.pop((key, codec), None)
+        if copy is None:
+            return False
+        if copy.tier is Tier.HOST:
+            self.host.free(copy.slot, scrub=True)
+        else:
+            self.nvme.shred(copy.nkey)
+        return True
 
     def _publish(self, write: Any) -> None:
         """Directory writes are best effort: the pool's own index is the truth for its

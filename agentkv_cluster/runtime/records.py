@@ -26,6 +26,24 @@ class PageLost(RuntimeError_):
     """No copy of the page survives anywhere: the engine must re-prefill it."""
 
 
+class TenantErased(RuntimeError_):
+    """The tenant was erased (or is being erased) while the request ran: nothing of it is
+    served, and what the request had started was undone."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TenantForgotten:
+    """What the controller dropped of an erased tenant."""
+
+    keys: dict[str, list[bytes]]  # per HBM actor: every key of the tenant's pages there
+    pages: int
+    resident: int  # pages that had a working copy in HBM
+    sessions: int
+    pins: int  # pins held on the tenant's pages (loads prepared and not released)
+    cancelled: int  # scheduled gap migrations and prefetches of its pages
+    straggling: int  # pages whose transfer had not ended when the wait gave up
+
+
 @dataclass(frozen=True, kw_only=True)
 class KvShape:
     """Geometry of a KV page: K then V, each [layers, kv_heads, tokens, head_dim]."""

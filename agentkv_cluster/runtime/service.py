@@ -19,17 +19,15 @@ from agentkv_cluster.api.metrics import MetricsHttpServer, ServiceMetrics
 from agentkv_cluster.api.server import ApiServer
 from agentkv_cluster.config import AgentKvConfig
 from agentkv_cluster.runtime import wiring
-from agentkv_cluster.runtime.directory_glue import open_directory, probe
+from agentkv_cluster.runtime.directory_glue import probe
+from agentkv_cluster.runtime.erasure import ClusterErasure, ErasureWatcher
 from agentkv_cluster.runtime.front import ServiceFront
 from agentkv_cluster.runtime.handles import ActorGone
-from security.audit import AuditLog
-from security.blinding import DirectoryBlinder
-from security.erasure import Eraser, ErasureReceipt
-from security.errors import KeyUnavailable
-from security.keyring import FileKeySource, TenantKeyring
+from agentkv_cluster.runtime.redis_users import TenantRedisUsers
+from security.audit import AuditLog, denial_recorder
+from security.erasure import ErasureReceipt
 from security.principals import TokenIssuer
 from security.signing import Signer, load_signer, write_keypair
-from store.types import Lookup, Tier
 
 log = logging.getLogger(__name__)
 JOIN_POLL_S = 2.0  # how often the service looks for Ray nodes that joined
@@ -46,7 +44,8 @@ class Service:
         self.hbm_capacity = hbm_capacity
         self.token_secret = token_secret or secrets.token_bytes(32)
         self.issuer = TokenIssuer(self.token_secret)
-        self.metrics = ServiceMetrics(cfg.metrics.top_tenants)
+        self.metrics = ServiceMetrics(cfg.metrics.top_tenants, label_key=self.token_secret,
+                                      tenant_names=cfg.metrics.tenant_names)
         self.topo: wiring.Topology | None = None
         self.front: ServiceFront | None = None
         self.server: ApiServer | None = None
@@ -54,6 +53,10 @@ class Service:
         self._stop = threading.Event()
         self._joiner: threading.Thread | None = None
         self._topology = threading.Lock()  # joins and policy swaps change the topology
+        self.audit: AuditLog | None = None  # erasures and every cross-tenant denial
+        self.erasure: ClusterErasure | None = None
+        self.redis_users: TenantRedisUsers | None = None
+        self._watcher: ErasureWatcher | None = None
 
     @property
     def keys_dir(self) -> str:
@@ -69,9 +72,20 @@ class Service:
             wiring.start_ray(self.cfg)
             self.topo = wiring.deploy(self.cfg, self.workdir, policy=self.policy,
                                       credits=self.credits, hbm_capacity=self.hbm_capacity)
+        signer = self.audit_signer()
+        self.audit = AuditLog(self.cfg.security.audit_log or self.workdir / "audit.log", signer,
+                              checkpoint_every=1)
         self.front = ServiceFront(self.topo.controller, self.topo.hbms, self.keys_dir,
-                                  self.issuer, self.metrics, self.cfg.hbm.page_bytes)
+                                  self.issuer, self.metrics, self.cfg.hbm.page_bytes,
+                                  on_denied=denial_recorder(self.audit, time.time))
         wiring.connect(self.topo, self.front)
+        if self.cfg.directory.redis_url:  # each tenant gets its own confined Redis user
+            self.redis_users = TenantRedisUsers(self.cfg.directory.redis_url, self.keys_dir,
+                                                self.workdir / "redis-users")
+            self.redis_users.reconcile()
+        self.erasure = ClusterErasure(self.topo, self.front, self.keys_dir, self.audit, signer,
+                                      self.redis_users)
+        self._watcher = ErasureWatcher(self.erasure, self._stop).start()
         self.server = ApiServer(self.cfg.api, self.front, self.front.authenticate,
                                 self.metrics).start()
         if metrics_http:
@@ -139,45 +153,15 @@ class Service:
         return AgentKvClient.connect(self.address, self.token(tenant, **kwargs))
 
     def erase_tenant(self, tenant: str) -> ErasureReceipt:
-        """Crypto-shred ``tenant``: destroy its keys, then delete its pages in HBM, host
-        pool, NVMe and the directory, record it in the audit log and return the signed
-        receipt (verifiable with the audit public key alone)."""
-        assert self.topo is not None
-        topo = self.topo
-        keyring = TenantKeyring(FileKeySource(self.keys_dir))
-        if not keyring.generations(tenant):
-            raise KeyUnavailable(f"tenant {tenant} has no keys (never created or erased)")
-        namespace = DirectoryBlinder(keyring).namespace(tenant)  # derivable only before
-        signer = self.audit_signer()
-        audit = AuditLog(self.cfg.security.audit_log or self.workdir / "audit.log", signer,
-                         checkpoint_every=1)
-        eraser = Eraser(keyring, audit, signer)
-        erased: set[bytes] = set()
-
-        def pools(tier: Tier) -> int:
-            keys = [k for pool in topo.pools.values()
-                    for k in pool.call("erase_tenant", tenant, int(tier), timeout_s=60.0)]
-            erased.update(keys)
-            return len(keys)
-
-        def directory(_scope: Any) -> int:
-            d = open_directory(topo.directory)
-            try:
-                return sum(d.delete(namespace, k) is Lookup.HIT for k in sorted(erased))
-            finally:
-                if d is not topo.directory:  # a Redis client opened for this erase
-                    d.close()
-
-        eraser.register_tier("hbm", lambda _s: topo.controller.call("erase_tenant", tenant))
-        eraser.register_tier("host", lambda _s: pools(Tier.HOST))
-        eraser.register_tier("nvme", lambda _s: pools(Tier.NVME))
-        eraser.register_tier("directory", directory)
-        try:
-            return eraser.erase_tenant(tenant, time.time())
-        finally:
-            audit.close()
-            if self.front is not None:
-                self.front.forget_erasure(tenant)
+        """Crypto-shred ``tenant`` and purge it from the running cluster as one transaction
+        (``runtime.erasure``): keys destroyed, then the front, controller, HBM actors, pools
+        and directory each drop and scrub what they hold of it; the receipt, signed last,
+        lists what each tier did and verifies with the audit public key alone."""
+        assert self.erasure is not None
+        receipt = self.erasure.erase(tenant)
+        # agentkv_erasures_total{result}; the tenant's metric series go with it.
+        self.metrics.erased(tenant, failed=bool(receipt.failed_tiers))
+        return receipt
 
     def audit_signer(self) -> Signer:
         """The audit signing key (``security.audit_key``), or one generated in the workdir
@@ -197,6 +181,8 @@ class Service:
         self._stop.set()
         if self._joiner is not None:
             self._joiner.join(30.0)
+        if self._watcher is not None:
+            self._watcher.join(30.0)
         if self.http is not None:
             self.http.stop()
         if self.server is not None:
@@ -205,6 +191,11 @@ class Service:
             wiring.shutdown(self.topo)
         if self.front is not None:
             self.front.mover.close()
+        if self.audit is not None:
+            self.audit.close()
+            self.audit = None
+        if self.redis_users is not None:
+            self.redis_users.close()
         if shutdown_ray:
             import ray
 
@@ -243,8 +234,14 @@ class MetricsFeed:
             except ActorGone:
                 continue  # a dead pool holds nothing; the watcher forgets it
             host, nvme = host + st["host_used_bytes"], nvme + st["nvme_live_bytes"]
+            m.reject(st["name"], self._delta(("rejects", st["name"]), st["rejects"]))
         m.set_occupancy("host", host)
         m.set_occupancy("nvme", nvme)
+        pools, cfg = len(topo.pools), self.service.cfg
+        m.set_capacity("host", pools * cfg.pool.pool_bytes)
+        m.set_capacity("nvme", pools * cfg.pool.nvme_bytes)
+        m.set_capacity("hbm", len(topo.hbms) * (self.service.hbm_capacity
+                                               or cfg.hbm.page_bytes * cfg.hbm.num_pages))
 
     def _delta(self, key: Any, total: int) -> int:
         before = self._last.get(key, 0)

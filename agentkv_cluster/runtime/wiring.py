@@ -119,7 +119,7 @@ def controller_spec(cfg: AgentKvConfig, policy: str | None = None,
     return ControllerSpec(policy=policy or cfg.controller.policy,
                           per_link=cfg.credits.per_link, per_session=cfg.credits.per_session,
                           credits=credits, tick_s=cfg.controller.tick_s,
-                          landing_pages=cfg.hbm.landing_pages)
+                          landing_pages=cfg.hbm.landing_pages, page_bytes=cfg.hbm.page_bytes)
 
 
 def spawn_pool(topo: Topology, spec: PoolSpec, node_id: str) -> Handle:
@@ -288,7 +288,10 @@ def join_new_nodes(cfg: AgentKvConfig, topo: Topology, front: Any | None = None,
     for pool_name in fresh:  # new pools with the HBM actors from before
         for name, hbm in topo.hbms.items():
             if name not in added and hbm.alive(5.0):
-                introduce(hbm, pools[pool_name])
+                try:
+                    introduce(hbm, pools[pool_name])
+                except handles.ActorGone:
+                    continue  # died after the check (its node left): the watcher forgets it
     return fresh + added
 
 

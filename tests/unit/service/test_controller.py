@@ -153,8 +153,11 @@ def test_forget_tenant_drops_only_that_tenants_pages_and_reports_resident_keys()
     ctl.open_session("other", "o")
     out, _ = ctl.admit("other", "o", [other], 0.0)
     ctl.ingested([g for g, _ in out])
-    resident = ctl.forget_tenant("t")
-    assert sorted(resident["h"]) == [b"a/0", b"a/1"]
+    gone = ctl.forget_tenant("t")
+    ctl.end_erase("t")
+    assert sorted(gone.keys["h"]) == [b"a/0", b"a/1"]
+    assert (gone.pages, gone.resident, gone.sessions) == (2, 2, 1)
     assert ("t", "a") not in ctl.sessions and ctl.hbms["h"].used == MB
     assert [r.meta.tenant for r in ctl.pages.values()] == ["other"]
-    assert ctl.forget_tenant("t") == {}
+    again = ctl.forget_tenant("t")
+    assert (again.keys, again.pages, again.sessions) == ({}, 0, 0)

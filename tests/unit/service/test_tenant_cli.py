@@ -33,7 +33,10 @@ def test_token_verifies_with_the_serve_secret(tmp_path: Path, capsys) -> None:
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--ttl", "0"], "--ttl must be a positive"),
+    (["--ttl", "0"], "--ttl must be a number of seconds in (0,"),
+    (["--ttl", "inf"], "--ttl must be a number of seconds in (0,"),
+    (["--ttl", "nan"], "--ttl must be a number of seconds in (0,"),
+    (["--ttl", str(400 * 86400)], "--ttl must be a number of seconds in (0,"),
     (["--ttl", "60", "--short"], "at least 32 bytes"),
 ])
 def test_token_refuses_bad_input(tmp_path: Path, capsys, argv, message) -> None:
@@ -60,3 +63,36 @@ def test_python_dash_m_runs_the_cli() -> None:
     done = subprocess.run([sys.executable, "-m", "agentkv_cluster.cli", "tenant", "--help"],
                           check=False, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "namespace" in done.stdout
+
+
+def test_bad_paths_and_urls_are_errors_not_tracebacks(tmp_path: Path, capsys) -> None:
+    from security.signing import write_keypair
+
+    a_file = tmp_path / "plain"
+    a_file.write_text("x")
+    assert main(["tenant", "create", "acme", "--keys-dir", str(a_file)]) == 2
+    assert "is a file, not a directory" in capsys.readouterr().err
+    keys = tmp_path / "keys"
+    TenantKeyring(FileKeySource(keys)).create_tenant("acme")
+    write_keypair(tmp_path / "audit.key", tmp_path / "audit.pub")
+    audit = ["--signing-key", str(tmp_path / "audit.key")]
+    assert main(["tenant", "erase", "acme", "--keys-dir", str(keys), "--audit-log",
+                 str(tmp_path), *audit]) == 2
+    assert "is a directory, not a file" in capsys.readouterr().err
+    assert main(["tenant", "erase", "acme", "--keys-dir", str(keys), "--audit-log",
+                 str(tmp_path / "audit.log"), *audit, "--redis-url", "notaurl"]) == 2
+    assert "--redis-url 'notaurl'" in capsys.readouterr().err
+    assert TenantKeyring(FileKeySource(keys)).generations("acme") == [1]  # nothing erased
+
+
+def test_erasing_a_tenant_that_never_existed_leaves_no_mark(tmp_path: Path, capsys) -> None:
+    from security.signing import write_keypair
+
+    keys = tmp_path / "keys"
+    TenantKeyring(FileKeySource(keys)).create_tenant("acme")
+    write_keypair(tmp_path / "audit.key", tmp_path / "audit.pub")
+    before = sorted(p.name for p in keys.iterdir())
+    assert main(["tenant", "erase", "nobody", "--keys-dir", str(keys), "--audit-log",
+                 str(tmp_path / "audit.log"), "--signing-key", str(tmp_path / "audit.key")]) == 2
+    assert "no keys" in capsys.readouterr().err
+    assert sorted(p.name for p in keys.iterdir()) == before

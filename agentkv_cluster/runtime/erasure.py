@@ -1,0 +1,263 @@
+"""Tenant erasure on a running cluster, as one transaction.
+
+``ClusterErasure.erase`` crypto-shreds the tenant's keys (``security.erasure.Eraser``:
+mark, destroy), then runs the tiers in order, each reporting what it did:
+
+1. ``front``: the API front forgets the tenant's cached keys and blinding secret and
+   its prepared loads (a token for the same name then derives new, unrelated keys).
+2. ``controller``: refuses the tenant's calls, cancels its moves (its loads in flight
+   fail with ``TenantErased`` instead of blocking the erasure), drops its pages, pins,
+   sessions and graph; ``hbm`` / ``hbm-scrub``: every HBM actor zeroes the tenant's
+   pages, then its free pages and free staging slots.
+3. ``host`` / ``nvme``: every pool actor forgets the tenant's keys, overwrites its
+   copies (host slots zeroed, NVMe payloads zeroed in place before the tombstone);
+   ``host-scrub`` / ``nvme-scrub``: free host slots and dead NVMe records zeroed.
+   ``redis-user``: the tenant's Redis ACL user and its credentials file removed.
+4. ``directory``: the tenant's entries deleted under its blinded namespace.
+
+Only then is the receipt signed; it lists each tier with its count (-1 and the tier
+in ``failed_tiers`` when a tier could not finish). ``ErasureWatcher`` runs steps 1-3
+for an erasure made by another process (``agentkv tenant erase`` on the key directory
+while the service runs) and records what it did in the audit log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agentkv_cluster.runtime.directory_glue import open_directory
+from agentkv_cluster.runtime.handles import ActorGone
+from security.audit import AuditLog
+from security.blinding import DirectoryBlinder
+from security.erasure import Eraser, ErasureReceipt
+from security.errors import KeyUnavailable
+from security.keyring import FileKeySource, TenantKeyring
+from security.signing import Signer
+from store.types import Lookup
+
+log = logging.getLogger(__name__)
+WATCH_POLL_S = 1.0  # how soon an erasure made by another process is enforced here
+_MARK_RE = re.compile(r"(?P<ns>[a-z0-9_][a-z0-9_-]*)\.erased\.(?P<ms>\d{13})")
+
+# Tier names in receipt order; each maps to a count in the purge report.
+TIERS = ("front", "controller", "sessions", "pins", "hbm", "hbm-scrub", "host", "host-scrub",
+         "nvme", "nvme-scrub", "redis-user")
+
+
+class ClusterErasure:
+    """Runs a tenant's erasure across the front, controller, HBM and pool actors."""
+
+    def __init__(self, topo: Any, front: Any, keys_dir: str, audit: AuditLog,
+                 signer: Signer, users: Any = None) -> None:
+        self.topo = topo
+        self.users = users  # TenantRedisUsers on a Redis directory, else None
+        self.front = front
+        self.keys_dir = keys_dir
+        self.audit = audit
+        self.signer = signer
+        self._lock = threading.Lock()  # one erasure at a time
+        self.enforced: dict[str, float] = {}  # tenant -> erasure mark already enforced
+
+    def erase(self, tenant: str) -> ErasureReceipt:
+        """Crypto-shred ``tenant`` and purge it from every tier; the signed receipt."""
+        with self._lock:
+            keyring = TenantKeyring(FileKeySource(self.keys_dir))
+            if not keyring.has_keys(tenant):
+                raise KeyUnavailable(f"tenant {tenant} has no keys (never created or erased)")
+            namespace = DirectoryBlinder(keyring).namespace(tenant)  # derivable only before
+            eraser = Eraser(keyring, self.audit, self.signer)
+            try:  # its calls and loads fail from here; the keys go even if this cannot
+                self.topo.controller.call("freeze_tenant", tenant)
+            except ActorGone:
+                log.warning("erasure: the controller is unreachable; its tier will fail")
+            report = _LazyPurge(lambda: self.purge(tenant))
+            for tier in TIERS:
+                eraser.register_tier(tier, lambda _s, t=tier: report.count(t))
+            eraser.register_tier("directory",
+                                 lambda _s: self._directory(namespace, report.keys()))
+            try:
+                receipt = eraser.erase_tenant(tenant, time.time())
+            finally:
+                if self.front is not None:
+                    self.front.forget_erasure(tenant)
+                with contextlib.suppress(ActorGone):  # (a finished purge thawed it already)
+                    self.topo.controller.call("thaw_tenant", tenant)
+            at = keyring.erased_at(tenant)
+            if at is not None:
+                self.enforced[tenant] = at
+            return receipt
+
+    def purge(self, tenant: str) -> dict[str, Any]:
+        """Steps 1-3 of the module doc: each tier's count (-1 where it failed, with the
+        reason in ``failed``) and the erased keys. Every tier is tried."""
+        counts: dict[str, int] = {}
+        failed: dict[str, str] = {}
+        keys: set[bytes] = set()
+
+        def step(names: tuple[str, ...], fn: Callable[[], dict[str, int]]) -> None:
+            try:
+                got = fn()
+                for name in names:
+                    counts[name] = int(got[name])
+            except Exception as exc:
+                log.exception("erasure of a tenant failed in %s", "/".join(names))
+                for name in names:
+                    counts[name] = -1
+                    failed[name] = f"{type(exc).__name__}: {exc}"[:200]
+
+        step(("front",), lambda: {"front": self.front.forget_tenant(tenant)["loads"]}
+             if self.front is not None else {"front": 0})
+        step(("controller", "sessions", "pins", "hbm", "hbm-scrub"),
+             lambda: self._controller(tenant))
+        step(("host", "host-scrub", "nvme", "nvme-scrub"), lambda: self._pools(tenant, keys))
+        step(("redis-user",), lambda: {"redis-user": self.users.remove(tenant)
+                                       if self.users is not None else 0})
+        return {"counts": counts, "failed": failed, "keys": sorted(keys)}
+
+    def _controller(self, tenant: str) -> dict[str, int]:
+        got = self.topo.controller.call("erase_tenant", tenant, timeout_s=120.0)
+        if got["straggling"]:
+            raise RuntimeError(f"{got['straggling']} transfer(s) did not end in time")
+        return {"controller": got["pages"], "sessions": got["sessions"], "pins": got["pins"],
+                "hbm": got["hbm_pages"], "hbm-scrub": got["hbm_free_zeroed"]}
+
+    def _pools(self, tenant: str, keys: set[bytes]) -> dict[str, int]:
+        out = {"host": 0, "host-scrub": 0, "nvme": 0, "nvme-scrub": 0}
+        gone = []
+        for name, pool in list(self.topo.pools.items()):
+            try:
+                got = pool.call("purge_tenant", tenant, timeout_s=300.0)
+            except ActorGone:
+                gone.append(name)  # the other pools are still purged
+                continue
+            keys.update(got["keys"])
+            out["host"] += got["host"]
+            out["nvme"] += got["nvme"]
+            out["host-scrub"] += got["host_free_zeroed"]
+            out["nvme-scrub"] += got["nvme_dead_zeroed"]
+        if gone:
+            raise RuntimeError(f"pool(s) {', '.join(gone)} unreachable")
+        return out
+
+    def _directory(self, namespace: str, keys: list[bytes]) -> int:
+        d = open_directory(self.topo.directory)
+        try:
+            return sum(d.delete(namespace, k) is Lookup.HIT for k in keys)
+        finally:
+            if d is not self.topo.directory:  # a Redis client opened for this erase
+                d.close()
+
+    def reconcile_users(self) -> None:
+        """Redis users for tenants created meanwhile (and none for erased ones); never in
+        the middle of an erasure, whose receipt counts the user it removes."""
+        if self.users is not None:
+            with self._lock:
+                self.users.reconcile()
+
+    # -- erasures made by another process -----------------------------------------------------
+    def enforce_new_marks(self) -> list[str]:
+        """Purge every tenant whose erasure mark appeared since the last look (an erasure
+        made with ``agentkv tenant erase`` on the key directory); each purge is recorded
+        in the audit log as ``erasure.enforced`` with its per-tier counts."""
+        marks = _marks(Path(self.keys_dir))
+        done = []
+        for tenant, at in sorted(marks.items()):
+            if self.enforced.get(tenant, 0.0) >= at:
+                continue
+            with self._lock:
+                if self.enforced.get(tenant, 0.0) >= at:
+                    continue
+                report = self.purge(tenant)
+                self.enforced[tenant] = at
+                self.audit.append("erasure.enforced", {
+                    "tenant": tenant, "erased_at": at,
+                    "counts": [[t, report["counts"][t]] for t in TIERS],
+                    "failed_tiers": sorted(report["failed"])}, time.time())
+            done.append(tenant)
+        return done
+
+    def remember_marks(self) -> list[str]:
+        """At start: marks already present were enforced by the service that ran then,
+        except where a pool recovered records of a tenant that is erased and has no keys
+        now (it was erased while the service was down): those are purged here, with an
+        ``erasure.enforced`` record. Returns the tenants purged."""
+        marks = _marks(Path(self.keys_dir))
+        keyring = TenantKeyring(FileKeySource(self.keys_dir))
+        held: set[str] = set()
+        for pool in list(self.topo.pools.values()):
+            try:
+                held.update(pool.call("tenants_held", timeout_s=60.0))
+            except ActorGone:
+                continue
+        stale = {t: at for t, at in marks.items() if t in held and not keyring.has_keys(t)}
+        self.enforced.update({t: at for t, at in marks.items() if t not in stale})
+        return self.enforce_new_marks() if stale else []
+
+
+def _marks(keys_dir: Path) -> dict[str, float]:
+    out: dict[str, float] = {}
+    try:
+        names = [p.name for p in keys_dir.iterdir()]
+    except OSError:
+        return out
+    for name in names:
+        m = _MARK_RE.fullmatch(name)
+        if m:
+            out[m["ns"]] = max(out.get(m["ns"], 0.0), int(m["ms"]) / 1000)
+    return out
+
+
+class _LazyPurge:
+    """Runs the purge once, when the first tier asks for its count."""
+
+    def __init__(self, run: Callable[[], dict[str, Any]]) -> None:
+        self._run = run
+        self._report: dict[str, Any] | None = None
+
+    def _get(self) -> dict[str, Any]:
+        if self._report is None:
+            self._report = self._run()
+        return self._report
+
+    def count(self, tier: str) -> int:
+        report = self._get()
+        if tier in report["failed"]:
+            raise RuntimeError(report["failed"][tier])
+        return report["counts"][tier]
+
+    def keys(self) -> list[bytes]:
+        return self._get()["keys"]
+
+
+class ErasureWatcher:
+    """A thread that enforces erasures made by other processes within ``WATCH_POLL_S``."""
+
+    def __init__(self, erasure: ClusterErasure, stop: threading.Event) -> None:
+        self.erasure = erasure
+        self._stop = stop
+        erasure.remember_marks()
+        self._thread = threading.Thread(target=self._run, name="agentkv-erasures", daemon=True)
+
+    def start(self) -> ErasureWatcher:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(WATCH_POLL_S):
+            try:
+                self.erasure.reconcile_users()
+                if self.erasure.enforce_new_marks():  # tenant names stay out of the logs
+                    log.info("enforced an erasure made outside this service (see audit log)")
+            except Exception:
+                log.exception("enforcing an erasure failed")
+
+    def join(self, timeout_s: float) -> None:
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)

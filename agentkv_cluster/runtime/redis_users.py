@@ -1,0 +1,118 @@
+"""Per-tenant Redis ACL users for the directory, kept in step with the key directory.
+
+When the service runs on a Redis directory, every tenant with keys gets a Redis user
+``akv-<blinded ns>`` confined to ``akv:{<ns>}:*`` (``security.redis_acl`` rules). The
+password is written once, 0600, to ``<state>/redis-users/<tenant>.json`` for the
+tenant's own tools; a tenant erased (its keys gone) loses its user and that file.
+The admin connection is the service's own directory URL; without ACL rights the users
+are not made (logged once) and the service runs on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from pathlib import Path
+
+import redis
+
+from security.blinding import DirectoryBlinder
+from security.errors import SecurityError
+from security.keyring import FileKeySource, TenantKeyring
+from security.redis_acl import TenantAclUser, apply_users, make_user, remove_users
+
+log = logging.getLogger(__name__)
+
+
+class TenantRedisUsers:
+    """Creates and removes the tenants' Redis users (``reconcile``, ``remove``)."""
+
+    def __init__(self, url: str, keys_dir: str, out_dir: Path) -> None:
+        self.url = url
+        self.keys_dir = keys_dir
+        self.out_dir = out_dir
+        self._admin: redis.Redis | None = None
+        self._users: dict[str, TenantAclUser] = {}  # tenant -> user applied
+        self.disabled = ""  # why users are not made (no ACL rights), once known
+        self._lock = threading.Lock()  # the watcher reconciles while an erasure removes
+
+    def _connect(self) -> redis.Redis:
+        if self._admin is None:
+            self._admin = redis.Redis.from_url(self.url)
+        return self._admin
+
+    def reconcile(self) -> tuple[list[str], list[str]]:
+        """Make users for new tenants, drop those of erased ones; (made, removed)."""
+        with self._lock:
+            return self._reconcile()
+
+    def _reconcile(self) -> tuple[list[str], list[str]]:
+        if self.disabled:
+            return [], []
+        keyring = TenantKeyring(FileKeySource(self.keys_dir, writable=False))
+        tenants = set(keyring.tenants())
+        removed = [t for t in list(self._users) if t not in tenants]
+        for tenant in removed:
+            self._remove(tenant)
+        made = []
+        blinder = DirectoryBlinder(keyring)
+        for tenant in sorted(tenants - set(self._users)):
+            try:
+                user = self._user(tenant, blinder.namespace(tenant))
+                apply_users(self._connect(), [user])
+            except SecurityError:
+                continue  # erased between the listing and now
+            except redis.ResponseError as exc:  # NOPERM: the service's user is no admin
+                self.disabled = f"cannot create Redis users: {exc}"
+                log.warning("%s; tenants share the service's Redis user", self.disabled)
+                return made, removed
+            except redis.RedisError:  # unreachable now: the next reconcile tries again
+                return made, removed
+            self._users[tenant] = user
+            made.append(tenant)
+        return made, removed
+
+    def remove(self, tenant: str) -> int:
+        """Drop ``tenant``'s Redis user and credentials file (erasure); 1 if it had one."""
+        with self._lock:
+            return self._remove(tenant)
+
+    def _remove(self, tenant: str) -> int:
+        user = self._users.get(tenant)
+        path = self.out_dir / f"{tenant}.json"
+        if user is None and path.exists():  # made by an earlier run of the service
+            try:
+                user = TenantAclUser(**json.loads(path.read_text()))
+            except (ValueError, TypeError):
+                user = None
+        if user is not None and not self.disabled:
+            remove_users(self._connect(), [user])  # raises while Redis is unreachable
+        self._users.pop(tenant, None)
+        path.unlink(missing_ok=True)
+        return int(user is not None)
+
+    def _user(self, tenant: str, namespace: str) -> TenantAclUser:
+        """The tenant's user: the password of an earlier run when its namespace matches."""
+        path = self.out_dir / f"{tenant}.json"
+        try:
+            old = TenantAclUser(**json.loads(path.read_text()))
+            if old.namespace == namespace:
+                return old
+        except (OSError, ValueError, TypeError):
+            pass
+        user = make_user(namespace)
+        self.out_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"username": user.username, "password": user.password,
+                       "namespace": user.namespace}, f)
+        tmp.replace(path)
+        return user
+
+    def close(self) -> None:
+        if self._admin is not None:
+            self._admin.close()
+            self._admin = None

@@ -1,0 +1,72 @@
+"""Requests the API front refuses with a clear error (never ``internal``), and the audit
+record every cross-tenant denial leaves (the service's own audit log, verified)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from agentkv_cluster.api.protocol import RemoteError
+from agentkv_cluster.config import load_config
+from agentkv_cluster.runtime.service import Service
+from security.audit import verify_log
+from security.signing import load_verifier
+from tests.integration.runtime.test_cluster import identity, kv_page
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def service():
+    workdir = Path(tempfile.mkdtemp(prefix="agentkv-front-"))
+    cfg = load_config(env={}, overrides={
+        "api": {"port": 0},
+        "hbm": {"page_bytes": 1 << 17, "num_pages": 8},
+        "pool": {"pool_bytes": 4 << 20, "slot_bytes": 1 << 17, "nvme_dir": str(workdir / "nv")},
+    })
+    svc = Service(cfg, workdir=workdir).start(local=True)
+    yield svc
+    svc.stop()
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_lookup_on_a_session_never_opened_is_not_found(service) -> None:
+    with service.client("acme") as client:
+        client.open_session("opened")  # provisions the tenant
+        with pytest.raises(RemoteError) as err:
+            client.call("lookup_prefix", {"session": "never",
+                                          "identities": [identity("acme", "never", 0).pack()]})
+        assert err.value.code == "not_found" and "acme" not in err.value.message
+
+
+def test_an_event_nested_a_thousand_deep_is_bad_args(service) -> None:
+    deep: object = 1
+    for _ in range(1000):
+        deep = [deep]
+    with service.client("acme") as client:
+        s = client.open_session("deep")
+        with pytest.raises(RemoteError) as err:
+            s.event("task_start", event_id=1, task_id="t", version=1, ts=1.0,
+                    prefix_generation=1, extra=deep)
+        assert err.value.code == "bad_args"
+        s.event("task_start", event_id=1, task_id="t", version=1, ts=1.0, prefix_generation=1)
+
+
+def test_every_cross_tenant_denial_is_audited(service) -> None:
+    log = service.workdir / "audit.log"
+    with service.client("acme") as client:
+        s = client.open_session("spy")
+        with pytest.raises(RemoteError, match="forbidden"):  # a page naming globex
+            s.store_pages([kv_page(0, "evidence", identity("globex", "spy", 0))])
+        got = s.lookup_prefix([identity("globex", "x", 0).pack()])
+        assert got["length"] == 0 and got["refused"].startswith("AccessDenied")
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    denied = [r["data"] for r in records if r["kind"] == "access.denied"]
+    assert [(d["tenant"], d["namespace"], d["action"]) for d in denied[-2:]] == [
+        ("acme", "globex", "write"), ("acme", "globex", "read")]
+    report = verify_log(log, load_verifier(service.workdir / "audit.pub"))
+    assert report.ok, report.problems

@@ -1,0 +1,117 @@
+"""``agentkv tenant erase`` on the key directory of a running service: the service notices
+the erasure mark within a second or two, purges the tenant from every tier it runs and
+records what it did in its audit log."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from agentkv_cluster.api.protocol import RemoteError
+from agentkv_cluster.cli import main
+from agentkv_cluster.config import load_config
+from agentkv_cluster.runtime.erasure import TIERS
+from agentkv_cluster.runtime.service import Service
+from tests.integration.runtime.test_cluster import identity, kv_page
+from tests.integration.runtime.test_erase_live import _needles
+
+pytestmark = pytest.mark.integration
+
+PAGE = 2 * 2 * 2 * 128 * 64 * 2
+
+
+@pytest.fixture(scope="module")
+def service():
+    workdir = Path(tempfile.mkdtemp(prefix="agentkv-erase-cli-"))
+    cfg = load_config(env={}, overrides={
+        "api": {"port": 0},
+        "hbm": {"page_bytes": PAGE, "num_pages": 8},
+        "pool": {"pool_bytes": 4 * PAGE, "slot_bytes": PAGE, "nvme_dir": str(workdir / "nv")},
+    })
+    svc = Service(cfg, workdir=workdir, hbm_capacity=3 * PAGE).start(local=True)
+    yield svc
+    svc.stop()
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _enforced(log: Path) -> list[dict]:
+    return [r["data"] for r in map(json.loads, log.read_text().splitlines())
+            if r["kind"] == "erasure.enforced"]
+
+
+def test_an_erasure_made_by_the_cli_is_enforced_by_the_running_service(service) -> None:
+    client = service.client("acme")
+    s = client.open_session("c1")
+    pages = [kv_page(i, "evidence", identity("acme", "c1", 1000 * i)) for i in range(8)]
+    keys = s.store_pages(pages)
+    ctl = service.topo.controller.target.controller
+    assert len(ctl.pages) == 8
+    log = service.workdir / "audit.log"
+    assert main(["tenant", "erase", "acme", "--keys-dir", service.keys_dir, "--audit-log",
+                 str(log), "--signing-key", str(service.workdir / "audit.key")]) == 0
+    deadline = time.monotonic() + 10
+    while not _enforced(log):
+        assert time.monotonic() < deadline, "the service did not enforce the erasure"
+        time.sleep(0.1)
+    record = _enforced(log)[-1]
+    counts = dict(map(tuple, record["counts"]))
+    assert record["tenant"] == "acme" and record["failed_tiers"] == []
+    assert set(counts) == set(TIERS) and counts["controller"] == 8
+    assert counts["hbm"] + counts["host"] + counts["nvme"] >= 8
+    assert ctl.pages == {}
+    pool = service.topo.pools["node0"].target
+    assert pool.stats()["copies"] == 0
+    arena = service.topo.hbms["node0-hbm0"].target.arena_holds(_needles(pages))
+    assert not any(arena)
+    with pytest.raises(RemoteError, match="unauthenticated"):
+        s.prepare_load(keys)
+    client.close()
+    with service.client("acme") as fresh:
+        again = fresh.open_session("c1")
+        ids = [identity("acme", "c1", 1000 * i).pack() for i in range(8)]
+        assert again.lookup_prefix(ids)["length"] == 0
+
+
+def test_a_tenant_erased_while_the_service_was_down_is_gone_after_the_restart(
+        tmp_path: Path) -> None:
+    """Records the restarted pool recovers from its NVMe shard: those it can still read
+    (an older record format) are purged at start, with an ``erasure.enforced`` record;
+    the others do not open under any live key and are never adopted. Either way the new
+    tenant of that name finds nothing, and the shard files hold neither plaintext nor the
+    tenant's name."""
+    tenant = "acme-erased-offline"
+    cfg = load_config(env={}, overrides={
+        "api": {"port": 0},
+        "hbm": {"page_bytes": PAGE, "num_pages": 8},
+        "pool": {"pool_bytes": 2 * PAGE, "slot_bytes": PAGE, "nvme_dir": str(tmp_path / "nv")},
+    })
+    pages = [kv_page(i, "evidence", identity(tenant, "d1", 1000 * i)) for i in range(6)]
+    first = Service(cfg, workdir=tmp_path, hbm_capacity=2 * PAGE).start(local=True)
+    try:
+        with first.client(tenant) as client:
+            client.open_session("d1").store_pages(pages)  # most demoted, some to NVMe
+        assert first.topo.pools["node0"].target.nvme.stats().records > 0
+    finally:
+        first.stop()
+    log = tmp_path / "audit.log"
+    assert main(["tenant", "erase", tenant, "--keys-dir", str(tmp_path / "keys"),
+                 "--audit-log", str(log), "--signing-key", str(tmp_path / "audit.key")]) == 0
+    second = Service(cfg, workdir=tmp_path, hbm_capacity=2 * PAGE).start(local=True)
+    try:
+        pool = second.topo.pools["node0"].target
+        assert tenant not in pool.tenants_held()
+        enforced = [r for r in _enforced(log) if r["tenant"] == tenant]
+        assert all(r["failed_tiers"] == [] for r in enforced)
+        files = b"".join(p.read_bytes() for p in (tmp_path / "nv").rglob("*") if p.is_file())
+        assert tenant.encode() not in files
+        assert not any(n in files for n in _needles(pages))
+        with second.client(tenant) as fresh:
+            ids = [identity(tenant, "d1", 1000 * i).pack() for i in range(6)]
+            assert fresh.open_session("d1").lookup_prefix(ids)["length"] == 0
+    finally:
+        second.stop()

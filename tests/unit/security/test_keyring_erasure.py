@@ -1,0 +1,51 @@
+"""What a keyring does around an erasure: the mark never predates it, a process that
+cached the tenant's keys forgets them, and a tenant without keys leaves no mark."""
+
+from __future__ import annotations
+
+import pytest
+
+from security.audit import AuditLog
+from security.erasure import Eraser
+from security.errors import KeyUnavailable
+from security.keyring import FileKeySource, TenantKeyring
+
+
+def test_the_mark_rounds_up_so_a_token_from_just_before_is_older(keyring) -> None:
+    at = 1_700_000_000.1234  # 0.4 ms into a millisecond
+    keyring.mark_erased("alice", at)
+    issued = at - 0.0002  # a token issued 0.2 ms before the erasure
+    assert issued <= keyring.erased_at("alice")
+    assert keyring.erased_at("alice") - at < 0.001
+
+
+def test_a_process_that_cached_the_keys_forgets_them(keyring, tmp_path) -> None:
+    other = TenantKeyring(FileKeySource(tmp_path / "keys"))  # e.g. a pool actor
+    epoch, _aead = other.seal_key("alice", 1)
+    old_id = other.key_id("alice", 1)
+    keyring.destroy_tenant("alice")  # the erasure happens in another process
+    keyring.create_tenant("alice")  # and the name is used again
+    assert other.key_id("alice", 1) == old_id  # still the cached, destroyed key
+    other.forget("alice")
+    assert other.key_id("alice", 1) != old_id
+    other.open_key("bob", 1, epoch)  # other tenants' cache is untouched
+
+
+def test_tenants_lists_those_with_a_blinding_secret(keyring) -> None:
+    assert keyring.tenants() == ["alice", "bob"]
+    keyring.destroy_tenant("bob")
+    assert keyring.tenants() == ["alice"] and not keyring.has_keys("bob")
+
+
+def test_erasing_a_tenant_without_keys_leaves_no_mark(keyring, signer, tmp_path) -> None:
+    audit = AuditLog(tmp_path / "audit.log", signer)
+    try:
+        with pytest.raises(KeyUnavailable):
+            Eraser(keyring, audit, signer).erase_tenant("carol", 1.0)
+        assert keyring.erased_at("carol") is None
+        Eraser(keyring, audit, signer).erase_tenant("bob", 2.0)
+        with pytest.raises(KeyUnavailable):  # erased twice: the second leaves nothing
+            Eraser(keyring, audit, signer).erase_tenant("bob", 3.0)
+        assert keyring.erased_at("bob") == 2.0
+    finally:
+        audit.close()

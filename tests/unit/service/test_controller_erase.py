@@ -1,0 +1,82 @@
+"""Tenant erasure in the controller's bookkeeping (pure: no Ray, no bytes): pages the
+event graph still needs, pins, waiting loads and queued moves all give way, and the
+same tenant name starts empty afterwards."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from agentkv_cluster.runtime.controller import Controller
+from agentkv_cluster.runtime.records import Action, ActionKind, TenantErased
+from agentkv_cluster.runtime.strategies import make_strategy
+from tests.unit.service.test_controller import MB, admitted
+from tests.unit.service.test_controller_return import _event
+
+
+def _task_in_a_tool_call() -> tuple[Controller, list[int]]:
+    """Tenant "t", session "a": two pages the running task reads, a tool call open."""
+    ctl = Controller(make_strategy("agentkv"))
+    ctl.add_hbm("h", 8 * MB)
+    admitted(ctl, "a", range(2), 0.0)
+    gids = ctl.resolve("t", "a", [b"a/0", b"a/1"])
+    _event(ctl, 1, 0.1, kind="task_start", prefix_generation=1, prefix_pages=[0],
+           input_pages=[1])
+    _event(ctl, 2, 0.2, kind="tool_start", call_id="k1", tool="grep")
+    return ctl, gids
+
+
+def test_pages_the_graph_still_needs_are_forgotten_with_their_pins_and_moves() -> None:
+    ctl, gids = _task_in_a_tool_call()
+    assert not ctl.graph.is_retirable(gids[1])  # retire() would refuse it
+    ctl.access(gids, 0.3)  # pinned by a load that was never released
+    gone = ctl.forget_tenant("t")
+    assert (gone.pages, gone.pins, gone.sessions) == (2, 2, 1)
+    assert ctl.pages == {} and ctl.graph.page_ids() == frozenset()
+    assert not any(a.gid in gids for _, _, a in ctl._scheduled)
+    assert ctl.hbms["h"].used == 0
+
+
+def test_calls_of_a_tenant_being_erased_fail_and_the_name_starts_empty_after() -> None:
+    ctl, _ = _task_in_a_tool_call()
+    ctl.forget_tenant("t")
+    with pytest.raises(TenantErased):
+        ctl.open_session("t", "a")
+    with pytest.raises(TenantErased):
+        ctl.resolve("t", "a", [b"a/0"])
+    ctl.end_erase("t")
+    admitted(ctl, "a", range(1), 1.0)  # the same names again, version 1 again
+    _event(ctl, 1, 1.1, kind="task_start", prefix_generation=1, prefix_pages=[0])
+    assert len(ctl.pages) == 1 and ctl.erasures["t"] == 1
+
+
+def test_a_load_waiting_for_a_moving_page_fails_with_tenant_erased() -> None:
+    ctl, gids = _task_in_a_tool_call()
+    ctl.pages[gids[0]].busy = True  # a restore or demotion is in flight
+    failed: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            ctl.access(gids, 0.4)
+        except BaseException as exc:  # noqa: BLE001 - inspected below
+            failed.append(exc)
+
+    waiter = threading.Thread(target=load)
+    waiter.start()
+    eraser = threading.Thread(target=ctl.forget_tenant, args=("t", 5.0))
+    eraser.start()
+    waiter.join(5.0)
+    assert not waiter.is_alive() and isinstance(failed[0], TenantErased)
+    assert eraser.is_alive()  # the erasure waits for the transfer in flight
+    ctl.finished(Action(kind=ActionKind.DEMOTE, gid=gids[0], hbm="h", reason="pressure",
+                        session="a"), True, 0.5, {})
+    eraser.join(5.0)
+    assert not eraser.is_alive() and ctl.pages == {}
+
+
+def test_queued_moves_of_an_erased_tenant_are_moot() -> None:
+    ctl, gids = _task_in_a_tool_call()
+    assert not ctl.doomed(gids[0])
+    ctl.erasing.add("t")
+    assert ctl.doomed(gids[0]) and not ctl.doomed(10_000)

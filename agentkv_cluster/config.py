@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -46,7 +47,11 @@ class MetricsConfig:
     host: str = "127.0.0.1"
     port: int = 9420
     enabled: bool = True
-    top_tenants: int = 20  # tenants beyond the top N share the label "other"
+    # The first N tenants seen since start keep a label of their own; later ones share
+    # "other" (a label never moves to another tenant, so series stay continuous).
+    top_tenants: int = 20
+    # False: tenants are labelled by a stable blinded id (t-<hex>); True: by their names.
+    tenant_names: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,6 +66,8 @@ class RayConfig:
 class DirectoryConfig:
     redis_url: str | None = None  # None: embedded directory hosted by the head
     prefix: str = "akv"
+    # While Redis is unreachable the head retries after 0.5 s, doubling up to this.
+    retry_max_s: float = 30.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,6 +112,20 @@ class ControllerConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class StateConfig:
+    # Keys, token secret, audit key and log, NVMe shards unless set elsewhere.
+    # None: $XDG_STATE_HOME/agentkv (~/.local/state/agentkv).
+    dir: str | None = None
+
+
+def default_state_dir(env: Mapping[str, str] | None = None) -> Path:
+    """``$XDG_STATE_HOME/agentkv``, or ``~/.local/state/agentkv`` (XDG base directories)."""
+    env = os.environ if env is None else env
+    base = env.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "agentkv"
+
+
+@dataclass(frozen=True, kw_only=True)
 class AgentKvConfig:
     role: str = "head"
     api: ApiConfig = field(default_factory=ApiConfig)
@@ -116,6 +137,7 @@ class AgentKvConfig:
     credits: CreditConfig = field(default_factory=CreditConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
     controller: ControllerConfig = field(default_factory=ControllerConfig)
+    state: StateConfig = field(default_factory=StateConfig)
 
 
 _SECTIONS: dict[str, type] = {
@@ -123,6 +145,50 @@ _SECTIONS: dict[str, type] = {
     for f in dataclasses.fields(AgentKvConfig)
     if f.name != "role"
 }
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6,
+               "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
+               "ki": 1 << 10, "kib": 1 << 10, "mi": 1 << 20, "mib": 1 << 20,
+               "gi": 1 << 30, "gib": 1 << 30, "ti": 1 << 40, "tib": 1 << 40}
+_SIZE_RE = re.compile(r"\s*([0-9][0-9_]*(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*")
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from ``16GiB``, ``512MiB``, ``4Gi``, ``1.5GB``, ``4096`` or ``0x1000``.
+
+    Binary units (KiB, MiB, GiB, TiB; also Ki, Mi, Gi, Ti as Kubernetes writes them) are
+    powers of 1024, decimal ones (kB, MB, GB, TB) powers of 1000. ValueError otherwise."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text
+    raw = text if isinstance(text, str) else repr(text)
+    if raw.strip().lower().startswith("0x"):
+        return int(raw.strip(), 16)
+    m = _SIZE_RE.fullmatch(raw)
+    unit = m.group(2).lower() if m else None
+    if m is None or unit not in _SIZE_UNITS:
+        raise ValueError(f"not a size: {raw!r} (e.g. 16GiB, 512MiB, 4096)")
+    value = float(m.group(1).replace("_", "")) * _SIZE_UNITS[unit]
+    if value != int(value):
+        raise ValueError(f"not a whole number of bytes: {raw!r}")
+    return int(value)
+
+
+def env_variables() -> list[tuple[str, str, Any]]:
+    """Every ``AGENTKV_*`` variable the loader reads: (name, type name, default)."""
+    out: list[tuple[str, str, Any]] = [(f"{ENV_PREFIX}ROLE", "str", AgentKvConfig.role)]
+    for section, cls in _SECTIONS.items():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            hint = hints[f.name]
+            args = [a for a in typing.get_args(hint) if a is not type(None)]
+            kind = "size" if _is_size(section, f.name) else (args[0] if args else hint).__name__
+            out.append((f"{ENV_PREFIX}{section.upper()}_{f.name.upper()}", kind, f.default))
+    return out
+
+
+def _is_size(section: str, name: str) -> bool:
+    return name.endswith("_bytes") or name == "object_store_memory"
 
 
 def _positive(name: str, value: float) -> None:
@@ -142,7 +208,8 @@ def validate(cfg: AgentKvConfig) -> AgentKvConfig:
     for name in ("api.read_timeout_s", "api.max_connections", "api.workers", "metrics.top_tenants",
                  "pool.pool_bytes", "pool.slot_bytes", "pool.nvme_bytes", "hbm.page_bytes",
                  "hbm.num_pages", "credits.per_link", "credits.per_session",
-                 "credits.max_wait_s", "controller.tick_s", "ray.object_store_memory"):
+                 "credits.max_wait_s", "controller.tick_s", "ray.object_store_memory",
+                 "directory.retry_max_s"):
         section, attr = name.split(".")
         _positive(name, getattr(getattr(cfg, section), attr))
     if cfg.hbm.landing_pages < 0:
@@ -175,6 +242,11 @@ def _coerce(name: str, hint: Any, raw: Any) -> Any:
         if text in ("0", "false", "no", "off"):
             return False
         raise ConfigError(name, f"expected a boolean, got {raw!r}")
+    if hint is int and _is_size(*name.rpartition(".")[::2]):
+        try:
+            return parse_size(raw)
+        except ValueError as exc:
+            raise ConfigError(name, str(exc)) from None
     if hint in (int, float):
         if isinstance(raw, bool):
             raise ConfigError(name, f"expected {hint.__name__}, got {raw!r}")
@@ -225,6 +297,8 @@ def _read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
         data = yaml.safe_load(Path(path).read_text()) or {}
     except OSError as exc:
         raise ConfigError("config", f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError("config", f"{path} is not a text (YAML) file") from None
     except yaml.YAMLError as exc:
         raise ConfigError("config", f"{path} is not valid YAML: {exc}") from None
     if not isinstance(data, dict):

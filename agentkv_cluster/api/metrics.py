@@ -1,19 +1,35 @@
 """Prometheus metrics of the service and the HTTP endpoint that serves them.
 
-Label cardinality is bounded: the first ``top_tenants`` tenants seen keep their own
-label, every later tenant is counted under ``"other"``; tiers and sources come from
-closed enums. ``/healthz`` says the process is alive, ``/readyz`` runs a readiness
-callback (Ray connected, directory reachable), ``/metrics`` is the exposition.
+Every metric is listed, with its type, labels and meaning, in ``docs/metrics.md``.
+
+Label cardinality is bounded: the first ``top_tenants`` tenants seen since start keep a
+label of their own, every later tenant is counted under ``"other"`` (a label never moves to
+another tenant, so series stay continuous); tiers, sources and operations come from closed
+sets. Tenants are labelled by a stable blinded id (``t-`` + 12 hex digits, a keyed hash of
+the name) unless the operator opts in to names (``metrics.tenant_names``); an erased
+tenant's series are removed. ``/healthz`` says the process is alive, ``/readyz`` runs a
+readiness callback (Ray connected, directory reachable), ``/metrics`` is the exposition.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import platform
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 log = logging.getLogger(__name__)
@@ -21,39 +37,80 @@ log = logging.getLogger(__name__)
 OTHER = "other"
 RESTORE_SOURCES = ("hbm", "host", "nvme", "remote", "recompute")
 DELAY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+REQUEST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
+                   10, 30)
+
+
+def blinded_tenant(tenant: str, key: bytes) -> str:
+    """A stable label for ``tenant`` that does not name it: ``t-`` + 12 hex digits of a keyed
+    BLAKE2b (same key, same id across restarts; without the key the name cannot be tested)."""
+    digest = hashlib.blake2b(tenant.encode(), key=key[:64], person=b"akv-metrics",
+                             digest_size=6).hexdigest()
+    return f"t-{digest}"
 
 
 class TenantLabels:
-    """Maps tenant ids to at most ``top_n`` distinct labels plus ``"other"``."""
+    """Maps tenants to at most ``top_n`` distinct labels plus ``"other"``: the first
+    ``top_n`` tenants seen since start keep theirs. ``key`` blinds the labels (None: names)."""
 
-    def __init__(self, top_n: int) -> None:
+    def __init__(self, top_n: int, key: bytes | None = None) -> None:
         self.top_n = top_n
-        self._known: set[str] = set()
+        self.key = key
+        self._known: dict[str, str] = {}  # tenant -> label
         self._lock = threading.Lock()
+
+    def _label(self, tenant: str) -> str:
+        return tenant if self.key is None else blinded_tenant(tenant, self.key)
 
     def __call__(self, tenant: str) -> str:
         with self._lock:
-            if tenant in self._known:
-                return tenant
+            label = self._known.get(tenant)
+            if label is not None:
+                return label
             if len(self._known) < self.top_n and tenant != OTHER:
-                self._known.add(tenant)
-                return tenant
+                label = self._known[tenant] = self._label(tenant)
+                return label
         return OTHER
+
+    def forget(self, tenant: str) -> str | None:
+        """Drop ``tenant`` (erased): its label, if it had one (the slot is not reused)."""
+        with self._lock:
+            label = self._known.get(tenant)
+            if label is not None:
+                self._known[tenant] = OTHER
+            return label
 
 
 class ServiceMetrics:
     """Every metric the service exports, in one private registry."""
 
-    def __init__(self, top_tenants: int = 20) -> None:
+    def __init__(self, top_tenants: int = 20, *, label_key: bytes | None = None,
+                 tenant_names: bool = False, version: str | None = None) -> None:
+        """``label_key`` blinds tenant labels (the service passes its token secret, so ids
+        are stable across restarts); without one a random key is used unless
+        ``tenant_names``."""
+        import secrets
+
         self.registry = CollectorRegistry()
-        self.tenant = TenantLabels(top_tenants)
+        key = None if tenant_names else (label_key or secrets.token_bytes(32))
+        self.tenant = TenantLabels(top_tenants, key)
         r = self.registry
+        ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes
+        PlatformCollector(registry=r)  # python_info
+        Info("agentkv_build", "Version of the running service", registry=r).info(
+            {"version": version or _version(), "python": platform.python_version()})
         self.restore_delay = Histogram(
             "agentkv_restore_delay_seconds", "Visible restore delay by source",
             ["tenant", "source"], buckets=DELAY_BUCKETS, registry=r)
         self.hidden_fraction = Gauge(
-            "agentkv_hidden_fraction", "Fraction of restore work hidden in tool gaps",
+            "agentkv_hidden_fraction", "Fraction of restore work hidden in tool gaps since "
+            "start (prefer the rate of the two seconds counters)", ["tenant"], registry=r)
+        self.restore_hidden_seconds = Counter(
+            "agentkv_restore_hidden_seconds", "Restore work overlapped with tool gaps",
             ["tenant"], registry=r)
+        self.restore_seconds = Counter(
+            "agentkv_restore_seconds", "Restore work, hidden plus visible", ["tenant"],
+            registry=r)
         self.transfer_bytes = Counter(
             "agentkv_transfer_bytes", "Bytes moved into a tier", ["tenant", "tier"], registry=r)
         self.pages_by_codec = Counter(
@@ -61,21 +118,45 @@ class ServiceMetrics:
             ["tenant", "codec"], registry=r)
         self.verification_rejects = Counter(
             "agentkv_verification_rejects", "Restores rejected by verification or seal",
-            ["tenant", "tier"], registry=r)
+            ["pool"], registry=r)
         self.recompute_tokens = Counter(
             "agentkv_recompute_tokens", "Tokens the engine must re-prefill", ["tenant"], registry=r)
+        self.lookup_pages = Counter(
+            "agentkv_prefix_lookup_pages", "Pages asked for by prefix lookups, by result",
+            ["tenant", "result"], registry=r)
+        self.lookup_tokens = Counter(
+            "agentkv_prefix_lookup_tokens", "Tokens asked for by prefix lookups, by result",
+            ["tenant", "result"], registry=r)
         self.credit_wait = Histogram(
             "agentkv_credit_wait_seconds", "Time a restore waited for link credit",
             ["tier"], buckets=DELAY_BUCKETS, registry=r)
         self.occupancy = Gauge(
             "agentkv_tier_occupancy_bytes", "Bytes resident per tier", ["tier"], registry=r)
+        self.capacity = Gauge(
+            "agentkv_tier_capacity_bytes", "Configured bytes per tier", ["tier"], registry=r)
         self.api_requests = Counter(
             "agentkv_api_requests", "Wire requests by op and result", ["op", "code"], registry=r)
-        self._hidden = {}  # tenant label -> [hidden seconds, total seconds]
+        self.request_duration = Histogram(
+            "agentkv_request_duration_seconds", "Wire request handling time by op",
+            ["op"], buckets=REQUEST_BUCKETS, registry=r)
+        self.directory_up = Gauge(
+            "agentkv_directory_up", "1 while the directory (Redis) answers, 0 during an outage",
+            registry=r)
+        self.directory_up.set(1)
+        self.erasures = Counter(
+            "agentkv_erasures", "Tenant erasures run by the service, by result (failed: keys "
+            "destroyed but a tier's pages could not be deleted)", ["result"], registry=r)
+        self._tenant_metrics = (self.restore_delay, self.hidden_fraction,
+                                self.restore_hidden_seconds, self.restore_seconds,
+                                self.transfer_bytes, self.pages_by_codec, self.recompute_tokens,
+                                self.lookup_pages, self.lookup_tokens)
+        self._hidden: dict[str, list[float]] = {}  # tenant label -> [hidden s, total s]
         self._lock = threading.Lock()
 
-    def api_request(self, op: str, code: str) -> None:
+    def api_request(self, op: str, code: str, seconds: float | None = None) -> None:
         self.api_requests.labels(op=op, code=code).inc()
+        if seconds is not None:
+            self.request_duration.labels(op=op).observe(seconds)
 
     def restore(self, tenant: str, source: str, delay_s: float, hidden_s: float) -> None:
         """One restore: ``delay_s`` visible to the engine, ``hidden_s`` overlapped with a gap."""
@@ -83,6 +164,8 @@ class ServiceMetrics:
             raise ValueError(f"unknown restore source {source!r}")
         label = self.tenant(tenant)
         self.restore_delay.labels(tenant=label, source=source).observe(delay_s)
+        self.restore_hidden_seconds.labels(tenant=label).inc(hidden_s)
+        self.restore_seconds.labels(tenant=label).inc(hidden_s + delay_s)
         with self._lock:
             acc = self._hidden.setdefault(label, [0.0, 0.0])
             acc[0] += hidden_s
@@ -90,14 +173,24 @@ class ServiceMetrics:
             frac = acc[0] / acc[1] if acc[1] > 0 else 0.0
         self.hidden_fraction.labels(tenant=label).set(frac)
 
+    def lookup(self, tenant: str, hit_pages: int, miss_pages: int, hit_tokens: int,
+               miss_tokens: int) -> None:
+        """One prefix lookup: the leading run found (hit) and the rest (miss)."""
+        label = self.tenant(tenant)
+        self.lookup_pages.labels(tenant=label, result="hit").inc(hit_pages)
+        self.lookup_pages.labels(tenant=label, result="miss").inc(miss_pages)
+        self.lookup_tokens.labels(tenant=label, result="hit").inc(hit_tokens)
+        self.lookup_tokens.labels(tenant=label, result="miss").inc(miss_tokens)
+
     def transfer(self, tenant: str, tier: str, nbytes: int) -> None:
         self.transfer_bytes.labels(tenant=self.tenant(tenant), tier=tier).inc(nbytes)
 
     def stored(self, tenant: str, codec: str) -> None:
         self.pages_by_codec.labels(tenant=self.tenant(tenant), codec=codec).inc()
 
-    def reject(self, tenant: str, tier: str) -> None:
-        self.verification_rejects.labels(tenant=self.tenant(tenant), tier=tier).inc()
+    def reject(self, pool: str, n: int = 1) -> None:
+        """Restores a pool refused: failed seal (AES-GCM tag) or digest check."""
+        self.verification_rejects.labels(pool=pool).inc(n)
 
     def recompute(self, tenant: str, tokens: int) -> None:
         self.recompute_tokens.labels(tenant=self.tenant(tenant)).inc(tokens)
@@ -109,8 +202,46 @@ class ServiceMetrics:
     def set_occupancy(self, tier: str, nbytes: int) -> None:
         self.occupancy.labels(tier=tier).set(nbytes)
 
+    def set_capacity(self, tier: str, nbytes: int) -> None:
+        self.capacity.labels(tier=tier).set(nbytes)
+
+    def set_directory_up(self, up: bool) -> None:
+        self.directory_up.set(1 if up else 0)
+
+    def erased(self, tenant: str, failed: bool) -> None:
+        """A tenant erasure finished: count it and stop naming the tenant."""
+        self.erasures.labels(result="failed" if failed else "ok").inc()
+        self.forget_tenant(tenant)
+
+    def forget_tenant(self, tenant: str) -> None:
+        """Remove every series labelled with ``tenant`` (erased tenants are not named)."""
+        label = self.tenant.forget(tenant)
+        if label is None or label == OTHER:
+            return
+        with self._lock:
+            self._hidden.pop(label, None)
+        for metric in self._tenant_metrics:
+            for labels in [ls for ls in _label_sets(metric) if ls.get("tenant") == label]:
+                metric.remove(*[labels[n] for n in metric._labelnames])
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _label_sets(metric: object) -> list[dict[str, str]]:
+    names = metric._labelnames  # type: ignore[attr-defined]
+    with metric._lock:  # type: ignore[attr-defined]
+        keys = list(metric._metrics)  # type: ignore[attr-defined]
+    return [dict(zip(names, k)) for k in keys]
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("agentkv-cluster")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 class MetricsHttpServer:

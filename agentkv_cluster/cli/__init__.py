@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
 
 # Module name -> one-line summary; each module adds its own subcommands.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -25,11 +29,117 @@ class CliError(Exception):
     """A user-facing error: printed without a traceback, exit status 2."""
 
 
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("agentkv-cluster")
+    except PackageNotFoundError:  # a source tree without an install
+        return "unknown"
+
+
+# Path options that default to a file in the state directory (serve writes them there).
+STATE_FILES = {"keys_dir": "keys", "token_secret_file": "token.secret",
+               "signing_key": "audit.key", "audit_log": "audit.log", "public_key": "audit.pub"}
+
+
+def add_state_dir(parser: argparse.ArgumentParser) -> None:
+    """``--state-dir``: where this command finds what ``agentkv serve`` keeps (keys, token
+    secret, audit key pair and log) when their own options are not given."""
+    parser.add_argument("--state-dir", type=Path, metavar="DIR",
+                        help="state directory of `agentkv serve` (default $AGENTKV_STATE_DIR, "
+                             "else $XDG_STATE_HOME/agentkv, i.e. ~/.local/state/agentkv)")
+
+
+def state_dir(args: argparse.Namespace) -> Path:
+    from agentkv_cluster.config import default_state_dir
+
+    if getattr(args, "state_dir", None) is not None:
+        return Path(args.state_dir).expanduser()
+    env = os.environ.get("AGENTKV_STATE_DIR")
+    return Path(env).expanduser() if env else default_state_dir()
+
+
+def apply_state_defaults(args: argparse.Namespace) -> None:
+    """Fill unset path options of a command that takes ``--state-dir`` from that directory.
+    The audit pair (log and signing key) is filled only together, and only for a command that
+    requires it or when the state directory holds the key (``--audit-log`` stays optional)."""
+    if not hasattr(args, "state_dir") or args.command == "serve":
+        return
+    root = state_dir(args)
+    for name, file in STATE_FILES.items():
+        if name in ("signing_key", "audit_log") or getattr(args, name, "x") is not None:
+            continue
+        setattr(args, name, root / file)
+    if getattr(args, "audit_command", None) == "verify" and args.log is None:
+        args.log = root / "audit.log"
+    unset = hasattr(args, "signing_key") and args.signing_key is None and args.audit_log is None
+    if unset and (getattr(args, "audit_required", False) or (root / "audit.key").is_file()):
+        args.signing_key, args.audit_log = root / "audit.key", root / "audit.log"
+
+
+def check_writable_file(path: Path | None, flag: str) -> None:
+    """Fail before a long run when its output file cannot be written (a directory, a missing
+    or read-only folder). Nothing is created: the run writes the file at its end."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise CliError(f"{flag} {path} is a directory, not a file")
+    if path.exists():
+        if not os.access(path, os.W_OK):
+            raise CliError(f"{flag} {path} is not writable")
+        return
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise CliError(f"{flag} {path}: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise CliError(f"{flag} {path}: folder {parent} is not writable")
+
+
+def check_writable_dir(path: Path | None, flag: str) -> None:
+    """Like ``check_writable_file`` for an output folder (created later if missing)."""
+    if path is None:
+        return
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise CliError(f"{flag} {path}: {probe} is not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise CliError(f"{flag} {path}: {probe} is not writable")
+
+
+class ProgressLines:
+    """Progress for logs: when output is not a terminal (CI, pods) a rich bar draws nothing,
+    so print one plain line every ``every_s`` seconds instead: ``label: done/total (pct)``."""
+
+    def __init__(self, label: str, total: int, every_s: float = 10.0,
+                 write: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.label, self.total, self.every_s = label, total, every_s
+        self.write = write or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.clock = clock
+        self.done = 0
+        self._start = self._last = clock()
+
+    def advance(self, n: int = 1) -> None:
+        self.done += n
+        now = self.clock()
+        if now - self._last >= self.every_s or self.done >= self.total:
+            self._last = now
+            pct = 100.0 * self.done / self.total if self.total else 100.0
+            self.write(f"{self.label}: {self.done}/{self.total} ({pct:.0f}%) after "
+                       f"{now - self._start:.0f} s")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agentkv",
         description="Lifecycle-aware KV-cache service for agentic LLM inference.",
     )
+    parser.add_argument("--version", action="version", version=f"agentkv {version()}",
+                        help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:
@@ -49,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     if handler is None:
         parser.print_help()
         return 2
+    apply_state_defaults(args)
     try:
         return int(handler(args) or 0)
     except CliError as exc:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import threading
 from pathlib import Path
@@ -17,22 +18,58 @@ from typing import Any
 
 from agentkv_cluster.cli import CliError
 
+SIZE_HELP = "bytes; units accepted: 16GiB, 512MiB, 4Gi, 1.5GB"
+
+
+def _env_epilog() -> str:
+    from agentkv_cluster.config import env_variables
+
+    lines = ["environment (flags win over these, these over --config):"]
+    for name, kind, default in env_variables():
+        lines.append(f"  {name:<38} {kind:<6} default {default!r}")
+    lines.append("  XDG_STATE_HOME                         path   base of the default --state-dir")
+    return "\n".join(lines)
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("serve", help="run the AgentKV service (API + metrics)")
-    p.add_argument("--address", help="Ray cluster to join (default: start a local Ray)")
-    p.add_argument("--redis-url", help="Redis directory (default: embedded directory)")
+    p = subparsers.add_parser(
+        "serve", help="run the AgentKV service (API + metrics)",
+        description="Run the AgentKV service: deploy it on a Ray cluster and serve the wire "
+                    "protocol and /metrics, /healthz, /readyz.",
+        epilog=_env_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--address", metavar="ADDR",
+                   help="Ray cluster to join (default: start a local Ray)")
+    p.add_argument("--redis-url", metavar="URL",
+                   help="Redis directory, redis://, rediss:// or unix:// (default: embedded "
+                        "directory in the head)")
     p.add_argument("--host", help="API bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="API port (default 7420)")
-    p.add_argument("--metrics-port", type=int, help="metrics/health port (default 9420)")
-    p.add_argument("--config", type=Path, help="YAML config file")
-    p.add_argument("--role", choices=("head", "pool", "hbm"), help="what this process runs")
-    p.add_argument("--pool-bytes", type=int, help="host pool bytes per node")
-    p.add_argument("--nvme-dir", help="NVMe shard directory")
-    p.add_argument("--nvme-bytes", type=int, help="NVMe shard quota in bytes")
-    p.add_argument("--tenant-keys-dir", help="tenant key directory (FileKeySource)")
-    p.add_argument("--audit-key", help="audit signing key file")
-    p.add_argument("--token-secret-file", help="file with the token HMAC secret (>= 32 bytes)")
+    p.add_argument("--port", type=int, help="API port (default 7420; 0 picks a free one)")
+    p.add_argument("--metrics-port", type=int,
+                   help="/metrics, /healthz, /readyz port (default 9420)")
+    p.add_argument("--config", type=Path, metavar="FILE", help="YAML config file")
+    p.add_argument("--role", choices=("head", "pool", "hbm"),
+                   help="head: the whole service (default); pool/hbm: join --address as a "
+                        "worker node offering that capacity")
+    p.add_argument("--state-dir", metavar="DIR",
+                   help="where keys, the token secret, the audit key and log and (unless "
+                        "--nvme-dir) NVMe shards persist across restarts (default "
+                        "$XDG_STATE_HOME/agentkv, i.e. ~/.local/state/agentkv)")
+    p.add_argument("--pool-bytes", metavar="SIZE", help=f"host pool size per node ({SIZE_HELP})")
+    p.add_argument("--nvme-dir", metavar="DIR",
+                   help="NVMe shard directory (default: STATE_DIR/nvme)")
+    p.add_argument("--nvme-bytes", metavar="SIZE", help=f"NVMe shard quota ({SIZE_HELP})")
+    p.add_argument("--keys-dir", "--tenant-keys-dir", dest="tenant_keys_dir", metavar="DIR",
+                   help="tenant key directory, as `agentkv tenant --keys-dir` writes it "
+                        "(default STATE_DIR/keys; --tenant-keys-dir is a deprecated alias)")
+    p.add_argument("--signing-key", "--audit-key", dest="audit_key", metavar="FILE",
+                   help="Ed25519 audit signing key (PEM), as `agentkv tenant --signing-key` "
+                        "takes it (default STATE_DIR/audit.key, generated with audit.pub; "
+                        "--audit-key is a deprecated alias)")
+    p.add_argument("--audit-log", metavar="FILE",
+                   help="append-only audit log (default STATE_DIR/audit.log)")
+    p.add_argument("--token-secret-file", metavar="FILE",
+                   help="file with the token HMAC secret, >= 32 bytes (default "
+                        "STATE_DIR/token.secret, generated on first start)")
     p.set_defaults(handler=run)
 
 
@@ -49,7 +86,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         "pool": {"pool_bytes": args.pool_bytes, "nvme_dir": args.nvme_dir,
                  "nvme_bytes": args.nvme_bytes},
         "security": {"tenant_keys_dir": args.tenant_keys_dir, "audit_key": args.audit_key,
-                     "token_secret_file": args.token_secret_file},
+                     "audit_log": args.audit_log, "token_secret_file": args.token_secret_file},
+        "state": {"dir": args.state_dir},
     }
     if args.role is None:
         del overrides["role"]
@@ -85,10 +123,6 @@ def _join_worker(cfg: Any) -> int:
     return subprocess.call(cmd)
 
 
-def service_secret(service: Any) -> bytes:
-    return service.token_secret
-
-
 def _on_signals(stop: threading.Event) -> None:
     """SIGTERM (Kubernetes, PID 1) and SIGINT only set ``stop``: the main thread then
     stops the server, the actors and Ray in order. Installed before startup so a
@@ -101,42 +135,138 @@ def _on_signals(stop: threading.Event) -> None:
     signal.signal(signal.SIGINT, handler)
 
 
-def run(args: argparse.Namespace) -> int:
-    cfg = config_from_args(args)
-    if cfg.role != "head":
-        return _join_worker(cfg)
-    from agentkv_cluster.runtime.service import Service
+def state_dir(cfg: Any) -> Path:
+    """The state directory of ``cfg`` (``state.dir``, else ``$XDG_STATE_HOME/agentkv``)."""
+    from agentkv_cluster.config import default_state_dir
 
-    # The service's own log lines (nodes placed, failed joins) go to stderr with the
-    # container's other output; library loggers stay at their own levels.
+    return Path(cfg.state.dir).expanduser() if cfg.state.dir else default_state_dir()
+
+
+def prepare_state(cfg: Any) -> Path:
+    """Create the state directory (0700) and check every path serve writes, before Ray starts:
+    a bad path is a one-line error, not a traceback minutes later."""
+    root = state_dir(cfg)
+    try:
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CliError(f"--state-dir {root}: {exc.strerror}") from None
+    if not root.is_dir() or not os.access(root, os.W_OK | os.X_OK):
+        raise CliError(f"--state-dir {root} is not a writable directory")
+    sec = cfg.security
+    keys = Path(sec.tenant_keys_dir) if sec.tenant_keys_dir else root / "keys"
+    if keys.exists() and not keys.is_dir():
+        raise CliError(f"--keys-dir {keys} is a file, not a directory")
+    log_path = Path(sec.audit_log) if sec.audit_log else root / "audit.log"
+    if log_path.is_dir():
+        raise CliError(f"--audit-log {log_path} is a directory, not a file")
+    if not os.access(log_path.parent if not log_path.exists() else log_path, os.W_OK):
+        raise CliError(f"--audit-log {log_path} is not writable")
+    for flag, value in (("--signing-key", sec.audit_key), ("--token-secret-file",
+                                                           sec.token_secret_file)):
+        if value and not Path(value).is_file():
+            raise CliError(f"{flag} {value} is not a readable file")
+    return root
+
+
+def token_secret(cfg: Any, root: Path) -> tuple[bytes, str]:
+    """The token secret and where it came from: ``--token-secret-file``, else
+    ``STATE_DIR/token.secret`` (generated once, 0600), so a restart keeps issued tokens valid."""
+    import secrets
+
+    if cfg.security.token_secret_file:
+        secret = read_token_secret(cfg.security.token_secret_file)
+        assert secret is not None
+        return secret, cfg.security.token_secret_file
+    path = root / "token.secret"
+    if path.exists():
+        secret = read_token_secret(str(path))
+        assert secret is not None
+        return secret, str(path)
+    secret = secrets.token_hex(32).encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(secret + b"\n")
+    return secret, f"{path} (generated)"
+
+
+def format_address(address: Any) -> str:
+    """``host:port`` (``[v6]:port``) for a TCP address, ``unix:PATH`` for a socket path."""
+    if isinstance(address, tuple):
+        host, port = address[0], address[1]
+        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+    return f"unix:{address}"
+
+
+def _watch_directory(cfg: Any, service: Any) -> Any:
+    """Probe the Redis directory now and keep watching it (error log + backoff; republish on
+    recovery). None with the embedded directory (it lives and dies with the head)."""
+    if not cfg.directory.redis_url:
+        return None
+    from agentkv_cluster.runtime.directory_glue import Backoff, DirectoryWatch, RedisSpec, probe
+
+    spec = RedisSpec(url=cfg.directory.redis_url, prefix=cfg.directory.prefix)
+
+    def check() -> tuple[bool, str]:
+        ok, detail = probe(spec)
+        service.metrics.set_directory_up(ok)  # agentkv_directory_up, for the alert
+        return ok, detail
+
+    watch = DirectoryWatch(
+        check,
+        on_recover=lambda: service.topo.controller.call("republish", timeout_s=120.0),
+        backoff=Backoff(first_s=0.5, max_s=max(0.5, cfg.directory.retry_max_s)))
+    first = watch.probe_once()
+    return watch.start(first_wait_s=first)
+
+
+def _log_to_stderr() -> None:
+    """The service's own log lines (nodes placed, failed joins, directory outages) go to
+    stderr with the container's other output; library loggers stay at their own levels."""
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     service_log = logging.getLogger("agentkv_cluster")
     service_log.addHandler(handler)
     service_log.setLevel(logging.INFO)
-    secret = read_token_secret(cfg.security.token_secret_file)
-    service = Service(cfg, token_secret=secret)
-    if secret is None:  # tokens must be issuable by the operator: keep the secret on disk
-        path = service.workdir / "token.secret"
-        path.write_bytes(service_secret(service))
-        path.chmod(0o600)
-        print(f"no --token-secret-file: generated {path}", flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    if cfg.role != "head":
+        return _join_worker(cfg)
+    root = prepare_state(cfg)
+    from agentkv_cluster.runtime.service import Service
+
+    _log_to_stderr()
+    secret, secret_from = token_secret(cfg, root)
+    service = Service(cfg, workdir=root, token_secret=secret)
     stop = threading.Event()
     _on_signals(stop)
+    watch = None
     try:
         try:
             service.start(metrics_http=cfg.metrics.enabled)
         except Exception as exc:  # noqa: BLE001 - startup failures are user-facing here
             raise CliError(f"cannot start the service: {type(exc).__name__}: {exc}") from None
         _on_signals(stop)  # again: ray.init installs its own (aborting) SIGTERM handler
-        metrics = f"{cfg.metrics.host}:{service.http.port}" if service.http else "off"
-        print(f"agentkv serving on {service.address}; metrics on {metrics}", flush=True)
+        watch = _watch_directory(cfg, service)
+        metrics = (f"http://{format_address((cfg.metrics.host, service.http.port))}/metrics"
+                   if service.http else "off")
+        directory = ("embedded" if watch is None else
+                     f"redis {'reachable' if watch.up else 'UNREACHABLE (local-only, retrying)'}")
+        print(f"agentkv serving on {format_address(service.address)}\n"
+              f"  metrics    {metrics}\n"
+              f"  directory  {directory}\n"
+              f"  state      {root}\n"
+              f"  keys       {service.keys_dir}\n"
+              f"  token      {secret_from}", flush=True)
         while not stop.wait(1.0):  # a timed wait keeps the main thread responsive
             pass
     finally:
         # A second signal while stopping must not cut the cleanup short.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if watch is not None:
+            watch.stop()
         service.stop(shutdown_ray=not cfg.ray.address)
     print("agentkv stopped", flush=True)
     return 0

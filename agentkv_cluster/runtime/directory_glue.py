@@ -1,9 +1,36 @@
-"""How actors reach the directory: a Redis spec opened in-process, or the embedded one in an actor."""
+"""How actors reach the directory: a Redis spec opened in-process, or the embedded one in an actor.
+
+While Redis is unreachable the service runs **local-only** (docs/operations.md, "When the
+directory is unreachable"): every process's ``GuardedDirectory`` answers reads with MISS
+(prefix lookups find only pages this service already tracks; the engine recomputes the
+rest), refuses writes with ``DirectoryUnavailable`` (pools keep their copies and publish
+them later), and, between attempts, fails fast instead of waiting on a socket. The head's
+``DirectoryWatch`` logs the outage at error level, retries with exponential backoff, and on
+recovery asks every pool to republish what it holds.
+"""
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Backoff:
+    """Exponential backoff: ``first_s``, doubling, capped at ``max_s``."""
+
+    first_s: float = 0.5
+    max_s: float = 30.0
+
+    def after(self, delay_s: float | None) -> float:
+        """The delay that follows ``delay_s`` (None: the first failure)."""
+        return self.first_s if delay_s is None else min(self.max_s, 2 * delay_s)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -13,12 +40,177 @@ class RedisSpec:
 
 
 def open_directory(directory: Any) -> Any:
-    """A ``RedisSpec`` becomes a ``RedisDirectory`` in the calling process; handles pass through."""
+    """A ``RedisSpec`` becomes a guarded ``RedisDirectory`` in the calling process; handles
+    pass through."""
     if isinstance(directory, RedisSpec):
         from store.directory.redis_backend import RedisDirectory
 
-        return RedisDirectory(directory.url, prefix=directory.prefix)
+        return GuardedDirectory(RedisDirectory(directory.url, prefix=directory.prefix,
+                                               socket_timeout_s=2.0), GUARD_BACKOFF)
     return directory
+
+
+# Requests see at most one failed attempt per delay and process; the head's watch does the
+# logging that operators read, on its own (longer, configurable) schedule.
+GUARD_BACKOFF = Backoff(first_s=0.5, max_s=5.0)
+
+
+class GuardedDirectory:
+    """A directory backend in local-only mode while its service is unreachable.
+
+    Reads (``get``, ``get_many``) answer MISS during an outage; every other call raises
+    ``DirectoryUnavailable``. After a failure the backend is not tried again before the
+    backoff delay has passed (0.5 s, doubling up to 5 s in the actors), so a request never waits on a
+    dead socket more than once per delay. Each failed attempt is logged at error level and
+    the recovery at warning level."""
+
+    READS = frozenset({"get", "get_many"})
+
+    def __init__(self, inner: Any, backoff: Backoff = Backoff(),
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.inner = inner
+        self.backoff = backoff
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._down_since: float | None = None
+        self._delay: float | None = None
+        self._next_try = 0.0
+        self.failures = 0  # failed attempts since start (tests, stats)
+
+    @property
+    def available(self) -> bool:
+        return self._down_since is None
+
+    def _call(self, name: str, *args: Any) -> Any:
+        from store.directory.base import DirectoryUnavailable
+
+        with self._lock:
+            now = self.clock()
+            if self._down_since is not None and now < self._next_try:
+                waited = now - self._down_since
+                raise DirectoryUnavailable(f"directory unreachable for {waited:.1f} s; next "
+                                           f"attempt in {self._next_try - now:.1f} s")
+        try:
+            result = getattr(self.inner, name)(*args)
+        except DirectoryUnavailable as exc:
+            self._failed(exc)
+            raise
+        if self._down_since is not None:
+            self._recovered()
+        return result
+
+    def _failed(self, exc: Exception) -> None:
+        with self._lock:
+            now = self.clock()
+            if self._down_since is None:
+                self._down_since = now
+            self._delay = self.backoff.after(self._delay)
+            self._next_try = now + self._delay
+            self.failures += 1
+            down = now - self._down_since
+        log.error("directory unreachable for %.1f s (%s); running local-only, next attempt in "
+                  "%.1f s", down, exc, self._delay)
+
+    def _recovered(self) -> None:
+        with self._lock:
+            if self._down_since is None:
+                return
+            down = self.clock() - self._down_since
+            self._down_since, self._delay, self._next_try = None, None, 0.0
+        log.warning("directory reachable again after %.1f s", down)
+
+    def get(self, namespace: str, key: bytes) -> Any:
+        return self.get_many(namespace, [key])[0]
+
+    def get_many(self, namespace: str, keys: Sequence[bytes]) -> Any:
+        from store.directory.base import DirectoryUnavailable
+        from store.types import Lookup
+
+        try:
+            return self._call("get_many", namespace, keys)
+        except DirectoryUnavailable:
+            return [(Lookup.MISS, None) for _ in keys]  # local-only: nothing found elsewhere
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or not callable(getattr(self.inner, name, None)):
+            raise AttributeError(name)
+        return lambda *args: self._call(name, *args)
+
+
+class DirectoryWatch:
+    """The head's watch on the directory: probes it every ``interval_s`` while it answers;
+    after a failure logs at error level and retries with ``backoff``; on recovery logs it
+    and calls ``on_recover`` (republish every pool's copies: an emptied Redis fills again)."""
+
+    def __init__(self, check: Callable[[], tuple[bool, str]], *,
+                 on_recover: Callable[[], Any] | None = None, interval_s: float = 5.0,
+                 backoff: Backoff = Backoff()) -> None:
+        self.check = check
+        self.on_recover = on_recover
+        self.interval_s = interval_s
+        self.backoff = backoff
+        self.up: bool | None = None  # unknown until the first probe
+        self.outages = 0
+        self.recoveries = 0
+        self._delay: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def probe_once(self) -> float:
+        """One probe; returns how long to wait before the next one."""
+        ok, detail = self.check()
+        if ok and self.up is False:
+            log.warning("directory reachable again (%s)", detail)
+            if not self._republish():
+                return self._backoff()  # try the republish again after the next delay
+            self.recoveries += 1
+        if ok:
+            self.up, self._delay = True, None
+            return self.interval_s
+        if self.up is not False:
+            self.outages += 1
+        self.up = False
+        delay = self._backoff()
+        log.error("%s; requests run local-only (see docs/operations.md); retrying in %.1f s",
+                  detail, delay)
+        return delay
+
+    def _backoff(self) -> float:
+        self._delay = self.backoff.after(self._delay)
+        return self._delay
+
+    def _republish(self) -> bool:
+        if self.on_recover is None:
+            return True
+        try:
+            n = self.on_recover()
+        except Exception:  # the pools' own guards may still be backing off: retry later
+            log.exception("republishing directory entries failed; retrying")
+            return False
+        log.warning("republished %s directory entries", n)
+        return True
+
+    def start(self, first_wait_s: float = 0.0) -> DirectoryWatch:
+        def loop() -> None:
+            wait = first_wait_s
+            while not self._stop.wait(wait):
+                try:
+                    wait = self.probe_once()
+                except Exception:  # the watch must outlive a bad probe
+                    log.exception("directory probe failed")
+                    wait = self.backoff.max_s
+        self._thread = threading.Thread(target=loop, name="agentkv-directory-watch",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10.0)
 
 
 class DirectoryShell:

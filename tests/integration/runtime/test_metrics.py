@@ -91,7 +91,8 @@ def test_credit_waits_occupancy_and_pool_bytes_are_exported(service) -> None:
     assert after[(occ, (("tier", "hbm"),))] >= PAGE
     assert after[(occ, (("tier", "host"),))] + after[(occ, (("tier", "nvme"),))] >= PAGE
     pool_bytes = sum(v for (n, labels), v in after.items()
-                     if n == "agentkv_transfer_bytes_total" and ("tenant", "acme") in labels
+                     if n == "agentkv_transfer_bytes_total"
+                     and ("tenant", service.metrics.tenant("acme")) in labels
                      and dict(labels)["tier"] in ("host", "nvme"))
     assert pool_bytes >= PAGE
 
@@ -109,5 +110,66 @@ def test_recompute_tokens_count_pages_lost_for_good(service) -> None:
         with pytest.raises(RemoteError, match="PageLost"):
             s.prepare_load([key])
     after = scrape(service)
-    series = ("agentkv_recompute_tokens_total", (("tenant", "acme"),))
+    series = ("agentkv_recompute_tokens_total", (("tenant", service.metrics.tenant("acme")),))
     assert after[series] - before.get(series, 0) == 128
+
+
+def test_prefix_lookup_hits_and_misses_in_pages_and_tokens(service) -> None:
+    label = service.metrics.tenant("acme")
+    before = scrape(service)
+    with service.client("acme") as client:
+        s = client.open_session("lk")
+        ids = [identity("acme", "lk", 128 * i) for i in range(4)]
+        s.store_pages([kv_page(i, "evidence", ids[i]) for i in range(2)])
+        # Two held, then one never stored (the run stops there), then one more.
+        found = s.lookup_prefix([i.pack() for i in ids[:2]]
+                                + [identity("acme", "lk", 9000, tokens=64).pack(), ids[3].pack()])
+        assert found["length"] == 2
+    after = scrape(service)
+
+    def delta(name: str, result: str) -> float:
+        key = (name, (("result", result), ("tenant", label)))
+        return after.get(key, 0) - before.get(key, 0)
+
+    assert delta("agentkv_prefix_lookup_pages_total", "hit") == 2
+    assert delta("agentkv_prefix_lookup_pages_total", "miss") == 2
+    assert delta("agentkv_prefix_lookup_tokens_total", "hit") == 256
+    assert delta("agentkv_prefix_lookup_tokens_total", "miss") == 64 + 128
+
+
+def test_request_latency_build_info_process_and_hidden_counters(service) -> None:
+    with service.client("acme") as client:
+        s = client.open_session("lat")
+        keys = s.store_pages([kv_page(0, "evidence", identity("acme", "lat", 0))])
+        s.load(keys)
+        s.release(keys)
+    got = scrape(service)
+    names = {n for n, _ in got}
+    for op in ("store_pages", "prepare_load", "complete_load", "release"):
+        count = got[("agentkv_request_duration_seconds_count", (("op", op),))]
+        assert count >= 1 and got[("agentkv_request_duration_seconds_sum", (("op", op),))] > 0
+    build = [labels for n, labels in got if n == "agentkv_build_info"]
+    assert len(build) == 1 and dict(build[0])["version"] not in ("", "unknown")
+    assert {"process_resident_memory_bytes", "process_cpu_seconds_total"} <= names
+    label = service.metrics.tenant("acme")
+    total = got[("agentkv_restore_seconds_total", (("tenant", label),))]
+    hidden = got[("agentkv_restore_hidden_seconds_total", (("tenant", label),))]
+    assert total > 0 and 0 <= hidden <= total
+    # The running gauge is the same ratio the two counters give.
+    assert got[("agentkv_hidden_fraction", (("tenant", label),))] == pytest.approx(hidden / total)
+
+
+def test_an_erased_tenant_leaves_metrics_and_the_erasure_is_counted(service) -> None:
+    with service.client("gone") as client:
+        s = client.open_session("e1")
+        keys = s.store_pages([kv_page(0, "evidence", identity("gone", "e1", 0))])
+        s.load(keys)
+        s.release(keys)
+    label = service.metrics.tenant("gone")
+    before = scrape(service)
+    assert any(("tenant", label) in labels for _, labels in before)
+    receipt = service.erase_tenant("gone")
+    after = scrape(service)
+    assert [k for k in after if ("tenant", label) in k[1]] == []
+    ok = ("agentkv_erasures_total", (("result", "ok" if not receipt.failed_tiers else "failed"),))
+    assert after[ok] - before.get(ok, 0) == 1

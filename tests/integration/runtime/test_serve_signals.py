@@ -63,7 +63,7 @@ def test_serve_exits_cleanly_on_sigterm(tmp_path: Path, signum: int) -> None:
     reader = _reader(proc, lines)
     try:
         line = _wait_for(lines, "agentkv serving on", proc, 300)
-        host, port = line.split("serving on (")[1].split(")")[0].replace("'", "").split(", ")
+        host, port = line.split("serving on ")[1].strip().rsplit(":", 1)  # host:port
         token = TokenIssuer(SECRET).issue("acme", now=time.time(), ttl_s=600, subject="a")
         with AgentKvClient.connect((host, int(port)), token) as client:
             assert client.open_session("s1").session == "s1"

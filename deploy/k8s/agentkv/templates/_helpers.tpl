@@ -135,6 +135,8 @@ resetchannels -@all +@read +@write +@string +@hash +@list +@set +@sortedset +@tr
   {{- end }}
 - name: nvme
   mountPath: /var/lib/agentkv/nvme
+- name: tmp
+  mountPath: /tmp
 {{- if include "agentkv.redisCaSecret" . }}
 - name: redis-ca
   mountPath: /etc/agentkv/redis-ca
@@ -151,6 +153,8 @@ resetchannels -@all +@read +@write +@string +@hash +@list +@set +@sortedset +@tr
   emptyDir:
     medium: Memory
     sizeLimit: {{ include "agentkv.mib" .shmBytes }}
+- name: tmp
+  emptyDir: {}
 - name: tenant-keys
 {{- if eq $keys.source "secrets" }}
   projected:
@@ -190,8 +194,46 @@ resetchannels -@all +@read +@write +@string +@hash +@list +@set +@sortedset +@tr
 {{- end }}
 {{- end -}}
 
+{{/* Argument: dict "root" $ "caps" <capabilities to add, may be empty>. */}}
 {{- define "agentkv.containerSecurityContext" -}}
 allowPrivilegeEscalation: false
+readOnlyRootFilesystem: {{ .root.Values.containerSecurity.readOnlyRootFilesystem }}
 capabilities:
   drop: [ALL]
+  {{- with .caps }}
+  add: {{ toJson . }}
+  {{- end }}
+{{- end -}}
+
+{{/* Pod-spec knobs of one workload (priority class, topology spread). Argument: its values. */}}
+{{- define "agentkv.podKnobs" -}}
+{{- with .priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* Bytes of a Kubernetes quantity ("24Gi", "512M", 1073741824); 0 when unset. */}}
+{{- define "agentkv.quantityBytes" -}}
+{{- $q := toString (default "0" .) -}}
+{{- $units := dict "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "Ti" 1099511627776 "k" 1000 "M" 1000000 "G" 1000000000 "T" 1000000000000 -}}
+{{- $num := regexFind "^[0-9]+" $q -}}
+{{- $unit := trimPrefix $num $q -}}
+{{- if $unit -}}
+{{- mul (int64 $num) (int64 (get $units $unit)) -}}
+{{- else -}}
+{{- int64 $num -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Fail rendering when a pod's /dev/shm (memory-backed, counted against the pod's
+     memory) cannot fit its memory limit. Argument: dict "name" "shm" "limit". */}}
+{{- define "agentkv.checkShm" -}}
+{{- $limit := include "agentkv.quantityBytes" .limit | int64 -}}
+{{- if and (gt $limit 0) (gt (int64 .shm) $limit) -}}
+{{- fail (printf "values: at '/%s/resources/limits/memory': /dev/shm needs %s (host pool + object store + headroom) but the memory limit is %v; the pod would be OOM-killed once the pool fills. Raise the limit or shrink the pool" .name (include "agentkv.mib" .shm) .limit) -}}
+{{- end -}}
 {{- end -}}

@@ -5,6 +5,12 @@ Each session is one agent episode: task start (fixed prefix + task input), then
 log-normal per tool class) -> observation -> resume, where the engine loads every
 live page and the service reports, per page, where it came from and how long the
 engine waited. Sessions run concurrently, one client connection each.
+
+With ``episodes`` (``episodes_from_trace``) each session replays one whole trace
+session instead: its first model call's blocks, then per later call the tool it
+waited on (the trace's class and time-scaled duration) and the call's new blocks
+as observation pages, each page sized from the trace's tokens, scaled to the
+demo's memory.
 """
 
 from __future__ import annotations
@@ -41,9 +47,54 @@ class WorkloadSpec:
     # Per session: the (tool class, seconds) of each tool call, e.g. from a trace; None =
     # drawn from TOOLS.
     tool_plan: tuple[tuple[tuple[str, float], ...], ...] | None = None
+    # Whole trace sessions to replay (one per demo session); None = synthetic episodes.
+    episodes: tuple[TraceEpisode, ...] | None = None
+    charge_bytes: int = 0  # the service charges pages in units of this (arena page); 0 = exact
 
     def page_bytes(self, tokens: int) -> int:
         return 2 * self.layers * self.kv_heads * tokens * self.head_dim * 2
+
+    def charged(self, tokens: int) -> int:
+        """What one page of ``tokens`` costs the HBM budget."""
+        size = self.page_bytes(tokens)
+        unit = self.charge_bytes
+        return -(-size // unit) * unit if unit > 0 else size
+
+    def resumes(self) -> int:
+        """Resumes (tool returns) one run makes: the progress bar's total."""
+        if self.episodes:
+            return sum(len(e.steps) for e in self.episodes)
+        return self.sessions * self.turns
+
+    def working_set(self) -> int:
+        """Bytes of every page one run stores (the HBM budget is a fraction of it)."""
+        if self.episodes:
+            return sum(self.charged(t) for e in self.episodes for t, _ in e.pages())
+        return self.sessions * (2 + 3 * self.turns) * self.page_bytes(256)
+
+    def largest_session(self) -> int:
+        if self.episodes:
+            return max(sum(self.charged(t) for t, _ in e.pages()) for e in self.episodes)
+        return (2 + 3 * self.turns) * self.page_bytes(384)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TraceStep:
+    """One tool call of a trace session and the new context of the call it ended in."""
+
+    tool: str
+    tool_s: float  # time-scaled seconds
+    tokens: tuple[int, ...]  # one page per new block, scaled tokens
+
+
+@dataclass(frozen=True, kw_only=True)
+class TraceEpisode:
+    session: str
+    first: tuple[tuple[int, str], ...]  # (tokens, state type) of the first call's pages
+    steps: tuple[TraceStep, ...]
+
+    def pages(self) -> list[tuple[int, str]]:
+        return [*self.first, *((t, "tool_observation") for s in self.steps for t in s.tokens)]
 
 
 @dataclass(slots=True)
@@ -74,9 +125,9 @@ class _Episode:
         self.live: dict[int, bytes] = {}  # pid -> key
         self.sizes: dict[int, int] = {}
 
-    def page(self, state_type: str) -> dict[str, Any]:
+    def page(self, state_type: str, tokens: int | None = None) -> dict[str, Any]:
         s = self.spec
-        tokens = self.rng.choice(s.tokens)
+        tokens = self.rng.choice(s.tokens) if tokens is None else tokens
         pid = self.next_pid
         self.next_pid += 1
         ident = PageIdentity(model_version=s.model, adapter_version="", tokenizer_version="tok1",
@@ -113,8 +164,40 @@ def _resume(sc: SessionClient, ep: _Episode, results: Results) -> None:
     sc.release(keys)
 
 
+def run_trace_episode(client: AgentKvClient, spec: WorkloadSpec, index: int, run: str,
+                      results: Results, tick: Callable[[], None]) -> None:
+    """One whole trace session: first call, then tool -> observation -> resume per step."""
+    assert spec.episodes is not None
+    trace = spec.episodes[index]
+    ep = _Episode(spec, index, run)
+    sc = client.open_session(ep.session)
+    time.sleep(index * spec.stagger_s)
+    first = [ep.page(state, tokens) for tokens, state in trace.first]
+    _store(sc, ep, first)
+    prefix = [p["page_id"] for p in first if p["state_type"] == "fixed_prefix"]
+    sc.event("task_start", **ep.ev(prefix_generation=1, prefix_pages=prefix,
+                                   input_pages=[p["page_id"] for p in first
+                                                if p["page_id"] not in prefix]))
+    for k, step in enumerate(trace.steps):
+        sc.event("model_call", **ep.ev(call_id=f"m{k}", consumes=sorted(ep.live), produces=[]))
+        time.sleep(spec.think_s)
+        sc.event("tool_start", **ep.ev(call_id=f"k{k}", tool=step.tool))
+        time.sleep(step.tool_s)
+        obs = [ep.page("tool_observation", t) for t in step.tokens]
+        if obs:
+            _store(sc, ep, obs)
+        sc.event("observation_return", **ep.ev(
+            call_id=f"k{k}", produces=[[p["page_id"], "tool_observation"] for p in obs]))
+        _resume(sc, ep, results)
+        tick()
+    sc.event("task_end", **ep.ev())
+
+
 def run_episode(client: AgentKvClient, spec: WorkloadSpec, index: int, run: str,
                 results: Results, tick: Callable[[], None]) -> None:
+    if spec.episodes:
+        run_trace_episode(client, spec, index, run, results, tick)
+        return
     ep = _Episode(spec, index, run)
     sc = client.open_session(ep.session)
     time.sleep(index * spec.stagger_s)
@@ -164,25 +247,89 @@ def run_workload(connect: Callable[[], AgentKvClient], spec: WorkloadSpec, run: 
     return results
 
 
-def tool_plan_from_trace(path: Any, sessions: int, median_s: float = 0.5, cap_s: float = 2.0
-                         ) -> tuple[tuple[tuple[str, float], ...], ...]:
-    """Tool calls per session from a trace in the simulator's format, time-scaled so the
-    median tool call lasts ``median_s`` (the demo replays minutes of agent time in seconds)."""
-    from agentkv_cluster.sim.trace.format import TraceFormatError, read_trace
+def episodes_from_trace(path: Any, fmt: str, sessions: int, *, memory_bytes: int,
+                        max_page_bytes: int, max_session_bytes: int | None = None,
+                        spec: WorkloadSpec | None = None,
+                        median_s: float = 0.5, cap_s: float = 2.0
+                        ) -> tuple[TraceEpisode, ...]:
+    """The first ``sessions`` whole sessions of a trace (by start time) as demo episodes.
 
-    parsed = read_trace(path)
-    by_session: dict[str, list[tuple[str, float]]] = {}
-    for e in parsed.events:
-        if e.kind == "tool_start":
-            by_session.setdefault(e.session, []).append((e.tool_class or "tool",
-                                                          e.tool_duration_s))
-    plans = [calls for calls in by_session.values() if calls][:sessions]
-    if not plans:
-        raise TraceFormatError(f"{path}: no tool_start events to replay")
-    durations = sorted(d for calls in plans for _, d in calls)
-    scale = median_s / max(durations[len(durations) // 2], 1e-6)
-    return tuple(tuple((tool, min(cap_s, max(0.01, d * scale))) for tool, d in calls)
-                 for calls in plans)
+    Pages hold the trace's KV blocks: tokens from the trace, scaled by one factor so
+    that the sample's bytes fit ``memory_bytes``, no block exceeds
+    ``max_page_bytes`` (the demo's arena page) and no session exceeds
+    ``max_session_bytes`` (a resume loads the whole session into HBM at once); the
+    scaled blocks one call adds are packed into pages of up to ``max_page_bytes``
+    (prefix and input blocks apart); tool durations are time-scaled so
+    the median tool call lasts ``median_s`` (capped at ``cap_s``): the demo replays
+    minutes of agent time in seconds. A gap with no tool in the trace (a user's
+    think time) is replayed as a ``think`` call of the same scaled length.
+    """
+    from agentkv_cluster.sim.trace.convert import load_trace
+    from agentkv_cluster.sim.trace.format import TraceFormatError
+    from agentkv_cluster.sim.trace.replay import sessions_of
+
+    spec = spec or WorkloadSpec()
+    picked = sessions_of(load_trace(path, fmt).events)[:sessions]
+    if not picked:
+        raise TraceFormatError(f"{path}: no model_call events to replay")
+    holders: dict[int, set[str]] = {}
+    for s in picked:
+        for c in s.calls:
+            for b in c.prefix_blocks:
+                holders.setdefault(b, set()).add(s.name)
+    raw: list[tuple[str, list[tuple[int, str]], list[tuple[str, float, list[int]]]]] = []
+    for s in picked:
+        seen: set[int] = set()
+        first: list[tuple[int, str]] = []
+        steps: list[tuple[str, float, list[int]]] = []
+        for k, call in enumerate(s.calls):
+            new = [b for b in dict.fromkeys(call.prefix_blocks) if b not in seen]
+            seen.update(new)
+            if k == 0:
+                first = [(call.block_tokens, "fixed_prefix" if len(holders[b]) > 1
+                          else "task_input") for b in new]
+                continue
+            tool, secs = s.tool_before(call.ts)
+            if not tool:
+                tool, secs = "think", call.ts - s.calls[k - 1].ts
+            steps.append((tool, max(secs, 0.0), [call.block_tokens] * len(new)))
+        raw.append((s.name, first, steps))
+    tokens_total = sum(t for _, first, steps in raw
+                       for t in [*(t for t, _ in first), *(t for _, _, ts in steps for t in ts)])
+    block = max([t for _, first, _ in raw for t, _ in first] + [1])
+    largest = max(sum(t for t, _ in first) + sum(t for _, _, ts in steps for t in ts)
+                  for _, first, steps in raw)
+    scale = min(1.0, memory_bytes / max(spec.page_bytes(tokens_total), 1),
+                max_page_bytes / max(spec.page_bytes(block), 1),
+                (max_session_bytes or memory_bytes) / max(spec.page_bytes(largest), 1))
+    durations = sorted(d for _, _, steps in raw for _, d, _ in steps) or [1.0]
+    t_scale = median_s / max(durations[len(durations) // 2], 1e-6)
+
+    per_page = max(8, max_page_bytes // max(spec.page_bytes(1), 1))  # tokens in one page
+
+    def pack(tokens: list[int]) -> tuple[int, ...]:
+        """Scaled blocks of one call, packed into pages of up to one arena page (the
+        service charges whole arena pages: many small pages would waste most of it)."""
+        pages: list[int] = []
+        for t in tokens:
+            t = max(8, int(t * scale))
+            if pages and pages[-1] + t <= per_page:
+                pages[-1] += t
+            else:
+                pages.append(min(t, per_page))
+        return tuple(pages)
+
+    def first_pages(first: list[tuple[int, str]]) -> tuple[tuple[int, str], ...]:
+        out: list[tuple[int, str]] = []
+        for state in ("fixed_prefix", "task_input"):
+            out += [(t, state) for t in pack([t for t, st in first if st == state])]
+        return tuple(out) or ((max(8, int(block * scale)), "task_input"),)
+
+    return tuple(TraceEpisode(
+        session=name, first=first_pages(first),
+        steps=tuple(TraceStep(tool=tool, tool_s=min(cap_s, max(0.01, d * t_scale)),
+                              tokens=pack(ts)) for tool, d, ts in steps))
+        for name, first, steps in raw)
 
 
 def summarize(results: Results, traffic: dict[str, int], batches: int) -> dict[str, Any]:

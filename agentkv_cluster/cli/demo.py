@@ -17,9 +17,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from agentkv_cluster.cli import CliError
+from agentkv_cluster.cli import CliError, ProgressLines, check_writable_file
 
 POLICIES = ("agentkv", "lru")
+DEMO_PAGE_BYTES = 1 << 20  # one HBM arena page
+TRACE_MEMORY_BYTES = 192 << 20  # a replayed trace sample is scaled to fit the 256 MiB pool
+TRACE_SESSION_BYTES = 24 << 20  # ... and each session well under half the 96-page arena
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -27,13 +30,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--sessions", type=int, default=8, help="concurrent agent sessions (default 8)")
     p.add_argument("--turns", type=int, default=3, help="tool calls per session (default 3)")
     p.add_argument("--trace", type=Path,
-                   help="replay the tool calls of a trace in the simulator's format (time-scaled)")
+                   help="replay the first --sessions whole sessions of a trace: its blocks as "
+                        "pages (tokens scaled to the demo's memory), its tool calls "
+                        "(time-scaled)")
+    p.add_argument("--trace-format", choices=("agentkv", "mooncake", "azure", "tracelab"),
+                   default="agentkv", help="format of --trace (default: agentkv JSON lines)")
     p.add_argument("--json", type=Path, help="write the figures (simulator JSON schema) here")
     p.add_argument("--budget", type=float, default=0.35,
                    help="HBM budget as a fraction of the working set (default 0.35)")
     p.add_argument("--rounds", type=int, default=3,
                    help="runs per policy, interleaved AgentKV, LRU, LRU, AgentKV, ... (default 3)")
-    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--seed", type=int, default=7,
+                   help="seed of the workload (prompts, tool-call lengths; default 7)")
     p.set_defaults(handler=run)
 
 
@@ -44,16 +52,20 @@ def _spec(args: argparse.Namespace) -> Any:
         raise CliError("--sessions, --turns and --rounds must be >= 1")
     if not 0.05 <= args.budget <= 1.0:
         raise CliError("--budget must be in [0.05, 1]")
-    plan = None
     if args.trace is not None:
-        from agentkv_cluster.api.workload import tool_plan_from_trace
+        from agentkv_cluster.api.workload import episodes_from_trace
         from agentkv_cluster.sim.trace.format import TraceFormatError
 
         try:
-            plan = tool_plan_from_trace(args.trace, args.sessions)
+            episodes = episodes_from_trace(args.trace, args.trace_format, args.sessions,
+                                           memory_bytes=TRACE_MEMORY_BYTES,
+                                           max_page_bytes=DEMO_PAGE_BYTES,
+                                           max_session_bytes=TRACE_SESSION_BYTES)
         except (OSError, TraceFormatError) as exc:
             raise CliError(f"--trace {args.trace}: {exc}") from None
-    return WorkloadSpec(sessions=args.sessions, turns=args.turns, seed=args.seed, tool_plan=plan)
+        return WorkloadSpec(sessions=len(episodes), turns=args.turns, seed=args.seed,
+                            episodes=episodes, charge_bytes=DEMO_PAGE_BYTES)
+    return WorkloadSpec(sessions=args.sessions, turns=args.turns, seed=args.seed)
 
 
 def _config(workdir: Path) -> Any:
@@ -61,7 +73,7 @@ def _config(workdir: Path) -> Any:
 
     return load_config(overrides={
         "api": {"port": 0}, "metrics": {"enabled": False},
-        "hbm": {"page_bytes": 1 << 20, "num_pages": 96},
+        "hbm": {"page_bytes": DEMO_PAGE_BYTES, "num_pages": 96},
         "pool": {"pool_bytes": 256 << 20, "slot_bytes": 1 << 20,
                  "nvme_dir": str(workdir / "nvme")},
         "ray": {"num_cpus": 2}, "security": {"tenant_keys_dir": str(workdir / "keys")},
@@ -93,7 +105,8 @@ def _warm_up(service: Any, spec: Any) -> None:
 
     from agentkv_cluster.api.workload import run_workload
 
-    quick = replace(spec, turns=1, stagger_s=0.0, tool_plan=((("warmup", 0.05),),))
+    quick = replace(spec, turns=1, stagger_s=0.0, tool_plan=((("warmup", 0.05),),),
+                    episodes=None)
     service.use_policy("agentkv")
     results = run_workload(lambda: service.client("demo"), quick, "warmup")
     if results.errors:
@@ -118,13 +131,13 @@ def run_demo(spec: Any, budget: float, progress: Any | None = None,
     # The demo always starts its own Ray: never join one another process left running.
     os.environ["RAY_ADDRESS"] = "local"
     workdir = Path(tempfile.mkdtemp(prefix="agentkv-demo-"))
-    working_set = spec.sessions * (2 + 3 * spec.turns) * spec.page_bytes(256)
-    capacity = max(int(budget * working_set), 2 * (2 + 3 * spec.turns) * spec.page_bytes(384))
+    working_set = spec.working_set()
+    capacity = max(int(budget * working_set), 2 * spec.largest_session())
     service = Service(_config(workdir), workdir=workdir, policy=POLICIES[0],
                       hbm_capacity=capacity)
     pooled = {p: Results() for p in POLICIES}
     traffic: dict[str, Counter[str]] = {p: Counter() for p in POLICIES}
-    tasks = {p: progress.add_task(f"{p:8s}", total=spec.sessions * spec.turns * rounds)
+    tasks = {p: progress.add_task(f"{p:8s}", total=spec.resumes() * rounds)
              for p in POLICIES} if progress else {}
     try:
         service.start()
@@ -150,17 +163,35 @@ def run_demo(spec: Any, budget: float, progress: Any | None = None,
         "working_set_bytes": working_set}}
 
 
+class _LineProgress:
+    """The two calls ``run_demo`` makes on a rich Progress, as periodic plain lines."""
+
+    def __init__(self) -> None:
+        self.bars: dict[int, ProgressLines] = {}
+
+    def add_task(self, description: str, total: int) -> int:
+        self.bars[len(self.bars)] = ProgressLines(f"demo {description.strip()} resumes", total)
+        return len(self.bars) - 1
+
+    def advance(self, task: int) -> None:
+        self.bars[task].advance()
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     spec = _spec(args)
+    check_writable_file(args.json, "--json")
     console = Console(width=max(110, Console().width))  # the table needs ~105 columns
     t0 = time.monotonic()
-    with Progress(TextColumn("{task.description}"), BarColumn(),
-                  TextColumn("{task.completed}/{task.total} resumes"), TimeElapsedColumn(),
-                  console=console) as progress:
-        payload = run_demo(spec, args.budget, progress, args.rounds)
+    if console.is_terminal:
+        with Progress(TextColumn("{task.description}"), BarColumn(),
+                      TextColumn("{task.completed}/{task.total} resumes"), TimeElapsedColumn(),
+                      console=console) as progress:
+            payload = run_demo(spec, args.budget, progress, args.rounds)
+    else:  # CI logs and pods: a plain line every 10 s instead of a bar nobody sees
+        payload = run_demo(spec, args.budget, _LineProgress(), args.rounds)
     console.print(_table(payload["policies"]))
     a, b = payload["policies"]["agentkv"], payload["policies"]["lru"]
     console.print(f"P95 restore delay: AgentKV {a['p95_ms']:.1f} ms vs LRU {b['p95_ms']:.1f} ms; "

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from agentkv_cluster.cli import CliError
+from agentkv_cluster.cli import CliError, ProgressLines, check_writable_dir, check_writable_file
 
 TRACE_FORMATS = ("agentkv", "mooncake", "azure", "tracelab")
 MAX_REPORTED_LINES = 20
@@ -30,9 +30,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--policies", default="lru,ttl,semantic,agentkv,arc",
                    help="comma-separated policies to run (default: all five)")
     p.add_argument("--json", type=Path, metavar="OUT", help="write the results as JSON")
+    p.add_argument("--workload", choices=("paper", "agent-loop"), default="paper",
+                   help="synthetic preset: the paper's Table-3 batches (default) or agent "
+                        "loops whose model calls re-read the whole context")
+    p.add_argument("--fair", action=argparse.BooleanOptionalAction, default=True,
+                   help="also run every baseline acting on the end-of-life signals "
+                        "(fair_policies in the JSON; default on)")
+    p.add_argument("--signal-miss", type=float, default=0.0, metavar="P",
+                   help="probability that an end-of-life signal is lost (default 0)")
+    p.add_argument("--signal-delay", type=float, default=0.0, metavar="S",
+                   help="seconds every delivered signal is late (default 0)")
+    p.add_argument("--signal-false", type=float, default=0.0, metavar="P",
+                   help="probability that a page still to be read is signalled dead; "
+                        "its next read pays a recompute, counted (default 0)")
+    p.add_argument("--cost-error", type=float, default=0.35,
+                   help="log-error sigma of the cost model's recompute estimate "
+                        "(default 0.35)")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--sweep", choices=("budget", "noise"),
-                      help="sweep the budget (0.20-0.70) or the noise (0.05-0.90)")
+    mode.add_argument("--sweep", choices=("budget", "noise", "signal"),
+                      help="sweep the budget (0.20-0.70), the noise (0.05-0.90) or the "
+                           "signal loss (0-0.9)")
     mode.add_argument("--ablation", action="store_true",
                       help="Table 5: AgentKV with each mechanism switched off")
     p.add_argument("--out-dir", type=Path, default=Path("."),
@@ -44,41 +61,65 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="fail when any trace line is malformed (default: report and skip)")
     p.add_argument("--export-trace", type=Path, metavar="OUT",
                    help="write the (converted) trace in the AgentKV format")
-    p.add_argument("--pages-per-batch", type=int, default=64,
-                   help="trace replay: distinct KV blocks per batch (default 64)")
+    p.add_argument("--idle-timeout", type=float, default=None, metavar="S",
+                   help="trace replay: a session with no event for S seconds has ended "
+                        "(default: the replay's documented timeout)")
+    p.add_argument("--trace-sessions", type=int, default=None, metavar="N",
+                   help="trace replay: only the first N sessions (by start), whole")
+    p.add_argument("--trace-skip", type=int, default=0, metavar="K",
+                   help="trace replay: skip the first K sessions (a held-out part)")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from agentkv_cluster.sim.config import SimConfig, SimConfigError, WorkloadConfig
+    from agentkv_cluster.sim.config import (
+        SignalQuality,
+        SimConfig,
+        SimConfigError,
+        WorkloadConfig,
+    )
 
     console = Console()
     if not console.is_terminal:  # pipes and CI logs: do not squeeze the tables to 80 columns
         console = Console(width=150)
     try:
         cfg = SimConfig(seed=args.seed, budget=args.budget, noise=args.noise,
-                        workload=WorkloadConfig(batches=args.batches))
+                        cost_error=args.cost_error,
+                        signals=SignalQuality(miss=args.signal_miss, delay_s=args.signal_delay,
+                                              false_rate=args.signal_false),
+                        workload=WorkloadConfig(batches=args.batches, preset=args.workload))
     except SimConfigError as exc:
         raise CliError(str(exc)) from None
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
     _check_policies(policies)
-    if args.pages_per_batch < 1:
-        raise CliError("--pages-per-batch must be >= 1")
-    if args.trace is None and (args.export_trace or args.strict_trace):
-        raise CliError("--export-trace and --strict-trace need --trace")
+    if args.trace is None and (args.export_trace or args.strict_trace or args.idle_timeout
+                               is not None or args.trace_sessions is not None):
+        raise CliError("--export-trace, --strict-trace, --idle-timeout and --trace-sessions "
+                       "need --trace")
+    if args.idle_timeout is not None and not args.idle_timeout > 0:
+        raise CliError("--idle-timeout must be > 0")
+    if args.trace_sessions is not None and args.trace_sessions < 1:
+        raise CliError("--trace-sessions must be >= 1")
+    if args.trace_skip < 0:
+        raise CliError("--trace-skip must be >= 0")
+    check_writable_file(args.json, "--json")  # before the run, not after it
+    check_writable_file(args.export_trace, "--export-trace")
+    if args.sweep:
+        check_writable_dir(args.out_dir, "--out-dir")
     started = time.perf_counter()
+    build, trace_info = None, None
     if args.trace is not None:
-        if args.sweep or args.ablation:
-            raise CliError("--trace replays one configuration; drop --sweep/--ablation")
-        payload = _replay(args, cfg, policies, console)
-    elif args.sweep:
-        payload = _sweep(args, cfg, policies, console)
+        build, trace_info = _trace_builder(args, console)
+    if args.sweep:
+        payload = _sweep(args, cfg, policies, console, build)
     elif args.ablation:
-        payload = _ablation(cfg, console)
+        payload = _ablation(cfg, console, build)
+    elif build is not None:
+        payload = _replay(args, cfg, policies, console, build, trace_info)
     else:
-        payload = _compare(cfg, policies, console)
+        payload = _compare(cfg, policies, console, fair=args.fair)
     console.print(f"[dim]finished in {time.perf_counter() - started:.1f} s[/dim]")
     if args.json:
         from agentkv_cluster.sim.report import write_json
@@ -101,6 +142,10 @@ def _check_policies(policies: tuple[str, ...]) -> None:
 def _progress(console: Any, total: int, label: str) -> Iterator[Callable[[int], None]]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    if not console.is_terminal:  # CI logs and pods: a plain line every 10 s instead of a bar
+        lines = ProgressLines(label, total)
+        yield lines.advance
+        return
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True) as bar:
         task = bar.add_task(label, total=total)
@@ -146,69 +191,125 @@ def _metrics_table(title: str, policies: Any, console: Any) -> None:
     console.print(table)
 
 
-def _compare(cfg: Any, policies: tuple[str, ...], console: Any) -> dict[str, Any]:
+def _margins(result: Any, console: Any) -> dict[str, Any]:
+    """AgentKV against LRU (the paper's statement) and against the strongest baseline."""
     from agentkv_cluster.sim.report import margins_vs_lru
-    from agentkv_cluster.sim.runner import compare
-    from agentkv_cluster.sim.workload import synthetic_workload
 
-    workload = synthetic_workload(cfg)
-    _print_config(cfg, console, workload.source)
-    with _progress(console, len(workload) * len(policies), "simulating") as advance:
-        result = compare(cfg, workload=workload, policies=policies, progress=advance)
-    _metrics_table(f"restore delay and transfer at budget {cfg.budget}, noise {cfg.noise}",
-                   result.policies, console)
-    payload = result.to_dict()
+    out: dict[str, Any] = {}
     if "agentkv" in result.policies and "lru" in result.policies:
         margins = margins_vs_lru(result.policies)
-        payload["agentkv_vs_lru"] = {k: round(v, 4) for k, v in margins.items()}
-        console.print("AgentKV vs LRU: " + "  ".join(
+        out["agentkv_vs_lru"] = {k: round(v, 4) for k, v in margins.items()}
+        console.print("AgentKV vs paper-faithful LRU: " + "  ".join(
             f"{k} {v:+.2f}" if k != "hidden_pct" else f"{k} {v:.2f}"
             for k, v in margins.items()))
+    strongest = result.margins()
+    if strongest:
+        console.print("[bold]AgentKV vs the strongest baseline[/bold] (paper-faithful or "
+                      "with signals, per metric): " + "  ".join(
+                          f"{metric} {m['agentkv']:.2f} vs {m['baseline']:.2f} "
+                          f"({m['strongest']}, {m['change_pct']:+.1f} %)"
+                          for metric, m in strongest.items() if m["change_pct"] is not None))
+    return out
+
+
+def _tables(result: Any, title: str, console: Any) -> None:
+    _metrics_table(f"{title} — paper-faithful baselines (no end-of-life signals)",
+                   result.policies, console)
+    if result.fair_policies is not None:
+        _metrics_table(f"{title} — baselines acting on the same end-of-life signals as "
+                       f"AgentKV", result.fair_policies, console)
+
+
+def _signal_line(cfg: Any, console: Any) -> None:
+    q = cfg.signals
+    console.print(f"[bold]signals[/bold] miss {q.miss:g}  delay {q.delay_s:g} s  "
+                  f"false {q.false_rate:g}  cost-model error sigma {cfg.cost_error:g}")
+
+
+def _compare(cfg: Any, policies: tuple[str, ...], console: Any, *,
+             fair: bool) -> dict[str, Any]:
+    from agentkv_cluster.sim.runner import compare, make_workload, runs_per_comparison
+
+    workload = make_workload(cfg)
+    _print_config(cfg, console, workload.source)
+    _signal_line(cfg, console)
+    total = len(workload) * runs_per_comparison(policies, fair)
+    with _progress(console, total, "simulating") as advance:
+        result = compare(cfg, workload=workload, policies=policies, fair=fair,
+                         progress=advance)
+    _tables(result, f"restore delay and transfer at budget {cfg.budget}, noise {cfg.noise}",
+            console)
+    payload = result.to_dict()
+    payload.update(_margins(result, console))
     return payload
 
 
 def _sweep(args: argparse.Namespace, cfg: Any, policies: tuple[str, ...],
-           console: Any) -> dict[str, Any]:
+           console: Any, build: Any) -> dict[str, Any]:
     from rich.table import Table
 
     from agentkv_cluster.sim import plots
     from agentkv_cluster.sim.report import sweep_rows, sweep_to_dict
-    from agentkv_cluster.sim.runner import BUDGET_SWEEP, NOISE_SWEEP, sweep
+    from agentkv_cluster.sim.runner import (
+        BUDGET_SWEEP,
+        NOISE_SWEEP,
+        SIGNAL_SWEEP,
+        make_workload,
+        runs_per_comparison,
+        sweep,
+    )
 
-    values = BUDGET_SWEEP if args.sweep == "budget" else NOISE_SWEEP
-    _print_config(cfg, console, f"synthetic(seed={cfg.seed})")
-    total = len(values) * cfg.workload.batches * len(policies)
+    values = {"budget": BUDGET_SWEEP, "noise": NOISE_SWEEP, "signal": SIGNAL_SWEEP}[args.sweep]
+    source = str(args.trace) if build is not None else cfg.workload.preset
+    _print_config(cfg, console, source if build is not None else f"synthetic(seed={cfg.seed})")
+    _signal_line(cfg, console)
+    first = (build or make_workload)(cfg)
+    total = len(values) * len(first) * runs_per_comparison(policies, args.fair)
     with _progress(console, total, f"sweeping {args.sweep}") as advance:
-        results = sweep(cfg, args.sweep, values, policies=policies, progress=advance)
+        results = sweep(cfg, args.sweep, values, policies=policies, fair=args.fair,
+                        build=build or make_workload, progress=advance)
     points = [(v, r.policies) for v, r in zip(values, results)]
     metrics = (("byte_hit_pct", "byte hit %"), ("p95_ms", "P95 ms"),
                ("transfer_mb_per_batch", "MB/batch"), ("risk_pct", "risk %"))
-    for metric, label in metrics:
-        header, rows = sweep_rows(args.sweep, points, metric)
-        table = Table(title=f"{label} by {args.sweep}", title_justify="left")
-        for col in header:
-            table.add_column(col, justify="right")
-        for row in rows:
-            table.add_row(*row)
-        console.print(table)
+    fair_points = [(v, r.fair_policies) for v, r in zip(values, results)
+                   if r.fair_policies is not None]
+    for label_set, pts in (("", points), (" (baselines with signals)", fair_points)):
+        for metric, label in metrics if pts else ():
+            header, rows = sweep_rows(args.sweep, pts, metric)
+            table = Table(title=f"{label} by {args.sweep}{label_set}", title_justify="left")
+            for col in header:
+                table.add_column(col, justify="right")
+            for row in rows:
+                table.add_row(*row)
+            console.print(table)
     if args.sweep == "budget":
         paths = plots.budget_figures(points, args.out_dir)
-    else:
+    elif args.sweep == "noise":
         paths = plots.noise_figure(points, args.out_dir) if "agentkv" in policies else []
+    else:
+        paths = plots.signal_figure(values, results, args.out_dir) \
+            if "agentkv" in policies else []
     for path in paths:
         console.print(f"wrote {path}")
-    return sweep_to_dict(cfg.to_dict(), args.sweep, points)
+    payload = sweep_to_dict(cfg.to_dict(), args.sweep, points)
+    if fair_points:
+        payload["sweep"]["fair_points"] = [
+            {"value": v, "policies": {n: m.to_dict() for n, m in res.items()}}
+            for v, res in fair_points]
+    payload["sweep"]["agentkv_vs_strongest"] = [
+        {"value": v, "margins": r.margins()} for v, r in zip(values, results)]
+    return payload
 
 
-def _ablation(cfg: Any, console: Any) -> dict[str, Any]:
+def _ablation(cfg: Any, console: Any, build: Any) -> dict[str, Any]:
     from rich.table import Table
 
     from agentkv_cluster.sim.report import PAPER_TABLE5
-    from agentkv_cluster.sim.runner import ABLATIONS, ablation
-    from agentkv_cluster.sim.workload import synthetic_workload
+    from agentkv_cluster.sim.runner import ABLATIONS, ablation, make_workload
 
-    workload = synthetic_workload(cfg)
+    workload = (build or make_workload)(cfg)
     _print_config(cfg, console, workload.source)
+    _signal_line(cfg, console)
     with _progress(console, len(workload) * len(ABLATIONS), "ablation") as advance:
         result = ablation(cfg, workload=workload, progress=advance)
     _metrics_table("AgentKV ablations (absolute)", result.rows, console)
@@ -225,12 +326,11 @@ def _ablation(cfg: Any, console: Any) -> dict[str, Any]:
     return result.to_dict()
 
 
-def _replay(args: argparse.Namespace, cfg: Any, policies: tuple[str, ...],
-            console: Any) -> dict[str, Any]:
-    from agentkv_cluster.sim.runner import compare
+def _trace_builder(args: argparse.Namespace, console: Any) -> tuple[Any, dict[str, Any]]:
+    """Parse (and export) the trace once; return (cfg -> replayed workload, trace facts)."""
     from agentkv_cluster.sim.trace.convert import load_trace
-    from agentkv_cluster.sim.trace.format import TraceFormatError, write_trace
-    from agentkv_cluster.sim.trace.replay import ReplayConfig, reads_per_type, replay_workload
+    from agentkv_cluster.sim.trace.format import TraceFormatError, read_trace, write_trace
+    from agentkv_cluster.sim.trace.replay import ReplayConfig, replay_workload
 
     try:
         parsed = load_trace(args.trace, args.trace_format)
@@ -246,29 +346,49 @@ def _replay(args: argparse.Namespace, cfg: Any, policies: tuple[str, ...],
                        f"{parsed.errors[0]}")
     if args.export_trace:
         n = write_trace(parsed.events, args.export_trace)
-        console.print(f"wrote {n} events to {args.export_trace}")
-    rc = ReplayConfig(pages_per_batch=args.pages_per_batch)
-    try:
-        workload = replay_workload(parsed.events, cfg, source=str(args.trace), rc=rc)
-    except TraceFormatError as exc:
-        raise CliError(str(exc)) from None
+        again = read_trace(args.export_trace)
+        if again.errors or len(again.events) != n:  # the export must always reload
+            raise CliError(f"{args.export_trace}: the exported trace does not reload "
+                           f"({len(again.errors)} bad lines; first: "
+                           f"{again.errors[0] if again.errors else 'count mismatch'})")
+        console.print(f"wrote {n} events to {args.export_trace} (reloads cleanly)")
+    kw = {} if args.idle_timeout is None else {"idle_timeout_s": args.idle_timeout}
+    rc = ReplayConfig(sessions=args.trace_sessions, skip=args.trace_skip, **kw)
+    info = {
+        "file": str(args.trace), "format": args.trace_format, "events": len(parsed.events),
+        "lines": parsed.lines, "idle_timeout_s": rc.idle_timeout_s,
+        "sessions": rc.sessions, "skip": rc.skip, "kv_bytes_per_token": rc.kv_bytes_per_token,
+        "malformed_lines": [{"line": e.line, "reason": e.reason} for e in parsed.errors],
+    }
+
+    def build(cfg: Any) -> Any:
+        try:
+            return replay_workload(parsed.events, cfg, source=str(args.trace), rc=rc)
+        except TraceFormatError as exc:
+            raise CliError(str(exc)) from None
+
+    return build, info
+
+
+def _replay(args: argparse.Namespace, cfg: Any, policies: tuple[str, ...],
+            console: Any, build: Any, info: dict[str, Any]) -> dict[str, Any]:
+    from agentkv_cluster.sim.runner import compare, runs_per_comparison
+    from agentkv_cluster.sim.trace.replay import describe
+
+    workload = build(cfg)
     console.print(f"[bold]trace[/bold] {args.trace} ({args.trace_format}): "
-                  f"{len(parsed.events)} events from {parsed.lines} lines, "
-                  f"{len(parsed.errors)} malformed; {len(workload)} batches of >= "
-                  f"{rc.pages_per_batch} blocks x {rc.kv_bytes_per_token} B/token, "
-                  f"reads by type {reads_per_type(workload)}")
+                  f"{info['events']} events from {info['lines']} lines, "
+                  f"{len(info['malformed_lines'])} malformed; {describe(workload)}")
     # The trace decides the batch count; the config printed and saved must say so.
     cfg = cfg.replace(workload=dataclasses.replace(cfg.workload, batches=len(workload)))
     _print_config(cfg, console, workload.source)
-    with _progress(console, len(workload) * len(policies), "replaying") as advance:
-        result = compare(cfg, workload=workload, policies=policies, progress=advance)
-    _metrics_table(f"trace replay at budget {cfg.budget}, noise {cfg.noise}",
-                   result.policies, console)
+    _signal_line(cfg, console)
+    total = len(workload) * runs_per_comparison(policies, args.fair)
+    with _progress(console, total, "replaying") as advance:
+        result = compare(cfg, workload=workload, policies=policies, fair=args.fair,
+                         progress=advance)
+    _tables(result, f"trace replay at budget {cfg.budget}, noise {cfg.noise}", console)
     payload = result.to_dict()
-    payload["trace"] = {
-        "file": str(args.trace), "format": args.trace_format, "events": len(parsed.events),
-        "lines": parsed.lines, "pages_per_batch": rc.pages_per_batch,
-        "kv_bytes_per_token": rc.kv_bytes_per_token,
-        "malformed_lines": [{"line": e.line, "reason": e.reason} for e in parsed.errors],
-    }
+    payload.update(_margins(result, console))
+    payload["trace"] = info
     return payload

@@ -19,6 +19,7 @@ from agentkv_cluster.policy.base import (
     CostModel,
     DuplicatePage,
     EarlyReturnReport,
+    EndOfLife,
     GapPlan,
     Mechanisms,
     PageId,
@@ -153,8 +154,8 @@ class AgentKvPolicy(TrackedPolicy):
         self.on_insert(page, now)
         return PrefetchAdmission(page_id=page.page_id, admitted=True, victims=tuple(victims))
 
-    def on_consumers_done(self, page: PageView, now: float, *,
-                          retirable: bool = True) -> RetireDecision:
+    def on_consumers_done(self, page: PageView, now: float, *, retirable: bool = True,
+                          signal: EndOfLife = EndOfLife.TASK_END) -> RetireDecision:
         """Event dependency: once every reachable consumer is done and the event graph
         finds no other blocker (``retirable``: rollback, audit, generation), the page
         is retired from every tier. Without the mechanism (ablation) it only loses

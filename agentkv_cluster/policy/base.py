@@ -25,8 +25,11 @@ produce these records live next to it:
   with ``demotion(page, free=None) -> Placement``, ``on_tool_start(...) -> GapPlan``,
   ``on_tool_return(plan, pages, now) -> EarlyReturnReport``,
   ``admit_prefetch(page, need_bytes, now) -> PrefetchAdmission``. All implement
-  ``EvictionPolicy``, including ``on_consumers_done(page, now, *, retirable=True) ->
-  RetireDecision`` (only AgentKV acts on the event graph's signal).
+  ``EvictionPolicy``, including ``on_consumers_done(page, now, *, retirable=True,
+  signal=EndOfLife.TASK_END) -> RetireDecision``. AgentKV acts on every end-of-life
+  signal; a baseline acts on the ones it was built with (``signals=``; default none,
+  the paper's baselines) and then frees the page from every tier, as vLLM frees the
+  blocks of a finished request.
 
 Time is always passed in as ``now`` (seconds, any epoch); nothing here reads a clock.
 
@@ -48,6 +51,17 @@ from typing import Protocol, runtime_checkable
 
 from agentkv_cluster.lifecycle.types import PageId, StateType
 from store.types import Codec, Tier
+
+
+class EndOfLife(enum.Enum):
+    """The end-of-life signals a real orchestrator emits for a page."""
+
+    TASK_END = "task_end"  # the task (session) holding the page finished
+    BRANCH_ABANDONED = "branch_abandoned"  # the branch that produced it failed / was dropped
+    VERSION_SUPERSEDED = "version_superseded"  # a newer version replaced it
+
+
+ALL_SIGNALS: frozenset[EndOfLife] = frozenset(EndOfLife)
 
 
 class PolicyError(Exception):
@@ -147,8 +161,8 @@ class EvictionPolicy(Protocol):
 
     def resident_bytes(self) -> int: ...
 
-    def on_consumers_done(self, page: PageView, now: float, *,
-                          retirable: bool = True) -> RetireDecision: ...
+    def on_consumers_done(self, page: PageView, now: float, *, retirable: bool = True,
+                          signal: EndOfLife = EndOfLife.TASK_END) -> RetireDecision: ...
 
 
 def remaining_idle_s(page: PageView, now: float) -> float:

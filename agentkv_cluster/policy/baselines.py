@@ -1,7 +1,11 @@
 """Baseline eviction policies behind the one ``EvictionPolicy`` interface.
 
 Each is a small override of ``_victim_order``; bookkeeping (tracking, the
-"evict exactly enough or change nothing" rule, pinned pages) is shared.
+"evict exactly enough or change nothing" rule, pinned pages, end-of-life
+signals) is shared. ``signals=`` names the end-of-life signals a baseline acts
+on: none by default (the paper's baselines), or any of ``EndOfLife`` (the fair
+baselines: a finished task, an abandoned branch, a superseded version frees the
+page from every tier, as vLLM frees a finished request's blocks).
 """
 
 from __future__ import annotations
@@ -9,8 +13,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 
+import numpy as np
+
 from agentkv_cluster.policy.base import (
     DuplicatePage,
+    EndOfLife,
     PageId,
     PageView,
     RetireDecision,
@@ -18,6 +25,7 @@ from agentkv_cluster.policy.base import (
     UnknownPage,
     remaining_idle_s,
 )
+from agentkv_cluster.policy.columns import COLUMNAR_MIN_PAGES, RowStore, lexsorted_ids
 
 # Semantic priority of each state type (higher = keep longer). Mirrors the
 # default policies of paper Table 1: prefixes and verified results are kept,
@@ -38,9 +46,13 @@ class TrackedPolicy:
 
     name = "tracked"
 
-    def __init__(self) -> None:
+    def __init__(self, *, signals: Iterable[EndOfLife] = ()) -> None:
         self._pages: dict[PageId, PageView] = {}
         self._bytes = 0
+        self.signals: frozenset[EndOfLife] = frozenset(signals)
+        for s in self.signals:
+            if not isinstance(s, EndOfLife):
+                raise TypeError(f"{self.name}: signals must be EndOfLife members, got {s!r}")
 
     # -- interface
     def on_insert(self, page: PageView, now: float) -> None:
@@ -80,15 +92,26 @@ class TrackedPolicy:
     def resident_bytes(self) -> int:
         return self._bytes
 
-    def on_consumers_done(self, page: PageView, now: float, *,
-                          retirable: bool = True) -> RetireDecision:
-        """The event graph reports no unfinished consumer (the caller has already set
-        ``page.dependency``). A policy blind to the event graph keeps the page: it
-        only refreshes its record when it tracks it."""
+    def on_consumers_done(self, page: PageView, now: float, *, retirable: bool = True,
+                          signal: EndOfLife = EndOfLife.TASK_END) -> RetireDecision:
+        """The orchestrator reports the page's end of life (the caller has already set
+        ``page.dependency``). A baseline built with ``signal`` among its ``signals``
+        frees the page (stops tracking it; the caller drops every copy); otherwise it
+        keeps the page and only refreshes its record when it tracks it."""
+        if retirable and signal in self.signals:
+            if page.page_id in self._pages:
+                self.on_remove(page.page_id)
+            return RetireDecision(page_id=page.page_id, retire=True,
+                                  reason=f"{self.name} frees on {signal.value}")
         if page.page_id in self._pages:
             self.on_update(page, now)
         return RetireDecision(page_id=page.page_id, retire=False,
-                              reason=f"{self.name} ignores the event graph")
+                              reason=f"{self.name} ignores {signal.value}")
+
+    def tracked(self) -> Iterator[PageView]:
+        """The tracked pages' records (callers refresh predictions in place, then tell
+        the policy through ``on_update`` where its order depends on them)."""
+        return iter(list(self._pages.values()))
 
     def __contains__(self, page_id: object) -> bool:
         return page_id in self._pages
@@ -120,6 +143,10 @@ class TrackedPolicy:
     def _replace(self, page: PageView) -> None:
         self._bytes += page.size_bytes - self._pages[page.page_id].size_bytes
         self._pages[page.page_id] = page
+        self._refreshed(page)
+
+    def _refreshed(self, page: PageView) -> None:
+        """The caller reported new field values of a tracked page (access, update)."""
 
 
 def take_exactly(
@@ -144,8 +171,8 @@ class LruPolicy(TrackedPolicy):
 
     name = "lru"
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, *, signals: Iterable[EndOfLife] = ()) -> None:
+        super().__init__(signals=signals)
         self._order: OrderedDict[PageId, None] = OrderedDict()
 
     def _inserted(self, page: PageView, now: float) -> None:
@@ -161,15 +188,52 @@ class LruPolicy(TrackedPolicy):
         return iter(self._order)
 
 
-class TtlPolicy(TrackedPolicy):
+class _ColumnarSorted(TrackedPolicy):
+    """A sort-based baseline whose key columns are also kept as numpy rows, so large
+    resident sets are ranked in one vectorised pass (``columns``)."""
+
+    _FIELDS: tuple[str, ...] = ()
+
+    def __init__(self, *, signals: Iterable[EndOfLife] = ()) -> None:
+        super().__init__(signals=signals)
+        self._rows = RowStore(self._FIELDS)
+
+    def _row(self, page: PageView) -> tuple[float, ...]:
+        raise NotImplementedError
+
+    def _inserted(self, page: PageView, now: float) -> None:
+        self._rows.put(page.page_id, self._row(page))
+
+    def _refreshed(self, page: PageView) -> None:
+        self._rows.put(page.page_id, self._row(page))
+
+    def _removed(self, page_id: PageId) -> None:
+        self._rows.drop(page_id)
+
+
+class TtlPolicy(_ColumnarSorted):
     """Evict the page whose predicted remaining idle time x size is largest.
 
     Remaining idle is ``remaining_idle_s(page, now)``. Ties: older access first.
     """
 
     name = "ttl"
+    _FIELDS = ("deadline", "size", "last_access")
 
-    def _victim_order(self, now: float) -> list[PageId]:
+    def _row(self, page: PageView) -> tuple[float, ...]:
+        return (page.last_access + page.predicted_idle_s, float(page.size_bytes),
+                page.last_access)
+
+    def _victim_order(self, now: float) -> Iterable[PageId]:
+        if len(self._pages) >= COLUMNAR_MIN_PAGES:
+            r = self._rows
+            rows = r.rows()
+            c = r.cols
+            remaining = np.maximum(c["deadline"][rows] - now, 0.0)
+            ids = r.ids[rows]
+            return lexsorted_ids(ids, (ids, c["last_access"][rows],
+                                       -remaining * c["size"][rows]))
+
         def key(page: PageView) -> tuple[float, float, PageId]:
             remaining = remaining_idle_s(page, now)
             return (-remaining * page.size_bytes, page.last_access, page.page_id)
@@ -177,14 +241,19 @@ class TtlPolicy(TrackedPolicy):
         return [p.page_id for p in sorted(self._pages.values(), key=key)]
 
 
-class SemanticPolicy(TrackedPolicy):
+class SemanticPolicy(_ColumnarSorted):
     """Evict the lowest semantic priority: type + importance + correctness weight."""
 
     name = "semantic"
+    _FIELDS = ("priority", "last_access")
 
-    def __init__(self, type_priority: Mapping[StateType, float] = SEMANTIC_TYPE_PRIORITY) -> None:
-        super().__init__()
+    def __init__(self, type_priority: Mapping[StateType, float] = SEMANTIC_TYPE_PRIORITY, *,
+                 signals: Iterable[EndOfLife] = ()) -> None:
         self._type_priority = dict(type_priority)
+        super().__init__(signals=signals)
+
+    def _row(self, page: PageView) -> tuple[float, ...]:
+        return (self.priority(page), page.last_access)
 
     def priority(self, page: PageView) -> float:
         return (
@@ -193,7 +262,14 @@ class SemanticPolicy(TrackedPolicy):
             + page.correctness_weight
         )
 
-    def _victim_order(self, now: float) -> list[PageId]:
+    def _victim_order(self, now: float) -> Iterable[PageId]:
+        if len(self._pages) >= COLUMNAR_MIN_PAGES:
+            r = self._rows
+            rows = r.rows()
+            ids = r.ids[rows]
+            return lexsorted_ids(ids, (ids, r.cols["last_access"][rows],
+                                       r.cols["priority"][rows]))
+
         def key(page: PageView) -> tuple[float, float, PageId]:
             return (self.priority(page), page.last_access, page.page_id)
 
@@ -237,10 +313,10 @@ class ArcPolicy(TrackedPolicy):
 
     name = "arc"
 
-    def __init__(self, capacity_bytes: int) -> None:
+    def __init__(self, capacity_bytes: int, *, signals: Iterable[EndOfLife] = ()) -> None:
         if capacity_bytes <= 0:
             raise ValueError(f"capacity_bytes must be > 0, got {capacity_bytes}")
-        super().__init__()
+        super().__init__(signals=signals)
         self.capacity = capacity_bytes
         self.p = 0.0  # target bytes of T1
         self._t1, self._t2 = _SizedList(), _SizedList()

@@ -28,6 +28,7 @@ FEATURE_NAMES: tuple[str, ...] = (
     *(f"type:{t.value}" for t in TYPES),
     "log_since_last_event", "task_depth", "successors", "log_tool_p50", "log_tool_p90",
     "branch_confidence", "log_prefix_share", "log_recompute_tokens", "queue_pressure",
+    "log_access_count",
 )
 _N_TYPES = len(TYPES)
 _TYPE_INDEX = {t: i for i, t in enumerate(TYPES)}
@@ -124,14 +125,41 @@ class ReliabilityBin:
     observed_rate: float
 
 
+_ECE_BINS = 10
+
+
 class Calibration:
-    """Brier score and reliability table of (predicted p, outcome) over a window."""
+    """Brier score, calibration error and reliability table of (predicted p, outcome)
+    over a window. Brier and calibration error are kept as running sums (O(1) reads)."""
 
     def __init__(self, window: int) -> None:
         self._pairs: deque[tuple[float, int]] = deque(maxlen=window)
+        self._sq = 0.0  # running sum of squared errors over the window
+        self._since_exact = 0
+        self._bin_n = [0] * _ECE_BINS
+        self._bin_p = [0.0] * _ECE_BINS
+        self._bin_y = [0] * _ECE_BINS
+
+    def _bin(self, p: float, y: int, sign: int) -> None:
+        i = min(int(p * _ECE_BINS), _ECE_BINS - 1)
+        self._bin_n[i] += sign
+        self._bin_p[i] += sign * p
+        self._bin_y[i] += sign * y
 
     def record(self, p: float, outcome: bool) -> None:
-        self._pairs.append((p, int(outcome)))
+        pairs = self._pairs
+        if len(pairs) == pairs.maxlen:
+            old_p, old_y = pairs[0]
+            self._sq -= (old_p - old_y) ** 2
+            self._bin(old_p, old_y, -1)
+        y = int(outcome)
+        pairs.append((p, y))
+        self._sq += (p - y) ** 2
+        self._bin(p, y, 1)
+        self._since_exact += 1
+        if self._since_exact >= max(pairs.maxlen or 0, 1024):  # bound float drift
+            self._sq = math.fsum((q - z) ** 2 for q, z in pairs)
+            self._since_exact = 0
 
     def __len__(self) -> int:
         return len(self._pairs)
@@ -139,7 +167,16 @@ class Calibration:
     def brier(self) -> float:
         if not self._pairs:
             raise ValueError("no outcomes recorded yet")
-        return sum((p - y) ** 2 for p, y in self._pairs) / len(self._pairs)
+        return max(0.0, self._sq) / len(self._pairs)
+
+    def calibration_error(self) -> float:
+        """Expected calibration error over ten bins: count-weighted |mean predicted -
+        observed rate|. Unlike Brier it does not punish honest uncertainty (a
+        calibrated 0.55 forecast scores 0 here, 0.2475 in Brier)."""
+        n = len(self._pairs)
+        if not n:
+            raise ValueError("no outcomes recorded yet")
+        return sum(abs(sp - sy) for sp, sy in zip(self._bin_p, self._bin_y)) / n
 
     def reliability(self, bins: int = 10) -> list[ReliabilityBin]:
         """Non-empty bins [i/bins, (i+1)/bins); p == 1.0 falls into the last bin."""
@@ -200,6 +237,7 @@ class Predictor:
             math.log(max(page.prefix_share, 1)),
             math.log1p(page.recompute_tokens) / 10.0,
             queue_pressure,
+            math.log1p(page.access_count),
         )
         return phi
 
@@ -229,19 +267,28 @@ class Predictor:
         p = self.reuse.update(self.features(page, now, queue_pressure), reused)
         self.calibration.record(p, reused)
 
+    def observe_reuse_of(self, phi: np.ndarray, reused: bool) -> None:
+        """Online update from the outcome of a prediction made with features ``phi``
+        (kept from the moment of the prediction, so the label is not leaked through
+        features computed when the outcome is known)."""
+        p = self.reuse.update(phi, reused)
+        self.calibration.record(p, reused)
+
     def observe_tool(self, tool_class: str, duration_s: float) -> None:
         self.tools.observe(tool_class, duration_s)
 
     def confidence(self, tool_class: str) -> float:
         """min(data volume for the class, calibration skill); both in [0, 1].
 
-        Data: n / (n + prior_weight). Calibration: 1 - Brier / 0.25 (0.25 is the
-        Brier score of always predicting 0.5), counted once 32 outcomes exist.
+        Data: n / (n + prior_weight). Calibration: 1 - ECE / 0.25 (expected
+        calibration error; ECE 0.25 or worse gives 0), counted once 32 outcomes
+        exist. Brier would also punish honest uncertainty: a calibrated reuse
+        forecast of 0.55 has Brier 0.2475 and would read as no skill at all.
         """
         n = self.tools.distribution(tool_class).n
         data = n / (n + self.config.prior_weight)
         if len(self.calibration) < 32:
             return data
-        skill = max(0.0, 1.0 - self.calibration.brier() / 0.25)
+        skill = max(0.0, 1.0 - self.calibration.calibration_error() / 0.25)
         return min(data, skill)
 

@@ -126,18 +126,23 @@ class PageColumns:
 
 
 def _idle(page: PageView, now: float | None) -> float:
-    """C_occupy's idle time: still ahead at ``now``, or the whole predicted gap."""
+    """C_occupy's idle time (``ValueModel`` doc): |predicted return - ``now``|, or the
+    whole predicted gap without ``now``."""
     if now is None:
         return page.predicted_idle_s
-    return max(0.0, page.last_access + page.predicted_idle_s - now)
+    return abs(page.last_access + page.predicted_idle_s - now)
 
 
 class ValueModel:
     """Eq. 3 under one profile. ``use_dependency=False`` is the 'no event dependency' ablation.
 
     ``C_occupy`` is GB x the predicted idle time still ahead: with ``now`` given,
-    ``remaining_idle_s(page, now)``; without, the whole predicted gap (as seen at
-    the last access).
+    the time to the predicted return, and once that return is overdue the time it
+    is overdue (idle gaps are heavy-tailed: a page that has outlived its predicted
+    gap is expected to wait about as long again, so the longer it is overdue the
+    cheaper it is to evict; counting it as "about to be read" kept dead and
+    stalled pages resident on real traces); without ``now``, the whole predicted
+    gap (as seen at the last access).
     """
 
     def __init__(
@@ -176,7 +181,7 @@ class ValueModel:
         size = page.size_bytes
         idle = page.predicted_idle_s
         if now is not None:
-            idle = max(idle + (page.last_access - now), 0.0)
+            idle = abs(idle + (page.last_access - now))
         return (
             p.alpha * page.reuse_prob * page.recompute_cost_s + self._beta * page.dependency
             + p.gamma * page.correctness_weight + self._fixed
@@ -193,7 +198,7 @@ class ValueModel:
         dep = cols.dependency if self.use_dependency else 0.0
         idle = cols.idle_s
         if now is not None and cols.last_access is not None:
-            idle = np.maximum(0.0, cols.last_access + cols.idle_s - now)
+            idle = np.abs(cols.last_access + cols.idle_s - now)
         return (
             p.alpha * cols.reuse * cols.recompute_s + p.beta * dep + p.gamma * cols.correctness
             - p.delta * (self._move_fixed + self._move_per_byte * cols.size)

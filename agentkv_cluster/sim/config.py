@@ -17,6 +17,7 @@ from typing import Any
 from agentkv_cluster.lifecycle.types import StateType
 
 MB = 1_000_000  # the paper reports decimal megabytes and GB/s
+PRESETS = ("paper", "agent-loop")
 
 
 class SimConfigError(ValueError):
@@ -65,6 +66,33 @@ DEFAULT_TYPES: Mapping[StateType, TypeParams] = MappingProxyType(
     }
 )
 
+class SignalQualityError(SimConfigError):
+    """A signal-quality parameter is out of range."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SignalQuality:
+    miss: float = 0.0  # P(a true end-of-life signal is lost)
+    delay_s: float = 0.0  # lateness of every delivered signal
+    false_rate: float = 0.0  # P(a page still to be read gets a premature signal)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.miss <= 1.0:
+            raise SignalQualityError(f"signal miss must be in [0, 1], got {self.miss}")
+        if not 0.0 <= self.false_rate <= 1.0:
+            raise SignalQualityError(f"signal false rate must be in [0, 1], got {self.false_rate}")
+        if not (self.delay_s >= 0.0 and math.isfinite(self.delay_s)):
+            raise SignalQualityError(f"signal delay must be a finite number >= 0, "
+                                     f"got {self.delay_s}")
+
+    @property
+    def perfect(self) -> bool:
+        return self.miss == 0.0 and self.delay_s == 0.0 and self.false_rate == 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+
 @dataclass(frozen=True, kw_only=True)
 class LinkConfig:
     """Host -> HBM restore path: 24 GB/s, 1.2 ms fixed, queueing jitter."""
@@ -74,6 +102,38 @@ class LinkConfig:
     jitter_mean_ms: float = 0.35  # exponential per restore: contention from other work
     nvme_bandwidth_gbps: float = 6.0
     nvme_overhead_ms: float = 2.5
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolClass:
+    """One tool of the agent-loop preset: its log-normal duration."""
+
+    name: str
+    median_s: float
+    sigma: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentLoopConfig:
+    """The agent-loop preset: sessions of model calls separated by tool calls, each
+    call reading the whole context so far (docs/simulator.md)."""
+
+    sessions_per_batch: int = 2  # concurrent sessions sharing one HBM budget
+    calls_min: int = 4  # model calls per session, uniform in [calls_min, calls_max]
+    calls_max: int = 12
+    model_median_s: float = 1.0  # model latency between a read and its tool call
+    model_sigma: float = 0.5
+    tools: tuple[ToolClass, ...] = (
+        ToolClass(name="read_file", median_s=0.25, sigma=0.8),
+        ToolClass(name="bash", median_s=1.5, sigma=1.2),
+        ToolClass(name="search", median_s=3.0, sigma=1.0),
+        ToolClass(name="test", median_s=8.0, sigma=0.8),
+    )
+    page_median_mb: float = 12.0  # KV of one call's new context (observation, output)
+    page_sigma: float = 0.6
+    prefix_mb: float = 24.0  # shared system prompt + tool schema
+    abandon_prob: float = 0.25  # a call's reasoning page is an abandoned branch
+    supersede_prob: float = 0.2  # a later observation supersedes an earlier one
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,6 +149,8 @@ class WorkloadConfig:
     build_window_s: float = 6.0  # blocks of a batch are produced over this window
     max_reads: int = 1  # reads of one page after it is produced, at most
     types: Mapping[StateType, TypeParams] = field(default_factory=lambda: DEFAULT_TYPES)
+    preset: str = "paper"  # "paper" (Table 3) or "agent-loop"
+    agent_loop: AgentLoopConfig = field(default_factory=AgentLoopConfig)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,6 +163,8 @@ class SimConfig:
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     link: LinkConfig = field(default_factory=LinkConfig)
     compression_ratio: float = 3.2  # AgentKV's INT4 copies, effective (paper Table 3)
+    signals: SignalQuality = field(default_factory=SignalQuality)  # as delivered
+    cost_error: float = 0.35  # log-error sigma of the cost model's recompute-time estimate
 
     def __post_init__(self) -> None:
         validate(self)
@@ -117,11 +181,16 @@ def validate(cfg: SimConfig) -> None:
     checks = [
         (0.0 < cfg.budget <= 1.0, f"budget must be in (0, 1], got {cfg.budget}"),
         (0.0 <= cfg.noise <= 3.0, f"noise must be in [0, 3], got {cfg.noise}"),
+        (0.0 <= cfg.cost_error <= 3.0, f"cost_error must be in [0, 3], got {cfg.cost_error}"),
         (wl.batches >= 1, f"batches must be >= 1, got {wl.batches}"),
         (wl.blocks_per_batch >= 1, f"blocks_per_batch must be >= 1, got {wl.blocks_per_batch}"),
         (0.0 < wl.size_min_mb < wl.size_max_mb, "need 0 < size_min_mb < size_max_mb"),
         (wl.size_sigma > 0.0, "size_sigma must be > 0"),
         (wl.max_reads >= 1, f"max_reads must be >= 1, got {wl.max_reads}"),
+        (wl.preset in PRESETS,
+         f"workload preset must be one of {', '.join(PRESETS)}, got {wl.preset!r}"),
+        (1 <= wl.agent_loop.calls_min <= wl.agent_loop.calls_max,
+         "need 1 <= calls_min <= calls_max"),
         (cfg.link.bandwidth_gbps > 0.0, "bandwidth_gbps must be > 0"),
         (cfg.compression_ratio >= 1.0, "compression_ratio must be >= 1"),
         (cfg.seed >= 0, f"seed must be >= 0, got {cfg.seed}"),
@@ -146,7 +215,9 @@ def config_to_dict(cfg: SimConfig) -> dict[str, Any]:
         "budget": cfg.budget,
         "noise": cfg.noise,
         "compression_ratio": cfg.compression_ratio,
+        "cost_error": cfg.cost_error,
         "workload": {
+            "preset": wl.preset,
             "batches": wl.batches,
             "blocks_per_batch": wl.blocks_per_batch,
             "size_mb": {"min": wl.size_min_mb, "max": wl.size_max_mb,
@@ -156,4 +227,7 @@ def config_to_dict(cfg: SimConfig) -> dict[str, Any]:
             "types": {st.name.lower(): dataclasses.asdict(p) for st, p in wl.types.items()},
         },
         "link": dataclasses.asdict(cfg.link),
+        "signals": cfg.signals.to_dict(),
+        **({"agent_loop": dataclasses.asdict(wl.agent_loop)} if wl.preset == "agent-loop"
+           else {}),
     }

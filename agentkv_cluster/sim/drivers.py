@@ -6,6 +6,13 @@ prefetch start, may a landing prefetch displace resident pages, and how long
 does a restore take. Every answer is delegated to a policy object (placement,
 risk, gap planner, cost model); the drivers hold no decision logic of their
 own. The end-of-life signal goes to ``policy.on_consumers_done`` directly.
+
+A ``PageView`` is filled from observables only (``PageFactory``): the reuse
+probability is the lifecycle prior of the page's type (AgentKV's driver then
+overwrites it with its predictor's estimate), the recompute cost is the cost
+model's estimate (``Batch.recompute_est_s``, with its own error), the correctness
+weight is the type's prior. The workload's true reuse rates, recompute times and
+weights never reach a policy.
 """
 
 from __future__ import annotations
@@ -13,9 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from agentkv_cluster.lifecycle.types import StateType
+from agentkv_cluster.lifecycle.types import TYPE_DEFAULTS, StateType
 from agentkv_cluster.policy.base import CostModel, EvictionPolicy, PageView, PrefetchAdmission
-from agentkv_cluster.policy.risk import RiskController
 from agentkv_cluster.sim.config import MB, SimConfig
 from store.types import Codec, Tier
 
@@ -38,17 +44,22 @@ class PolicyDriver(Protocol):
 
     def demote(self, page: PageView, now: float) -> Demotion: ...
 
-    def prefetch_at(self, page: PageView, demotion: Demotion, now: float) -> float | None: ...
+    def prefetch_at(self, page: PageView, demotion: Demotion, now: float,
+                    tool_started: float | None = None) -> float | None: ...
 
     def admit_prefetch(self, page: PageView, need_bytes: int,
                        now: float) -> PrefetchAdmission: ...
 
     def restore_s(self, page: PageView, demotion: Demotion) -> float: ...
 
-    def observe_read(self, page: PageView, idle_s: float) -> None: ...
+    def observe_read(self, page: PageView, idle_s: float, tool_s: float, now: float) -> None:
+        """A read after ``idle_s`` idle seconds, of which the tool ran ``tool_s`` (0 = unknown)."""
 
-    def risk(self, page: PageView, demotion: Demotion, predicted_idle_s: float,
-             actual_idle_s: float) -> float: ...
+    def observe_end(self, page: PageView, now: float) -> None:
+        """An end-of-life signal (true or not) reached the page."""
+
+    def enter_gap(self, page: PageView, tool_class: str, now: float) -> None:
+        """The page starts a new idle gap waiting on ``tool_class`` ("" = unknown)."""
 
 
 def cost_model(cfg: SimConfig) -> CostModel:
@@ -75,26 +86,30 @@ def cost_model(cfg: SimConfig) -> CostModel:
     )
 
 
-class PageFactory:
-    """Fills the caller-owned fields of a PageView from the workload's type table."""
+# The cost model's re-prefill rate when a workload carries no estimate of its own
+# (hand-built batches): seconds per MB of KV at recompute weight 1.
+PREFILL_S_PER_MB = 2.5e-3
 
-    def __init__(self, cfg: SimConfig) -> None:
-        self._types = cfg.workload.types
+
+class PageFactory:
+    """Fills the caller-owned fields of a PageView from observables and type priors."""
 
     def make_view(self, *, page_id: int, size_bytes: int, state_type: StateType,
                   created: float, predicted_idle_s: float, session: str = "",
-                  tool_class: str = "", confidence: float = 1.0) -> PageView:
+                  tool_class: str = "", confidence: float = 1.0,
+                  recompute_est_s: float | None = None) -> PageView:
         """``predicted_idle_s``: the predicted first idle gap, from ``created`` (base.py)."""
-        p = self._types[state_type]
+        prior = TYPE_DEFAULTS[state_type]
+        if recompute_est_s is None:
+            recompute_est_s = size_bytes / MB * prior.recompute_weight * PREFILL_S_PER_MB
         return PageView(
             page_id=page_id, size_bytes=size_bytes, state_type=state_type,
             session=session, tool_class=tool_class or state_type.value,
             created=created, last_access=created,
-            predicted_idle_s=predicted_idle_s, reuse_prob=p.reuse_prob,
-            confidence=confidence,
-            recompute_cost_s=size_bytes / MB * p.recompute_ms_per_mb / 1e3,
+            predicted_idle_s=predicted_idle_s, reuse_prob=prior.reuse_prob,
+            confidence=confidence, recompute_cost_s=recompute_est_s,
             dependency=1.0,  # an unfinished consumer exists until the end-of-life signal
-            correctness_weight=p.correctness_weight,
+            correctness_weight=prior.correctness_weight,
         )
 
 
@@ -105,8 +120,7 @@ class FullPrecisionDriver:
         self.name = policy.name
         self.policy = policy
         self.cost = cost_model(cfg)
-        self.risk_controller = RiskController()
-        self._views = PageFactory(cfg)
+        self._views = PageFactory()
 
     def make_view(self, **fields: object) -> PageView:
         return self._views.make_view(**fields)  # type: ignore[arg-type]
@@ -114,20 +128,22 @@ class FullPrecisionDriver:
     def demote(self, page: PageView, now: float) -> Demotion:
         return Demotion(tier=Tier.HOST, codec=Codec.FULL, stored_bytes=page.size_bytes)
 
-    def prefetch_at(self, page: PageView, demotion: Demotion, now: float) -> float | None:
+    def prefetch_at(self, page: PageView, demotion: Demotion, now: float,
+                    tool_started: float | None = None) -> float | None:
         return None
 
     def admit_prefetch(self, page: PageView, need_bytes: int, now: float) -> PrefetchAdmission:
         raise RuntimeError(f"{self.name} restores on demand only; it never schedules a prefetch")
 
-    def observe_read(self, page: PageView, idle_s: float) -> None:
+    def observe_read(self, page: PageView, idle_s: float, tool_s: float, now: float) -> None:
         return None
+
+    def observe_end(self, page: PageView, now: float) -> None:
+        return None
+
+    def enter_gap(self, page: PageView, tool_class: str, now: float) -> None:
+        if tool_class:
+            page.tool_class = tool_class
 
     def restore_s(self, page: PageView, demotion: Demotion) -> float:
         return self.cost.restore_time(page.size_bytes, demotion.tier, demotion.codec)
-
-    def risk(self, page: PageView, demotion: Demotion, predicted_idle_s: float,
-             actual_idle_s: float) -> float:
-        return self.risk_controller.risk_proxy(
-            page, tier=demotion.tier, codec=demotion.codec,
-            predicted_idle_s=max(predicted_idle_s, 1e-9), actual_idle_s=max(actual_idle_s, 1e-9))

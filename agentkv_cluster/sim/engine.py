@@ -1,7 +1,10 @@
 """The discrete-event loop: one batch, one policy driver, exact bookkeeping of HBM bytes.
 
 Events, in time order: a page is produced (CREATE), read again (ACCESS), its
-end-of-life signal arrives (EOL), or a planned prefetch starts (PREFETCH).
+end-of-life signal arrives as delivered (EOL: the signal-quality model may have
+lost or delayed it), a premature "dead" signal arrives (FALSE: the page will
+still be read), or a planned prefetch starts (PREFETCH). A page retired on a
+false signal that is read again pays a full recompute (re-prefill), counted.
 HBM holds at most ``capacity_bytes``; whenever bytes must come in, the policy
 picks victims ("exactly enough or nothing") and the driver says where and in
 what form each victim goes. Restores and prefetches share one host link and
@@ -14,14 +17,16 @@ import heapq
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from agentkv_cluster.policy.base import PageView
 from agentkv_cluster.sim.drivers import Demotion, PolicyDriver
-from agentkv_cluster.sim.metrics import wrong_eviction_weight
-from agentkv_cluster.sim.workload import TYPE_ORDER, Batch
+from agentkv_cluster.sim.metrics import risk_of_read, wrong_eviction_weight
+from agentkv_cluster.sim.workload import SIGNAL_ORDER, TYPE_ORDER, Batch
 from store.types import Codec, Tier
 
-# Event kinds; the integer orders same-time events (produce, read, signal, prefetch).
-CREATE, ACCESS, EOL, PREFETCH = 0, 1, 2, 3
+# Event kinds; the integer orders same-time events (produce, read, signals, prefetch).
+CREATE, ACCESS, EOL, FALSE, PREFETCH = 0, 1, 2, 3, 4
 
 IN_HBM, LOWER, PREFETCHING, NOT_YET, RETIRED = 0, 1, 2, 3, 4
 
@@ -56,6 +61,9 @@ class BatchTrace:
     demoted_bytes: int = 0  # HBM -> lower tier, stored bytes
     wasted_prefetch_bytes: int = 0  # prefetched pages that were never read
     overflow_events: int = 0  # bytes had to come in but the policy could free none
+    retired_pages: int = 0  # pages freed on an end-of-life signal (true or false)
+    false_signal_reads: int = 0  # reads of pages retired on a false signal
+    false_signal_ms: float = 0.0  # recompute time those reads paid
 
 
 class BatchRun:
@@ -72,17 +80,43 @@ class BatchRun:
         self._jitter = jitter
         self._events: list[tuple[float, int, int, int, int]] = []
         self._seq = 0
-        self.slots = [self._make_slot(i) for i in range(batch.n_pages)]
+        n = batch.n_pages
+        self._kinds = batch.eol_kind if batch.eol_kind is not None else np.zeros(n, np.int8)
+        self.slots = [self._make_slot(i) for i in range(n)]
+        # ground truth the metrics use (never shown to a policy)
+        self._recompute = (batch.recompute_s if batch.recompute_s is not None else
+                           np.array([s.view.recompute_cost_s for s in self.slots]))
+        self._weight = (batch.correctness if batch.correctness is not None else
+                        np.array([s.view.correctness_weight for s in self.slots]))
 
     def _make_slot(self, i: int) -> _Slot:
         b = self.batch
         st = TYPE_ORDER[int(b.types[i])]
+        est = b.recompute_est_s
         view = self.driver.make_view(
             page_id=i, size_bytes=int(b.sizes[i]), state_type=st, created=float(b.created[i]),
             predicted_idle_s=float(b.predicted_idle[i][0]),
-            session=b.sessions[i] if b.sessions else "", tool_class=
-            b.tool_classes[i] if b.tool_classes else "")
+            session=b.sessions[i] if b.sessions else "",
+            tool_class=self._gap_tool(i, 0) or (b.tool_classes[i] if b.tool_classes else ""),
+            recompute_est_s=None if est is None else float(est[i]))
         return _Slot(view=view)
+
+    def _gap_tool(self, i: int, k: int) -> str:
+        tools = self.batch.gap_tools
+        return tools[i][k] if tools and k < len(tools[i]) else ""
+
+    def _tool_started(self, s: _Slot, now: float) -> float | None:
+        """When the tool of the page's current gap started, if that is known by ``now``
+        (the trace's tool_start event time); None when the workload has no tool times."""
+        b = self.batch
+        if not b.gap_tool_s:
+            return None
+        i, k = s.view.page_id, s.next_access
+        reads = b.access_times[i]
+        if k >= len(reads) or k >= len(b.gap_tool_s[i]) or b.gap_tool_s[i][k] <= 0:
+            return None
+        started = float(reads[k]) - float(b.gap_tool_s[i][k])
+        return started if started <= now else None
 
     def _push(self, t: float, kind: int, page: int, token: int = 0) -> None:
         self._seq += 1
@@ -90,13 +124,18 @@ class BatchRun:
 
     def run(self) -> BatchTrace:
         b = self.batch
+        signal_at = b.signal_at if b.signal_at is not None else b.eol
+        false_at = b.false_signal_at
         for i in range(b.n_pages):
             self._push(float(b.created[i]), CREATE, i)
             for t in b.access_times[i]:
                 self._push(float(t), ACCESS, i)
-            if math.isfinite(b.eol[i]):
-                self._push(float(b.eol[i]), EOL, i)
-        handlers = (self._on_create, self._on_access, self._on_eol, self._on_prefetch)
+            if math.isfinite(signal_at[i]):
+                self._push(float(signal_at[i]), EOL, i)
+            if false_at is not None and math.isfinite(false_at[i]):
+                self._push(float(false_at[i]), FALSE, i)
+        handlers = (self._on_create, self._on_access, self._on_eol, self._on_false,
+                    self._on_prefetch)
         while self._events:
             t, kind, _, page, token = heapq.heappop(self._events)
             handlers[kind](page, t, token)
@@ -122,7 +161,7 @@ class BatchRun:
     def _demote(self, s: _Slot, now: float) -> None:
         d = self.driver.demote(s.view, now)
         # Planned while the page is still in HBM (the gap planner moves HBM pages).
-        start = self.driver.prefetch_at(s.view, d, now)
+        start = self.driver.prefetch_at(s.view, d, now, self._tool_started(s, now))
         s.where, s.demotion = LOWER, d
         s.demotions += 1
         s.view.tier, s.view.codec = d.tier, d.codec
@@ -140,6 +179,8 @@ class BatchRun:
     def _restore_ms(self, s: _Slot) -> float:
         d = s.demotion
         assert d is not None
+        if d.codec is Codec.RECOMPUTE:  # the true re-prefill time, not the policy's estimate
+            return float(self._recompute[s.view.page_id]) * 1e3
         ms = self.driver.restore_s(s.view, d) * 1e3
         if self._jitter:
             ms += float(self.batch.jitter_ms[s.view.page_id])
@@ -190,15 +231,29 @@ class BatchRun:
         tr = self.trace
         view = s.view
         risk = wrong = 0.0
+        weight = float(self._weight[i])
         if s.where == IN_HBM:
             hit, visible, total = True, 0.0, 0.0
             self.policy.on_access(view, now)
+        elif s.where == RETIRED:  # freed on a false signal: re-prefill from scratch
+            hit = False
+            total = visible = float(self._recompute[i]) * 1e3
+            tr.false_signal_reads += 1
+            tr.false_signal_ms += total
+            view.dependency = 1.0
+            if self._make_room(view.size_bytes, now):
+                s.where = IN_HBM
+                self._admit(s, now)
+            else:
+                s.where = LOWER
+                s.demotion = self.driver.demote(view, now)
+                view.tier, view.codec = s.demotion.tier, s.demotion.codec
         else:
             hit = False
             d = s.demotion
             assert d is not None
-            risk = self.driver.risk(view, d, view.predicted_idle_s, now - view.last_access)
-            wrong = wrong_eviction_weight(view, d)
+            risk = risk_of_read(weight, d, view.predicted_idle_s, now - view.last_access)
+            wrong = wrong_eviction_weight(weight, d)
             if s.where == PREFETCHING:
                 s.unread_prefetch = 0
                 total = s.restore_ms
@@ -221,9 +276,12 @@ class BatchRun:
         tr.access_visible_ms.append(visible)
         tr.access_restore_ms.append(total)
         tr.access_risk.append(risk)
-        tr.access_weight.append(view.correctness_weight)
+        tr.access_weight.append(weight)
         tr.access_wrong.append(wrong)
-        self.driver.observe_read(view, now - view.last_access)
+        b = self.batch
+        k = s.next_access
+        tool_s = float(b.gap_tool_s[i][k]) if b.gap_tool_s and k < len(b.gap_tool_s[i]) else 0.0
+        self.driver.observe_read(view, now - view.last_access, tool_s, now)
         self._after_read(s, now)
 
     def _after_read(self, s: _Slot, now: float) -> None:
@@ -234,19 +292,32 @@ class BatchRun:
         gaps = self.batch.predicted_idle[view.page_id]
         if s.next_access < len(gaps):
             view.predicted_idle_s = float(gaps[s.next_access])
+        self.driver.enter_gap(view, self._gap_tool(view.page_id, s.next_access), now)
         if s.where == IN_HBM:
             self.policy.on_update(view, now)
 
     def _on_eol(self, i: int, now: float, _token: int) -> None:
-        # The event graph reports no unfinished consumer any more (commit, failure,
-        # superseded): the dependency weight drops to 0 and the policy decides
+        # The orchestrator reports the page's end of life (task end, branch abandoned,
+        # version superseded): the dependency weight drops to 0 and the policy decides
         # whether the page is retired from every tier.
         s = self.slots[i]
+        if s.where in (RETIRED, NOT_YET):
+            return
         s.view.dependency = 0.0
-        decision = self.policy.on_consumers_done(s.view, now)
+        self.driver.observe_end(s.view, now)
+        signal = SIGNAL_ORDER[int(self._kinds[i])]
+        decision = self.policy.on_consumers_done(s.view, now, signal=signal)
         if not decision.retire:
             return
         if s.where in (IN_HBM, PREFETCHING):
             self.used -= s.view.size_bytes
+        if s.unread_prefetch:
+            self.trace.wasted_prefetch_bytes += s.unread_prefetch
+            s.unread_prefetch = 0
         s.where = RETIRED
         s.prefetch_token += 1
+        self.trace.retired_pages += 1
+
+    def _on_false(self, i: int, now: float, token: int) -> None:
+        # Indistinguishable from a true signal to the policy; only a later read tells.
+        self._on_eol(i, now, token)

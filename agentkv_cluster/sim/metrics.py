@@ -9,20 +9,24 @@
 - hidden fraction: mean over reads that needed a restore of the share of the
   restore's duration that finished before the read;
 - risk proxy (§3.2): mean over reads of |log prediction error| x correctness
-  weight x demotion depth (the policy's ``RiskController.risk_proxy``);
+  weight x demotion depth;
 - high-value wrong-eviction proxy: over reads of high-value pages (correctness
   weight >= 0.5), the correctness weight of those that had been evicted, scaled
-  up by the demotion depth when no full reference copy was kept.
+  up by the demotion depth when no full reference copy was kept;
+- false-signal cost: reads of pages a policy freed on a premature end-of-life
+  signal, and the recompute milliseconds they paid (also in the delay columns).
+
+Correctness weights here are the workload's true ones, not the policy's priors.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from agentkv_cluster.policy.base import PageView
 from agentkv_cluster.policy.risk import RiskController
 from agentkv_cluster.sim.config import MB
 from store.types import Codec
@@ -34,13 +38,21 @@ if TYPE_CHECKING:
 HIGH_VALUE_WEIGHT = 0.5
 
 
-def wrong_eviction_weight(page: PageView, demotion: Demotion) -> float:
-    """Weight one read of an evicted page adds to the wrong-eviction proxy."""
-    if page.correctness_weight < HIGH_VALUE_WEIGHT:
+def wrong_eviction_weight(weight: float, demotion: Demotion) -> float:
+    """Weight one read of an evicted page (true correctness ``weight``) adds to the
+    wrong-eviction proxy."""
+    if weight < HIGH_VALUE_WEIGHT:
         return 0.0
     reversible = demotion.reference or demotion.codec is Codec.FULL
     depth = 0.0 if reversible else RiskController.demotion_depth(demotion.tier, demotion.codec)
-    return page.correctness_weight * (1.0 + depth)
+    return weight * (1.0 + depth)
+
+
+def risk_of_read(weight: float, demotion: Demotion, predicted_idle_s: float,
+                 actual_idle_s: float) -> float:
+    """§3.2 risk proxy of one restore: |log prediction error| x weight x depth."""
+    error = abs(math.log(max(actual_idle_s, 1e-9) / max(predicted_idle_s, 1e-9)))
+    return error * weight * RiskController.demotion_depth(demotion.tier, demotion.codec)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,6 +69,9 @@ class PolicyMetrics:
     wasted_prefetch_mb_per_batch: float
     reads: int
     overflow_events: int
+    retired_pages_per_batch: float = 0.0
+    false_signal_reads: int = 0
+    false_signal_ms_per_batch: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(self).items()}
@@ -95,4 +110,7 @@ def summarize(trace: BatchTrace, batches: int) -> PolicyMetrics:
         wasted_prefetch_mb_per_batch=trace.wasted_prefetch_bytes / MB / batches,
         reads=n,
         overflow_events=trace.overflow_events,
+        retired_pages_per_batch=trace.retired_pages / batches,
+        false_signal_reads=trace.false_signal_reads,
+        false_signal_ms_per_batch=trace.false_signal_ms / batches,
     )

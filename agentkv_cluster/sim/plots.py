@@ -77,3 +77,32 @@ def noise_figure(points: Points, out_dir: Path, policy: str = "agentkv") -> list
     fig.savefig(path)
     plt.close(fig)
     return [path]
+
+
+def signal_figure(values: Sequence[float], results: Sequence[object],
+                  out_dir: Path) -> list[Path]:
+    """AgentKV vs the strongest baseline (P95 and transfer) against the share of
+    end-of-life signals lost. ``results``: one ``runner.Comparison`` per value."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(10.0, 4.0), dpi=120)
+    x = [v * 100 for v in values]
+    for ax, metric, label in ((axes[0], "p95_ms", "P95 restore delay (ms)"),
+                              (axes[1], "transfer_mb_per_batch", "transfer (MB/batch)")):
+        mine = [getattr(r.policies["agentkv"], metric) for r in results]  # type: ignore[attr-defined]
+        best = [r.strongest(metric) for r in results]  # type: ignore[attr-defined]
+        ax.plot(x, mine, _STYLE["agentkv"], label="agentkv", markersize=4)
+        ax.plot(x, [b[1] for b in best], "s--", label="strongest baseline", markersize=4)
+        for xi, b in zip(x, best):
+            ax.annotate(b[0], (xi, b[1]), fontsize=6, textcoords="offset points",
+                        xytext=(0, 5), ha="center")
+        ax.set_xlabel("end-of-life signals lost (%)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle("AgentKV vs the strongest baseline against signal quality")
+    fig.tight_layout()
+    path = out_dir / "fig_signal_quality.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return [path]

@@ -10,11 +10,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentkv_cluster.policy.base import Mechanisms
-from agentkv_cluster.sim.config import SimConfig
+from agentkv_cluster.policy.base import ALL_SIGNALS, Mechanisms
+from agentkv_cluster.sim.config import SignalQuality, SimConfig
 from agentkv_cluster.sim.engine import BatchRun, BatchTrace
 from agentkv_cluster.sim.metrics import PolicyMetrics, summarize
-from agentkv_cluster.sim.policies import POLICY_NAMES, driver_factory
+from agentkv_cluster.sim.policies import BASELINES, POLICY_NAMES, driver_factory
+from agentkv_cluster.sim.signals import degrade_workload
 from agentkv_cluster.sim.workload import Workload, synthetic_workload
 
 Progress = Callable[[int], None]  # called with the number of batches just finished
@@ -22,6 +23,8 @@ Progress = Callable[[int], None]  # called with the number of batches just finis
 BUDGET_SWEEP: tuple[float, ...] = (0.20, 0.25, 0.30, 0.35, 0.40, 0.45, 0.50, 0.55, 0.60,
                                    0.65, 0.70)
 NOISE_SWEEP: tuple[float, ...] = (0.05, 0.10, 0.20, 0.35, 0.50, 0.70, 0.90)
+SIGNAL_SWEEP: tuple[float, ...] = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9)  # P(signal lost)
+SWEEP_AXES: tuple[str, ...] = ("budget", "noise", "signal")
 
 # Table 5 rows: name -> the one mechanism switched off.
 ABLATIONS: Mapping[str, Mechanisms] = {
@@ -41,27 +44,61 @@ class UnknownPolicy(ValueError):
 
 @dataclass(frozen=True, kw_only=True)
 class Comparison:
-    """All policies on one workload under one config."""
+    """All policies on one workload under one config. ``policies``: the paper-faithful
+    baselines (no end-of-life signals) and AgentKV; ``fair_policies`` (when run): the
+    same keys, every baseline acting on the same delivered signals as AgentKV."""
 
     config: SimConfig
     source: str
     batches: int
     policies: Mapping[str, PolicyMetrics]
+    fair_policies: Mapping[str, PolicyMetrics] | None = None
+
+    def strongest(self, metric: str) -> tuple[str, float] | None:
+        """The best baseline on ``metric`` (lower is better) over both sets:
+        ("lru" | "fair:lru" ..., value); None without a baseline."""
+        cands = [(n, getattr(m, metric)) for n, m in self.policies.items() if n != "agentkv"]
+        cands += [(f"fair:{n}", getattr(m, metric))
+                  for n, m in (self.fair_policies or {}).items() if n != "agentkv"]
+        return min(cands, key=lambda c: (c[1], c[0])) if cands else None
+
+    def margins(self) -> dict[str, Any] | None:
+        """AgentKV against the strongest baseline, per metric (negative = lower)."""
+        if "agentkv" not in self.policies:
+            return None
+        a = self.policies["agentkv"]
+        out: dict[str, Any] = {}
+        for metric in ("p95_ms", "p99_ms", "transfer_mb_per_batch"):
+            best = self.strongest(metric)
+            if best is None:
+                return None
+            name, value = best
+            mine = getattr(a, metric)
+            out[metric] = {"strongest": name, "baseline": round(value, 6),
+                           "agentkv": round(mine, 6),
+                           "change_pct": round((mine - value) / value * 100, 4) if value
+                           else (0.0 if mine == 0 else None)}
+        return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "config": self.config.to_dict(),
             "workload": {"source": self.source, "batches": self.batches},
             "policies": {name: m.to_dict() for name, m in self.policies.items()},
         }
+        if self.fair_policies is not None:
+            out["fair_policies"] = {n: m.to_dict() for n, m in self.fair_policies.items()}
+            out["agentkv_vs_strongest"] = self.margins()
+        return out
 
 
 def run_policy(workload: Workload, cfg: SimConfig, name: str, *,
-               mechanisms: Mechanisms | None = None,
+               mechanisms: Mechanisms | None = None, fair: bool = False,
                progress: Progress | None = None) -> PolicyMetrics:
-    """One policy over every batch of ``workload``."""
+    """One policy over every batch of ``workload`` (signals as already delivered)."""
     trace = BatchTrace()
-    factory = driver_factory(name, cfg, mechanisms=mechanisms)
+    factory = driver_factory(name, cfg, mechanisms=mechanisms,
+                             signals=ALL_SIGNALS if fair else ())
     for batch in workload:
         BatchRun(batch, factory(batch), trace=trace).run()
         if progress is not None:
@@ -69,26 +106,64 @@ def run_policy(workload: Workload, cfg: SimConfig, name: str, *,
     return summarize(trace, len(workload))
 
 
+def make_workload(cfg: SimConfig) -> Workload:
+    """The synthetic workload of ``cfg``'s preset (paper or agent-loop)."""
+    if cfg.workload.preset == "agent-loop":
+        from agentkv_cluster.sim.agent_loop import agent_loop_workload
+
+        return agent_loop_workload(cfg)
+    return synthetic_workload(cfg)
+
+
+def deliver(workload: Workload, cfg: SimConfig) -> Workload:
+    """``workload`` with its end-of-life signals as ``cfg.signals`` delivers them."""
+    return degrade_workload(workload, cfg.signals, cfg.seed)
+
+
+def runs_per_comparison(policies: Sequence[str], fair: bool) -> int:
+    return len(policies) + (sum(p in BASELINES for p in policies) if fair else 0)
+
+
 def compare(cfg: SimConfig, *, workload: Workload | None = None,
-            policies: Sequence[str] = POLICY_NAMES,
+            policies: Sequence[str] = POLICY_NAMES, fair: bool = False,
             progress: Progress | None = None) -> Comparison:
-    """Every policy in ``policies`` on ``workload`` (default: the synthetic one of ``cfg``)."""
+    """Every policy in ``policies`` on ``workload`` (default: the synthetic one of ``cfg``);
+    with ``fair`` each baseline also runs acting on the signals (``fair_policies``)."""
     for name in policies:
         if name not in POLICY_NAMES:
             raise UnknownPolicy(f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES)}")
-    wl = workload if workload is not None else synthetic_workload(cfg)
+    wl = deliver(workload if workload is not None else make_workload(cfg), cfg)
     results = {name: run_policy(wl, cfg, name, progress=progress) for name in policies}
-    return Comparison(config=cfg, source=wl.source, batches=len(wl), policies=results)
+    fair_results = None
+    if fair:
+        fair_results = {name: (results[name] if name not in BASELINES else
+                               run_policy(wl, cfg, name, fair=True, progress=progress))
+                        for name in policies}
+    return Comparison(config=cfg, source=wl.source, batches=len(wl), policies=results,
+                      fair_policies=fair_results)
 
 
 def sweep(cfg: SimConfig, axis: str, values: Sequence[float], *,
-          policies: Sequence[str] = POLICY_NAMES,
+          policies: Sequence[str] = POLICY_NAMES, fair: bool = False,
+          build: Callable[[SimConfig], Workload] = make_workload,
           progress: Progress | None = None) -> list[Comparison]:
-    """``compare`` at each value of ``axis`` ("budget" or "noise"); same seed throughout."""
-    if axis not in ("budget", "noise"):
-        raise ValueError(f"sweep axis must be 'budget' or 'noise', got {axis!r}")
-    return [compare(cfg.replace(**{axis: v}), policies=policies, progress=progress)
-            for v in values]
+    """``compare`` at each value of ``axis`` ("budget", "noise" or "signal": the
+    probability that a signal is lost); same seed throughout. ``build`` makes the
+    workload of each point (the synthetic preset, or a trace replayed at that point's
+    budget and noise)."""
+    if axis not in SWEEP_AXES:
+        raise ValueError(f"sweep axis must be one of {', '.join(SWEEP_AXES)}, got {axis!r}")
+    out = []
+    for v in values:
+        if axis == "signal":
+            point = cfg.replace(signals=SignalQuality(
+                miss=v, delay_s=cfg.signals.delay_s, false_rate=cfg.signals.false_rate))
+        else:
+            point = cfg.replace(**{axis: v})
+        out.append(compare(point, workload=build(point), policies=policies, fair=fair,
+                           progress=progress))
+    return out
+
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,7 +192,7 @@ class Ablation:
 def ablation(cfg: SimConfig, *, workload: Workload | None = None,
              progress: Progress | None = None) -> Ablation:
     """AgentKV with each Table-5 mechanism switched off in turn."""
-    wl = workload if workload is not None else synthetic_workload(cfg)
+    wl = deliver(workload if workload is not None else make_workload(cfg), cfg)
     rows = {name: run_policy(wl, cfg, "agentkv", mechanisms=mech, progress=progress)
             for name, mech in ABLATIONS.items()}
     return Ablation(config=cfg, rows=rows)

@@ -2,10 +2,19 @@
 
 A workload is a sequence of independent batches. Each batch is a set of pages
 with a type, a size, a creation time, the times it is read again, what the
-predictor believes about each idle gap, and when the orchestrator's
-end-of-life signal (commit, failure confirmed, superseded) arrives. Everything
-random is drawn up front with numpy from one seed, so every policy sees
-exactly the same pages, gaps, noise and jitter (common random numbers).
+predictor believes about each idle gap, and when the page's end of life really
+happens and of which kind (task end, branch abandoned, version superseded).
+Everything random is drawn up front with numpy from one seed, so every policy
+sees exactly the same pages, gaps, noise and jitter (common random numbers).
+
+Fields fall into two groups. *Ground truth* (``access_times``, ``eol``,
+``recompute_s``, ``correctness``) drives the event loop and the metrics only;
+no policy ever sees it. *Observables* (sizes, types, times as they happen,
+``predicted_idle``, ``recompute_est_s``: the cost model's estimate with its own
+error) are what the drivers copy into a ``PageView``. The prediction errors are
+drawn from a stream keyed by (seed, noise level): each noise level gets fresh
+errors, while the pages, gaps and jitter stay the same (common random numbers,
+so a sweep point differs from the next only in the quality of the predictions).
 """
 
 from __future__ import annotations
@@ -16,9 +25,26 @@ from dataclasses import dataclass
 import numpy as np
 
 from agentkv_cluster.lifecycle.types import StateType
+from agentkv_cluster.policy.base import EndOfLife
 from agentkv_cluster.sim.config import MB, SimConfig
 
 TYPE_ORDER: tuple[StateType, ...] = tuple(StateType)
+SIGNAL_ORDER: tuple[EndOfLife, ...] = tuple(EndOfLife)  # index of Batch.eol_kind
+# Which signal ends a page of each type in the synthetic workloads.
+TYPE_SIGNAL: dict[StateType, EndOfLife] = {
+    StateType.FAILED_BRANCH: EndOfLife.BRANCH_ABANDONED,
+    StateType.TEMP_REASONING: EndOfLife.BRANCH_ABANDONED,
+    StateType.TOOL_OBSERVATION: EndOfLife.VERSION_SUPERSEDED,
+    StateType.EVIDENCE: EndOfLife.VERSION_SUPERSEDED,
+}
+_KIND_OF_TYPE = np.array([SIGNAL_ORDER.index(TYPE_SIGNAL.get(t, EndOfLife.TASK_END))
+                          for t in TYPE_ORDER], dtype=np.int8)
+NOISE_STREAM = 0x6E6F6973  # key of the prediction-error stream ("nois")
+
+
+def noise_rng(seed: int, noise: float, batch: int = 0) -> np.random.Generator:
+    """The prediction-error stream of one noise level (fresh errors per level)."""
+    return np.random.Generator(np.random.PCG64([seed, NOISE_STREAM, round(noise * 1e6), batch]))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,12 +56,25 @@ class Batch:
     types: np.ndarray  # int8 index into TYPE_ORDER
     sizes: np.ndarray  # int64 full-precision bytes
     created: np.ndarray  # float64 seconds
-    eol: np.ndarray  # float64: end-of-life signal time (inf = none)
+    eol: np.ndarray  # float64: when the end of life happens (inf = never); synthetic: never
+    # followed by a read; a trace: its own end event, which a later session may outlive
     access_times: tuple[np.ndarray, ...]  # per page, sorted reuse times (may be empty)
     predicted_idle: tuple[np.ndarray, ...]  # per page, one prediction per idle gap
     jitter_ms: np.ndarray  # float64 per page: queueing jitter of its restores
     sessions: tuple[str, ...] = ()  # per page; empty = one session per batch
     tool_classes: tuple[str, ...] = ()  # per page; "" = unknown
+    eol_kind: np.ndarray | None = None  # int8 index into SIGNAL_ORDER (None: TASK_END)
+    recompute_s: np.ndarray | None = None  # TRUE re-prefill seconds (None: from the type)
+    recompute_est_s: np.ndarray | None = None  # the cost model's estimate (None: = truth)
+    correctness: np.ndarray | None = None  # TRUE correctness weight (None: type default)
+    # per page, per idle gap (gap k ends in read k; the last is the tail after the
+    # last read): the tool class that runs in it and the tool's own duration
+    # (0 = unknown: the gap is model time only, or the trace does not say)
+    gap_tools: tuple[tuple[str, ...], ...] = ()
+    gap_tool_s: tuple[np.ndarray, ...] = ()
+    # signals as delivered (signal-quality model applied; None = at ``eol``, all of them)
+    signal_at: np.ndarray | None = None
+    false_signal_at: np.ndarray | None = None  # premature "dead" signals (inf = none)
 
     @property
     def n_pages(self) -> int:
@@ -92,8 +131,6 @@ def synthetic_workload(cfg: SimConfig) -> Workload:
     reuse_p = np.array([p.reuse_prob for p in params])[types][..., None]
     again = rng.random(gshape) < reuse_p
     n_reads = np.cumprod(again, axis=2).sum(axis=2)
-    # The noise draw does not depend on sigma, so a noise sweep changes only its scale.
-    predicted = idle * np.exp(cfg.noise * rng.standard_normal(gshape))
     eol_frac = rng.random(shape)
     jitter = rng.exponential(cfg.link.jitter_mean_ms, size=shape)
     reads = created[..., None] + np.cumsum(idle, axis=2)
@@ -105,6 +142,13 @@ def synthetic_workload(cfg: SimConfig) -> Workload:
     next_gap = np.take_along_axis(idle, np.minimum(n_reads, wl.max_reads - 1)[..., None], 2)[..., 0]
     eol = np.where(n_reads < wl.max_reads, last_use + eol_frac * next_gap, last_use)
     capacity = np.floor(cfg.budget * sizes.sum(axis=1)).astype(np.int64)
+    recompute = sizes / MB * np.array([p.recompute_ms_per_mb for p in params])[types] / 1e3
+    weight = np.array([p.correctness_weight for p in params])[types]
+    # Fresh prediction and cost-model errors per noise level (module doc).
+    nrng = noise_rng(cfg.seed, cfg.noise)
+    predicted = idle * np.exp(cfg.noise * nrng.standard_normal(gshape))
+    recompute_est = recompute * np.exp(cfg.cost_error * nrng.standard_normal(shape))
+    kinds = _KIND_OF_TYPE[types]
     batches = []
     for b in range(wl.batches):
         batches.append(Batch(
@@ -117,5 +161,9 @@ def synthetic_workload(cfg: SimConfig) -> Workload:
             access_times=tuple(reads[b, i, :n_reads[b, i]] for i in range(shape[1])),
             predicted_idle=tuple(predicted[b, i] for i in range(shape[1])),
             jitter_ms=jitter[b],
+            eol_kind=kinds[b],
+            recompute_s=recompute[b],
+            recompute_est_s=recompute_est[b],
+            correctness=weight[b],
         ))
     return Workload(source=f"synthetic(seed={cfg.seed})", batches=batches)

@@ -4,14 +4,18 @@
   ``hash_ids``): ``hash_ids`` are 512-token prefix blocks and become shared
   prefix pages. A request that extends the whole context of an earlier request
   continues that conversation; the gap between two requests of a conversation
-  becomes a ``think`` tool gap.
+  becomes a ``think`` tool gap (emitted at the request that ends it, with the
+  start time of the gap). No ``task_end`` is invented: the trace does not say
+  which turn is a conversation's last, so the replay ends a silent session by
+  its idle timeout.
 - Azure LLM inference 2023 (``TIMESTAMP, ContextTokens, GeneratedTokens``): no
   session or prefix information, so each request is its own one-call session
   with fresh blocks (the replay then has nothing to reuse; it shows only
   capacity pressure).
 - TraceLab round traces (Claude Code / Codex): ``prefix_tokens`` of each round
   are kept blocks of the previous context, ``newly_append_tokens`` new blocks,
-  ``tools[*].tool_wall_latency_ms`` real tool gaps.
+  ``tools[*].tool_wall_latency_ms`` real tool gaps (a negative or missing
+  latency rejects the round, with its line number). No ``task_end`` either.
 
 Every converter returns a ``ParseResult``; source lines it cannot use are
 reported with their line number.
@@ -122,8 +126,6 @@ def convert_mooncake(path: Path) -> ParseResult:
             session=session, ts=ts, kind="model_call", tokens=tokens, prefix_blocks=tuple(blocks),
             state=StateType.TASK_INPUT if new else StateType.TOOL_OBSERVATION))
         last[conv] = ts
-    for conv, ts in last.items():
-        out.events.append(TraceEvent(session=f"conv-{conv}", ts=ts, kind="task_end"))
     return out
 
 
@@ -201,7 +203,7 @@ def convert_tracelab(path: Path) -> ParseResult:
                 raise ValueError("timing_events is empty")
             ts = min(_iso(e.get("timestamp")) for e in events if isinstance(e, dict))
             tools = [(str(t.get("tool_name") or "tool"), _iso(t["emitted_at"]),
-                      float(t["tool_wall_latency_ms"]) / 1000.0)
+                      _latency_s(t["tool_wall_latency_ms"]))
                      for t in _need(d, "tools", list)
                      if isinstance(t, dict) and t.get("tool_wall_latency_ms") is not None]
         except (ValueError, KeyError, TypeError) as exc:
@@ -212,7 +214,6 @@ def convert_tracelab(path: Path) -> ParseResult:
         return out
     t0 = min(r[0] for r in rows)
     sessions: dict[str, _TraceLabSession] = {}
-    last: dict[str, float] = {}
     for ts, session, total, prefix, tools in sorted(rows, key=lambda r: (r[1], r[0])):
         s = sessions.setdefault(session, _TraceLabSession(len(sessions) * 1_000_000))
         first = not s.blocks
@@ -224,10 +225,15 @@ def convert_tracelab(path: Path) -> ParseResult:
             out.events.append(TraceEvent(session=session, ts=max(emitted - t0, ts - t0),
                                          kind="tool_start", tool_class=name,
                                          tool_duration_s=latency))
-        last[session] = max(last.get(session, 0.0), ts - t0)
-    for session, ts in last.items():
-        out.events.append(TraceEvent(session=session, ts=ts, kind="task_end"))
+    out.events.sort(key=lambda e: (e.ts, e.session))
     return out
+
+
+def _latency_s(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
+            value) or value < 0:
+        raise ValueError(f"tool_wall_latency_ms must be a finite number >= 0, got {value!r}")
+    return float(value) / 1000.0
 
 
 CONVERTERS: dict[str, Callable[[Path], ParseResult]] = {

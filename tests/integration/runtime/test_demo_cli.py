@@ -16,31 +16,44 @@ KEYS = {"p50_ms", "p95_ms", "p99_ms", "byte_hit_pct", "transfer_mb_per_batch", "
         "bytes_per_tier"}
 
 
+TRACE = [
+    {"session": "a", "ts": 0.0, "kind": "model_call", "tokens": 1024, "prefix_blocks": [1, 2]},
+    {"session": "a", "ts": 0.2, "kind": "tool_start", "tool_class": "bash",
+     "tool_duration_s": 3.0},
+    {"session": "a", "ts": 3.5, "kind": "model_call", "tokens": 2048,
+     "prefix_blocks": [1, 2, 3, 4]},
+    {"session": "a", "ts": 3.6, "kind": "tool_start", "tool_class": "search",
+     "tool_duration_s": 9.0},
+    {"session": "a", "ts": 13.0, "kind": "model_call", "tokens": 2560,
+     "prefix_blocks": [1, 2, 3, 4, 5]},
+    {"session": "b", "ts": 1.0, "kind": "model_call", "tokens": 512, "prefix_blocks": [1]},
+    {"session": "b", "ts": 1.1, "kind": "tool_start", "tool_class": "bash",
+     "tool_duration_s": 2.0},
+    {"session": "b", "ts": 3.2, "kind": "model_call", "tokens": 1024, "prefix_blocks": [1, 6]},
+]
+
+
 def test_demo_writes_both_policies_in_the_simulator_schema(tmp_path: Path) -> None:
     trace = tmp_path / "t.jsonl"
-    trace.write_text(
-        '{"session": "a", "ts": 0, "kind": "tool_start", "tool_class": "search",'
-        ' "tool_duration_s": 3}\n'
-        '{"session": "b", "ts": 0, "kind": "tool_start", "tool_class": "bash",'
-        ' "tool_duration_s": 9}\n')
+    trace.write_text("".join(json.dumps(e) + "\n" for e in TRACE))
     out = tmp_path / "demo.json"
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
     proc = subprocess.run(
         [sys.executable, "-c", "import sys; from agentkv_cluster.cli import main; sys.exit(main())",
-         "demo", "--sessions", "3", "--turns", "2", "--rounds", "1",
-         "--trace", str(trace), "--json", str(out)],
+         "demo", "--sessions", "2", "--rounds", "1", "--trace", str(trace), "--json", str(out)],
         capture_output=True, text=True, timeout=300, env=env, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     payload = json.loads(out.read_text())
     assert set(payload["policies"]) == {"agentkv", "lru"}
     assert payload["config"]["order"] == ["agentkv", "lru"]
+    accesses = {name: f["accesses"] for name, f in payload["policies"].items()}
     for name, figures in payload["policies"].items():
         assert KEYS <= set(figures), name
-        # each resume loads every live page: 2 + 3 per turn -> 5 + 8 per session
-        assert figures["accesses"] == 3 * (5 + 8)
         assert figures["errors"] == 0
         assert 0.0 <= figures["byte_hit_pct"] <= 100.0
-    assert payload["policies"]["lru"]["bytes_per_tier"].get("nvme", 0) == 0  # LRU: host only
+    # the same whole sessions for both policies: a resumes twice (>= 3 then >= 4 live pages),
+    # b once (>= 2)
+    assert accesses["agentkv"] == accesses["lru"] >= 3 + 4 + 2, accesses
     assert "AgentKV vs LRU" in proc.stdout
 
 

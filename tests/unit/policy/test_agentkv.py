@@ -122,13 +122,18 @@ def test_consumers_done_keeps_the_page_when_the_graph_blocks_or_the_mechanism_is
     assert decision.retire is False and 1 in ablated
 
 
-def test_baselines_ignore_the_event_graph_signal():
+def test_paper_faithful_lru_keeps_the_page_the_fair_one_frees_it():
+    from agentkv_cluster.policy.base import ALL_SIGNALS
     from agentkv_cluster.policy.baselines import LruPolicy
 
-    lru = LruPolicy()
+    lru = LruPolicy()  # the paper's baseline: blind to the event graph
     lru.on_insert(page(1, size_mb=4, dependency=0.5), now=0.0)
     assert lru.on_consumers_done(page(1, size_mb=4), now=1.0).retire is False
     assert lru.resident_bytes() == 4 * MB
+    fair = LruPolicy(signals=ALL_SIGNALS)
+    fair.on_insert(page(1, size_mb=4, dependency=0.5), now=0.0)
+    assert fair.on_consumers_done(page(1, size_mb=4), now=1.0).retire is True
+    assert fair.resident_bytes() == 0
 
 
 # ---------------------------------------------------------------- prefetch admission
@@ -178,13 +183,18 @@ def test_columnar_victim_order_equals_the_per_page_order_on_large_resident_sets(
     assert policy._victim_order(6.0) == per_page
 
 
-def test_occupancy_counts_only_the_idle_time_still_ahead():
+def test_occupancy_counts_the_idle_time_ahead_and_then_the_time_overdue():
     policy = AgentKvPolicy()
     waiting = page(1, size_mb=100, last_access=10.0, predicted_idle_s=8.0)
     model = policy.value_model
     assert model.terms(waiting)["occupy"] == pytest.approx(100 * MB / 1e9 * 8.0)
     assert model.terms(waiting, now=15.0)["occupy"] == pytest.approx(100 * MB / 1e9 * 3.0)
-    assert model.terms(waiting, now=30.0)["occupy"] == 0.0  # overdue: about to be read
+    assert model.terms(waiting, now=18.0)["occupy"] == 0.0  # due now
+    # overdue by 12 s: heavy-tailed gaps, expected to wait about as long again
+    assert model.terms(waiting, now=30.0)["occupy"] == pytest.approx(100 * MB / 1e9 * 12.0)
+    # the longer a page is overdue, the lower its value: it goes before a page just due
+    due = page(2, size_mb=100, last_access=22.0, predicted_idle_s=8.0)
+    assert model.value(waiting, now=30.0) < model.value(due, now=30.0)
 
 
 def test_a_verified_reference_absorbs_the_quality_risk_of_int4():

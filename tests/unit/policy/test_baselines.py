@@ -7,6 +7,7 @@ import pytest
 from agentkv_cluster.policy.agentkv import AgentKvPolicy
 from agentkv_cluster.policy.base import (
     DuplicatePage,
+    EndOfLife,
     EvictionPolicy,
     InvalidPageView,
     StateType,
@@ -150,3 +151,100 @@ def test_arc_ghost_lists_stay_bounded():
     assert len(lists["t1"]) + len(lists["t2"]) == 4
     assert len(lists["t1"]) + len(lists["b1"]) <= 4  # |T1| + |B1| <= c
     assert sum(len(v) for v in lists.values()) <= 8  # total <= 2c
+
+
+# ---------------------------------------------------------------- end-of-life signals
+SIGNAL_FACTORIES = {
+    "lru": lambda sig: LruPolicy(signals=sig),
+    "ttl": lambda sig: TtlPolicy(signals=sig),
+    "semantic": lambda sig: SemanticPolicy(signals=sig),
+    "arc": lambda sig: ArcPolicy(capacity_bytes=10 * MB, signals=sig),
+}
+
+
+@pytest.mark.parametrize("signal", list(EndOfLife), ids=lambda s: s.value)
+@pytest.mark.parametrize("name", sorted(SIGNAL_FACTORIES))
+def test_a_baseline_given_a_signal_frees_the_page(name, signal):
+    """Fails for any baseline that ignores a signal it was built to act on."""
+    policy = SIGNAL_FACTORIES[name]([signal])
+    for i in range(3):
+        policy.on_insert(page(i, size_mb=2, last_access=float(i)), now=float(i))
+    decision = policy.on_consumers_done(page(1, size_mb=2, dependency=0.0), now=5.0,
+                                        signal=signal)
+    assert decision.retire is True and signal.value in decision.reason
+    assert 1 not in policy and len(policy) == 2
+    assert policy.resident_bytes() == 4 * MB
+    # the freed page is not a victim any more (nor a ghost that adapts ARC)
+    assert 1 not in policy.select_victims(4 * MB, now=6.0)
+
+
+@pytest.mark.parametrize("name", sorted(SIGNAL_FACTORIES))
+def test_a_baseline_acts_only_on_the_signals_it_was_given(name):
+    given = EndOfLife.TASK_END
+    policy = SIGNAL_FACTORIES[name]([given])
+    policy.on_insert(page(1, size_mb=2), now=0.0)
+    for other in set(EndOfLife) - {given}:
+        assert policy.on_consumers_done(page(1, size_mb=2), 1.0, signal=other).retire is False
+    assert 1 in policy
+    # an event graph that still blocks retirement (rollback, audit) wins over the signal
+    assert policy.on_consumers_done(page(1, size_mb=2), 1.0, signal=given,
+                                    retirable=False).retire is False
+    assert policy.on_consumers_done(page(1, size_mb=2), 1.0, signal=given).retire is True
+
+
+@pytest.mark.parametrize("name", sorted(SIGNAL_FACTORIES))
+def test_paper_faithful_baselines_keep_signalled_pages(name):
+    policy = SIGNAL_FACTORIES[name](())
+    policy.on_insert(page(1, size_mb=2), now=0.0)
+    for signal in EndOfLife:
+        assert policy.on_consumers_done(page(1, size_mb=2), 1.0, signal=signal).retire is False
+    assert 1 in policy and policy.resident_bytes() == 2 * MB
+
+
+def test_signals_must_be_end_of_life_members():
+    with pytest.raises(TypeError, match="EndOfLife"):
+        LruPolicy(signals=["task_end"])
+
+
+@pytest.mark.parametrize("factory", [TtlPolicy, SemanticPolicy], ids=["ttl", "semantic"])
+def test_columnar_victim_order_equals_the_per_page_order(factory):
+    """Large resident sets are ranked over numpy rows; the order must be the per-page
+    order exactly, after inserts, accesses, updates, evictions and removals."""
+    import random
+
+    from agentkv_cluster.policy.columns import COLUMNAR_MIN_PAGES
+
+    rng = random.Random(5)
+    policy = factory()
+    types = list(StateType)
+    views = {}
+    for i in range(COLUMNAR_MIN_PAGES + 150):
+        views[i] = page(i, size_mb=rng.choice([1, 2, 3]), state_type=rng.choice(types),
+                        last_access=float(rng.randint(0, 20)),
+                        predicted_idle_s=rng.choice([0.5, 3.0, 9.0]),
+                        importance=rng.choice([0.0, 0.2]))
+        policy.on_insert(views[i], now=0.0)
+    for step in range(200):
+        i = rng.choice(list(views))
+        v = views[i]
+        if step % 3 == 0:
+            v.last_access = 20.0 + step
+            policy.on_access(v, now=v.last_access)
+        elif step % 3 == 1:
+            v.predicted_idle_s = rng.choice([0.1, 4.0, 30.0])
+            v.importance = rng.choice([0.0, 0.5])
+            policy.on_update(v, now=20.0 + step)
+        elif step % 7 == 2:
+            policy.on_remove(i)
+            del views[i]
+    for pid in policy.select_victims(5 * MB, now=250.0):
+        del views[pid]
+    assert len(policy) >= COLUMNAR_MIN_PAGES
+    now = 260.0
+    columnar = list(policy._victim_order(now))
+    if factory is TtlPolicy:
+        key = lambda p: (-max(0.0, p.last_access + p.predicted_idle_s - now) * p.size_bytes,
+                         p.last_access, p.page_id)
+    else:
+        key = lambda p: (policy.priority(p), p.last_access, p.page_id)
+    assert columnar == [p.page_id for p in sorted(views.values(), key=key)]

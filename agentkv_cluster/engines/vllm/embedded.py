@@ -1,0 +1,420 @@
+"""The embedded backend: block pages in a host pool and an NVMe shard inside the vLLM
+process (one node, no Ray, no service).
+
+Each tier keeps its own `EvictionPolicy` of the chosen strategy: ``lru`` (the
+project's `LruPolicy`: least recently used first, no lifecycle signals) or ``agentkv``
+(`AgentKvPolicy`: value density from the hints, blocks of ended tasks and abandoned
+branches retired at once). A block evicted from the host pool is demoted to the NVMe
+shard; one evicted from the shard is dropped. A block read from the shard is promoted
+back. The store lives in the worker process (it holds the bytes); the scheduler process
+keeps an `EmbeddedDirectory`, a mirror of what is held, and verifies tokens with the
+service's secret (`TokenResolver`), so tenants are the ones in the verified tokens.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentkv_cluster.engines.vllm.backend import (
+    PUBLIC_NAMESPACE,
+    BackendUnavailable,
+    Caller,
+    CallerRefused,
+)
+from agentkv_cluster.engines.vllm.hints import HintEvent, HintKind
+from agentkv_cluster.lifecycle.identity import PageIdentity
+from agentkv_cluster.lifecycle.types import StateType
+from agentkv_cluster.policy.agentkv import AgentKvPolicy
+from agentkv_cluster.policy.base import EndOfLife, EvictionPolicy, PageView
+from agentkv_cluster.policy.baselines import LruPolicy
+from security.errors import InvalidToken
+from security.principals import TokenIssuer
+from store.host_pool import HostPool, PoolError
+from store.nvme import NvmeShard
+from store.nvme_types import NvmeShardConfig
+from store.types import Lookup, Tier
+
+log = logging.getLogger(__name__)
+STRATEGIES = ("lru", "agentkv")
+_DEFAULT_GAP_S = 2.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class EmbeddedSpec:
+    slot_bytes: int  # one block page (header + KV of all layers)
+    host_blocks: int = 256
+    nvme_blocks: int = 1024  # 0: no NVMe tier
+    nvme_dir: str | None = None  # None: a fresh temporary folder
+    strategy: str = "agentkv"
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        if self.host_blocks < 1 or self.nvme_blocks < 0 or self.slot_bytes < 1:
+            raise ValueError("host_blocks >= 1, nvme_blocks >= 0 and slot_bytes >= 1")
+
+
+@dataclass(slots=True)
+class _Block:
+    view: PageView
+    tier: Tier
+    slot: int = -1  # host pool slot
+    sessions: set[str] | None = None
+
+
+def _policy(strategy: str) -> EvictionPolicy:
+    return AgentKvPolicy() if strategy == "agentkv" else LruPolicy()
+
+
+class EmbeddedBackend:
+    name = "embedded"
+
+    def __init__(self, spec: EmbeddedSpec) -> None:
+        self.spec = spec
+        self._lock = threading.RLock()
+        self._pool = HostPool.create(f"agentkv-vllm-{os.getpid()}-{uuid.uuid4().hex[:8]}",
+                                     spec.slot_bytes, spec.host_blocks)
+        self._scratch = bytearray(spec.slot_bytes)
+        self._nvme_dir = Path(spec.nvme_dir) if spec.nvme_dir else None
+        self._nvme: NvmeShard | None = None
+        if spec.nvme_blocks:
+            if self._nvme_dir is None:
+                import tempfile
+                self._nvme_dir = Path(tempfile.mkdtemp(prefix="agentkv-vllm-nvme-"))
+            self._nvme = NvmeShard(self._nvme_dir / f"shard-{os.getpid()}",
+                                   NvmeShardConfig(max_record_bytes=spec.slot_bytes))
+        self._tiers: dict[Tier, EvictionPolicy] = {Tier.HOST: _policy(spec.strategy),
+                                                    Tier.NVME: _policy(spec.strategy)}
+        self._blocks: dict[bytes, _Block] = {}  # identity digest -> block
+        self._by_id: dict[int, bytes] = {}
+        self._sessions: dict[tuple[str, str], set[bytes]] = {}
+        self._gaps: dict[str, float] = {}  # tool class -> smoothed gap (s)
+        self._tool_started: dict[tuple[str, str], tuple[str, float]] = {}
+        self._ids = itertools.count(1)
+        self._dropped: set[bytes] = set()
+        self._closed = False
+        atexit.register(self.close)
+
+    def resolve(self, token: str | None, session: str | None) -> Caller:
+        raise CallerRefused("the worker-side store receives callers from the scheduler")
+
+
+    # -- blocks ----------------------------------------------------------------------
+    def lookup(self, caller: Caller, identities: Sequence[PageIdentity]) -> int:
+        n = 0
+        with self._lock:
+            self._alive()
+            for ident in identities:
+                check_access(caller, ident, write=False)
+                if ident.digest() not in self._blocks:
+                    break
+                n += 1
+        return n
+
+    def contains(self, caller: Caller, identity: PageIdentity) -> bool:
+        check_access(caller, identity, write=False)
+        with self._lock:
+            return identity.digest() in self._blocks
+
+    def get(self, caller: Caller, identity: PageIdentity) -> bytes | None:
+        check_access(caller, identity, write=False)
+        now = time.monotonic()
+        with self._lock:
+            self._alive()
+            key = identity.digest()
+            block = self._blocks.get(key)
+            if block is None:
+                return None
+            try:
+                if block.tier is Tier.HOST:
+                    data = bytes(self._pool.read(block.slot, out=self._scratch))
+                else:
+                    assert self._nvme is not None
+                    got = self._nvme.get(key)
+                    if got is Lookup.MISS:
+                        self._forget(key)
+                        return None
+                    data = bytes(got)
+                    self._promote(key, block, data, now)
+            except (PoolError, OSError) as exc:
+                raise BackendUnavailable(f"embedded store read failed: {exc}") from exc
+            self._touch(caller, key, block, now)
+            return data
+
+    def put(self, caller: Caller, identity: PageIdentity, data: bytes) -> None:
+        check_access(caller, identity, write=True)
+        now = time.monotonic()
+        with self._lock:
+            self._alive()
+            key = identity.digest()
+            if key in self._blocks:
+                self._touch(caller, key, self._blocks[key], now)
+                return
+            view = PageView(page_id=next(self._ids), size_bytes=len(data),
+                            state_type=StateType.TEMP_REASONING, session=caller.session,
+                            tenant=identity.tenant, tier=Tier.HOST, position=identity.start,
+                            tokens=identity.end - identity.start, created=now,
+                            last_access=now, reuse_prob=0.5,
+                            predicted_idle_s=_DEFAULT_GAP_S)
+            block = _Block(view=view, tier=Tier.HOST, sessions={caller.session})
+            try:
+                self._to_host(key, block, data, now)
+            except (PoolError, OSError) as exc:
+                raise BackendUnavailable(f"embedded store write failed: {exc}") from exc
+            self._blocks[key] = block
+            self._by_id[view.page_id] = key
+            self._sessions.setdefault((caller.tenant, caller.session), set()).add(key)
+
+    # -- lifecycle hints ---------------------------------------------------------------
+    def event(self, caller: Caller, event: HintEvent) -> None:
+        now = time.monotonic()
+        sess = (caller.tenant, caller.session)
+        with self._lock:
+            keys = [k for k in self._sessions.get(sess, ()) if k in self._blocks]
+            if event.kind is HintKind.TOOL_START:
+                gap = event.expected_s or self._gaps.get(event.tool, _DEFAULT_GAP_S)
+                self._tool_started[sess] = (event.tool, now)
+                self._update(keys, now, tool_class=event.tool, predicted_idle_s=gap,
+                             reuse_prob=0.95)
+            elif event.kind in (HintKind.OBSERVATION_RETURN, HintKind.MODEL_CALL,
+                                HintKind.TASK_START):
+                started = self._tool_started.pop(sess, None)
+                if started is not None:  # learn the tool's gap (smoothed)
+                    tool, t0 = started
+                    old = self._gaps.get(tool, now - t0)
+                    self._gaps[tool] = 0.7 * old + 0.3 * (now - t0)
+                self._update(keys, now, tool_class="", predicted_idle_s=0.0, reuse_prob=0.95)
+            elif event.kind in (HintKind.TASK_END, HintKind.BRANCH_ABANDONED):
+                signal = (EndOfLife.TASK_END if event.kind is HintKind.TASK_END
+                          else EndOfLife.BRANCH_ABANDONED)
+                self._end(sess, keys, now, signal)
+
+    def _update(self, keys: list[bytes], now: float, **fields: object) -> None:
+        for key in keys:
+            block = self._blocks[key]
+            for name, value in fields.items():
+                setattr(block.view, name, value)
+            block.view.last_access = min(block.view.last_access, now)
+            policy = self._tiers[block.tier]
+            if block.view.page_id in policy:  # type: ignore[operator]
+                policy.on_update(block.view, now)
+
+    def _end(self, sess: tuple[str, str], keys: list[bytes], now: float,
+             signal: EndOfLife) -> None:
+        self._sessions.pop(sess, None)
+        self._tool_started.pop(sess, None)
+        for key in keys:
+            block = self._blocks[key]
+            assert block.sessions is not None
+            block.sessions.discard(sess[1])
+            if block.sessions:
+                continue  # another live session shares this prefix block
+            block.view.reuse_prob = 0.0
+            decision = self._tiers[block.tier].on_consumers_done(
+                block.view, now, retirable=True, signal=signal)
+            if decision.retire:
+                self._drop(key, block)
+
+    # -- tiers -------------------------------------------------------------------------
+    def _touch(self, caller: Caller, key: bytes, block: _Block, now: float) -> None:
+        block.view.last_access = now
+        block.view.access_count += 1
+        assert block.sessions is not None
+        block.sessions.add(caller.session)
+        self._sessions.setdefault((caller.tenant, caller.session), set()).add(key)
+        self._tiers[block.tier].on_access(block.view, now)
+
+    def _to_host(self, key: bytes, block: _Block, data: bytes, now: float) -> None:
+        policy = self._tiers[Tier.HOST]
+        if self._pool.stats().free_slots == 0:
+            for pid in policy.select_victims(self.spec.slot_bytes, now) or []:
+                self._demote(self._by_id[pid], now)
+        if self._pool.stats().free_slots == 0:  # nothing evictable: keep it on NVMe
+            self._to_nvme(key, block, data, now)
+            return
+        slot = self._pool.alloc()
+        self._pool.write(slot, data)
+        block.tier, block.slot, block.view.tier = Tier.HOST, slot, Tier.HOST
+        policy.on_insert(block.view, now)
+
+    def _to_nvme(self, key: bytes, block: _Block, data: bytes | memoryview, now: float) -> None:
+        if self._nvme is None:
+            self._forget(key)
+            return
+        policy = self._tiers[Tier.NVME]
+        while len(policy) >= self.spec.nvme_blocks:  # type: ignore[arg-type]
+            victims = policy.select_victims(self.spec.slot_bytes, now)
+            if not victims:
+                self._forget(key)
+                return
+            for pid in victims:
+                self._drop(self._by_id[pid], self._blocks[self._by_id[pid]])
+        self._nvme.put(key, data, 0)
+        block.tier, block.slot, block.view.tier = Tier.NVME, -1, Tier.NVME
+        policy.on_insert(block.view, now)
+
+    def _demote(self, key: bytes, now: float) -> None:
+        block = self._blocks[key]
+        data = bytes(self._pool.read(block.slot, out=self._scratch))
+        host = self._tiers[Tier.HOST]
+        if block.view.page_id in host:  # type: ignore[operator]  # select_victims untracks
+            host.on_remove(block.view.page_id)
+        self._pool.free(block.slot)
+        self._to_nvme(key, block, data, now)
+
+    def _promote(self, key: bytes, block: _Block, data: bytes, now: float) -> None:
+        assert self._nvme is not None
+        self._tiers[Tier.NVME].on_remove(block.view.page_id)
+        self._nvme.delete(key)
+        self._to_host(key, block, data, now)
+
+    def _drop(self, key: bytes, block: _Block) -> None:
+        policy = self._tiers[block.tier]
+        if block.view.page_id in policy:  # type: ignore[operator]
+            policy.on_remove(block.view.page_id)
+        if block.tier is Tier.HOST and block.slot >= 0:
+            self._pool.free(block.slot)
+        elif block.tier is Tier.NVME and self._nvme is not None:
+            self._nvme.delete(key)
+        self._forget(key)
+
+    def _forget(self, key: bytes) -> None:
+        block = self._blocks.pop(key, None)
+        if block is not None:
+            self._by_id.pop(block.view.page_id, None)
+            self._dropped.add(key)
+
+    def take_dropped(self) -> set[bytes]:
+        """Digests no longer held since the last call (the scheduler's mirror forgets them)."""
+        with self._lock:
+            dropped, self._dropped = self._dropped, set()
+            return dropped
+
+    # -- state ---------------------------------------------------------------------------
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            host = sum(b.tier is Tier.HOST for b in self._blocks.values())
+            return {"blocks": len(self._blocks), "host_blocks": host,
+                    "nvme_blocks": len(self._blocks) - host}
+
+    def _alive(self) -> None:
+        if self._closed:
+            raise BackendUnavailable("the embedded store is closed")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._blocks.clear()
+            self._pool.close()
+            self._pool.unlink()
+            if self._nvme is not None:
+                self._nvme.close()
+                if self.spec.nvme_dir is None and self._nvme_dir is not None:
+                    import shutil
+                    shutil.rmtree(self._nvme_dir, ignore_errors=True)
+
+
+def check_access(caller: Caller, identity: PageIdentity, write: bool) -> None:
+    """The namespace rule of `security.principals.AccessPolicy`, for block identities."""
+    ns = identity.tenant
+    if ns == caller.tenant:
+        return
+    if ns == PUBLIC_NAMESPACE and (caller.is_admin if write else caller.public_read):
+        return
+    raise CallerRefused(f"{caller.tenant} may not {'write' if write else 'read'} {ns!r:.60}")
+
+
+class TokenResolver:
+    """Callers from service tokens, verified with the service's secret."""
+
+    def __init__(self, secret: bytes | None, default_tenant: str | None) -> None:
+        self._issuer = TokenIssuer(secret) if secret else None
+        self.default_tenant = default_tenant
+
+    def resolve(self, token: str | None, session: str | None) -> Caller:
+        if token is None:
+            if self.default_tenant is None:
+                raise CallerRefused("this engine needs an AgentKV token in the hints")
+            tenant = self.default_tenant
+            return Caller(tenant=tenant, session=session or f"{tenant}-default")
+        if self._issuer is None:
+            raise CallerRefused("this engine has no token secret; tokens cannot be verified")
+        try:
+            p = self._issuer.verify(token, time.time())
+        except InvalidToken as exc:
+            raise CallerRefused(f"invalid AgentKV token: {exc}") from None
+        return Caller(tenant=p.tenant, session=session or f"{p.tenant}-default", token=token,
+                      public_read=p.public_read, is_admin=p.is_admin)
+
+
+class EmbeddedDirectory:
+    """The scheduler-side half of the embedded backend.
+
+    vLLM runs the scheduler and the worker in different processes, and the store lives
+    with the worker (it holds the bytes). The scheduler keeps a mirror of the digests
+    held: blocks are added when their save is planned and removed when the worker reports
+    them dropped (evicted, retired, failed). A lookup that races an eviction loads a
+    block that is gone: the worker reports it and vLLM recomputes it. Events are queued
+    here and carried to the store in the next step's metadata.
+    """
+
+    name = "embedded"
+
+    def __init__(self, resolver: TokenResolver) -> None:
+        self._resolver = resolver
+        self._held: set[bytes] = set()
+        self._events: list[tuple[Caller, HintEvent]] = []
+        self._lock = threading.Lock()
+
+    def resolve(self, token: str | None, session: str | None) -> Caller:
+        return self._resolver.resolve(token, session)
+
+    def lookup(self, caller: Caller, identities: Sequence[PageIdentity]) -> int:
+        n = 0
+        with self._lock:
+            for ident in identities:
+                check_access(caller, ident, write=False)
+                if ident.digest() not in self._held:
+                    break
+                n += 1
+        return n
+
+    def contains(self, caller: Caller, identity: PageIdentity) -> bool:
+        return identity.digest() in self._held
+
+    def expect(self, identity: PageIdentity) -> None:
+        with self._lock:
+            self._held.add(identity.digest())
+
+    def forget(self, digests: set[bytes]) -> None:
+        with self._lock:
+            self._held -= digests
+
+    def event(self, caller: Caller, event: HintEvent) -> None:
+        with self._lock:
+            self._events.append((caller, event))
+
+    def take_events(self) -> list[tuple[Caller, HintEvent]]:
+        with self._lock:
+            events, self._events = self._events, []
+            return events
+
+    def get(self, caller: Caller, identity: PageIdentity) -> bytes | None:
+        raise BackendUnavailable("block bytes live in the worker process")
+
+    def put(self, caller: Caller, identity: PageIdentity, data: bytes) -> None:
+        raise BackendUnavailable("block bytes live in the worker process")
+
+    def close(self) -> None:
+        return None

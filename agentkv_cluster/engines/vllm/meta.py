@@ -1,0 +1,54 @@
+"""What the scheduler-side connector hands the worker-side one each step (plain records,
+picklable: with a multi-process executor they cross a process boundary)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from agentkv_cluster.engines.vllm.backend import Caller
+from agentkv_cluster.engines.vllm.hints import HintEvent
+from agentkv_cluster.lifecycle.identity import PageIdentity
+
+try:  # the base classes only where vLLM is installed (the pure parts import without it)
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+        KVConnectorMetadata,
+        KVConnectorWorkerMetadata,
+    )
+except ImportError:  # pragma: no cover - exercised only without vLLM
+    KVConnectorMetadata = object  # type: ignore[misc,assignment]
+    KVConnectorWorkerMetadata = object  # type: ignore[misc,assignment]
+
+
+@dataclass(frozen=True, slots=True)
+class BlockOp:
+    identity: PageIdentity
+    block_id: int  # vLLM's physical block id for this step
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOps:
+    req_id: str
+    caller: Caller
+    loads: tuple[BlockOp, ...] = ()  # in token order: a failed block fails all after it
+    saves: tuple[BlockOp, ...] = ()
+
+
+@dataclass
+class AgentKVConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
+    requests: list[RequestOps] = field(default_factory=list)
+    events: list[tuple[Caller, HintEvent]] = field(default_factory=list)
+
+
+@dataclass
+class AgentKVWorkerMeta(KVConnectorWorkerMetadata):  # type: ignore[misc]
+    """Worker -> scheduler: block digests no longer held (the directory mirror forgets them)
+    and, per request, the tokens whose load failed (recomputed by vLLM)."""
+
+    dropped: set[bytes] = field(default_factory=set)
+    failed_loads: dict[str, int] = field(default_factory=dict)
+
+    def aggregate(self, other: AgentKVWorkerMeta) -> AgentKVWorkerMeta:
+        failed = dict(self.failed_loads)
+        for req, n in other.failed_loads.items():  # every worker saw the same request fail
+            failed[req] = max(n, failed.get(req, 0))
+        return AgentKVWorkerMeta(self.dropped | other.dropped, failed)

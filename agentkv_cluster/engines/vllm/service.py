@@ -1,0 +1,210 @@
+"""The service backend: block pages in the AgentKV service, through its wire client.
+
+The service verifies each request's token (the tenant is the token's), blinds page keys
+per namespace, keeps tenants apart and runs the lifecycle policy on the events. One
+client connection per token. Any transport failure marks the service down for
+``retry_after_s``: during that time every call fails fast (``BackendUnavailable``) and
+vLLM recomputes, so a dead service costs prefill time, never a stuck request.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from agentkv_cluster.api.client import AgentKvClient, SessionClient
+from agentkv_cluster.api.protocol import ProtocolError, RemoteError
+from agentkv_cluster.engines.vllm.backend import BackendUnavailable, Caller, CallerRefused
+from agentkv_cluster.engines.vllm.hints import HintEvent, HintKind
+from agentkv_cluster.lifecycle.identity import PageIdentity
+
+log = logging.getLogger(__name__)
+_REFUSED = {"unauthenticated", "access_denied", "forbidden"}
+
+
+def _claims(token: str) -> dict[str, Any]:
+    """The token's claims, unverified (the service verifies; this only reads hints)."""
+    try:
+        body = token.split(".")[1]
+        return json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+    except (IndexError, ValueError):
+        return {}
+
+
+class ServiceBackend:
+    name = "service"
+
+    def __init__(self, address: tuple[str, int] | str, *, default_token: str | None = None,
+                 timeout_s: float = 5.0, retry_after_s: float = 5.0) -> None:
+        self.address = address
+        self.default_token = default_token
+        self.timeout_s = timeout_s
+        self.retry_after_s = retry_after_s
+        self._lock = threading.Lock()
+        self._clients: dict[str, AgentKvClient] = {}
+        self._sessions: dict[tuple[str, str], SessionClient] = {}
+        self._keys: dict[bytes, bytes] = {}  # identity digest -> service key
+        self._versions: dict[tuple[str, str], int] = {}
+        self._down_until = 0.0
+
+    # -- transport ------------------------------------------------------------------
+    def _session(self, caller: Caller) -> SessionClient:
+        assert caller.token is not None
+        with self._lock:
+            sc = self._sessions.get((caller.token, caller.session))
+            if sc is not None:
+                return sc
+            if time.monotonic() < self._down_until:
+                raise BackendUnavailable("AgentKV service marked down; retrying later")
+            client = self._clients.get(caller.token)
+            try:
+                if client is None:
+                    client = AgentKvClient.connect(self.address, caller.token, self.timeout_s)
+                    self._clients[caller.token] = client
+                sc = client.open_session(caller.session)
+            except (OSError, ConnectionError) as exc:
+                self._mark_down_locked(exc)
+                raise BackendUnavailable(f"AgentKV service unreachable: {exc}") from exc
+            self._sessions[(caller.token, caller.session)] = sc
+            return sc
+
+    def _mark_down_locked(self, exc: BaseException) -> None:
+        if time.monotonic() >= self._down_until:
+            log.warning("AgentKV service %s failed (%s); recomputing for %.0f s",
+                        self.address, exc, self.retry_after_s)
+        self._down_until = time.monotonic() + self.retry_after_s
+        for client in self._clients.values():
+            try:
+                client.close()
+            except OSError:
+                pass
+        self._clients.clear()
+        self._sessions.clear()
+
+    def _call(self, caller: Caller, fn: Any, *args: Any) -> Any:
+        if time.monotonic() < self._down_until:
+            raise BackendUnavailable("AgentKV service marked down; retrying later")
+        sc = self._session(caller)
+        try:
+            return fn(sc, *args)
+        except RemoteError as exc:
+            if exc.code in _REFUSED:
+                raise CallerRefused(f"AgentKV service refused: {exc}") from None
+            raise
+        except (OSError, ConnectionError, ProtocolError) as exc:
+            with self._lock:
+                self._mark_down_locked(exc)
+            raise BackendUnavailable(f"AgentKV service failed: {exc}") from exc
+
+    # -- BlockBackend -----------------------------------------------------------------
+    def resolve(self, token: str | None, session: str | None) -> Caller:
+        token = token or self.default_token
+        if token is None:
+            raise CallerRefused("this engine needs an AgentKV token in the hints")
+        claims = _claims(token)
+        probe = Caller(tenant=str(claims.get("ten", "?")), session=session or "vllm",
+                       token=token)
+        try:
+            opened = self._session(probe).client.call("open_session", {"session": probe.session})
+        except RemoteError as exc:
+            raise CallerRefused(f"AgentKV service refused the token: {exc}") from None
+        except (OSError, ConnectionError, ProtocolError) as exc:
+            with self._lock:
+                self._mark_down_locked(exc)
+            raise BackendUnavailable(f"AgentKV service failed: {exc}") from exc
+        return Caller(tenant=opened["tenant"], session=probe.session, token=token,
+                      public_read=claims.get("pub") is True,
+                      is_admin="admin" in (claims.get("roles") or ()))
+
+    def lookup(self, caller: Caller, identities: Sequence[PageIdentity]) -> int:
+        if not identities:
+            return 0
+        try:
+            got = self._call(caller, SessionClient.lookup_prefix, [i.pack() for i in identities])
+        except RemoteError as exc:
+            raise BackendUnavailable(f"lookup failed: {exc}") from None
+        if got.get("refused"):
+            raise CallerRefused(f"AgentKV service refused the lookup: {got['refused']}")
+        n = int(got["length"])
+        with self._lock:
+            for ident, key in zip(identities[:n], got["keys"]):
+                self._keys[ident.digest()] = key
+        return n
+
+    def contains(self, caller: Caller, identity: PageIdentity) -> bool:
+        return identity.digest() in self._keys
+
+    def get(self, caller: Caller, identity: PageIdentity) -> bytes | None:
+        key = self._keys.get(identity.digest())
+        if key is None:
+            if not self.lookup(caller, [identity]):
+                return None
+            key = self._keys[identity.digest()]
+        try:
+            return self._call(caller, SessionClient.load, [key])[0]
+        except RemoteError as exc:
+            if exc.code == "not_found":
+                self._keys.pop(identity.digest(), None)
+                return None
+            raise BackendUnavailable(f"load failed: {exc}") from None
+
+    def put(self, caller: Caller, identity: PageIdentity, data: bytes) -> None:
+        page = {"identity": identity.pack(), "data": data, "state_type": "temp_reasoning",
+                "page_id": identity.start}
+        try:
+            key = self._call(caller, SessionClient.store_pages, [page])[0]
+        except RemoteError as exc:
+            raise BackendUnavailable(f"store failed: {exc}") from None
+        with self._lock:
+            self._keys[identity.digest()] = key
+
+    def event(self, caller: Caller, event: HintEvent) -> None:
+        sess = (caller.tenant, caller.session)
+        with self._lock:
+            version = self._versions.get(sess, 0)
+            if version == 0 and event.kind is not HintKind.TASK_START:
+                version = self._versions[sess] = 1
+                start = {"kind": "task_start", "prefix_generation": 1}
+            else:
+                start = None
+            version = self._versions[sess] = self._versions.get(sess, 0) + 1
+        if start is not None:
+            self._send(caller, {**start, **_common(1)})
+        fields: dict[str, Any] = {"kind": event.kind.value, **_common(version)}
+        if event.kind is HintKind.TASK_START:
+            fields["prefix_generation"] = 1
+        elif event.kind is HintKind.MODEL_CALL:
+            fields["call_id"] = event.call_id or f"m{version}"
+        elif event.kind is HintKind.TOOL_START:
+            fields.update(call_id=event.call_id or f"t{version}", tool=event.tool)
+        elif event.kind is HintKind.OBSERVATION_RETURN:
+            fields["call_id"] = event.call_id or f"t{version - 1}"
+        elif event.kind is HintKind.BRANCH_ABANDONED:
+            fields.update(kind="rollback", branch=event.branch or "main")
+        self._send(caller, fields)
+
+    def _send(self, caller: Caller, fields: dict[str, Any]) -> None:
+        kind = fields.pop("kind")
+        try:
+            self._call(caller, lambda sc: sc.event(kind, **fields))
+        except RemoteError as exc:
+            raise ValueError(f"the service rejected {kind}: {exc}") from None
+
+    def close(self) -> None:
+        with self._lock:
+            for client in self._clients.values():
+                try:
+                    client.close()
+                except OSError:
+                    pass
+            self._clients.clear()
+            self._sessions.clear()
+
+
+def _common(version: int) -> dict[str, Any]:
+    return {"event_id": version, "task_id": "task", "version": version, "ts": time.time()}

@@ -1,0 +1,117 @@
+"""The connector inside a real vLLM engine, embedded backend (host pool + NVMe shard in
+the engine's worker process), real SmolLM2-135M: restore is token-exact and not
+recomputed, tenants never share blocks, PUBLIC only on opt-in, bad hints are answered."""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+import pytest
+
+from tests.integration.vllm.conftest import (
+    counter,
+    generate,
+    prompt,
+    report,
+    require_vllm,
+    start_engine,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+BLOCK = 128  # vLLM's CPU block size
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    require_vllm()
+    from security.principals import TokenIssuer
+
+    secret = secrets.token_bytes(32)
+    secret_file = tmp_path_factory.mktemp("agentkv-vllm") / "token.secret"
+    secret_file.write_text(secret.hex())
+    llm = start_engine({"backend": "embedded", "strategy": "agentkv", "host_blocks": 16,
+                        "nvme_blocks": 32, "token_secret_file": str(secret_file),
+                        "default_tenant": None})
+    issuer = TokenIssuer(secret)
+
+    def token(tenant, **kw):
+        return issuer.issue(tenant, subject="agent", now=time.time(), **kw)
+    yield llm, token
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+
+
+def _evict(llm):
+    """Empty vLLM's own KV cache (prefix cache), as a long tool call under load would."""
+    assert llm.reset_prefix_cache(), "vLLM refused to reset its prefix cache"
+
+
+def test_restored_prefix_gives_identical_greedy_tokens_without_recompute(engine):
+    llm, token = engine
+    text = prompt(1)
+    hints = {"session": "agent-1", "token": token("acme")}
+    first = generate(llm, text, hints, max_tokens=16)  # computed; the connector saves it
+    n_prompt = len(first.prompt_token_ids)
+    assert n_prompt > 4 * BLOCK
+    _evict(llm)
+    hits_before = counter(llm, "vllm:external_prefix_cache_hits")
+    again = generate(llm, text, {**hints, "events": [{"kind": "observation_return"}]},
+                     max_tokens=16)
+    assert list(again.outputs[0].token_ids) == list(first.outputs[0].token_ids)
+    restored = report(again)["restored_tokens"]
+    assert restored == (n_prompt - 1) // BLOCK * BLOCK  # every full block but the last token's
+    assert again.num_cached_tokens == restored  # vLLM computed only the rest
+    assert counter(llm, "vllm:external_prefix_cache_hits") - hits_before == restored
+    assert "errors" not in report(again)
+
+
+def test_tenant_b_never_matches_tenant_a(engine):
+    llm, token = engine
+    text = prompt(2)
+    generate(llm, text, {"session": "a-2", "token": token("acme")})
+    _evict(llm)
+    hits_before = counter(llm, "vllm:external_prefix_cache_hits")
+    out = generate(llm, text, {"session": "b-2", "token": token("globex")})
+    assert report(out)["restored_tokens"] == 0
+    assert report(out)["tenant"] == "globex"
+    assert counter(llm, "vllm:external_prefix_cache_hits") == hits_before
+    _evict(llm)  # tenant A still gets its own blocks back
+    out = generate(llm, text, {"session": "a-2", "token": token("acme")})
+    assert report(out)["restored_tokens"] > 0
+
+
+def test_public_prefix_is_shared_only_with_tenants_that_opted_in(engine):
+    llm, token = engine
+    text = prompt(3)
+    admin = token("acme", roles=("tenant", "admin"))
+    published = generate(llm, text, {"session": "pub", "token": admin, "publish": True})
+    assert "errors" not in report(published)
+    _evict(llm)
+    out = generate(llm, text, {"session": "c-3", "token": token("initech", public_read=True)})
+    assert report(out)["restored_tokens"] > 0
+    assert list(out.outputs[0].token_ids) == list(published.outputs[0].token_ids)
+    _evict(llm)
+    out = generate(llm, text, {"session": "d-3", "token": token("umbrella")})
+    assert report(out)["restored_tokens"] == 0
+    # a non-admin cannot publish: its blocks stay in its own namespace
+    out = generate(llm, prompt(4), {"session": "e", "token": token("umbrella"), "publish": True})
+    assert any("admin" in e for e in report(out)["errors"])
+
+
+@pytest.mark.parametrize("hints, fragment", [
+    ({"session": "x", "bogus": 1}, "unknown hint fields"),
+    ({"session": "x", "events": [{"kind": "tool_exploded"}]}, "unknown event kind"),
+    ({"session": "x", "events": [{"kind": "tool_start"}]}, "tool class"),
+    ({"session": "x", "token": "akv1.forged.token"}, "invalid AgentKV token"),
+    ({"session": "x"}, "needs an AgentKV token"),
+])
+def test_bad_hints_get_a_clear_error_and_the_engine_keeps_serving(engine, hints, fragment):
+    llm, token = engine
+    out = generate(llm, "hello there, agent", hints, max_tokens=4)
+    assert len(out.outputs[0].token_ids) == 4  # served (without AgentKV)
+    errors = report(out)["errors"]
+    assert any(fragment in e for e in errors), errors
+    good = generate(llm, "hello there, agent", {"session": "ok", "token": token("acme")},
+                    max_tokens=4)
+    assert "errors" not in report(good)

@@ -1,0 +1,119 @@
+"""The connector inside a real vLLM engine with the AgentKV service as its backend (a
+separate process, reached over TCP): restore is token-exact; killing the service with
+SIGKILL mid-run leaves every request completing, by recompute."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from tests.integration.vllm.conftest import (
+    ROOT,
+    generate,
+    prompt,
+    report,
+    require_vllm,
+    start_engine,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+BLOCK = 128
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    require_vllm()
+    workdir = tmp_path_factory.mktemp("agentkv-service")
+    secret = secrets.token_bytes(32)
+    with open(workdir / "service.log", "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.integration.vllm.service_proc", str(workdir),
+             secret.hex()], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
+    deadline = time.monotonic() + 120
+    while not (workdir / "address").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"service did not start: {(workdir / 'service.log').read_text()[-2000:]}")
+        time.sleep(0.2)
+    yield proc, (workdir / "address").read_text(), secret
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def engine(service):
+    _, address, _ = service
+    llm = start_engine({"backend": "service", "service_address": address,
+                        "service_timeout_s": 5.0, "retry_after_s": 2.0,
+                        "lookup_timeout_s": 5.0})
+    yield llm
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+
+
+def _token(secret: bytes, tenant: str) -> str:
+    from security.principals import TokenIssuer
+
+    return TokenIssuer(secret).issue(tenant, subject="agent", now=time.time())
+
+
+def test_restore_through_the_service_is_token_exact(service, engine):
+    _, _, secret = service
+    text = prompt(11)
+    hints = {"session": "agent-s1", "token": _token(secret, "acme")}
+    first = generate(engine, text, hints, max_tokens=12)
+    time.sleep(2.0)  # saves are asynchronous (a background writer in the worker)
+    assert engine.reset_prefix_cache()
+    again = generate(engine, text, hints, max_tokens=12)
+    assert list(again.outputs[0].token_ids) == list(first.outputs[0].token_ids)
+    restored = report(again)["restored_tokens"]
+    assert restored == (len(first.prompt_token_ids) - 1) // BLOCK * BLOCK
+    assert again.num_cached_tokens == restored
+    assert "errors" not in report(again), report(again)
+
+
+def test_killing_the_service_mid_run_every_request_completes(service, engine):
+    from vllm import SamplingParams
+
+    proc, _, secret = service
+    texts = [prompt(20 + i) for i in range(4)]
+    hints = {"session": "agent-k", "token": _token(secret, "acme")}
+    sp = SamplingParams(max_tokens=24, temperature=0.0,
+                        extra_args={"kv_transfer_params": {"agentkv": hints}})
+    reference = [list(o.outputs[0].token_ids)
+                 for o in engine.generate(texts[:1], sp, use_tqdm=False)]
+    assert engine.reset_prefix_cache()
+
+    killed_at: list[float] = []
+
+    def kill_soon():
+        time.sleep(1.0)
+        os.kill(proc.pid, signal.SIGKILL)
+        killed_at.append(time.monotonic())
+
+    killer = threading.Thread(target=kill_soon)
+    killer.start()
+    t0 = time.monotonic()
+    outs = engine.generate(texts, sp, use_tqdm=False)  # in flight while the service dies
+    done_at = time.monotonic()
+    killer.join()
+    assert killed_at and killed_at[0] < done_at, "the service died after the run, not during"
+    assert proc.wait(10) == -signal.SIGKILL
+    assert len(outs) == 4
+    assert all(len(o.outputs[0].token_ids) == 24 for o in outs)
+    assert list(outs[0].outputs[0].token_ids) == reference[0]
+    # with the service gone: served by recompute, the outage reported, not hung
+    assert engine.reset_prefix_cache()
+    after = generate(engine, texts[0], hints, max_tokens=24)
+    assert list(after.outputs[0].token_ids) == reference[0]
+    assert report(after)["restored_tokens"] == 0
+    assert any("unavailable" in e or "refused" in e for e in report(after)["errors"])
+    assert time.monotonic() - t0 < 600

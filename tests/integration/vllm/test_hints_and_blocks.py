@@ -1,0 +1,85 @@
+"""Pure parts of the vLLM connector: hint parsing and block identities (no engine)."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentkv_cluster.engines.vllm.blocks import EngineVersions, block_identity, chain_hashes
+from agentkv_cluster.engines.vllm.config import ConnectorConfig, ConnectorConfigError
+from agentkv_cluster.engines.vllm.hints import NO_HINTS, HintError, HintKind, parse_hints
+
+V = EngineVersions(model_version="m", tokenizer_version="t", rope_config="r")
+
+
+def test_no_hints_is_fine():
+    assert parse_hints(None) is NO_HINTS
+    assert parse_hints({"other_connector": {"x": 1}}) is NO_HINTS
+
+
+def test_full_hints_parse():
+    h = parse_hints({"agentkv": {"session": "agent-1", "token": "akv1.x.y", "publish": True,
+                                 "events": [{"kind": "tool_start", "tool": "grep",
+                                             "call_id": "c1", "expected_s": 2.5},
+                                            {"kind": "task_end", "ok": False}]}})
+    assert (h.session, h.token, h.publish) == ("agent-1", "akv1.x.y", True)
+    assert [e.kind for e in h.events] == [HintKind.TOOL_START, HintKind.TASK_END]
+    assert h.events[0].tool == "grep" and h.events[0].expected_s == 2.5
+
+
+@pytest.mark.parametrize("raw, fragment", [
+    ("nope", "must be an object"),
+    ({"agentkv": []}, "must be an object"),
+    ({"agentkv": {"sesion": "x"}}, "unknown hint fields"),
+    ({"agentkv": {"session": ""}}, "session must match"),
+    ({"agentkv": {"session": "a b"}}, "session must match"),
+    ({"agentkv": {"session": "x", "token": 7}}, "token must be"),
+    ({"agentkv": {"session": "x", "events": [{"kind": "explode"}]}}, "unknown event kind"),
+    ({"agentkv": {"session": "x", "events": [{"kind": "tool_start"}]}}, "tool class"),
+    ({"agentkv": {"session": "x", "events": [{"kind": "task_end", "tool": "x"}]}}, "does not take"),
+    ({"agentkv": {"session": "x", "events": [{"kind": "tool_start", "tool": "g",
+                                              "expected_s": -1}]}}, "expected_s"),
+    ({"agentkv": {"events": [{"kind": "task_end"}]}}, "need the session"),
+    ({"agentkv": {"session": "x", "events": [{}] * 17}}, "at most 16"),
+    ({"agentkv": {"session": "x", "publish": "yes"}}, "publish must be a bool"),
+])
+def test_bad_hints_name_the_problem(raw, fragment):
+    with pytest.raises(HintError, match=fragment):
+        parse_hints(raw)
+
+
+def test_chain_hash_covers_every_earlier_token_and_the_salt():
+    a = chain_hashes(list(range(64)), 16)
+    b = chain_hashes([999] + list(range(1, 64)), 16)
+    assert len(a) == 4 and a[0] != b[0] and all(x != y for x, y in zip(a, b))
+    c = chain_hashes(list(range(48)) + [5] * 16, 16)
+    assert a[:3] == c[:3] and a[3] != c[3]  # shared prefix, divergent last block
+    assert chain_hashes(list(range(64)), 16, salt="lora-x") != a
+    assert chain_hashes(list(range(70)), 16) == a  # the partial tail is not a block
+
+
+def test_identity_pins_tenant_versions_and_position():
+    h = chain_hashes(list(range(32)), 16)
+    base = block_identity(V, namespace="acme", adapter="", chain=h[1], index=1, block_size=16)
+    assert (base.start, base.end) == (16, 32)
+    others = [
+        block_identity(V, namespace="globex", adapter="", chain=h[1], index=1, block_size=16),
+        block_identity(EngineVersions(model_version="m2", tokenizer_version="t",
+                                      rope_config="r"),
+                       namespace="acme", adapter="", chain=h[1], index=1, block_size=16),
+        block_identity(EngineVersions(model_version="m", tokenizer_version="t",
+                                      rope_config="r2"),
+                       namespace="acme", adapter="", chain=h[1], index=1, block_size=16),
+        block_identity(V, namespace="acme", adapter="lora", chain=h[1], index=1, block_size=16),
+        block_identity(V, namespace="acme", adapter="", chain=h[0], index=1, block_size=16),
+    ]
+    assert len({base.digest(), *(o.digest() for o in others)}) == 6
+
+
+def test_connector_config_refuses_unknown_keys():
+    assert ConnectorConfig.from_extra({"backend": "embedded"}).strategy == "agentkv"
+    with pytest.raises(ConnectorConfigError, match="unknown AgentKV connector settings"):
+        ConnectorConfig.from_extra({"backnd": "embedded"})
+    with pytest.raises(ConnectorConfigError, match="service_address"):
+        ConnectorConfig.from_extra({"backend": "service"})
+    with pytest.raises(ConnectorConfigError, match="backend must be"):
+        ConnectorConfig.from_extra({"backend": "redis"})

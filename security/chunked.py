@@ -42,6 +42,7 @@ from security import _primitives as prim
 from security._fan import Fan, default_threads
 from security.errors import InvalidName, InvalidSeal, KeyUnavailable
 from security.keyring import TenantKeyring, validate_generation, validate_namespace
+from security.sealing import _bytes_view
 
 VERSION = 2
 MAGIC = b"AKVC"
@@ -145,13 +146,7 @@ class Binding:
 
 
 def _flat(buf: object, writable: bool = False) -> memoryview:
-    try:
-        view = memoryview(buf)  # type: ignore[arg-type]
-        if view.ndim != 1 or view.format != "B":
-            view = view.cast("B")
-    except (TypeError, ValueError):
-        raise TypeError("pages must be C-contiguous buffers (bytes, bytearray, mmap, numpy)"
-                        ) from None
+    view = _bytes_view(buf)
     if writable and view.readonly:
         raise ValueError("out must be a writable buffer")
     return view

@@ -176,7 +176,11 @@ class ServiceFront:
         if type(pid) is not int or pid < 0:
             raise InvalidArgument("page_id must be a non-negative int")
         digest = identity.digest()
-        return PageMeta(key=self.blinder.blind_key(ns, digest), digest=digest,
+        try:
+            key = self.blinder.blind_key(ns, digest)
+        except KeyUnavailable:  # no keys yet: this tenant never opened a session here
+            raise NotFound("session is not open") from None
+        return PageMeta(key=key, digest=digest,
                         tenant=principal.tenant, namespace=ns, session=session, page_id=pid,
                         state_type=state_type, length=length,
                         tokens=identity.end - identity.start, shape=shape)

@@ -43,6 +43,19 @@ def test_lookup_on_a_session_never_opened_is_not_found(service) -> None:
         assert err.value.code == "not_found" and "acme" not in err.value.message
 
 
+@pytest.mark.parametrize("op", ["lookup_prefix", "store_pages"])
+def test_a_tenant_that_never_opened_a_session_gets_not_found(service, op) -> None:
+    """No keys exist for the tenant yet: a clear not_found, not ``internal: KeyUnavailable``."""
+    with service.client("newcomer") as client:
+        ident = identity("newcomer", "s", 0)
+        args = ({"session": "s", "identities": [ident.pack()]} if op == "lookup_prefix" else
+                {"session": "s", "pages": [kv_page(0, "evidence", ident)]})
+        with pytest.raises(RemoteError) as err:
+            client.call(op, args)
+        assert err.value.code == "not_found", err.value
+        assert "newcomer" not in err.value.message
+
+
 def test_an_event_nested_a_thousand_deep_is_bad_args(service) -> None:
     deep: object = 1
     for _ in range(1000):

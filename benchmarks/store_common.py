@@ -24,13 +24,7 @@ def aligned(n: int, fill: bool = False) -> np.ndarray:
 
 def median_time(fn: Callable[[], object], reps: int) -> float:
     """Median seconds per call of ``fn`` over ``reps`` calls (after one warm-up)."""
-    fn()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return statistics.median(sample_times(fn, reps))
 
 
 def sample_times(fn: Callable[[], object], reps: int) -> list[float]:

@@ -78,6 +78,9 @@ class ServiceBackend:
             log.warning("AgentKV service %s failed (%s); recomputing for %.0f s",
                         self.address, exc, self.retry_after_s)
         self._down_until = time.monotonic() + self.retry_after_s
+        self._drop_clients_locked()
+
+    def _drop_clients_locked(self) -> None:
         for client in self._clients.values():
             try:
                 client.close()
@@ -197,13 +200,7 @@ class ServiceBackend:
 
     def close(self) -> None:
         with self._lock:
-            for client in self._clients.values():
-                try:
-                    client.close()
-                except OSError:
-                    pass
-            self._clients.clear()
-            self._sessions.clear()
+            self._drop_clients_locked()
 
 
 def _common(version: int) -> dict[str, Any]:

@@ -10,21 +10,13 @@ import pytest
 
 from agentkv_cluster.runtime.controller import Controller
 from agentkv_cluster.runtime.records import Action, ActionKind, TenantErased
-from agentkv_cluster.runtime.strategies import make_strategy
-from tests.unit.service.test_controller import MB, admitted
-from tests.unit.service.test_controller_return import _event
+from tests.unit.service.test_controller import admitted
+from tests.unit.service.test_controller_return import _event, _session
 
 
 def _task_in_a_tool_call() -> tuple[Controller, list[int]]:
     """Tenant "t", session "a": two pages the running task reads, a tool call open."""
-    ctl = Controller(make_strategy("agentkv"))
-    ctl.add_hbm("h", 8 * MB)
-    admitted(ctl, "a", range(2), 0.0)
-    gids = ctl.resolve("t", "a", [b"a/0", b"a/1"])
-    _event(ctl, 1, 0.1, kind="task_start", prefix_generation=1, prefix_pages=[0],
-           input_pages=[1])
-    _event(ctl, 2, 0.2, kind="tool_start", call_id="k1", tool="grep")
-    return ctl, gids
+    return _session()
 
 
 def test_pages_the_graph_still_needs_are_forgotten_with_their_pins_and_moves() -> None:

@@ -16,14 +16,18 @@ from agentkv_cluster.lifecycle.events import EventValidationError, TaskEnd
 from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.runtime.controller import Controller, HbmFull
 from agentkv_cluster.runtime.executor import Executor, LinkCredits
+from agentkv_cluster.runtime.guard import Guarded
 from agentkv_cluster.runtime.handles import ActorGone, Handle
 from agentkv_cluster.runtime.mover import RemoteSpan
 from agentkv_cluster.runtime.records import (
     ActionKind,
+    AuditSummary,
     KvShape,
     LoadReport,
+    Outcome,
     PageMeta,
     TenantErased,
+    TransferResult,
     UnknownPageKey,
     UnknownSession,
 )
@@ -45,12 +49,17 @@ class ControllerSpec:
     landing_pages: int = 8  # per HBM actor, for one-hop restores (as its HbmSpec says)
     page_bytes: int = 0  # arena page size: the HBM budget counts whole pages (0: bytes)
     pin_timeout_s: float = 30.0  # a load's pins are dropped if not released by then
+    host_bytes: int = 0  # each pool's host tier (the placement's capacity; 0: unbounded)
+    nvme_bytes: int = 0  # each pool's NVMe shard
 
 
 class ControllerActor:
     def __init__(self, spec: ControllerSpec, directory: Any = None) -> None:
         self.spec = spec
-        self.controller = Controller(make_strategy(spec.policy), spec.page_bytes)
+        capacity = {Tier.HOST: spec.host_bytes, Tier.NVME: spec.nvme_bytes} \
+            if spec.host_bytes and spec.nvme_bytes else None
+        self.controller = Guarded(Controller(make_strategy(spec.policy), spec.page_bytes,
+                                             capacity))
         self.credits = LinkCredits(spec.per_link, spec.per_session, enabled=spec.credits)
         self.hbms: dict[str, Handle] = {}
         self.pools: dict[str, Handle] = {}
@@ -76,7 +85,7 @@ class ControllerActor:
     def add_hbm(self, name: str, handle: Handle, capacity: int, pool: str) -> None:
         self.hbms[name] = handle
         self.hbm_pool[name] = pool
-        self.controller.add_hbm(name, capacity)
+        self.controller.add_hbm(name, capacity, pool)
 
     def remove_hbm(self, name: str) -> int:
         """The HBM actor died: its copies are gone; returns how many pages had no other copy."""
@@ -142,7 +151,10 @@ class ControllerActor:
         tier = rec.copies.get(Codec.FULL)
         if tier is None or rec.pool not in self.pools:
             return False
-        self.pools[rec.pool].restore_into(rec.meta, tier, Codec.FULL, dst)
+        got = self.pools[rec.pool].restore_into(rec.meta, tier, Codec.FULL, dst)
+        # The verification fetch of a lossy restore is traffic of the policy that chose the
+        # lossy form: counted like any other move (tier "verify").
+        self.executor.traffic.add(rec.meta.tenant, "verify", int(got["nbytes"]))
         return True
 
     def close(self) -> None:
@@ -201,10 +213,10 @@ class ControllerActor:
             self.remove_hbm(hbm)
             raise
 
-    def _check(self, results: list[dict[str, Any]]) -> None:
+    def _check(self, results: list[TransferResult]) -> None:
         for r in results:
-            if not r["ok"] and "ActorGone" in r.get("error", ""):
-                a = r["action"]
+            if r.outcome is Outcome.ACTOR_GONE:
+                a = r.action
                 if a.hbm in self.hbms and not self.hbms[a.hbm].alive(5.0):
                     self.remove_hbm(a.hbm)
 
@@ -249,24 +261,25 @@ class ControllerActor:
         waited = time.monotonic() - t0
         for attempt in range(2):
             by_gid = self._bring_in(gids)
-            failed = [g for g, r in by_gid.items() if not r["ok"]]
+            failed = [g for g, r in by_gid.items() if not r.ok]
             if not failed:
                 break
             self.controller.unpin(gids, time.monotonic())
-            gone = any("ActorGone" in by_gid[g].get("error", "") for g in failed)
+            gone = any(by_gid[g].outcome is Outcome.ACTOR_GONE for g in failed)
             if attempt or not gone:
                 raise RequestRefused(f"{len(failed)} page(s) could not be restored: "
-                                     f"{by_gid[failed[0]].get('error')}")
+                                     f"{by_gid[failed[0]].error}")
         total = time.monotonic() - t0
         self.controller.hold(tenant, session, gids, time.monotonic())
         return [self._report(g, was_resident[g], by_gid.get(g), waited, total) for g in gids]
 
-    def _bring_in(self, gids: list[int]) -> dict[int, dict[str, Any]]:
+    def _bring_in(self, gids: list[int]) -> dict[int, TransferResult]:
         """Pin ``gids`` and restore the missing ones; returns restore results by gid."""
-        results: list[dict[str, Any]] = []
+        results: list[TransferResult] = []
         deadline = time.monotonic() + 45.0
         while True:
-            demotes, restores, lost, blocked = self.controller.access(gids, time.monotonic())
+            demotes, restores, lost, blocked = self.controller.access_settled(gids,
+                                                                             time.monotonic)
             results += self.executor.run(demotes + restores)
             pinned = [g for g in gids if g not in lost and g not in blocked]
             if lost:
@@ -282,7 +295,7 @@ class ControllerActor:
                 raise RequestRefused("HBM is full of pinned pages; release some and retry")
             self.controller.wait_changed(seen, 0.05)  # a pin dropped or a move ended
         self._check(results)
-        return {r["action"].gid: r for r in results if r["action"].kind is ActionKind.RESTORE}
+        return {r.action.gid: r for r in results if r.action.kind is ActionKind.RESTORE}
 
     def _count_recompute(self, lost: list[int]) -> None:
         """The engine re-prefills lost pages: count their tokens per tenant (metrics)."""
@@ -294,11 +307,11 @@ class ControllerActor:
             self.recompute_tokens[meta.tenant] = \
                 self.recompute_tokens.get(meta.tenant, 0) + meta.tokens
 
-    def _report(self, gid: int, hit: bool, result: dict[str, Any] | None, waited: float,
+    def _report(self, gid: int, hit: bool, result: TransferResult | None, waited: float,
                 total: float) -> LoadReport:
         rec = self.controller.record(gid)
         if result is not None:
-            source, delay, hidden = result["source"], total, 0.0
+            source, delay, hidden = result.source, total, 0.0
         else:
             source, delay = "hbm", 0.0 if hit else waited
             hidden, rec.hidden_s = rec.hidden_s, 0.0
@@ -335,15 +348,7 @@ class ControllerActor:
         return n
 
     def _known(self, meta: PageMeta, hbm: str) -> bool:
-        with self.controller.lock:
-            gid = self.controller.by_key.get((meta.key, hbm))
-            rec = self.controller.pages.get(gid) if gid is not None else None
-            if rec is None or not (rec.resident or rec.copies):
-                return False
-            state = self.controller.sessions[(meta.tenant, meta.session)]
-            state.pages.add(rec.gid)
-            self.controller.by_pid[(meta.tenant, meta.session, meta.page_id)] = rec.gid
-            return True
+        return self.controller.share(meta, hbm)
 
     def _adopt(self, tenant: str, session: str, meta: PageMeta, ns: str) -> bool:
         if self.directory is None:
@@ -405,20 +410,26 @@ class ControllerActor:
         end = len(waits)
         if cursor > end:  # set_credits started fresh counters
             cursor = 0
-        c = self.controller
-        with c.lock:
-            hbm = sum(b.used for b in c.hbms.values())
+        hbm = sum(self.controller.hbm_used().values())
         traffic = {k: v for k, v in self.executor.traffic.by_tenant_tier.items()
                    if k[1] != "hbm"}  # bytes into HBM are counted by the API front
         return {"cursor": end, "waits": list(waits[max(cursor, end - 10000):end]),
                 "hbm_used": hbm, "recompute": dict(self.recompute_tokens), "traffic": traffic}
 
+    def drain_audit(self) -> list[AuditSummary]:
+        """Summaries of audited pages retired since the last call (the service appends them
+        to its audit log)."""
+        return self.controller.drain_audit()
+
     def stats(self) -> dict[str, Any]:
         c = self.controller
-        with c.lock:
-            occupancy = {n: b.used for n, b in c.hbms.items()}
+        with c.cv:
+            occupancy = c.hbm_used()
             pages = len(c.pages)
-        return {"controller": dict(c.stats), "pages": pages, "hbm_used": occupancy,
+            predictor = c.strategy.calibration()
+            counters = dict(c.stats)
+        return {"controller": counters, "pages": pages, "hbm_used": occupancy,
+                "predictor": predictor,
                 "traffic": dict(self.executor.traffic.by_tier),
                 "max_in_flight": dict(self.credits.max_in_flight),
                 "credit_waits": list(self.credits.waits[-10000:]),

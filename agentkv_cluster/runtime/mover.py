@@ -138,14 +138,6 @@ class Mover:
         self.transport.add_peer(endpoint.metadata)
         self._peers.add(endpoint.agent)
 
-    def forget_peer(self, agent: str) -> None:
-        """A peer restarted under a new agent: drop its stale metadata."""
-        with self._xfer:
-            if agent not in self._peers:
-                return
-            self._peers.discard(agent)
-            self.transport.remove_peer(agent)
-
     def _submit(self, op: TransferOp, local: Region, local_offset: int, span: RemoteSpan
                 ) -> int:
         """Start one transfer of ``span``; the caller holds ``_xfer``."""

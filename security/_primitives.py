@@ -7,6 +7,7 @@ primitives (AES-256-GCM, HKDF-SHA256, Ed25519) is reviewed in one place.
 from __future__ import annotations
 
 import os
+import threading
 
 from cryptography.exceptions import InvalidSignature, InvalidTag
 from cryptography.hazmat.primitives import hashes, serialization
@@ -30,19 +31,74 @@ def random_bytes(n: int) -> bytes:
     return os.urandom(n)
 
 
+class _NonceDraw:
+    """Random nonces from the OS CSPRNG, drawn 4 KiB at a time (one system call per ~70
+    chunked records instead of one per record). Nonces are public, so holding the next
+    ones in memory reveals nothing; what matters is that none is handed out twice: takes
+    are serialised, and a forked child drops what its parent drew (it would otherwise
+    hand out the parent's next nonces under the parent's inherited data keys)."""
+
+    BLOCK = 4096
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._buf = b""
+        self._at = 0
+
+    def take(self, n: int) -> bytes:
+        with self._lock:
+            at = self._at
+            if at + n > len(self._buf):
+                self._buf, at = random_bytes(max(self.BLOCK, n)), 0
+            self._at = at + n
+            return self._buf[at:at + n]
+
+    def drop(self) -> None:
+        self._lock = threading.Lock()  # a lock held by another thread at fork stays held
+        self._buf, self._at = b"", 0
+
+
+_NONCES = _NonceDraw()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_NONCES.drop)
+
+
+def random_nonces(count: int) -> bytes:
+    """``count`` fresh random 96-bit nonces, concatenated (for one record's chunks)."""
+    return _NONCES.take(NONCE_BYTES * count)
+
+
 def hkdf_sha256(key: bytes, info: bytes, length: int = KEY_BYTES) -> bytes:
     return HKDF(algorithm=hashes.SHA256(), length=length, salt=None, info=info).derive(key)
 
 
-class Aead:
-    """AES-256-GCM with one key; ``*_into`` write into caller buffers."""
+# What ``Aead.fast_decrypt_into`` raises for a message that does not open (a tag mismatch,
+# or a length the cipher refuses); callers map it to ``InvalidSeal``.
+OPEN_FAILED = (InvalidTag, ValueError)
 
-    __slots__ = ("_gcm",)
+
+class Aead:
+    """AES-256-GCM with one key; ``*_into`` write into caller buffers.
+
+    ``fast_encrypt_into`` / ``fast_decrypt_into`` are the primitive's own bound methods
+    (same arguments; decryption raises one of ``OPEN_FAILED``): a hot loop sealing many
+    chunks per record calls them without a wrapper frame per chunk."""
+
+    __slots__ = ("_gcm", "fast_decrypt_into", "fast_encrypt_into")
 
     def __init__(self, key: bytes) -> None:
         if len(key) != KEY_BYTES:
             raise ValueError("AES-256-GCM needs a 32-byte key")
         self._gcm = AESGCM(key)
+        if HAS_INTO:
+            self.fast_encrypt_into = self._gcm.encrypt_into
+            self.fast_decrypt_into = self._gcm.decrypt_into
+        else:  # pragma: no cover - only on cryptography < 45
+            self.fast_encrypt_into = self.encrypt_into
+            self.fast_decrypt_into = self._decrypt_into_or_raise
+
+    def _decrypt_into_or_raise(self, nonce: bytes, data, aad: bytes, out) -> None:  # pragma: no cover
+        out[:] = self._gcm.decrypt(nonce, bytes(data), aad)
 
     def encrypt_into(self, nonce: bytes, data, aad: bytes, out) -> None:
         """Write ciphertext ‖ tag (``len(data) + 16`` bytes) into ``out``."""

@@ -275,11 +275,13 @@ def verify_log(path: str | os.PathLike[str], public_key: Verifier, *,
                         head=prev, problems=tuple(problems))
 
 
-def denial_recorder(log: AuditLog, clock: Callable[[], float]) -> Callable[[Principal, str, str], None]:
+def denial_recorder(log: AuditLog, clock: Callable[[], float]
+                    ) -> Callable[[Principal, str, str, str], None]:
     """An ``AccessPolicy`` hook that appends every cross-tenant denial to ``log``."""
 
-    def record(principal: Principal, namespace: str, action: str) -> None:
+    def record(principal: Principal, namespace: str, action: str, reason: str = "") -> None:
         log.append("access.denied", {"tenant": principal.tenant, "subject": principal.subject,
-                                     "namespace": namespace[:80], "action": action}, clock())
+                                     "namespace": namespace[:80], "action": action,
+                                     "reason": reason[:120]}, clock())
 
     return record

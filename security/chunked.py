@@ -1,13 +1,7 @@
 """Chunked sealing, record format version 2: a header that names nothing, chunks on all cores.
 
-Layout (big endian; ``record_size(n)`` bytes, the same for every ``n`` of a size class)::
-
-    preamble  64 B  magic "AKVC" | version 2 | flags | reserved u16 | key id 16 B |
-                    epoch u64 | slot id 32 B
-    meta     512 B  nonce 12 B | AES-GCM(n, chunk bytes, chunks, app length, app bytes,
-                    zero fill to 484 B) | tag 16 B
-    chunk i         nonce 12 B | AES-GCM(plaintext[i*chunk : (i+1)*chunk]) | tag 16 B
-    zero padding    up to the size class of ``n``
+The layout of a record (preamble, sealed meta block, chunks, padding to a size class) and
+its geometry are in ``security.record_layout``; the names are re-exported here.
 
 Only the version, the key id (an opaque 16-byte tag of the tenant and key generation,
 keyed with the tenant's blinding secret, plus the random data-key epoch) and the
@@ -23,7 +17,8 @@ key generation, tier, location, the page's length and chunk count, and the chunk
 a chunk moved, dropped, repeated, or taken from another record (another page, slot or
 tenant, or an earlier sealing of the same page) does not open. Chunks are sealed and
 opened on a small thread pool (the AEAD calls release the GIL), straight into the caller's
-buffers.
+buffers. The per-record work around the AES calls is kept small: after each multi-MiB page
+it runs with cold caches, where every Python step costs microseconds.
 """
 
 from __future__ import annotations
@@ -42,62 +37,46 @@ from security import _primitives as prim
 from security._fan import Fan, default_threads
 from security.errors import InvalidName, InvalidSeal, KeyUnavailable
 from security.keyring import TenantKeyring, validate_generation, validate_namespace
+from security.record_layout import (  # the format's geometry (re-exported here)
+    CHUNK_OVERHEAD,
+    DIGEST_BYTES,
+    HEAD_BYTES,
+    KEY_ID_BYTES,
+    MAGIC,
+    MAX_APP_BYTES,
+    MAX_CHUNK,
+    META_BYTES,
+    META_PLAIN_BYTES,
+    MIN_CHUNK,
+    MIN_CLASS,
+    NONCE_END,
+    PREAMBLE_BYTES,
+    SLOT_ID_BYTES,
+    VERSION,
+    chunk_bytes,
+    chunk_count,
+    is_chunked,
+    layout,
+    parts,
+    record_size,
+    size_class,
+)
+from security.record_layout import INDEX as _INDEX
+from security.record_layout import META as _META
+from security.record_layout import PRE as _PRE
 from security.sealing import _bytes_view
 
-VERSION = 2
-MAGIC = b"AKVC"
-_PRE = struct.Struct(">4sBBH16sQ32s")  # magic, version, flags, reserved, key id, epoch, slot id
-PREAMBLE_BYTES = _PRE.size  # 64
-KEY_ID_BYTES = 16
-SLOT_ID_BYTES = 32
-DIGEST_BYTES = 32
-_META = struct.Struct(">QIIH")  # plaintext length, chunk bytes, chunks, app length
-META_PLAIN_BYTES = 484
-META_BYTES = prim.NONCE_BYTES + META_PLAIN_BYTES + prim.TAG_BYTES  # 512
-MAX_APP_BYTES = META_PLAIN_BYTES - _META.size
-HEAD_BYTES = PREAMBLE_BYTES + META_BYTES
-CHUNK_OVERHEAD = prim.NONCE_BYTES + prim.TAG_BYTES
-MIN_CLASS = 4096
-MIN_CHUNK, MAX_CHUNK = 64 << 10, 4 << 20
+__all__ = [
+    "CHUNK_OVERHEAD", "DIGEST_BYTES", "HEAD_BYTES", "KEY_ID_BYTES", "MAGIC", "MAX_APP_BYTES",
+    "MAX_CHUNK", "META_BYTES", "META_PLAIN_BYTES", "MIN_CHUNK", "MIN_CLASS", "PARALLEL_FROM",
+    "PREAMBLE_BYTES", "SLOT_ID_BYTES", "VERSION", "Binding", "ChunkedSealer", "SealedMeta",
+    "chunk_bytes", "chunk_count", "default_threads", "is_chunked", "record_size", "size_class",
+]
+
 PARALLEL_FROM = 512 << 10  # smaller pages are sealed on the calling thread alone
 _BIND = struct.Struct(">QBQQI")  # generation, tier, location, plaintext length, chunks
-_INDEX = struct.Struct(">I")
 _KEY_ID_DOMAIN = b"agentkv/record-key-id/v1\0"
 _BLIND_SUFFIX = ".blind.key"
-
-
-def size_class(n: int) -> int:
-    """The padded length of an ``n``-byte page: 4 KiB, then four classes per power of two."""
-    if n < 0:
-        raise ValueError("plaintext length cannot be negative")
-    if n <= MIN_CLASS:
-        return MIN_CLASS
-    p = 1 << ((n - 1).bit_length() - 1)  # p < n <= 2p
-    step = p // 4
-    return p + step * -(-(n - p) // step)
-
-
-def chunk_bytes(klass: int) -> int:
-    """Chunk size of a size class: a quarter of it, 64 KiB to 4 MiB, 4 KiB multiple. Four
-    chunks keep two cores busy and let a restore push one while it opens the next; eight
-    cost measurably more Python per page at 2 MiB (0.75 vs 0.9 of raw AES-GCM, one core)."""
-    return min(MAX_CHUNK, max(MIN_CHUNK, -(-(klass // 4) // 4096) * 4096))
-
-
-def chunk_count(n: int, chunk: int) -> int:
-    return max(1, -(-n // chunk))
-
-
-def record_size(n: int) -> int:
-    """Bytes of a sealed record of ``n`` plaintext bytes (a function of its size class)."""
-    klass = size_class(n)
-    return HEAD_BYTES + klass + chunk_count(klass, chunk_bytes(klass)) * CHUNK_OVERHEAD
-
-
-def is_chunked(record: object) -> bool:
-    """Whether ``record`` starts like a version-2 sealed record (nothing is verified)."""
-    head = bytes(memoryview(record)[:5])  # type: ignore[arg-type]
-    return head[:4] == MAGIC and head[4:5] == bytes((VERSION,))
 
 
 class SealedMeta(NamedTuple):
@@ -121,6 +100,12 @@ class SealedMeta(NamedTuple):
     def chunk_offset(self, index: int) -> int:
         """Where chunk ``index`` (its nonce) starts in the record."""
         return HEAD_BYTES + index * (self.chunk + CHUNK_OVERHEAD)
+
+
+# A record's opened meta block, with the data key that opened it and its preamble:
+# (tenant, generation, epoch, slot id, nbytes, chunk, chunks, app, aead, preamble). A plain
+# tuple: it is built on every open, where a NamedTuple's constructor costs a Python frame.
+_Head = tuple[str, int, int, bytes, int, int, int, bytes, prim.Aead, bytes]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -216,41 +201,40 @@ class ChunkedSealer:
         n = src.nbytes
         if len(app) > MAX_APP_BYTES:
             raise ValueError(f"app metadata is {len(app)} B; at most {MAX_APP_BYTES}")
-        size = record_size(n)
+        lay = layout(n)
         dst = _flat(out, writable=True)
-        if dst.nbytes < size:
-            raise ValueError(f"out must be a writable buffer of at least {size} bytes")
-        chunk = chunk_bytes(size_class(n))
-        count = chunk_count(n, chunk)
-        epoch, aead = self.keyring.seal_key(binding.tenant, binding.generation, count + 1)
-        pre = _PRE.pack(MAGIC, VERSION, 0, 0,
-                        self._key_id_for(binding.tenant, binding.generation, epoch), epoch,
-                        bytes(binding.slot_id))
-        dst[:PREAMBLE_BYTES] = pre
-        nonces = prim.random_bytes(prim.NONCE_BYTES * (count + 1))
-        meta = bytearray(META_PLAIN_BYTES)
-        _META.pack_into(meta, 0, n, chunk, count, len(app))
-        meta[_META.size:_META.size + len(app)] = app
-        at = PREAMBLE_BYTES
-        dst[at:at + prim.NONCE_BYTES] = nonces[:prim.NONCE_BYTES]
-        aead.encrypt_into(nonces[:prim.NONCE_BYTES], meta, _meta_aad(pre, binding.tier),
-                          dst[at + prim.NONCE_BYTES:HEAD_BYTES])
-        prefix = _chunk_aad_prefix(pre, nonces[:prim.NONCE_BYTES], binding, n, count)
+        if dst.nbytes < lay.size:
+            raise ValueError(f"out must be a writable buffer of at least {lay.size} bytes")
+        tenant, generation = binding.tenant, binding.generation
+        epoch, aead = self.keyring.seal_key(tenant, generation, lay.count + 1)
+        pre = _PRE.pack(MAGIC, VERSION, 0, 0, self._key_id_for(tenant, generation, epoch),
+                        epoch, bytes(binding.slot_id))
+        nonces = prim.random_nonces(lay.count + 1)
+        record_nonce = nonces[:prim.NONCE_BYTES]
+        dst[:NONCE_END] = pre + record_nonce
+        meta = _META.pack(n, lay.chunk, lay.count, len(app)) + app
+        aead.fast_encrypt_into(record_nonce, meta.ljust(META_PLAIN_BYTES, b"\0"),
+                               _meta_aad(pre, binding.tier), dst[NONCE_END:HEAD_BYTES])
+        prefix = _chunk_aad_prefix(pre, record_nonce, binding, n, lay.count)
+        encrypt = aead.fast_encrypt_into
+        if n >= PARALLEL_FROM and lay.count > 1 and self._fan.threads > 1:
+            parts = lay.parts
 
-        def seal_one(i: int) -> None:
-            off = HEAD_BYTES + i * (chunk + CHUNK_OVERHEAD)
-            length = min(chunk, n - i * chunk)
-            nonce = nonces[(i + 1) * prim.NONCE_BYTES:(i + 2) * prim.NONCE_BYTES]
-            dst[off:off + prim.NONCE_BYTES] = nonce
-            aead.encrypt_into(nonce, src[i * chunk:i * chunk + length],
-                              prefix + _INDEX.pack(i),
-                              dst[off + prim.NONCE_BYTES:off + CHUNK_OVERHEAD + length])
+            def seal_one(i: int) -> None:
+                start, end, off, stop, k, index = parts[i]
+                nonce = nonces[k:k + prim.NONCE_BYTES]
+                dst[off:off + prim.NONCE_BYTES] = nonce
+                encrypt(nonce, src[start:end], prefix + index, dst[off + prim.NONCE_BYTES:stop])
 
-        self._fan.run(count, seal_one, n >= PARALLEL_FROM)
-        used = HEAD_BYTES + n + count * CHUNK_OVERHEAD
-        if used < size:  # padding: zeros, so a slot's old bytes never ride along
-            np.frombuffer(dst, np.uint8, size - used, used).fill(0)
-        return size
+            self._fan.run(lay.count, seal_one, True)
+        else:  # one thread: the same steps without a call per chunk
+            for start, end, off, stop, k, index in lay.parts:
+                nonce = nonces[k:k + prim.NONCE_BYTES]
+                dst[off:off + prim.NONCE_BYTES] = nonce
+                encrypt(nonce, src[start:end], prefix + index, dst[off + prim.NONCE_BYTES:stop])
+        if lay.used < lay.size:  # padding: zeros, so a slot's old bytes never ride along
+            np.frombuffer(dst, np.uint8, lay.size - lay.used, lay.used).fill(0)
+        return lay.size
 
     # -- opening ---------------------------------------------------------------------------
     def read_meta(self, record: object, tier: int, tenant: str | None = None,
@@ -258,7 +242,12 @@ class ChunkedSealer:
         """Open a record's meta block. With no ``tenant``, the key id is looked up among
         the keyring's live keys (a restarted store rebuilding its index). Raises
         ``InvalidSeal`` for anything that is not an intact record under a live key."""
-        src = _flat(record)
+        return SealedMeta(*self._open_head(_flat(record), tier, tenant, generation)[:8])
+
+    def _open_head(self, src: memoryview, tier: int, tenant: str | None,
+                   generation: int | None) -> _Head:
+        """What ``read_meta`` reads, plus the data key that opened the meta block and the
+        preamble (``open_into`` goes on to the chunks with them)."""
         if src.nbytes < HEAD_BYTES:
             raise InvalidSeal("sealed record does not open")
         pre = bytes(src[:PREAMBLE_BYTES])
@@ -273,17 +262,34 @@ class ChunkedSealer:
             raise InvalidSeal("sealed record does not open") from exc
         if not hmac.compare_digest(key_id, self._key_id_for(tenant, generation, epoch)):
             raise InvalidSeal("sealed record does not open")
-        at = PREAMBLE_BYTES
         meta = bytearray(META_PLAIN_BYTES)
-        aead.decrypt_into(bytes(src[at:at + prim.NONCE_BYTES]),
-                          src[at + prim.NONCE_BYTES:HEAD_BYTES], _meta_aad(pre, tier), meta)
+        try:
+            aead.fast_decrypt_into(src[PREAMBLE_BYTES:NONCE_END], src[NONCE_END:HEAD_BYTES],
+                                   _meta_aad(pre, tier), meta)
+        except prim.OPEN_FAILED:
+            raise InvalidSeal("sealed record does not open") from None
         n, chunk, count, app_len = _META.unpack_from(meta)
-        if (chunk == 0 or count != chunk_count(n, chunk) or app_len > MAX_APP_BYTES
+        if (chunk == 0 or count != max(1, -(-n // chunk)) or app_len > MAX_APP_BYTES
                 or src.nbytes < HEAD_BYTES + n + count * CHUNK_OVERHEAD):
             raise InvalidSeal("sealed record does not open")  # truncated: a chunk is missing
-        return SealedMeta(tenant=tenant, generation=generation, epoch=epoch, slot_id=slot_id,
-                          nbytes=n, chunk=chunk, chunks=count,
-                          app=bytes(meta[_META.size:_META.size + app_len]))
+        return (tenant, generation, epoch, slot_id, n, chunk, count,
+                bytes(meta[_META.size:_META.size + app_len]), aead, pre)
+
+    def _chunk_key(self, src: memoryview, meta: SealedMeta, binding: Binding
+                   ) -> tuple[prim.Aead, bytes] | None:
+        """The data key and the chunks' shared AAD for opening ``meta``'s chunks under
+        ``binding``; None when the binding is not the record's or its key is gone."""
+        if (binding.tenant, binding.generation) != (meta.tenant, meta.generation) or \
+                not hmac.compare_digest(bytes(binding.slot_id), meta.slot_id):
+            return None
+        try:
+            aead = self.keyring.open_key(meta.tenant, meta.generation, meta.epoch)
+        except KeyUnavailable:  # erased since the meta block opened
+            return None
+        prefix = _chunk_aad_prefix(bytes(src[:PREAMBLE_BYTES]),
+                                   bytes(src[PREAMBLE_BYTES:NONCE_END]), binding,
+                                   meta.nbytes, meta.chunks)
+        return aead, prefix
 
     def opener(self, record: object, meta: SealedMeta, binding: Binding
                ) -> Callable[[int, object], bool]:
@@ -291,16 +297,10 @@ class ChunkedSealer:
         length); False (and ``out`` zeroed) when it does not open. For pipelines that hand
         each chunk on as soon as it opened; ``open_into`` opens them all."""
         src = _flat(record)
-        if (binding.tenant, binding.generation) != (meta.tenant, meta.generation) or \
-                not hmac.compare_digest(bytes(binding.slot_id), meta.slot_id):
+        found = self._chunk_key(src, meta, binding)
+        if found is None:
             return lambda i, out: False
-        try:
-            aead = self.keyring.open_key(meta.tenant, meta.generation, meta.epoch)
-        except KeyUnavailable:  # erased since the meta block opened
-            return lambda i, out: False
-        pre = bytes(src[:PREAMBLE_BYTES])
-        record_nonce = bytes(src[PREAMBLE_BYTES:PREAMBLE_BYTES + prim.NONCE_BYTES])
-        prefix = _chunk_aad_prefix(pre, record_nonce, binding, meta.nbytes, meta.chunks)
+        aead, prefix = found
 
         def open_chunk(i: int, out: object) -> bool:
             off = meta.chunk_offset(i)
@@ -321,22 +321,48 @@ class ChunkedSealer:
                   meta: SealedMeta | None = None) -> memoryview:
         """Open a whole record into ``out`` (or a new buffer); returns a view of its
         plaintext. Raises ``InvalidSeal`` (``out`` zeroed) if any part fails to open."""
-        if meta is None:
-            meta = self.read_meta(record, binding.tier, binding.tenant, binding.generation)
-        n = meta.nbytes
+        src = _flat(record)
+        found: tuple[prim.Aead, bytes] | None
+        if meta is None:  # the key and preamble that open the meta block open the chunks
+            _, _, _, slot_id, n, chunk, count, _, aead, pre = self._open_head(
+                src, binding.tier, binding.tenant, binding.generation)
+            found = None
+            if hmac.compare_digest(bytes(binding.slot_id), slot_id):
+                found = aead, _chunk_aad_prefix(pre, bytes(src[PREAMBLE_BYTES:NONCE_END]),
+                                                binding, n, count)
+        else:
+            n, chunk, count = meta.nbytes, meta.chunk, meta.chunks
+            found = self._chunk_key(src, meta, binding)
         dst = memoryview(bytearray(n)) if out is None else _flat(out, writable=True)
         if dst.nbytes < n:
             raise ValueError(f"out must be a writable buffer of at least {n} bytes")
-        open_chunk = self.opener(record, meta, binding)
-        failed: list[int] = []
+        ok = found is not None
+        if found is not None:
+            decrypt, prefix = found[0].fast_decrypt_into, found[1]
+            pieces = parts(n, chunk, count)
+            if n >= PARALLEL_FROM and count > 1 and self._fan.threads > 1:
+                failed: list[int] = []
 
-        def one(i: int) -> None:
-            start = i * meta.chunk
-            if not open_chunk(i, dst[start:start + min(meta.chunk, n - start)]):
-                failed.append(i)
+                def one(i: int) -> None:
+                    start, end, off, stop, _, index = pieces[i]
+                    try:
+                        decrypt(src[off:off + prim.NONCE_BYTES],
+                                src[off + prim.NONCE_BYTES:stop], prefix + index,
+                                dst[start:end])
+                    except prim.OPEN_FAILED:
+                        failed.append(i)
 
-        self._fan.run(meta.chunks, one, n >= PARALLEL_FROM)
-        if failed:
+                self._fan.run(count, one, True)
+                ok = not failed
+            else:  # one thread: the same steps without a call per chunk
+                try:
+                    for start, end, off, stop, _, index in pieces:
+                        decrypt(src[off:off + prim.NONCE_BYTES],
+                                src[off + prim.NONCE_BYTES:stop], prefix + index,
+                                dst[start:end])
+                except prim.OPEN_FAILED:
+                    ok = False
+        if not ok:  # never leave unauthenticated plaintext behind
             np.frombuffer(dst, np.uint8, n).fill(0)
             raise InvalidSeal("sealed record does not open")
         return dst[:n]

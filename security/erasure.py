@@ -15,7 +15,13 @@ from dataclasses import asdict, dataclass, field
 
 from security.audit import AuditLog, AuditPosition
 from security.errors import InvalidReceipt, KeyUnavailable
-from security.keyring import TenantKeyring, validate_generation, validate_namespace
+from security.keyring import (
+    PUBLIC_NAMESPACE,
+    TenantKeyring,
+    validate_generation,
+    validate_namespace,
+)
+from security.publishing import PublishGrants
 from security.signing import Signer, Verifier, canonical_json, fingerprint
 
 RECEIPT_VERSION = 1
@@ -152,6 +158,8 @@ class Eraser:
         # while (or after) its keys are destroyed.
         self.keyring.mark_erased(tenant, now)
         key_ids = self.keyring.destroy_tenant(tenant)
+        if tenant != PUBLIC_NAMESPACE:  # its grant to publish goes too (one older than
+            PublishGrants(self.keyring.source).revoke(tenant)  # the mark is void anyway)
         return self._finish(EraseScope(tenant=tenant, generation=None), key_ids, now)
 
     def erase_generation(self, tenant: str, generation: int, now: float) -> ErasureReceipt:

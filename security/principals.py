@@ -1,19 +1,24 @@
 """Principals from signed tokens, and the namespace access check.
 
 The tenant of a request is the tenant in its verified token, never a request
-field. The PUBLIC namespace is opt-in per tenant, holds only prefixes an admin
-marked public, is written only by admins, and has its own keys.
+field. The PUBLIC namespace is read only by tenants whose token opted in
+(``public_read``) and written only with a token carrying the ``publish`` role (given
+only together with ``admin``) of a tenant the operator granted publishing
+(``security.publishing``); it has its own keys. Every refusal is reported to the
+denial hook (the service appends it to its audit log) with the reason.
 """
 
 from __future__ import annotations
 
 import base64
+import enum
 import hashlib
 import hmac
 import json
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 from security.errors import AccessDenied, InvalidToken
 from security.keyring import PUBLIC_NAMESPACE, validate_namespace
@@ -21,7 +26,7 @@ from security.keyring import PUBLIC_NAMESPACE, validate_namespace
 TOKEN_VERSION = 1
 _PREFIX = "akv1."
 _MAX_TOKEN = 4096
-_ROLES = frozenset({"tenant", "admin"})
+_ROLES = frozenset({"tenant", "admin", "publish"})
 _SUBJECT_RE = re.compile(r"[A-Za-z0-9_.@:-]{1,128}")
 _CLAIMS = {"v", "ten", "sub", "roles", "pub", "iat", "exp"}
 
@@ -38,6 +43,11 @@ class Principal:
     @property
     def is_admin(self) -> bool:
         return "admin" in self.roles
+
+    @property
+    def can_publish(self) -> bool:
+        """The token carries the publish scope (the tenant must also hold a live grant)."""
+        return "publish" in self.roles
 
 
 def _b64(data: bytes) -> str:
@@ -64,6 +74,8 @@ class TokenIssuer:
         roles = sorted(set(roles))
         if not roles or not set(roles) <= _ROLES or not _SUBJECT_RE.fullmatch(subject):
             raise ValueError("bad roles or subject")
+        if "publish" in roles and "admin" not in roles:
+            raise ValueError("the publish role is an admin scope: give it with admin")
         if ttl_s <= 0:
             raise ValueError("ttl_s must be positive")
         claims = {"v": TOKEN_VERSION, "ten": tenant, "sub": subject, "roles": roles,
@@ -100,6 +112,7 @@ class TokenIssuer:
             raise InvalidToken("token claims are invalid") from None
         subject = claims["sub"]
         if tenant == PUBLIC_NAMESPACE or not roles <= _ROLES or not roles or \
+                ("publish" in roles and "admin" not in roles) or \
                 not isinstance(subject, str) or not _SUBJECT_RE.fullmatch(subject):
             raise InvalidToken("token claims are invalid")
         if now >= exp:
@@ -111,19 +124,46 @@ class TokenIssuer:
         return hmac.new(self._secret, body.encode(), hashlib.sha256).digest()
 
 
-# Called with (principal, namespace, action) on every denial; the service appends it to the audit log.
-DenialHook = Callable[[Principal, str, str], None]
+# Called with (principal, namespace, action, reason) on every denial (the reason is the
+# text of a ``DenialReason``); the service appends it to the audit log.
+DenialHook = Callable[[Principal, str, str, str], None]
+
+
+class GrantCheck(Protocol):
+    """Whether a tenant holds a live operator grant to publish (``security.publishing``)."""
+
+    def allows(self, tenant: str) -> bool: ...
+
+
+class DenialReason(str, enum.Enum):
+    """Why an access was refused (a ``str``: the audit record carries the text)."""
+
+    OTHER_TENANT = "another tenant's namespace"
+    NO_PUBLIC_READ = "the token did not opt in to the PUBLIC namespace (public_read)"
+    NO_PUBLISH_ROLE = "the token lacks the publish role"
+    NO_GRANT = "the tenant holds no operator grant to publish"
+
+
+NO_PUBLIC_READ = DenialReason.NO_PUBLIC_READ
+NO_PUBLISH_ROLE = DenialReason.NO_PUBLISH_ROLE
+NO_GRANT = DenialReason.NO_GRANT
+OTHER_TENANT = DenialReason.OTHER_TENANT
 
 
 class AccessPolicy:
-    """Decides which namespaces a principal may read or write."""
+    """Decides which namespaces a principal may read or write.
 
-    def __init__(self, on_denied: DenialHook | None = None) -> None:
+    ``grants`` is the operator's publish grants; without it nobody writes PUBLIC."""
+
+    def __init__(self, on_denied: DenialHook | None = None,
+                 grants: GrantCheck | None = None) -> None:
         self._public: set[bytes] = set()
         self._on_denied = on_denied
+        self._grants = grants
 
     def mark_public(self, principal: Principal, identity_digest: bytes) -> None:
-        """An admin marks a prefix (by identity digest) shareable through PUBLIC."""
+        """A publisher (publish role and a live grant) marks a prefix (by identity digest)
+        shareable through PUBLIC."""
         self.check(principal, PUBLIC_NAMESPACE, "write")
         if not isinstance(identity_digest, bytes) or len(identity_digest) != 32:
             raise ValueError("identity digest must be 32 bytes")
@@ -138,13 +178,24 @@ class AccessPolicy:
             raise ValueError(f"unknown action {action!r:.20}")
         if namespace == principal.tenant:
             return
-        if namespace == PUBLIC_NAMESPACE and (
-            (action == "read" and principal.public_read) or (action == "write" and principal.is_admin)
-        ):
+        reason = self._public_refusal(principal, action) if namespace == PUBLIC_NAMESPACE \
+            else OTHER_TENANT
+        if reason is None:
             return
         if self._on_denied is not None:
-            self._on_denied(principal, namespace, action)
-        raise AccessDenied(f"{principal.subject} may not {action} namespace {namespace!r:.70}")
+            self._on_denied(principal, namespace, action, reason.value)
+        raise AccessDenied(f"{principal.subject} may not {action} namespace {namespace!r:.70}: "
+                           f"{reason.value}")
+
+    def _public_refusal(self, principal: Principal, action: str) -> DenialReason | None:
+        """Why ``principal`` may not do ``action`` in PUBLIC (None if it may)."""
+        if action == "read":
+            return None if principal.public_read else NO_PUBLIC_READ
+        if not principal.can_publish:
+            return NO_PUBLISH_ROLE
+        if self._grants is None or not self._grants.allows(principal.tenant):
+            return NO_GRANT
+        return None
 
     def lookup_namespaces(self, principal: Principal, identity_digest: bytes) -> tuple[str, ...]:
         """Where a lookup of this prefix may look, own namespace first."""

@@ -92,16 +92,19 @@ class AgentKvClient:
         return self.call("hello")
 
     def open_session(self, session: str) -> SessionClient:
-        self.call("open_session", {"session": session})
-        return SessionClient(self, session)
+        opened = self.call("open_session", {"session": session})
+        return SessionClient(self, session, opened)
 
 
 class SessionClient:
-    """Calls scoped to one session: the eight workflow events and the engine-side calls."""
+    """Calls scoped to one session: the eight workflow events and the engine-side calls.
+    ``opened`` is the ``open_session`` result (tenant, HBM actor, whether it may publish)."""
 
-    def __init__(self, client: AgentKvClient, session: str) -> None:
+    def __init__(self, client: AgentKvClient, session: str,
+                 opened: dict[str, Any] | None = None) -> None:
         self.client = client
         self.session = session
+        self.opened = opened or {}
 
     def _call(self, op: str, **args: Any) -> Any:
         return self.client.call(op, {"session": self.session, **args})

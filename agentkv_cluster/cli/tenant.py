@@ -1,5 +1,6 @@
 """``agentkv tenant``: create, rotate and erase tenant keys (crypto-shredding with a receipt),
-issue client tokens and print a tenant's blinded directory namespace."""
+grant or revoke publishing into PUBLIC, issue client tokens and print a tenant's blinded
+directory namespace."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ MAX_TOKEN_TTL_S = 366 * 86400.0  # a token lives at most a year (rotate the secr
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("tenant", help="manage tenants: create, rotate, erase, token, namespace")
+    parser = subparsers.add_parser(
+        "tenant", help="manage tenants: create, rotate, erase, publish, token, namespace")
     sub = parser.add_subparsers(dest="tenant_command", metavar="ACTION", required=True)
 
     def common(p: argparse.ArgumentParser, audit_required: bool) -> None:
@@ -49,6 +51,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     erase.add_argument("--receipt-out", type=Path, metavar="F", help="write the receipt here too")
     erase.set_defaults(handler=_erase)
 
+    publish = sub.add_parser(
+        "publish", help="grant (or --revoke) a tenant the right to write the PUBLIC namespace; "
+                        "recorded in the audit log")
+    common(publish, audit_required=True)
+    publish.add_argument("--revoke", action="store_true", help="take the grant back")
+    publish.set_defaults(handler=_publish)
+
+    publishers = sub.add_parser("publishers", help="list the tenants granted publishing")
+    publishers.add_argument("--keys-dir", type=Path, metavar="D",
+                            help="key directory (read only; default STATE_DIR/keys)")
+    add_state_dir(publishers)
+    publishers.set_defaults(handler=_publishers)
+
     token = sub.add_parser("token", help="issue a client token for a tenant (HMAC, like serve)")
     token.add_argument("tenant", metavar="TENANT", help="tenant the token acts for")
     token.add_argument("--token-secret-file", metavar="F",
@@ -60,6 +75,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     token.add_argument("--subject", default="agent", help="who holds it (default: agent)")
     token.add_argument("--public-read", action="store_true",
                        help="the tenant opted in to reading the PUBLIC namespace")
+    token.add_argument("--admin", action="store_true", help="add the admin role")
+    token.add_argument("--publish", action="store_true",
+                       help="add the publish role (implies --admin): may write PUBLIC while "
+                            "the tenant holds a grant (`agentkv tenant publish`)")
     token.set_defaults(handler=_token)
 
     ns = sub.add_parser("namespace", help="print the tenant's blinded directory (Redis) namespace")
@@ -180,11 +199,52 @@ def _token(args: argparse.Namespace) -> int:
         raise CliError(f"--ttl must be a number of seconds in (0, {MAX_TOKEN_TTL_S:.0f}]")
     issuer = TokenIssuer(read_token_secret(args.token_secret_file))
     try:
+        roles = ["tenant"] + ["admin"] * (args.admin or args.publish) + ["publish"] * args.publish
         token = issuer.issue(args.tenant, subject=args.subject, now=time.time(),
-                             ttl_s=args.ttl, public_read=args.public_read)
+                             ttl_s=args.ttl, roles=roles, public_read=args.public_read)
     except ValueError as exc:
         raise CliError(str(exc)) from None
     print(token)
+    return 0
+
+
+def _publish(args: argparse.Namespace) -> int:
+    from security.errors import SecurityError
+    from security.publishing import PublishGrants
+
+    keyring = _keyring(args.keys_dir)
+    audit, _ = _audit(args)
+    if audit is None:
+        raise CliError("publish records the grant: give --audit-log and --signing-key")
+    grants = PublishGrants(keyring.source)
+    try:
+        now = time.time()
+        if args.revoke:
+            removed = grants.revoke(args.tenant)
+            audit.append("publish.revoke", {"tenant": args.tenant, "entries": removed}, now)
+            print(f"publish.revoke: tenant {args.tenant} ({removed} grant entries removed)")
+        else:
+            grant = grants.grant(args.tenant, now)
+            audit.append("publish.grant", {"tenant": args.tenant, "at": grant.granted_at}, now)
+            print(f"publish.grant: tenant {args.tenant} may publish into PUBLIC with a "
+                  "token that has the publish role")
+    except SecurityError as exc:
+        raise CliError(str(exc)) from None
+    finally:
+        audit.close()
+    return 0
+
+
+def _publishers(args: argparse.Namespace) -> int:
+    from security.keyring import FileKeySource
+    from security.publishing import PublishGrants
+
+    if not Path(args.keys_dir).is_dir():
+        raise CliError(f"key directory {args.keys_dir} does not exist or is not a directory")
+    for tenant, grant in PublishGrants(FileKeySource(args.keys_dir, writable=False)).grants().items():
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(grant.granted_at))
+        state = "live" if grant.live else "void (the tenant was erased after the grant)"
+        print(f"{tenant}\tgranted {when}\t{state}")
     return 0
 
 

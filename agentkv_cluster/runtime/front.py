@@ -2,7 +2,10 @@
 
 The tenant of every request is the verified token's tenant, never a request field.
 Page keys are blinded per tenant (or under the opt-in PUBLIC namespace), so a
-lookup by another tenant, or with any identity field changed, cannot match.
+lookup by another tenant, or with any identity field changed, cannot match. PUBLIC is
+read only with a ``public_read`` token and written only with a ``publish`` token of a
+tenant holding a live operator grant (``security.publishing``, re-read at most every
+``ERASED_RECHECK_S``); every refusal is audited with its reason.
 Engine bytes are staged in this process's NIXL-registered memory; the HBM actor
 pulls them, so they never pass through the Ray object store.
 """
@@ -37,6 +40,7 @@ from security.errors import AccessDenied as SecurityDenied
 from security.errors import InvalidToken, KeyUnavailable
 from security.keyring import PUBLIC_NAMESPACE, FileKeySource, TenantKeyring
 from security.principals import AccessPolicy, DenialHook, Principal, TokenIssuer
+from security.publishing import CachedGrants, PublishGrants
 
 STAGE_PAGES = 4  # pages staged in shared memory per controller call
 _DTYPES = ("float16", "bfloat16", "float32")
@@ -58,7 +62,10 @@ class ServiceFront:
         self.page_bytes = page_bytes
         self.keyring = TenantKeyring(FileKeySource(keys_dir))
         self.blinder = DirectoryBlinder(self.keyring)
-        self.access = AccessPolicy(on_denied)  # every cross-tenant denial is reported
+        # Publishing into PUBLIC needs the operator's grant; a grant or revocation shows
+        # within ERASED_RECHECK_S.
+        self.grants = CachedGrants(PublishGrants(self.keyring.source), ERASED_RECHECK_S)
+        self.access = AccessPolicy(on_denied, self.grants)  # every denial is reported
         # Slots are taken per chunk, all at once under a lock: no hold-and-wait.
         self.mover = Mover(f"front-{id(self):x}", page_bytes, 8 * STAGE_PAGES)
         self._slots = threading.Lock()
@@ -97,6 +104,7 @@ class ServiceFront:
         Returns how many prepared loads were dropped."""
         self.keyring.forget(tenant)
         self.blinder.forget(tenant)
+        self.grants.forget()  # its grant to publish went with the erasure
         with self._lock:
             doomed = [i for i, entry in self._loads.items() if entry[0] == tenant]
             for load_id in doomed:
@@ -142,7 +150,9 @@ class ServiceFront:
                                "was issued")
         ensure_tenant(self.keys_dir, principal.tenant)
         hbm = self._call("open_session", principal.tenant, session)
-        return {"session": session, "tenant": principal.tenant, "hbm": hbm}
+        # Optional, for clients that publish: whether this token may write PUBLIC now.
+        publish = principal.can_publish and self.grants.allows(principal.tenant)
+        return {"session": session, "tenant": principal.tenant, "hbm": hbm, "publish": publish}
 
     def send_event(self, principal: Principal, session: str, event: dict[str, Any]) -> dict[str, Any]:
         if "tenant" in event or "session" in event:

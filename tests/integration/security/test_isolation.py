@@ -206,12 +206,20 @@ def test_cross_tenant_lookup_timing_is_the_absent_prefix_path(cache, tokens):
 
 
 def test_public_namespace_is_the_only_shared_path(cache, tokens):
-    """An admin-marked prefix in PUBLIC (own key) is shared with opted-in tenants only."""
+    """A publisher-marked prefix in PUBLIC (own key) is shared with opted-in tenants only."""
     from security.errors import AccessDenied
+    from security.principals import AccessPolicy
+    from security.publishing import PublishGrants
 
     cache.add_tenant("_public")
+    grants = PublishGrants(cache.keyring.source)  # the operator lets "ops" publish
+    grants.grant("ops", NOW)
+    cache.policy = AccessPolicy(grants=grants)
     schema = dataclasses.replace(BASE, tenant="_public", session="tool-schemas").digest()
-    admin = cache.issuer.issue("ops", subject="root", now=NOW, roles=["admin"])
+    admin = cache.issuer.issue("ops", subject="root", now=NOW, roles=["admin", "publish"])
+    with pytest.raises(AccessDenied):  # an admin token without the publish role
+        cache.put(cache.issuer.issue("ops", subject="root", now=NOW, roles=["admin"]), schema,
+                  Tier.HOST, b"x", NOW, public=True)
     opted = cache.issuer.issue("acme", subject="svc", now=NOW, public_read=True)
     with pytest.raises(AccessDenied):  # tenants cannot publish
         cache.put(tokens["acme"], schema, Tier.HOST, b"x", NOW, public=True)

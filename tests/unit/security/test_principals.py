@@ -9,7 +9,7 @@ import pytest
 
 from security.errors import AccessDenied, InvalidToken
 from security.keyring import PUBLIC_NAMESPACE
-from security.principals import AccessPolicy, TokenIssuer
+from security.principals import NO_GRANT, NO_PUBLISH_ROLE, AccessPolicy, TokenIssuer
 
 SECRET = b"s" * 32
 NOW = 1_000.0
@@ -93,7 +93,8 @@ def test_issue_rejects_bad_input(issuer):
 
 def test_access_policy_own_namespace_only_and_denials_reported(issuer):
     denials = []
-    policy = AccessPolicy(on_denied=lambda p, ns, action: denials.append((p.tenant, ns, action)))
+    policy = AccessPolicy(on_denied=lambda p, ns, action, why: denials.append((p.tenant, ns,
+                                                                                action)))
     acme = issuer.verify(issuer.issue("acme", subject="a", now=NOW), NOW)
     policy.check(acme, "acme", "read")
     policy.check(acme, "acme", "write")
@@ -105,9 +106,10 @@ def test_access_policy_own_namespace_only_and_denials_reported(issuer):
                        ("acme", PUBLIC_NAMESPACE, "read"), ("acme", PUBLIC_NAMESPACE, "write")]
 
 
-def test_public_namespace_is_opt_in_and_admin_marked(issuer):
-    policy = AccessPolicy()
-    admin = issuer.verify(issuer.issue("ops", subject="root", now=NOW, roles=["admin"]), NOW)
+def test_public_namespace_is_opt_in_and_publisher_marked(issuer):
+    policy = AccessPolicy(grants=_Granted({"ops"}))
+    admin = issuer.verify(issuer.issue("ops", subject="root", now=NOW,
+                                       roles=["admin", "publish"]), NOW)
     opted = issuer.verify(issuer.issue("acme", subject="a", now=NOW, public_read=True), NOW)
     plain = issuer.verify(issuer.issue("globex", subject="g", now=NOW), NOW)
     with pytest.raises(AccessDenied):
@@ -120,3 +122,53 @@ def test_public_namespace_is_opt_in_and_admin_marked(issuer):
     policy.check(opted, PUBLIC_NAMESPACE, "read")
     with pytest.raises(AccessDenied):
         policy.check(opted, PUBLIC_NAMESPACE, "write")
+
+
+class _Granted:
+    """The operator's grants as a plain set (``security.publishing`` has the real ones)."""
+
+    def __init__(self, tenants: set[str]) -> None:
+        self.tenants = tenants
+
+    def allows(self, tenant: str) -> bool:
+        return tenant in self.tenants
+
+
+def test_the_publish_role_comes_only_with_admin(issuer):
+    with pytest.raises(ValueError, match="admin"):
+        issuer.issue("acme", subject="a", now=NOW, roles=["tenant", "publish"])
+    p = issuer.verify(issuer.issue("acme", subject="a", now=NOW, roles=["admin", "publish"]), NOW)
+    assert p.can_publish and p.is_admin
+    assert not issuer.verify(issuer.issue("acme", subject="a", now=NOW, roles=["admin"]),
+                             NOW).can_publish
+    # A token carrying publish without admin (a forged or foreign issuer's shape) is refused.
+    claims = {"v": 1, "ten": "acme", "sub": "a", "roles": ["publish"], "pub": False,
+              "iat": NOW, "exp": NOW + 60}
+    with pytest.raises(InvalidToken, match="invalid"):
+        issuer._principal(claims, NOW)
+
+
+def test_public_writes_need_the_publish_role_and_a_live_grant(issuer):
+    """An admin token alone publishes nothing; neither does a publish token of a tenant
+    without the operator's grant; each refusal reaches the hook with its reason."""
+    denials = []
+    grants = _Granted({"ops"})
+    policy = AccessPolicy(on_denied=lambda p, ns, action, why: denials.append((p.tenant, why)),
+                          grants=grants)
+
+    def principal(tenant, roles):
+        return issuer.verify(issuer.issue(tenant, subject="s", now=NOW, roles=roles), NOW)
+
+    admin_only = principal("ops", ["admin"])
+    ungranted = principal("acme", ["admin", "publish"])
+    publisher = principal("ops", ["admin", "publish"])
+    for who in (admin_only, ungranted):
+        with pytest.raises(AccessDenied):
+            policy.check(who, PUBLIC_NAMESPACE, "write")
+    policy.check(publisher, PUBLIC_NAMESPACE, "write")
+    grants.tenants.clear()  # revoked
+    with pytest.raises(AccessDenied, match="grant"):
+        policy.check(publisher, PUBLIC_NAMESPACE, "write")
+    with pytest.raises(AccessDenied):  # no grant registry at all: nobody publishes
+        AccessPolicy().check(publisher, PUBLIC_NAMESPACE, "write")
+    assert denials == [("ops", NO_PUBLISH_ROLE), ("acme", NO_GRANT), ("ops", NO_GRANT)]

@@ -1,0 +1,174 @@
+"""Publishing into PUBLIC on a running service (real front over TCP, controller, HBM actor,
+host pool, NVMe shard, key directory, audit log): it needs a token with the ``publish``
+role AND the operator's grant (``agentkv tenant publish``); readers must have opted in;
+a revocation or an erasure of the publisher ends it; every refusal is in the audit log,
+with its reason, and the log verifies."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from agentkv_cluster.api.protocol import RemoteError
+from agentkv_cluster.cli import main
+from agentkv_cluster.config import load_config
+from agentkv_cluster.runtime.service import Service
+from security.audit import verify_log
+from security.keyring import PUBLIC_NAMESPACE
+from security.principals import NO_GRANT, NO_PUBLIC_READ, NO_PUBLISH_ROLE
+from security.signing import load_verifier
+from tests.integration.runtime.test_cluster import identity, kv_page
+
+pytestmark = pytest.mark.integration
+
+PAGE = 2 * 2 * 2 * 128 * 64 * 2  # kv_page's size
+PUBLISHER = ("tenant", "admin", "publish")
+
+
+@pytest.fixture(scope="module")
+def service():
+    workdir = Path(tempfile.mkdtemp(prefix="agentkv-public-"))
+    cfg = load_config(env={}, overrides={
+        "api": {"port": 0},
+        "hbm": {"page_bytes": PAGE, "num_pages": 16},
+        "pool": {"pool_bytes": 8 * PAGE, "slot_bytes": PAGE, "nvme_dir": str(workdir / "nv")},
+    })
+    svc = Service(cfg, workdir=workdir).start(local=True)
+    yield svc
+    svc.stop()
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _cli(service: Service, *args: str) -> int:
+    return main(["tenant", *args, "--keys-dir", service.keys_dir,
+                 "--audit-log", str(service.workdir / "audit.log"),
+                 "--signing-key", str(service.workdir / "audit.key")])
+
+
+def _records(service: Service, kind: str) -> list[dict]:
+    lines = (service.workdir / "audit.log").read_text().splitlines()
+    return [r["data"] for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+def _denied(service: Service) -> list[tuple[str, str, str, str]]:
+    return [(d["tenant"], d["namespace"], d["action"], d["reason"])
+            for d in _records(service, "access.denied")]
+
+
+def _public_page(session: str, start: int) -> dict:
+    return kv_page(start, "fixed_prefix", identity(PUBLIC_NAMESPACE, session, start))
+
+
+def _store_eventually(s, page: dict, ok: bool, within_s: float = 5.0) -> None:
+    """Store ``page`` until it succeeds (``ok``) or is refused (not ``ok``): grants and
+    revocations reach the front within its re-read interval (1 s)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            s.store_pages([page])
+            if ok:
+                return
+        except RemoteError as exc:
+            assert exc.code == "forbidden", exc
+            if not ok:
+                return
+        assert time.monotonic() < deadline, f"the grant change did not show within {within_s} s"
+        time.sleep(0.2)
+
+
+def test_an_admin_token_cannot_publish_even_for_a_granted_tenant(service) -> None:
+    assert _cli(service, "publish", "acme") == 0  # the grant is there; the role is not
+    before = len(_denied(service))
+    with service.client("acme", roles=("tenant", "admin")) as admin, \
+            service.client("globex") as plain:
+        s = admin.open_session("a1")
+        assert s.opened["publish"] is False
+        time.sleep(1.1)  # past the front's grant re-read: only the role is missing
+        with pytest.raises(RemoteError) as err:
+            s.store_pages([_public_page("schemas", 0)])
+        assert err.value.code == "forbidden"
+        g = plain.open_session("g1")
+        with pytest.raises(RemoteError) as err:
+            g.store_pages([_public_page("schemas", 0)])
+        assert err.value.code == "forbidden"
+        own = kv_page(1, "evidence", identity("acme", "a1", 0))
+        assert len(s.store_pages([own])) == 1  # its own namespace, as before
+    with service.client("umbrella", public_read=True) as reader:
+        r = reader.open_session("r1")
+        assert r.lookup_prefix([identity(PUBLIC_NAMESPACE, "schemas", 0).pack()])["length"] == 0
+    assert _denied(service)[before:] == [
+        ("acme", PUBLIC_NAMESPACE, "write", NO_PUBLISH_ROLE),
+        ("globex", PUBLIC_NAMESPACE, "write", NO_PUBLISH_ROLE)]
+
+
+def test_a_granted_publisher_shares_with_opted_in_readers_until_revoked(service) -> None:
+    page = _public_page("tools", 0)
+    ident = identity(PUBLIC_NAMESPACE, "tools", 0).pack()
+    before = len(_denied(service))
+    with service.client("initech", roles=PUBLISHER) as pub:
+        s = pub.open_session("p1")
+        assert s.opened["publish"] is False
+        with pytest.raises(RemoteError) as err:  # the publish role without the grant
+            s.store_pages([page])
+        assert err.value.code == "forbidden"
+        assert _denied(service)[before:] == [("initech", PUBLIC_NAMESPACE, "write", NO_GRANT)]
+        assert _cli(service, "publish", "initech") == 0
+        assert _records(service, "publish.grant")[-1]["tenant"] == "initech"
+        _store_eventually(s, page, ok=True)
+        assert pub.open_session("p2").opened["publish"] is True
+
+        with service.client("umbrella", public_read=True) as reader:
+            r = reader.open_session("r2")
+            found = r.lookup_prefix([ident])
+            assert found["length"] == 1
+            assert r.load(found["keys"]) == [page["data"]]
+        with service.client("hooli") as stranger:  # never opted in
+            h = stranger.open_session("h1")
+            got = h.lookup_prefix([ident])
+            assert got["length"] == 0 and got["refused"].startswith("AccessDenied")
+        assert ("hooli", PUBLIC_NAMESPACE, "read", NO_PUBLIC_READ) in _denied(service)
+
+        assert _cli(service, "publish", "initech", "--revoke") == 0
+        assert _records(service, "publish.revoke")[-1] == {"tenant": "initech", "entries": 1}
+        _store_eventually(s, _public_page("tools", 128), ok=False)
+    assert _denied(service)[-1] == ("initech", PUBLIC_NAMESPACE, "write", NO_GRANT)
+    report = verify_log(service.workdir / "audit.log", load_verifier(service.workdir / "audit.pub"))
+    assert report.ok, report.problems
+
+
+def test_erasing_a_publisher_takes_its_grant(service, capsys) -> None:
+    assert _cli(service, "publish", "wayne") == 0
+    with service.client("wayne", roles=PUBLISHER) as pub:
+        s = pub.open_session("w1")
+        _store_eventually(s, _public_page("docs", 0), ok=True)
+    receipt = service.erase_tenant("wayne")
+    assert not receipt.failed_tiers
+    capsys.readouterr()
+    assert main(["tenant", "publishers", "--keys-dir", service.keys_dir]) == 0
+    assert "wayne" not in capsys.readouterr().out
+    with service.client("wayne", roles=PUBLISHER) as again:  # issued after the erasure
+        s = again.open_session("w2")
+        assert s.opened["publish"] is False
+        with pytest.raises(RemoteError) as err:
+            s.store_pages([_public_page("docs", 128)])
+        assert err.value.code == "forbidden"
+    assert _denied(service)[-1] == ("wayne", PUBLIC_NAMESPACE, "write", NO_GRANT)
+
+
+def test_the_cli_issues_publish_tokens_only_with_admin(tmp_path, capsys) -> None:
+    from security.principals import TokenIssuer
+
+    secret = tmp_path / "token.secret"
+    secret.write_bytes(b"k" * 40)
+    issuer = TokenIssuer(b"k" * 40)
+    capsys.readouterr()
+    assert main(["tenant", "token", "acme", "--publish", "--token-secret-file", str(secret)]) == 0
+    principal = issuer.verify(capsys.readouterr().out.strip(), time.time())
+    assert principal.roles == frozenset({"tenant", "admin", "publish"})
+    assert main(["tenant", "token", "acme", "--token-secret-file", str(secret)]) == 0
+    assert issuer.verify(capsys.readouterr().out.strip(), time.time()).roles == {"tenant"}

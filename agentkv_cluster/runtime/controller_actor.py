@@ -18,6 +18,7 @@ from agentkv_cluster.runtime.controller import Controller, HbmFull
 from agentkv_cluster.runtime.executor import Executor, LinkCredits
 from agentkv_cluster.runtime.guard import Guarded
 from agentkv_cluster.runtime.handles import ActorGone, Handle
+from agentkv_cluster.runtime.loads import EngineLoader
 from agentkv_cluster.runtime.mover import RemoteSpan
 from agentkv_cluster.runtime.records import (
     ActionKind,
@@ -26,6 +27,7 @@ from agentkv_cluster.runtime.records import (
     LoadReport,
     Outcome,
     PageMeta,
+    RequestRefused,
     TenantErased,
     TransferResult,
     UnknownPageKey,
@@ -33,10 +35,6 @@ from agentkv_cluster.runtime.records import (
 )
 from agentkv_cluster.runtime.strategies import make_strategy
 from store.types import Codec, Lookup, Tier
-
-
-class RequestRefused(Exception):
-    """Bad input from the engine or orchestrator; nothing was changed."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,7 +65,7 @@ class ControllerActor:
         self.executor = Executor(self.controller, self.hbms, self.pools, self.hbm_pool,
                                  self.credits, landing_pages=spec.landing_pages)
         self.directory = directory
-        self.recompute_tokens: dict[str, int] = {}  # tenant -> tokens of pages lost for good
+        self.loader = EngineLoader(self.controller, self.executor, self._check)
         self._restarting: set[str] = set()
         self._stop = threading.Event()
         self._loop = threading.Thread(target=self._reconcile, name="agentkv-reconcile", daemon=True)
@@ -148,10 +146,9 @@ class ControllerActor:
         copy is verified against / replaced by it when the engine needs exact bytes."""
         gid = self.controller.resolve(tenant, session, [key])[0]
         rec = self.controller.record(gid)
-        tier = rec.copies.get(Codec.FULL)
-        if tier is None or rec.pool not in self.pools:
+        if Codec.FULL not in rec.copies or rec.pool not in self.pools:
             return False
-        got = self.pools[rec.pool].restore_into(rec.meta, tier, Codec.FULL, dst)
+        got = self.pools[rec.pool].restore_into(rec.meta, Codec.FULL, dst)
         # The verification fetch of a lossy restore is traffic of the policy that chose the
         # lossy form: counted like any other move (tier "verify").
         self.executor.traffic.add(rec.meta.tenant, "verify", int(got["nbytes"]))
@@ -238,7 +235,7 @@ class ControllerActor:
         tenant is erased fails with ``TenantErased`` and reports nothing."""
         epoch = self.controller.erasures[tenant]
         try:
-            reports = self._load(tenant, session, keys)
+            reports = self.loader.load(tenant, session, keys)
         except (KeyError, RequestRefused) as exc:
             if self.controller.erasures[tenant] != epoch or tenant in self.controller.erasing:
                 raise TenantErased("the tenant was erased during this load") from None
@@ -248,76 +245,6 @@ class ControllerActor:
         if self.controller.erasures[tenant] != epoch or tenant in self.controller.erasing:
             raise TenantErased("the tenant was erased during this load")
         return reports
-
-    def _load(self, tenant: str, session: str, keys: list[bytes]) -> list[LoadReport]:
-        t0 = time.monotonic()
-        try:
-            gids = self.controller.resolve(tenant, session, keys)
-        except (UnknownSession, UnknownPageKey) as exc:
-            raise RequestRefused(str(exc)) from None
-        before = {g: self.controller.record(g) for g in gids}
-        was_resident = {g: r.resident and not r.busy for g, r in before.items()}
-        self.controller.wait_idle(gids, 60.0)
-        waited = time.monotonic() - t0
-        for attempt in range(2):
-            by_gid = self._bring_in(gids)
-            failed = [g for g, r in by_gid.items() if not r.ok]
-            if not failed:
-                break
-            self.controller.unpin(gids, time.monotonic())
-            gone = any(by_gid[g].outcome is Outcome.ACTOR_GONE for g in failed)
-            if attempt or not gone:
-                raise RequestRefused(f"{len(failed)} page(s) could not be restored: "
-                                     f"{by_gid[failed[0]].error}")
-        total = time.monotonic() - t0
-        self.controller.hold(tenant, session, gids, time.monotonic())
-        return [self._report(g, was_resident[g], by_gid.get(g), waited, total) for g in gids]
-
-    def _bring_in(self, gids: list[int]) -> dict[int, TransferResult]:
-        """Pin ``gids`` and restore the missing ones; returns restore results by gid."""
-        results: list[TransferResult] = []
-        deadline = time.monotonic() + 45.0
-        while True:
-            demotes, restores, lost, blocked = self.controller.access_settled(gids,
-                                                                             time.monotonic)
-            results += self.executor.run(demotes + restores)
-            pinned = [g for g in gids if g not in lost and g not in blocked]
-            if lost:
-                self._count_recompute(lost)
-                self.controller.unpin(pinned, time.monotonic())
-                raise RequestRefused(f"PageLost: {len(lost)} page(s) have no copy left; "
-                                     "re-prefill them")
-            if not blocked:
-                break
-            # All or nothing: holding some pins while waiting for room deadlocks a herd.
-            seen = self.controller.unpin(pinned, time.monotonic())
-            if time.monotonic() > deadline:
-                raise RequestRefused("HBM is full of pinned pages; release some and retry")
-            self.controller.wait_changed(seen, 0.05)  # a pin dropped or a move ended
-        self._check(results)
-        return {r.action.gid: r for r in results if r.action.kind is ActionKind.RESTORE}
-
-    def _count_recompute(self, lost: list[int]) -> None:
-        """The engine re-prefills lost pages: count their tokens per tenant (metrics)."""
-        for gid in lost:
-            try:
-                meta = self.controller.record(gid).meta
-            except KeyError:
-                continue
-            self.recompute_tokens[meta.tenant] = \
-                self.recompute_tokens.get(meta.tenant, 0) + meta.tokens
-
-    def _report(self, gid: int, hit: bool, result: TransferResult | None, waited: float,
-                total: float) -> LoadReport:
-        rec = self.controller.record(gid)
-        if result is not None:
-            source, delay, hidden = result.source, total, 0.0
-        else:
-            source, delay = "hbm", 0.0 if hit else waited
-            hidden, rec.hidden_s = rec.hidden_s, 0.0
-        return LoadReport(key=rec.meta.key, source=source, delay_s=delay, hidden_s=hidden,
-                          exact=rec.resident_codec is Codec.FULL, codec=rec.resident_codec,
-                          nbytes=rec.meta.length)
 
     def release(self, tenant: str, session: str, keys: list[bytes]) -> int:
         try:
@@ -414,7 +341,7 @@ class ControllerActor:
         traffic = {k: v for k, v in self.executor.traffic.by_tenant_tier.items()
                    if k[1] != "hbm"}  # bytes into HBM are counted by the API front
         return {"cursor": end, "waits": list(waits[max(cursor, end - 10000):end]),
-                "hbm_used": hbm, "recompute": dict(self.recompute_tokens), "traffic": traffic}
+                "hbm_used": hbm, "recompute": dict(self.loader.recompute_tokens), "traffic": traffic}
 
     def drain_audit(self) -> list[AuditSummary]:
         """Summaries of audited pages retired since the last call (the service appends them

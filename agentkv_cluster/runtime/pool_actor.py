@@ -232,9 +232,9 @@ class PoolActor:
             raise
         self.host.commit(copy.slot, size)
 
-    def restore_into(self, meta: PageMeta, tier: Tier, codec: Codec, dst: RemoteSpan
-                     ) -> dict[str, int]:
-        """Open the (key, codec) copy and push its plaintext into ``dst``."""
+    def restore_into(self, meta: PageMeta, codec: Codec, dst: RemoteSpan) -> dict[str, int]:
+        """Open the (key, codec) copy, on whichever tier holds it, and push its plaintext
+        into ``dst``."""
         return self.restore_to(meta.key, meta.digest, int(codec), dst.wire())
 
     def restore_to(self, key: bytes, digest: bytes, codec: int, dst: tuple) -> dict[str, int]:

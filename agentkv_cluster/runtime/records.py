@@ -16,6 +16,10 @@ class RuntimeError_(Exception):
     """Base of the runtime's own errors."""
 
 
+class RequestRefused(RuntimeError_):
+    """Bad input from the engine or orchestrator; nothing was changed."""
+
+
 class UnknownSession(RuntimeError_, KeyError):
     pass
 

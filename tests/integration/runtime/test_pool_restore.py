@@ -59,7 +59,7 @@ def test_chunked_page_restores_byte_identical(service, tier):
     assert (receipt.tier, receipt.link_bytes, receipt.exact) == (int(tier), PAGE, True)
     assert hbm.read(b"k" * 32)[:PAGE] == pages[1]
     span = hbm.span(b"k" * 32)  # the controller's entry point, into the same arena page
-    assert pool.restore_into(_meta(), tier, Codec.FULL, span) == {"tier": int(tier),
+    assert pool.restore_into(_meta(), Codec.FULL, span) == {"tier": int(tier),
                                                                   "nbytes": PAGE}
     assert hbm.read(b"k" * 32)[:PAGE] == pages[1]
     assert {k: pool.stats()[k] for k in ("rejects", "torn")} == {"rejects": 0, "torn": 0}

@@ -58,12 +58,14 @@ class ControllerActor:
             if spec.host_bytes and spec.nvme_bytes else None
         self.controller = Guarded(Controller(make_strategy(spec.policy), spec.page_bytes,
                                              capacity))
-        self.credits = LinkCredits(spec.per_link, spec.per_session, enabled=spec.credits)
         self.hbms: dict[str, Handle] = {}
         self.pools: dict[str, Handle] = {}
         self.hbm_pool: dict[str, str] = {}
-        self.executor = Executor(self.controller, self.hbms, self.pools, self.hbm_pool,
-                                 self.credits, landing_pages=spec.landing_pages)
+        self._wake = threading.Event()  # a background transfer finished
+        self.executor = Executor(
+            self.controller, self.hbms, self.pools, self.hbm_pool,
+            LinkCredits(spec.per_link, spec.per_session, enabled=spec.credits),
+            landing_pages=spec.landing_pages, on_finished=self._wake.set)
         self.directory = directory
         self.loader = EngineLoader(self.controller, self.executor, self._check)
         self._restarting: set[str] = set()
@@ -92,8 +94,7 @@ class ControllerActor:
 
     def set_credits(self, enabled: bool) -> None:
         """Turn link credits on or off (fresh counters); for side-by-side herd runs."""
-        self.credits = LinkCredits(self.spec.per_link, self.spec.per_session, enabled=enabled)
-        self.executor.credits = self.credits
+        self.executor.set_credits(enabled)
 
     def expect_restart(self, name: str) -> None:
         """A pool actor is being replaced on purpose: keep its copies (it rebuilds them)."""
@@ -105,15 +106,22 @@ class ControllerActor:
 
     # -- reconcile loop --------------------------------------------------------------------
     def _reconcile(self) -> None:
+        """The actor's loop: finished background transfers go to the page manager, the
+        moves it has due go to the transfer worker, pins never released expire."""
         expire_at = 0.0
         while not self._stop.is_set():
-            nxt = self.controller.next_due()
             now = time.monotonic()
+            finished = self.executor.get_finished()
+            for result in finished:
+                self.controller.finished(result, now)
+            self._check(finished)
             if now >= expire_at:  # pins of loads never released
                 self.controller.expire_held(now, self.spec.pin_timeout_s)
                 expire_at = now + 1.0
+            nxt = self.controller.next_due()
             if nxt is None or nxt > now:
-                self._stop.wait(min(self.spec.tick_s, max(0.0, (nxt or now + 1) - now)))
+                self._wake.wait(min(self.spec.tick_s, max(0.0, (nxt or now + 1) - now)))
+                self._wake.clear()
                 continue
             self.executor.submit(self.controller.due(now))
 
@@ -156,6 +164,7 @@ class ControllerActor:
 
     def close(self) -> None:
         self._stop.set()
+        self._wake.set()
         self.executor.close()
 
     # -- engine and orchestrator calls -----------------------------------------------------
@@ -333,7 +342,7 @@ class ControllerActor:
         """What the metrics exporter needs: credit waits after ``cursor`` (at most 10,000;
         the counters restart with fresh credits), HBM bytes in use, and cumulative
         recompute tokens and pool-tier bytes per tenant."""
-        waits = self.credits.waits
+        waits = self.executor.credits.waits
         end = len(waits)
         if cursor > end:  # set_credits started fresh counters
             cursor = 0
@@ -358,6 +367,6 @@ class ControllerActor:
         return {"controller": counters, "pages": pages, "hbm_used": occupancy,
                 "predictor": predictor,
                 "traffic": dict(self.executor.traffic.by_tier),
-                "max_in_flight": dict(self.credits.max_in_flight),
-                "credit_waits": list(self.credits.waits[-10000:]),
+                "max_in_flight": dict(self.executor.credits.max_in_flight),
+                "credit_waits": list(self.executor.credits.waits[-10000:]),
                 "errors": list(self.executor.errors)}

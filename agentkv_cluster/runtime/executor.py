@@ -155,11 +155,17 @@ class TierTraffic:
 
 
 class Executor:
-    """Runs actions on a thread pool; reports each back to the controller."""
+    """The transfer worker: moves the bytes of the manager's actions on a thread pool,
+    under its link credits, through its landing pages, and reports each as a
+    ``TransferResult``. Foreground work (``run``: an engine waits) is applied to the
+    manager before ``run`` returns; background work (``submit``: gap migrations,
+    prefetches, refills, deletions) comes back through ``get_finished``, which the
+    controller actor's loop drains (``on_finished`` wakes it)."""
 
     def __init__(self, controller: Guarded, hbms: dict[str, Any], pools: dict[str, Any],
                  hbm_pool: dict[str, str], credits: LinkCredits, *,
-                 landing_pages: int = 8) -> None:
+                 landing_pages: int = 8, on_finished: Callable[[], None] = lambda: None
+                 ) -> None:
         self.controller = controller
         self.hbms, self.pools, self.hbm_pool = hbms, pools, hbm_pool
         self.credits = credits
@@ -168,25 +174,50 @@ class Executor:
         self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="agentkv-exec")
         self._told: dict[tuple[str, str], tuple[Any, Any]] = {}  # (hbm, pool) -> handles
         self._lock = threading.Lock()
+        self._finished: deque[TransferResult] = deque()
+        self._on_finished = on_finished
         self.landing = LandingPages(f"executor-{uuid.uuid4().hex[:12]}", landing_pages,
                                     background=self._pool.submit)
 
-    def submit(self, actions: list[Action]) -> list[Future]:
-        return [self._pool.submit(self._run, a) for a in actions]
+    def set_credits(self, enabled: bool) -> None:
+        """Fresh link credits, on or off (side-by-side herd runs)."""
+        c = self.credits
+        self.credits = LinkCredits(c.per_link, c.per_session, enabled=enabled)
+
+    def submit(self, actions: list[Action]) -> None:
+        """Start background work; its results come back through ``get_finished``."""
+        for a in actions:
+            self._pool.submit(self._background, a)
+
+    def _background(self, action: Action) -> None:
+        self._finished.append(self._run(action))
+        self._on_finished()
+
+    def get_finished(self) -> list[TransferResult]:
+        """Background transfers that ended since the last call (oldest first)."""
+        out = []
+        while self._finished:
+            out.append(self._finished.popleft())
+        return out
 
     def run(self, actions: list[Action]) -> list[TransferResult]:
-        """Run and wait. Each restore starts as soon as the demotions that make its own
-        room are done (not after every victim of the batch): restores pipeline behind
-        the victims' encode-and-seal instead of queueing behind all of them."""
+        """Run foreground work and wait; the manager has every result before this returns.
+        Each restore starts as soon as the demotions that make its own room are done (not
+        after every victim of the batch): restores pipeline behind the victims'
+        encode-and-seal instead of queueing behind all of them."""
         first = [a for a in actions if a.kind is not ActionKind.RESTORE]
-        futures = self.submit(first)
+        futures = [self._pool.submit(self._run, a) for a in first]
         by_gid = {a.gid: f for a, f in zip(first, futures)}
         later = []
         for a in actions:
             if a.kind is ActionKind.RESTORE:
                 deps = [by_gid[g] for g in self.controller.take_victims(a.gid) if g in by_gid]
                 later.append(self._pool.submit(self._after, deps, a))
-        return [f.result() for f in futures] + [f.result() for f in later]
+        results = [f.result() for f in futures] + [f.result() for f in later]
+        now = time.monotonic()
+        for result in results:
+            self.controller.finished(result, now)
+        return results
 
     def _after(self, deps: list[Future], action: Action) -> TransferResult:
         for f in deps:
@@ -216,10 +247,8 @@ class Executor:
             if isinstance(exc, ActorGone):
                 outcome = Outcome.ACTOR_GONE
             self.errors.append(f"{action.kind.value} {action.reason.value}: {error[:300]}")
-        result = TransferResult(action=action, outcome=outcome, error=error,
-                                elapsed_s=time.monotonic() - t0, **fields)
-        self.controller.finished(result, time.monotonic())
-        return result
+        return TransferResult(action=action, outcome=outcome, error=error,
+                              elapsed_s=time.monotonic() - t0, **fields)
 
     def _moot(self, gid: int) -> bool:
         """A background move gives way: its page is wanted now, or its tenant erased."""

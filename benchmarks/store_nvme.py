@@ -18,8 +18,8 @@ from store_common import KIB, MIB, SIZES, aligned, gbps, report
 from security.keyring import FileKeySource, TenantKeyring
 from store.kv import KVStore, KVStoreConfig, Sealing
 from store.nvme import FsyncPolicy, NvmeEngine, NvmeShard, NvmeShardConfig
-from store.nvme_files import drop_range, resident_pages
-from store.nvme_format import checksum
+from store.nvme.files import drop_range, resident_pages
+from store.nvme.format import checksum
 from store.transport import nixl_available
 from store.types import Lookup, Tier
 

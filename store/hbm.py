@@ -8,9 +8,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from store.types import ArenaError, PageTooLarge
 
-class ArenaError(Exception):
-    """Base class for arena failures."""
+__all__ = ["ArenaError", "ArenaFull", "ArenaStats", "HbmArena", "PageNotAllocated",
+           "PagePinned", "PageTooLarge"]
 
 
 class ArenaFull(ArenaError):
@@ -23,10 +24,6 @@ class PageNotAllocated(ArenaError, KeyError):
 
 class PagePinned(ArenaError):
     """A pinned page cannot be freed until every pin is released."""
-
-
-class PageTooLarge(ArenaError, ValueError):
-    """The data does not fit in one page."""
 
 
 @dataclass(frozen=True, kw_only=True)

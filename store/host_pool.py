@@ -15,13 +15,12 @@ turns such slots into empty ones. x86-64 keeps stores in program order, which
 this protocol relies on (ARM would need explicit fences).
 
 One writer (an exclusive flock on the segment, dropped by the kernel if the
-writer dies) and any number of readers. The segment is opened with os.open +
-mmap, never multiprocessing.shared_memory (a reader that exits would unlink it).
+writer dies) and any number of readers; the segment itself (create, attach, the
+writer lock, unlink) is ``store.shm_segment``.
 """
 
 from __future__ import annotations
 
-import fcntl
 import mmap
 import os
 import struct
@@ -33,24 +32,23 @@ from typing import Self
 
 import numpy as np
 
-from store.parallel import copy_into
+from store import shm_segment as shm
+from store.parallel import as_bytes, copy_into
+from store.shm_segment import SHM_DIR, ShmSegment
+from store.types import PageTooLarge, PoolError
 
-SHM_DIR = "/dev/shm"
-COPY_CHUNK = 4 << 20  # shared memory copies fastest in 2-16 MiB chunks
+__all__ = ["SHM_DIR", "EmptyPage", "HostPool", "NotWriter", "PageTooLarge", "PoolBusy",
+           "PoolError", "PoolFormatError", "PoolFull", "PoolStats", "SlotEmpty", "TornRead"]
+
 _PAGE = 4096
 _MAGIC = b"AKVHPOOL"
 _VERSION = 1
-_HEAD = struct.Struct(
-    "<8sIIQQQQQ"
-)  # magic, version, row_bytes, slot_bytes, num_slots, table, data, size
+# magic, version, row_bytes, slot_bytes, num_slots, table, data, size
+_HEAD = struct.Struct("<8sIIQQQQQ")
 _ROW = 8  # uint64 words per slot row (64 B: one cache line)
 SEQ, VER, LEN, STATE, PID, OFF = range(6)
 _FREE, _USED = 0, 1
 _READ_RETRIES = 10_000
-
-
-class PoolError(Exception):
-    """Base class for host pool failures."""
 
 
 class PoolFull(PoolError):
@@ -75,10 +73,6 @@ class SlotEmpty(PoolError, KeyError):
 
 class TornRead(PoolError):
     """No consistent copy could be taken (the writer died mid-write, or never let go)."""
-
-
-class PageTooLarge(PoolError, ValueError):
-    """The data does not fit in one slot."""
 
 
 class EmptyPage(PoolError, ValueError):
@@ -112,39 +106,19 @@ def _round_up(n: int, to: int) -> int:
     return (n + to - 1) // to * to
 
 
-def _path(name: str) -> str:
-    if not name or "/" in name or name.startswith("."):
-        raise ValueError(f"pool name must be a plain file name, got {name!r}")
-    return os.path.join(SHM_DIR, name)
-
-
-def _copy(dst: np.ndarray, src: np.ndarray) -> None:
-    """Large pages are copied in slices on every core (``store.parallel``)."""
-    copy_into(dst, src)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class HostPool:
     """Use :meth:`create` (writer) or :meth:`attach` (reader, or writer after a crash)."""
 
-    def __init__(self, name: str, fd: int, mm: mmap.mmap, writer: bool) -> None:
-        self.name = name
-        self._fd, self._mm, self.writer = fd, mm, writer
+    def __init__(self, segment: ShmSegment) -> None:
+        self.name, self.writer = segment.name, segment.writer
+        self._segment, self._mm = segment, segment.mm
+        mm = segment.mm
         magic, version, row_bytes, slot_bytes, num_slots, table_off, _data_off, size = (
             _HEAD.unpack_from(mm)
         )
         if magic != _MAGIC or version != _VERSION or row_bytes != _ROW * 8 or size != len(mm):
-            mm.close()
-            raise PoolFormatError(f"{name}: not a version-{_VERSION} host pool segment")
+            segment.close()
+            raise PoolFormatError(f"{self.name}: not a version-{_VERSION} host pool segment")
         self.slot_bytes, self.num_slots = slot_bytes, num_slots
         self._bytes = np.frombuffer(mm, dtype=np.uint8)
         self._table = np.frombuffer(mm, dtype=np.uint64, count=num_slots * _ROW, offset=table_off)
@@ -153,7 +127,7 @@ class HostPool:
         self._words = memoryview(mm)[table_off : table_off + num_slots * _ROW * 8].cast("Q")
         self._pid = os.getpid()
         self._free: deque[int] = deque()
-        if writer:
+        if self.writer:
             self._recover()
 
     @classmethod
@@ -167,45 +141,31 @@ class HostPool:
         table_off = _PAGE
         data_off = _round_up(table_off + num_slots * _ROW * 8, _PAGE)
         size = data_off + slot_bytes * num_slots
-        fd = os.open(_path(name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            try:
-                os.posix_fallocate(fd, 0, size)  # tmpfs allocates now: ENOSPC here, not mid-write
-            except OSError as exc:
-                raise PoolFull(f"/dev/shm cannot hold a {size}-byte pool: {exc}") from exc
-            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+
+        def init(mm: mmap.mmap) -> None:
             _HEAD.pack_into(
                 mm, 0, _MAGIC, _VERSION, _ROW * 8, slot_bytes, num_slots, table_off, data_off, size
             )
             table = np.frombuffer(mm, dtype=np.uint64, count=num_slots * _ROW, offset=table_off)
-            table = table.reshape(num_slots, _ROW)
-            table[:, OFF] = data_off + np.arange(num_slots, dtype=np.uint64) * slot_bytes
-            del table
-        except BaseException:
-            os.close(fd)
-            os.unlink(_path(name))
-            raise
-        return cls(name, fd, mm, writer=True)
+            table.reshape(num_slots, _ROW)[:, OFF] = (
+                data_off + np.arange(num_slots, dtype=np.uint64) * slot_bytes
+            )
+
+        try:
+            return cls(ShmSegment.create(name, size, init))
+        except shm.SegmentNoSpace as exc:
+            raise PoolFull(f"/dev/shm cannot hold a {size}-byte pool: {exc}") from exc
 
     @classmethod
     def attach(cls, name: str, *, writer: bool = False) -> HostPool:
         """Map an existing segment. ``writer=True`` takes over the writer role (after a crash)."""
-        fd = os.open(_path(name), os.O_RDWR)
         try:
-            if writer:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError as exc:
-                    raise PoolBusy(f"{name}: another process is the writer") from exc
-            size = os.fstat(fd).st_size
-            if size < _HEAD.size:
-                raise PoolFormatError(f"{name}: segment of {size} bytes is too small")
-            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
-            return cls(name, fd, mm, writer)
-        except BaseException:
-            os.close(fd)
-            raise
+            segment = ShmSegment.attach(name, writer=writer, min_size=_HEAD.size)
+        except shm.SegmentBusy as exc:
+            raise PoolBusy(str(exc)) from exc
+        except shm.SegmentTooSmall as exc:
+            raise PoolFormatError(str(exc)) from exc
+        return cls(segment)
 
     def _recover(self) -> None:
         """Writer start-up: rebuild the free queue; empty any slot a dead writer left mid-write."""
@@ -233,11 +193,7 @@ class HostPool:
         """Replace the slot's page with ``data``; returns the slot's new version."""
         self._need_writer()
         w, base = self._words, self._base(slot)
-        src = (
-            data.reshape(-1).view(np.uint8)
-            if isinstance(data, np.ndarray)
-            else np.frombuffer(data, np.uint8)
-        )
+        src = as_bytes(data)
         n = src.shape[0]
         if n > self.slot_bytes:
             raise PageTooLarge(f"{n} bytes do not fit a {self.slot_bytes}-byte slot")
@@ -248,7 +204,7 @@ class HostPool:
         off = w[base + OFF]
         w[base + PID] = self._pid
         w[base + SEQ] += 1  # odd: writing
-        _copy(self._bytes[off : off + n], src)
+        copy_into(self._bytes[off : off + n], src)  # large pages: on every core
         w[base + LEN] = n
         w[base + VER] += 1
         w[base + SEQ] += 1  # even: published
@@ -331,20 +287,14 @@ class HostPool:
 
     def read_versioned(self, slot: int, out=None) -> tuple[memoryview | bytes, int]:
         """Like :meth:`read`, also returning the version the copy belongs to."""
-        dst = (
-            None
-            if out is None
-            else np.frombuffer(out, np.uint8)
-            if not isinstance(out, np.ndarray)
-            else out
-        )
+        dst = None if out is None else as_bytes(out)
         for seq, n, version, off in self._stable_reads(slot):
             if dst is None:
                 data = self._mm[off : off + n]  # one copy straight into a new bytes object
             elif dst.nbytes < n:
                 raise ValueError(f"out holds {dst.nbytes} bytes, page is {n}")
             else:
-                _copy(dst[:n], self._bytes[off : off + n])
+                copy_into(dst[:n], self._bytes[off : off + n])
                 data = memoryview(dst[:n])
             if self.unchanged(slot, seq):
                 return data, version
@@ -420,21 +370,12 @@ class HostPool:
             return
         self._words.release()
         del self._bytes, self._table, self._words
-        try:
-            self._mm.close()
-        except BufferError:
-            pass  # a caller still holds `buffer` (e.g. a transport registration): unmapped on GC
-        if self.writer:  # mmap holds a dup of the fd, so closing ours alone may keep the lock
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-        os.close(self._fd)
+        self._segment.close()  # a caller may still hold `buffer`: then unmapped on GC
         self._mm = None
 
     def unlink(self) -> None:
         """Remove the segment name (mappings stay valid until each process closes)."""
-        try:
-            os.unlink(_path(self.name))
-        except FileNotFoundError:
-            pass
+        self._segment.unlink()
 
     def __enter__(self) -> Self:
         return self
@@ -449,7 +390,7 @@ class HostPool:
 
     def _writer_busy(self, slot: int, attempt: int) -> None:
         """A reader found ``slot`` mid-write: wait a little, or give up if its writer died."""
-        if not _pid_alive(self._words[self._base(slot) + PID]):
+        if not shm.pid_alive(self._words[self._base(slot) + PID]):
             raise TornRead(f"{self.name}: slot {slot}'s writer died mid-write")
         time.sleep(0 if attempt < 100 else 0.0001)
 

@@ -16,6 +16,9 @@ the NVMe record buffer and opened straight into the caller's buffer; in the clea
 only the format version, a key id and the record's blinded slot identity (an HMAC of the
 key under the tenant's blinding secret, also its NVMe key), and lengths are padded to
 size classes. ``reserve`` then hands out a plaintext staging buffer that ``commit`` seals.
+Sealing itself is ``store.kv_sealing`` (a sealed NVMe value is read and opened chunk by
+chunk, overlapped). A sealed NVMe record that does not open (its key was erased) leaves the
+shard at once, and on open every record that no longer opens is dropped.
 
 One writer process per store (the host pool's and the shard's locks); the host index is
 this process's, while NVMe records are found by key again after a restart.
@@ -24,24 +27,24 @@ this process's, while NVMe records are found by key again after a restart.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Self
 
 import numpy as np
 
-from security.chunked import Binding, ChunkedSealer, record_size
+from security.chunked import HEAD_BYTES, record_size
 from security.errors import InvalidSeal
-from security.keyring import TenantKeyring
+from store.buffers import aligned_buffer
 from store.host_pool import HostPool, PoolError, PoolFull, SlotEmpty, TornRead
+from store.kv_sealing import Sealing, TenantSeal
 from store.nvme import NvmeShard, NvmeShardConfig
-from store.nvme_files import aligned_buffer, check_key
+from store.nvme.files import check_key
 from store.parallel import as_bytes, copy_into
 from store.types import Lookup, Tier
 
-_SLOT_DOMAIN = b"agentkv/kv-slot/v1\0"
+__all__ = ["KVError", "KVStore", "KVStoreConfig", "KeyMissing", "NoRoom", "Reservation",
+           "Sealing", "ValueTooLarge"]
 _TORN_RETRIES = 3
 
 
@@ -76,12 +79,6 @@ class KVStoreConfig:
             raise ValueError("a store needs a host tier, an NVMe tier, or both")
 
 
-@dataclass(frozen=True, kw_only=True)
-class Sealing:
-    keyring: TenantKeyring
-    tenant: str
-
-
 @dataclass(slots=True)
 class Reservation:
     key: bytes
@@ -98,7 +95,7 @@ class KVStore:
     def __init__(self, config: KVStoreConfig, sealing: Sealing | None = None) -> None:
         self.config = config
         self.sealing = sealing
-        self._sealer = None if sealing is None else ChunkedSealer(sealing.keyring)
+        self._seal = None if sealing is None else TenantSeal(sealing)
         self._lock = threading.RLock()
         self._host_index: dict[bytes, int] = {}
         stored = record_size(config.slot_bytes) if sealing else config.slot_bytes
@@ -114,6 +111,11 @@ class KVStore:
         need = config.nvme_dir is not None or sealing is not None
         self._record = aligned_buffer(max(stored, 4096)) if need else None
         self._staging = aligned_buffer(config.slot_bytes) if sealing else None
+        if sealing is not None and self.nvme is not None:
+            # Records sealed under keys erased while the store was down never open again:
+            # they leave the shard's index now instead of failing every read.
+            self.nvme.prune(lambda nkey, head, n: self._seal.owns(nkey, head, n, self._record),
+                            HEAD_BYTES)
 
     # -- writing --------------------------------------------------------------------------
     def put(self, key: bytes, value: Any, tier: Tier = Tier.HOST) -> Tier:
@@ -190,15 +192,15 @@ class KVStore:
                 if r.slot >= 0:
                     self.host.commit(r.slot, r.nbytes)
             else:  # sealed in place, into the reserved slot
-                size = self._sealer.seal_into(r.target, plain, self._binding(r.key, Tier.HOST))
+                size = self._seal.seal_into(r.target, plain, r.key, Tier.HOST)
                 self.host.commit(r.slot, size)
             self._host_index[r.key] = r.slot
             return Tier.HOST
         if plain is None:
             self.nvme.put(r.key, self._record[:r.nbytes], 0)
         else:
-            size = self._sealer.seal_into(self._record, plain, self._binding(r.key, Tier.NVME))
-            self.nvme.put(self._slot_id(r.key), self._record[:size], 0)
+            size = self._seal.seal_into(self._record, plain, r.key, Tier.NVME)
+            self.nvme.put(self._seal.slot_id(r.key), self._record[:size], 0)
         return Tier.NVME
 
     def _abort(self, r: Reservation) -> None:
@@ -242,18 +244,19 @@ class KVStore:
             if data is Lookup.MISS:
                 raise KeyMissing(key)
             return data
-        record = self.nvme.get(self._slot_id(key), self._record)
-        if record is Lookup.MISS:
+        nkey = self._seal.slot_id(key)
+        try:
+            opened = self._seal.open_from_nvme(self.nvme, key, nkey, self._record, out)
+        except InvalidSeal:
+            self.nvme.delete(nkey)  # sealed under an erased key (or not ours): never opens
+            raise KeyMissing(key) from None
+        if opened is Lookup.MISS:
             raise KeyMissing(key)
-        return self._open(key, Tier.NVME, record, out)
+        return opened if out is not None else bytes(opened)
 
     def _open(self, key: bytes, tier: Tier, record: Any, out: Any) -> memoryview | bytes:
-        try:  # the key id names tenant and generation; a record of any live one opens
-            meta = self._sealer.read_meta(record, int(tier))
-            if meta.tenant != self.sealing.tenant:
-                raise InvalidSeal("another tenant's record")
-            b = self._binding(key, tier, meta.generation)
-            opened = self._sealer.open_into(record, b, out, meta)
+        try:
+            opened = self._seal.open(key, tier, record, out)
         except InvalidSeal:
             raise KeyMissing(key) from None
         return opened if out is not None else bytes(opened)
@@ -265,7 +268,7 @@ class KVStore:
                 return True
             if self.nvme is None:
                 return False
-            nkey = key if self.sealing is None else self._slot_id(key)
+            nkey = key if self.sealing is None else self._seal.slot_id(key)
             return self.nvme.locate(nkey)[0] is Lookup.HIT
 
     def drop_cache(self, key: bytes) -> bool:
@@ -275,7 +278,7 @@ class KVStore:
         with self._lock:
             if self.nvme is None:
                 return False
-            nkey = key if self.sealing is None else self._slot_id(key)
+            nkey = key if self.sealing is None else self._seal.slot_id(key)
             return self.nvme.drop_cache(nkey) is Lookup.HIT
 
     def delete(self, key: bytes) -> bool:
@@ -292,21 +295,8 @@ class KVStore:
             return True
         if self.nvme is None:
             return False
-        nkey = key if self.sealing is None else self._slot_id(key)
+        nkey = key if self.sealing is None else self._seal.slot_id(key)
         return self.nvme.delete(nkey) is Lookup.HIT
-
-    # -- identity -------------------------------------------------------------------------
-    def _slot_id(self, key: bytes) -> bytes:
-        secret = self.sealing.keyring.blind_secret(self.sealing.tenant)
-        return hmac.new(secret, _SLOT_DOMAIN + key, hashlib.sha256).digest()
-
-    def _binding(self, key: bytes, tier: Tier, generation: int | None = None) -> Binding:
-        ring, tenant = self.sealing.keyring, self.sealing.tenant
-        return Binding(tenant=tenant,
-                       generation=ring.current_generation(tenant) if generation is None
-                       else generation,
-                       tier=int(tier), slot_id=self._slot_id(key),
-                       digest=hashlib.sha256(b"agentkv/kv-page/v1\0" + key).digest())
 
     def close(self, unlink: bool = True) -> None:
         with self._lock:

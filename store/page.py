@@ -17,7 +17,7 @@ import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from store.types import Codec
+from store.types import KV_DTYPE_NAMES, Codec
 
 if TYPE_CHECKING:
     from store.codecs import EncodedKV
@@ -28,7 +28,6 @@ MAX_PAYLOAD = 1 << 30  # 1 GiB: anything larger is a corrupt length, not a page
 _BODY = struct.Struct("<4sHHBBBB4I4IQQQQ32s")
 _CRC = struct.Struct("<I")
 HEADER_SIZE = _BODY.size + _CRC.size
-DTYPES = ("float16", "bfloat16", "float32")
 
 
 class PageFormatError(ValueError):
@@ -97,8 +96,8 @@ def pack_header(
     """The HEADER_SIZE bytes that precede ``payload`` (checksum covers both)."""
     if len(identity_digest) != 32:
         raise ValueError(f"identity_digest must be 32 bytes, got {len(identity_digest)}")
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    if dtype not in KV_DTYPE_NAMES:
+        raise ValueError(f"dtype must be one of {KV_DTYPE_NAMES}, got {dtype!r}")
     if not 0 <= token_start <= token_end:
         raise ValueError(f"bad token range [{token_start}, {token_end})")
     if generation < 0:
@@ -111,7 +110,7 @@ def pack_header(
         FORMAT_VERSION,
         HEADER_SIZE,
         int(Codec(codec)),
-        DTYPES.index(dtype),
+        KV_DTYPE_NAMES.index(dtype),
         len(k_shape),
         len(v_shape),
         *_dims(k_shape, "k_shape"),
@@ -167,7 +166,7 @@ def parse_header(buf: bytes | bytearray | memoryview) -> PageHeader:
         raise Oversized(f"payload_len {payload_len} exceeds {MAX_PAYLOAD}")
     try:
         codec_enum = Codec(codec)
-        dtype_name = DTYPES[dtype]
+        dtype_name = KV_DTYPE_NAMES[dtype]
     except (ValueError, IndexError) as exc:
         raise BadChecksum(f"header fields out of range ({exc}); header is corrupt") from exc
     if k_nd > 4 or v_nd > 4:

@@ -37,3 +37,27 @@ class Lookup(enum.Enum):
     HIT = "hit"
     MISS = "miss"
     PENDING = "pending"
+
+
+# The element types a KV page may hold, by name, with their sizes: the one table (the page
+# header stores the index into it; ``store.codecs.spec.KV_DTYPES`` maps the names to torch).
+KV_DTYPE_BYTES: dict[str, int] = {"float16": 2, "bfloat16": 2, "float32": 4}
+KV_DTYPE_NAMES: tuple[str, ...] = tuple(KV_DTYPE_BYTES)
+
+
+class StoreError(Exception):
+    """Base class of the failures of the store's tiers."""
+
+
+class PoolError(StoreError):
+    """Base class for host pool failures (``store.host_pool``)."""
+
+
+class ArenaError(StoreError):
+    """Base class for HBM arena failures (``store.hbm``)."""
+
+
+class PageTooLarge(PoolError, ArenaError, ValueError):
+    """The data does not fit one slot or page of the tier it was given to (a host pool slot
+    or an HBM arena page): one class, so a caller of either tier catches it with that
+    tier's base error."""

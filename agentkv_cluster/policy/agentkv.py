@@ -34,6 +34,7 @@ from agentkv_cluster.policy.gap import GapConfig, GapPlanner
 from agentkv_cluster.policy.placement import PlacementConfig, PlacementPlanner
 from agentkv_cluster.policy.placement_costs import OPTIONS, OptionCosts
 from agentkv_cluster.policy.predictor import Predictor, PredictorConfig
+from agentkv_cluster.policy.returns import ReturnConfig, ReturnModel
 from agentkv_cluster.policy.risk import RiskConfig, RiskController
 from agentkv_cluster.policy.value import PROFILES, PageColumns, ValueModel, ValueProfile
 from store.types import Codec, Tier
@@ -52,6 +53,7 @@ class AgentKvConfig:
     risk: RiskConfig = field(default_factory=RiskConfig)
     gap: GapConfig = field(default_factory=GapConfig)
     predictor: PredictorConfig = field(default_factory=PredictorConfig)
+    returns: ReturnConfig = field(default_factory=ReturnConfig)
     fixed_codec: Codec = Codec.INT8  # the only lossy form when adaptive_precision is off
 
 
@@ -73,12 +75,14 @@ class AgentKvPolicy(TrackedPolicy):
     name = "agentkv"
 
     def __init__(self, config: AgentKvConfig | None = None,
-                 predictor: Predictor | None = None) -> None:
+                 predictor: Predictor | None = None, returns: ReturnModel | None = None
+                 ) -> None:
         super().__init__()
         cfg = config or AgentKvConfig()
         mech = cfg.mechanisms
         self.config = cfg
         self.predictor = predictor or Predictor(cfg.predictor)
+        self.returns = returns or ReturnModel(cfg.returns)
         self.value_model = ValueModel(cfg.profile, cfg.cost, use_dependency=mech.event_dependency)
         self.risk = RiskController(replace(cfg.risk, enabled=mech.risk_control))
         codecs = allowed_codecs(cfg)
@@ -88,7 +92,7 @@ class AgentKvPolicy(TrackedPolicy):
         self.gap = GapPlanner(cfg.cost, self.predictor, self.value_model, self.risk,
                               replace(cfg.gap, prefetch=mech.gap_prefetch,
                                       codec=gap_codec if mech.reversible_compression
-                                      else Codec.FULL))
+                                      else Codec.FULL), returns=self.returns)
         self._costs = OptionCosts(cfg.cost, cfg.profile.lam, codecs)
         self._safest_codec = min(codecs)  # the conservative fallback's working-copy form
 
@@ -134,10 +138,19 @@ class AgentKvPolicy(TrackedPolicy):
         """May a prefetched ``page`` enter the fast tier? It may only displace pages the
         victim order ranks below it (else prefetches push each other out in cycles):
         admitted with exactly enough such victims, which stop being tracked, or not
-        admitted and nothing changes. ``need_bytes``: bytes short of room for it."""
+        admitted and nothing changes. ``need_bytes``: bytes short of room for it.
+        Once the return model has learned from enough gap outcomes, the prefetch must
+        also still pay at ``now`` (``GapPlanner.worth_prefetching``: P(read again |
+        silent until now) against the link time and the ``need_bytes`` it displaces);
+        otherwise it is refused and nothing changes."""
         page.validate()
         if page.page_id in self._pages:
             raise DuplicatePage(f"{self.name}: page {page.page_id} is already tracked")
+        if self.returns.trained and not self.gap.worth_prefetching(
+                page, now, restore_s=self.config.cost.restore_time(
+                    page.size_bytes, page.tier, page.codec),
+                displaced_bytes=max(0, need_bytes)):
+            return PrefetchAdmission(page_id=page.page_id, admitted=False, victims=())
         victims: list[PageId] = []
         if need_bytes > 0:
             conservative = self.conservative()
@@ -203,6 +216,19 @@ class AgentKvPolicy(TrackedPolicy):
                                 [p.correctness_weight for p in pages],
                                 [d.keep_reference for d in decisions], max_codec)
         return rows.prices(capacity, sample=256, iters=16)
+
+    # ------------------------------------------------------------ gap outcomes
+    def observe_return(self, page: PageView, idle_s: float) -> None:
+        """The page was read again after ``idle_s`` of silence (the return model learns)."""
+        self.returns.observe_return(page, idle_s)
+
+    def observe_end(self, page: PageView, silent_s: float) -> None:
+        """The page's end-of-life signal came after ``silent_s`` of silence."""
+        self.returns.observe_end(page, silent_s)
+
+    def observe_gap_start(self, page: PageView, now: float) -> None:
+        """The page began an idle gap at ``now`` (an open gap for the return model)."""
+        self.returns.open_gap(page, now)
 
     # ------------------------------------------------------------ tool gaps
     def on_tool_start(self, tool_start: ToolStart, pages: Sequence[PageView],

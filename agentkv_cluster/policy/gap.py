@@ -8,7 +8,10 @@ page joins the first wave whose *remaining* predicted gap hides its T_move with
 a slack that grows with its value, so large or valuable pages move only once
 the tool is in its long tail. Prefetch of a moved page starts at
 predicted return - T_move and carries a link-credit reservation; pages nobody
-will read (no unfinished consumer, or reuse below the floor) are not prefetched. An early
+will read (no unfinished consumer) are not prefetched, nor pages for which the
+prefetch does not pay: with a trained ``returns.ReturnModel``, P(read again |
+silent until the prefetch would start) x the restore it hides must beat the link
+time it wastes otherwise (before it has learned anything: reuse below the floor). An early
 return cancels unfinished prefetches and not-yet-started migrations and
 reports the largest prefix (by token position) still resident in HBM.
 """
@@ -30,6 +33,7 @@ from agentkv_cluster.policy.base import (
     remaining_idle_s,
 )
 from agentkv_cluster.policy.predictor import LogNormal, Predictor
+from agentkv_cluster.policy.returns import ReturnModel
 from agentkv_cluster.policy.risk import RiskController
 from agentkv_cluster.policy.value import ValueModel
 from store.types import Codec, Tier
@@ -62,12 +66,14 @@ class GapPlanner:
     """Pure tool-gap planner; callers execute the plan and call ``early_return``."""
 
     def __init__(self, cost: CostModel, predictor: Predictor, value_model: ValueModel,
-                 risk: RiskController | None = None, config: GapConfig | None = None) -> None:
+                 risk: RiskController | None = None, config: GapConfig | None = None,
+                 returns: ReturnModel | None = None) -> None:
         self.cost = cost
         self.predictor = predictor
         self.value_model = value_model
         self.risk = risk or RiskController()
         self.config = config or GapConfig()
+        self.returns = returns
 
     def plan(self, tool_start: ToolStart, pages: Sequence[PageView], now: float) -> GapPlan:
         cfg = self.config
@@ -155,13 +161,24 @@ class GapPlanner:
                     expected_return=wave.start + remaining)
         return None
 
-    def worth_prefetching(self, page: PageView) -> bool:
+    def worth_prefetching(self, page: PageView, at: float | None = None, *,
+                          restore_s: float | None = None, displaced_bytes: int = 0) -> bool:
         """Likely enough to be read again, and (when the value model tracks event
         dependency) some reachable consumer still unfinished: a page whose consumers
-        are all done is read by no one, however high its reuse prior."""
-        if page.reuse_prob < self.config.prefetch_min_reuse:
+        are all done is read by no one, however high its reuse prior.
+
+        With a trained return model and a start time ``at``, "likely enough" is the
+        cost-aware rule instead of the reuse floor: P(read again | silent until
+        ``at``) x the restore it hides must beat the link time (and displaced bytes)
+        it wastes otherwise (``returns.ReturnModel.worth_prefetching``)."""
+        if not (page.dependency > 0.0 or not self.value_model.use_dependency):
             return False
-        return page.dependency > 0.0 or not self.value_model.use_dependency
+        if at is None or self.returns is None or not self.returns.trained:
+            return page.reuse_prob >= self.config.prefetch_min_reuse
+        if restore_s is None:
+            restore_s = self.cost.restore_time(page.size_bytes, self.config.to_tier,
+                                               self._codec(page))
+        return self.returns.worth_prefetching(page, at, restore_s, displaced_bytes)
 
     def _codec(self, page: PageView) -> Codec:
         limit = self.risk.decide(page).max_lossy_codec
@@ -178,7 +195,10 @@ class GapPlanner:
         by_id = {p.page_id: p for p in pages}
         waves: dict[float, list[Migration]] = {}
         for m in migrations:
-            if self.worth_prefetching(by_id[m.page_id]):
+            page = by_id[m.page_id]
+            at = max(m.start_at, m.expected_return - m.t_move_s)
+            if self.worth_prefetching(page, at, restore_s=self.cost.restore_time(
+                    page.size_bytes, m.to_tier, m.codec)):
                 waves.setdefault(m.expected_return, []).append(m)
         out = []
         for expected_return, group in waves.items():

@@ -14,6 +14,10 @@ the whole idle gap) and reuse from every read (reused) and every end-of-life
 signal (not reused, even when the signal was false); each page's
 ``reuse_prob`` is the predictor's estimate, refreshed at creation and at each
 new gap. Recompute costs are the cost model's estimates (``PageFactory``).
+Its return model (``policy.returns``) learns how each idle gap ended: a gap opens
+at production and at each read, and closes at the next read (a return) or at the
+end-of-life signal (an end); gaps still open when the batch's events run out close
+as ends. It decides whether a gap prefetch pays.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from collections import deque
 from agentkv_cluster.policy.agentkv import AgentKvConfig, AgentKvPolicy
 from agentkv_cluster.policy.base import Mechanisms, PageView, PrefetchAdmission, ToolStart
 from agentkv_cluster.policy.predictor import Predictor
+from agentkv_cluster.policy.returns import ReturnModel
 from agentkv_cluster.sim.config import SimConfig
 from agentkv_cluster.sim.drivers import Demotion, PageFactory, cost_model
 from store.types import Codec, Tier
@@ -67,11 +72,12 @@ class PredictionSkill:
 
 class AgentKvDriver:
     def __init__(self, cfg: SimConfig, mechanisms: Mechanisms, predictor: Predictor,
-                 skill: PredictionSkill | None = None) -> None:
+                 skill: PredictionSkill | None = None,
+                 returns: ReturnModel | None = None) -> None:
         self.skill = skill or PredictionSkill()
         self.cost = cost_model(cfg)
         self.policy = AgentKvPolicy(AgentKvConfig(cost=self.cost, mechanisms=mechanisms),
-                                    predictor=predictor)
+                                    predictor=predictor, returns=returns)
         self.name = self.policy.name
         self._views = PageFactory()
         self._phi: dict[int, object] = {}  # page -> features of its open reuse prediction
@@ -81,6 +87,13 @@ class AgentKvDriver:
         view = self._views.make_view(**fields)  # type: ignore[arg-type]
         self._estimate(view, view.created)
         return view
+
+    def produced(self, page: PageView, now: float) -> None:
+        self.policy.observe_gap_start(page, now)
+
+    def finish(self, now: float) -> None:
+        """The batch is over: pages still silent were never read again."""
+        self.policy.returns.close_open_gaps(now)
 
     def _estimate(self, view: PageView, now: float) -> None:
         """The predictor's reuse estimate and its own confidence for the tool class
@@ -147,15 +160,18 @@ class AgentKvDriver:
         if duration > 0:
             pred.observe_tool(page.tool_class, duration)
         self.skill.observe(page.predicted_idle_s, idle_s)
+        self.policy.observe_return(page, max(0.0, idle_s))
         self._outcome(page, True)
 
     def observe_end(self, page: PageView, now: float) -> None:
+        self.policy.observe_end(page, max(0.0, now - page.last_access))
         self._outcome(page, False)
 
     def enter_gap(self, page: PageView, tool_class: str, now: float) -> None:
         if tool_class:
             page.tool_class = tool_class
         self._estimate(page, now)
+        self.policy.observe_gap_start(page, now)
 
 
 __all__ = ["AgentKvDriver", "Tier"]

@@ -61,6 +61,12 @@ class PolicyDriver(Protocol):
     def enter_gap(self, page: PageView, tool_class: str, now: float) -> None:
         """The page starts a new idle gap waiting on ``tool_class`` ("" = unknown)."""
 
+    def produced(self, page: PageView, now: float) -> None:
+        """The page was produced at ``now`` (its first idle gap begins)."""
+
+    def finish(self, now: float) -> None:
+        """The batch's last event happened at ``now``."""
+
 
 def cost_model(cfg: SimConfig) -> CostModel:
     """The policy layer's cost model, set to the simulated hardware.
@@ -144,6 +150,12 @@ class FullPrecisionDriver:
     def enter_gap(self, page: PageView, tool_class: str, now: float) -> None:
         if tool_class:
             page.tool_class = tool_class
+
+    def produced(self, page: PageView, now: float) -> None:
+        return None
+
+    def finish(self, now: float) -> None:
+        return None
 
     def restore_s(self, page: PageView, demotion: Demotion) -> float:
         return self.cost.restore_time(page.size_bytes, demotion.tier, demotion.codec)

@@ -8,7 +8,10 @@ false signal that is read again pays a full recompute (re-prefill), counted.
 HBM holds at most ``capacity_bytes``; whenever bytes must come in, the policy
 picks victims ("exactly enough or nothing") and the driver says where and in
 what form each victim goes. Restores and prefetches share one host link and
-queue on it. The loop records facts only; ``metrics`` turns them into numbers.
+queue on it. The driver hears of each production and of the batch's end
+(``produced``, ``finish``) as well as of reads and signals, so a learner can
+tell how every idle gap ended. The loop records facts only; ``metrics`` turns
+them into numbers.
 """
 
 from __future__ import annotations
@@ -136,9 +139,11 @@ class BatchRun:
                 self._push(float(false_at[i]), FALSE, i)
         handlers = (self._on_create, self._on_access, self._on_eol, self._on_false,
                     self._on_prefetch)
+        t = 0.0
         while self._events:
             t, kind, _, page, token = heapq.heappop(self._events)
             handlers[kind](page, t, token)
+        self.driver.finish(t)
         for s in self.slots:
             if s.unread_prefetch:
                 self.trace.wasted_prefetch_bytes += s.unread_prefetch
@@ -190,6 +195,7 @@ class BatchRun:
     def _on_create(self, i: int, now: float, _token: int) -> None:
         s = self.slots[i]
         s.view.last_access = now
+        self.driver.produced(s.view, now)
         if self._make_room(s.view.size_bytes, now):
             s.where = IN_HBM
             self._admit(s, now)

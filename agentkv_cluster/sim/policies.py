@@ -27,7 +27,8 @@ DriverFactory = Callable[[Batch], PolicyDriver]
 def driver_factory(name: str, cfg: SimConfig, *, mechanisms: Mechanisms | None = None,
                    signals: Iterable[EndOfLife] = ()) -> DriverFactory:
     """Per-run factory: a fresh policy per batch; AgentKV's predictor persists across
-    batches (it learns tool durations and reuse online, as the service's would)."""
+    batches (it learns tool durations and reuse online, as the service's would), and so
+    does its return model (how idle gaps ended)."""
     sig = frozenset(signals)
     if name == "lru":
         return lambda batch: FullPrecisionDriver(LruPolicy(signals=sig), cfg)
@@ -39,10 +40,12 @@ def driver_factory(name: str, cfg: SimConfig, *, mechanisms: Mechanisms | None =
         return lambda batch: FullPrecisionDriver(
             ArcPolicy(batch.capacity_bytes, signals=sig), cfg)
     if name == "agentkv":
+        from agentkv_cluster.policy.returns import ReturnModel
         from agentkv_cluster.sim.agentkv_driver import AgentKvDriver, PredictionSkill
 
         predictor = Predictor()
         skill = PredictionSkill()
+        returns = ReturnModel()
         mech = mechanisms or Mechanisms()
-        return lambda batch: AgentKvDriver(cfg, mech, predictor, skill)
+        return lambda batch: AgentKvDriver(cfg, mech, predictor, skill, returns)
     raise KeyError(name)

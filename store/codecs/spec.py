@@ -11,13 +11,10 @@ import msgpack
 import numpy as np
 import torch
 
-from store.types import Codec
+from store.types import KV_DTYPE_NAMES, Codec
 
-KV_DTYPES: Mapping[str, torch.dtype] = {
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float32": torch.float32,
-}
+# store.types.KV_DTYPE_NAMES, as torch dtypes
+KV_DTYPES: Mapping[str, torch.dtype] = {name: getattr(torch, name) for name in KV_DTYPE_NAMES}
 _TENSOR_DTYPES: Mapping[str, torch.dtype] = {
     **KV_DTYPES,
     "uint8": torch.uint8,

@@ -7,13 +7,13 @@ doubles as a link check between two hosts. Commands arrive on a pipe.
 
 from __future__ import annotations
 
-import mmap
 import multiprocessing
 from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
 
+from store.buffers import aligned_buffer
 from store.transport.base import Region
 
 
@@ -22,8 +22,7 @@ def serve_peer(conn: Connection, size: int) -> None:
     from store.transport.nixl_ucx import NixlUcxTransport
 
     transport = NixlUcxTransport()
-    buf = np.frombuffer(mmap.mmap(-1, size), dtype=np.uint8)
-    buf[:] = 0  # pre-fault
+    buf = aligned_buffer(size)  # pre-faulted; 2 MiB pages where the kernel allows
     region = transport.register(buf)
     conn.send((transport.agent_metadata(), region.pack()))
     transport.add_peer(conn.recv())

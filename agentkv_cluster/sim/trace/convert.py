@@ -3,9 +3,9 @@
 - Mooncake FAST'25 (``timestamp`` ms, ``input_length``, ``output_length``,
   ``hash_ids``): ``hash_ids`` are 512-token prefix blocks and become shared
   prefix pages. A request that extends the whole context of an earlier request
-  continues that conversation; the gap between two requests of a conversation
-  becomes a ``think`` tool gap (emitted at the request that ends it, with the
-  start time of the gap). No ``task_end`` is invented: the trace does not say
+  continues that conversation; every request starts a ``think`` tool gap at its
+  own time (its length is the time to the conversation's next request, 0 after
+  the last one: a conversation's last turn looks like any other when it ends). No ``task_end`` is invented: the trace does not say
   which turn is a conversation's last, so the replay ends a silent session by
   its idle timeout.
 - Azure LLM inference 2023 (``TIMESTAMP, ContextTokens, GeneratedTokens``): no
@@ -126,6 +126,12 @@ def convert_mooncake(path: Path) -> ParseResult:
             session=session, ts=ts, kind="model_call", tokens=tokens, prefix_blocks=tuple(blocks),
             state=StateType.TASK_INPUT if new else StateType.TOOL_OBSERVATION))
         last[conv] = ts
+    # A reply is always followed by the user's think time, the last one too: whether a
+    # conversation comes back is not known when its turn ends, so every turn gets its
+    # think gap (the last one's length is unknown: 0, and no call waits on it).
+    for conv, ts in last.items():
+        out.events.append(TraceEvent(session=f"conv-{conv}", ts=ts, kind="tool_start",
+                                     tool_class="think", tool_duration_s=0.0))
     return out
 
 

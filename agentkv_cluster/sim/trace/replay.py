@@ -18,10 +18,12 @@ End of life comes only from events in the trace, at their own time:
   that acted on the signal and pays a recompute (the simulator counts it), as a
   real cache would. Nothing looks at later sessions.
 
-Each idle gap of a page (between two reads, or from production to the first)
-carries the tool that ended it: the tool the reading call waited on (the reading
-session's ``tool_start`` events since its previous call; the last class, the
-trace's own ``tool_duration_s`` summed when it ran several). The predictor learns those tool durations and the gap planner
+Each idle gap of a page (between two reads, from production to the first, or
+after the last) is labelled, at its start, with the tool the session that
+touched the page starts after that call (its first ``tool_start`` before its
+next call; "" for a final answer): never with anything that depends on whether
+a later call comes. The trace's own ``tool_duration_s`` of the tools the reading
+call waited on (summed when it ran several) is learned at the read. The predictor learns those tool durations and the gap planner
 plans from the tool start; predictions of gap lengths are the true gap times a
 log-normal error (``noise``), drawn per noise level, as in the synthetic
 workloads. The gap after a page's last read has no true length; its prediction
@@ -83,16 +85,30 @@ class _Session:
         return self.last_event + rc.idle_timeout_s
 
     def tool_before(self, call_ts: float) -> tuple[str, float]:
-        """The tool this session's call at ``call_ts`` waited on: the tools started
-        since its previous call (last class, summed seconds); ("", 0) for none."""
+        """The tool this session's call at ``call_ts`` waited on: the tools started at
+        or after its previous call and before this one (last class, summed seconds);
+        ("", 0) for none."""
         k = bisect.bisect_left(self.call_ts, call_ts)
-        lo = self.call_ts[k - 1] if k else -float("inf")
-        i = bisect.bisect_right(self.tool_ts, lo)
-        j = bisect.bisect_right(self.tool_ts, call_ts)
+        if k == 0:
+            return "", 0.0
+        lo = self.call_ts[k - 1]
+        i = bisect.bisect_left(self.tool_ts, lo)
+        j = bisect.bisect_left(self.tool_ts, call_ts)
         if i >= j:
             return "", 0.0
         tools = self.tools[i:j]
         return tools[-1].tool_class, min(sum(t.tool_duration_s for t in tools), call_ts - lo)
+
+    def tool_after(self, call_ts: float) -> str:
+        """The tool this session starts after its call at ``call_ts`` (the first one
+        before its next call), known once the call is done; "" for none (a final answer).
+        Whether a later call follows plays no part."""
+        k = bisect.bisect_right(self.call_ts, call_ts)
+        hi = self.call_ts[k] if k < len(self.call_ts) else float("inf")
+        i = bisect.bisect_left(self.tool_ts, call_ts)
+        if i < len(self.tools) and self.tool_ts[i] < hi:
+            return self.tools[i].tool_class
+        return ""
 
 
 def sessions_of(events: Sequence[TraceEvent]) -> list[_Session]:
@@ -191,11 +207,11 @@ def _batch(pages: list[_Page], sessions: list[_Session], cfg: SimConfig,
     for i, p in enumerate(pages):
         times = [p.created] + [t for t, _ in p.reads]
         readers = [s for _, s in p.reads]
-        tools, secs = [], []
-        for k, s in enumerate(readers):
-            name, dur = by[s].tool_before(times[k + 1])
-            tools.append(name)
-            secs.append(dur)
+        # each gap's label: the tool its opening session starts right after the call
+        # that opened it (known at the gap's start); its duration: what the reading
+        # call waited on (learned only at the read)
+        tools = [by[s].tool_after(t) for s, t in zip([p.owner, *readers], times, strict=True)]
+        secs = [by[s].tool_before(times[k + 1])[1] for k, s in enumerate(readers)]
         gaps = np.diff(times)
         # After the last read there is no true gap to add noise to, and the time to the
         # signal (an idle timeout away) would tell the predictor the page is dead: the
@@ -204,7 +220,7 @@ def _batch(pages: list[_Page], sessions: list[_Session], cfg: SimConfig,
         true = np.maximum(np.append(gaps, tail), 1e-3)
         access.append(np.asarray(times[1:], dtype=np.float64))
         predicted.append(true * np.exp(cfg.noise * nrng.standard_normal(true.size)))
-        gap_tools.append((*tools, ""))
+        gap_tools.append(tuple(tools))
         gap_tool_s.append(np.asarray([*secs, 0.0], dtype=np.float64))
     rate = np.array([cfg.workload.types[t].recompute_ms_per_mb for t in TYPE_ORDER]) / 1e3
     weight = np.array([cfg.workload.types[t].correctness_weight for t in TYPE_ORDER])

@@ -18,7 +18,7 @@ from store.nvme import (
     ShardClosed,
     ShardLocked,
 )
-from store.nvme_format import payload_digest
+from store.nvme.format import payload_digest
 from store.transport import nixl_available
 from store.types import Lookup
 

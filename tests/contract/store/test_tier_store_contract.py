@@ -27,7 +27,7 @@ import pytest
 from store.hbm import ArenaFull, HbmArena, PageNotAllocated
 from store.host_pool import HostPool, PoolFull, SlotEmpty
 from store.nvme import DiskFull, NvmeShard, NvmeShardConfig
-from store.nvme_format import header_block
+from store.nvme.format import header_block
 from store.slab_pool import SlabClass, SlabPool, SlabRef
 from store.types import Lookup
 

@@ -44,7 +44,11 @@ def test_mooncake_conversation_trace_replays_as_one_timeline_for_every_policy(tr
     reads = {m.reads for m in (*result.policies.values(), *result.fair_policies.values())}
     assert len(reads) == 1 and reads.pop() > 1000  # every policy sees the same reads
     assert result.policies["lru"].hidden_pct == 0.0
-    assert result.policies["agentkv"].hidden_pct > 0.0
+    # conversations that just stop are declared over only after the idle timeout: the
+    # cost-aware prefetch rule learns that a silent conversation rarely comes back and
+    # wastes little on them (before it: about 70 % of AgentKV's transfer was wasted)
+    akv = result.policies["agentkv"]
+    assert akv.wasted_prefetch_mb_per_batch < 0.05 * akv.transfer_mb_per_batch
     assert "NaN" not in dumps(result.to_dict())
 
 

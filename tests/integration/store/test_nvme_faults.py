@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from store import nvme_format as fmt
 from store.nvme import DiskFull, NvmeEngine, NvmeShard, NvmeShardConfig
+from store.nvme import format as fmt
 from store.transport import nixl_available
 from store.types import Lookup
 

@@ -9,7 +9,7 @@ from agentkv_cluster.policy.base import Mechanisms
 from agentkv_cluster.policy.predictor import Predictor
 from agentkv_cluster.sim.agentkv_driver import AgentKvDriver, PredictionSkill
 from agentkv_cluster.sim.config import MB, SimConfig
-from agentkv_cluster.sim.engine import RETIRED, BatchRun
+from agentkv_cluster.sim.engine import RETIRED, BatchRun, BatchTrace
 from store.types import Codec, Tier
 from tests.unit.sim.conftest import make_batch
 
@@ -95,3 +95,33 @@ def test_prediction_skill_needs_data_and_drops_with_the_observed_error():
     for _ in range(16):
         bad.observe(2.0, 2.0 * 2.718281828459045)  # |log error| 1 of the 1.5 scale
     assert bad.confidence() == pytest.approx(0.5 * (1 - 1 / 1.5))
+
+
+def test_return_model_learns_every_gap_outcome_and_gates_the_prefetch():
+    """Every gap opens at production or a read and closes at the next read (a return)
+    or the end-of-life signal (an end); the batch's end closes the rest. A return model
+    that has seen pages of A's kind come back only within 1 s or never skips A's
+    prefetch (the read then pays a visible restore); one that has seen them come
+    back after about 20 s prefetches it."""
+    from agentkv_cluster.policy.returns import ReturnModel
+    from tests.unit.policy.builders import page
+
+    def with_history(gap_s: float, returned: int, ended: int) -> tuple[ReturnModel, BatchTrace]:
+        returns = ReturnModel()
+        proto = page(10_000, state_type=S.EVIDENCE, tool_class=S.EVIDENCE.value)
+        for _ in range(returned):
+            returns.observe_return(proto, gap_s)
+        for _ in range(ended):
+            returns.observe_end(proto, 300.0)
+        driver = AgentKvDriver(CFG, Mechanisms(), trained_predictor(), trained_skill(),
+                               returns)
+        before = returns.observed
+        tr = BatchRun(scenario(), driver).run()
+        # three pages: three reads, three signals, no gap left open
+        assert returns.observed - before == 6 and not returns._open
+        return returns, tr
+
+    _, dead = with_history(1.0, 20, 20)
+    assert dead.access_visible_ms[2] > 0.0 and dead.wasted_prefetch_bytes == 0
+    _, alive = with_history(25.0, 40, 2)
+    assert alive.access_visible_ms[2] == 0.0  # prefetched, landed before the read

@@ -86,7 +86,10 @@ def test_mooncake_turns_continue_conversations_and_gaps_become_tool_gaps(tmp_pat
     calls = [e for e in res.events if e.kind == "model_call"]
     assert [c.session for c in calls] == ["conv-0", "conv-1", "conv-0"]
     tools = [e for e in res.events if e.kind == "tool_start"]
-    assert [(t.session, t.ts, t.tool_duration_s) for t in tools] == [("conv-0", 0.0, 4.0)]
+    # every turn opens a think gap, the last ones too (length unknown: 0), so a gap's
+    # label never tells whether the conversation comes back
+    assert sorted((t.session, t.ts, t.tool_duration_s) for t in tools) == [
+        ("conv-0", 0.0, 4.0), ("conv-0", 4.0, 0.0), ("conv-1", 0.1, 0.0)]
     assert calls[2].state is StateType.TOOL_OBSERVATION
 
 
@@ -147,7 +150,7 @@ def test_mooncake_conversion_invents_no_task_end(tmp_path):
     path = tmp_path / "mc.jsonl"
     path.write_text(json.dumps({"timestamp": 0, "input_length": 600, "output_length": 1,
                                 "hash_ids": [0, 1]}) + "\n")
-    assert [e.kind for e in convert_mooncake(path).events] == ["model_call"]
+    assert [e.kind for e in convert_mooncake(path).events] == ["model_call", "tool_start"]
 
 
 def test_replay_is_one_timeline_with_every_read_and_per_gap_tools():
@@ -166,11 +169,13 @@ def test_replay_is_one_timeline_with_every_read_and_per_gap_tools():
     assert TYPE_ORDER[b.types[0]] is StateType.FIXED_PREFIX  # shared by s1, s2, s3
     assert TYPE_ORDER[b.types[1]] is StateType.TASK_INPUT
     assert TYPE_ORDER[b.types[2]] is StateType.TOOL_OBSERVATION
-    # each gap carries its own tool: block 1's gap to s2's read had no tool of s2,
-    # its gap to s1's read at 3.5 ran s1's search (3 s)
-    assert b.gap_tools[0][:3] == ("", "search", "")
+    # each gap is labelled at its start with the tool its opening session starts next
+    # (s1's search after its call at 0; none after s2's and s1's later calls), whether
+    # or not a read follows; the duration is what the reading call waited on: block
+    # 1's gap to s2's read none, its gap to s1's read at 3.5 s1's search (3 s)
+    assert b.gap_tools[0] == ("search", "", "", "")
     assert list(b.gap_tool_s[0][:2]) == [0.0, 3.0]
-    assert b.gap_tools[1][0] == "search" and b.gap_tool_s[1][0] == 3.0
+    assert b.gap_tools[1] == ("search", "") and b.gap_tool_s[1][0] == 3.0
     # noise 0: gap predictions are exact; after the last read the guess is a typical
     # gap (the page's median), never the time to its signal (13.5 - 3.5 here)
     assert np.allclose(b.predicted_idle[0], [1.0, 2.5, 1e-3, 1.0])

@@ -136,13 +136,13 @@ def test_tampered_sealed_values_are_misses_not_garbage(tmp_path):
         with pytest.raises(KeyMissing):
             store.get(b"h")
         store.put(b"n", value(1 << 20, 5), Tier.NVME)
-        extent = store.nvme.extent(store._slot_id(b"n"))
+        extent = store.nvme.extent(store._seal.slot_id(b"n"))
         fd = os.open(extent.path, os.O_RDWR)
         try:
             os.pwrite(fd, b"\xff", extent.payload_offset + 2000)
         finally:
             os.close(fd)
-        store.nvme.drop_cache(store._slot_id(b"n"))
+        store.nvme.drop_cache(store._seal.slot_id(b"n"))
         with pytest.raises(KeyMissing):
             store.get(b"n")
 
@@ -156,3 +156,43 @@ def test_memory_key_source_contract():
     assert source.destroy("a.key") and not source.destroy("a.key")
     with pytest.raises(Exception, match="does not exist"):
         source.read("a.key")
+
+
+def test_restart_drops_nvme_records_sealed_under_an_erased_generation(tmp_path):
+    ring = memory_keyring("acme")
+    with open_store(tmp_path, "sealed", host_slots=0, keyring=ring) as store:
+        store.put(b"old", value(70_000, 1), Tier.NVME)
+        store.put(b"old-2", value(5_000, 2), Tier.NVME)
+        ring.rotate("acme")
+        store.put(b"new", value(70_000, 3), Tier.NVME)
+        assert len(store.nvme) == 3
+    ring.destroy_generation("acme", 1)
+    with open_store(tmp_path, "sealed", host_slots=0, keyring=ring) as store:
+        assert len(store.nvme) == 1  # only the record under the live generation is indexed
+        assert not store.contains(b"old") and not store.contains(b"old-2")
+        assert store.get(b"new") == value(70_000, 3)
+    with open_store(tmp_path, "sealed", host_slots=0, keyring=ring) as store:
+        assert len(store.nvme) == 1  # retired for good: tombstones outlive the restart
+
+
+def test_restart_drops_every_nvme_record_of_a_tenant_erased_and_created_again(tmp_path):
+    ring = memory_keyring("acme")
+    with open_store(tmp_path, "sealed", host_slots=0, keyring=ring) as store:
+        store.put(b"a", value(70_000, 1), Tier.NVME)
+        store.put(b"b", value(9_000, 2), Tier.NVME)
+    ring.destroy_tenant("acme")
+    ring.create_tenant("acme")  # the same name again: new keys, nothing old opens
+    with open_store(tmp_path, "sealed", host_slots=0, keyring=ring) as store:
+        assert len(store.nvme) == 0 and store.nvme.stats().live_bytes == 0
+
+
+def test_a_sealed_nvme_record_that_fails_to_open_leaves_the_index(tmp_path):
+    ring = memory_keyring("acme")
+    with open_store(tmp_path, "sealed", host_slots=0, keyring=ring) as store:
+        store.put(b"k", value(70_000, 1), Tier.NVME)
+        ring.rotate("acme")
+        ring.destroy_generation("acme", 1)  # erased while the store runs
+        assert store.contains(b"k")  # still indexed: nothing tried to open it yet
+        with pytest.raises(KeyMissing):
+            store.get(b"k")
+        assert not store.contains(b"k") and len(store.nvme) == 0

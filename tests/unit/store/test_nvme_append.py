@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from store import nvme_format as fmt
 from store.nvme import NvmeShard, NvmeShardConfig
+from store.nvme import format as fmt
 from store.types import Lookup
 
 

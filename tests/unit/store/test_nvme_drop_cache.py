@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from store.nvme import FsyncPolicy, InvalidRecord, NvmeShard, NvmeShardConfig, ShardClosed
-from store.nvme_files import drop_range, resident_pages
+from store.nvme.files import drop_range, resident_pages
 from store.types import Lookup
 
 SIZE = 256 << 10

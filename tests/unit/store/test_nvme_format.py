@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import pytest
 
-from store import nvme_format as fmt
+from store.nvme import format as fmt
 
 
 def packed(key: bytes = b"key", **fields) -> bytes:

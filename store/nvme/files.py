@@ -1,4 +1,5 @@
-"""File-system helpers of NVMe shards: buffers, free space, directory lock and sync."""
+"""File-system helpers of NVMe shards: keys and views, free space, directory lock and sync,
+page-cache control."""
 
 from __future__ import annotations
 
@@ -9,10 +10,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from store import nvme_format as fmt
-from store.nvme_types import InvalidRecord, ShardLocked
+from store.nvme import format as fmt
+from store.nvme.types import InvalidRecord, ShardLocked
 
 
 def check_key(key: bytes) -> None:
@@ -42,13 +41,6 @@ def writable_view(out: Any, n: int) -> memoryview:
     if view.nbytes < n:
         raise InvalidRecord(f"out holds {view.nbytes} bytes; the record has {n}")
     return view
-
-
-def aligned_buffer(n: int) -> np.ndarray:
-    """A page-aligned, pre-faulted buffer (anonymous mmap): reads into it run at full speed."""
-    buf = np.frombuffer(mmap.mmap(-1, n), dtype=np.uint8)
-    buf[:] = 0
-    return buf
 
 
 def free_bytes(path: Path) -> int:

@@ -28,9 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from store import nvme_format as fmt
-from store.nvme_files import aligned_buffer, writable_view
-from store.nvme_types import NvmeEngine, NvmeShardConfig, RecordLocation, ShardError
+from store.buffers import aligned_buffer
+from store.nvme import format as fmt
+from store.nvme.files import writable_view
+from store.nvme.types import NvmeEngine, NvmeShardConfig, RecordLocation, ShardError
 from store.transport import (
     FileSpan,
     Region,

@@ -1,4 +1,4 @@
-"""Configuration, records, reports and errors of NVMe shards (see ``store.nvme``)."""
+"""Configuration, records, reports and errors of NVMe shards (see ``store.nvme.shard``)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ class FsyncPolicy(enum.Enum):
 
 
 class NvmeEngine(enum.Enum):
-    """How record bytes move (see ``store.nvme_io``)."""
+    """How record bytes move (see ``store.nvme.engines``)."""
 
     SYSCALL = "syscall"  # os.pwritev / os.preadv on the caller's buffers
     NIXL_POSIX = "nixl-posix"  # NIXL POSIX transfer jobs
@@ -85,8 +85,13 @@ class RecordLocation(NamedTuple):
     length: int
     generation: int
     seq: int
-    checksum: int  # payload hash (see nvme_format.payload_digest)
+    checksum: int  # payload hash (see store.nvme.format.payload_digest)
     version: int  # record format version, which says how ``checksum`` was computed
+
+    @property
+    def record_bytes(self) -> int:
+        """Bytes the record takes in its segment file: header block and payload."""
+        return self.payload_offset - self.offset + self.length
 
 
 @dataclass(frozen=True, kw_only=True)

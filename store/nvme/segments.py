@@ -1,0 +1,286 @@
+"""The segment files of one NVMe shard directory, and the bytes in them.
+
+``SegmentFiles`` owns the directory lock, the file engine and every open segment: it
+appends records (header block + payload in one write, rolled back on failure, synced per
+the fsync policy), reads and verifies payloads, zeroes payloads for erasure, evicts
+records from the page cache, scans segments at recovery and removes compacted ones. It
+keeps no index: the shard (``store.nvme.shard``) decides which records are live.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from store.nvme import format as fmt
+from store.nvme.engines import open_engine, read_full
+from store.nvme.files import drop_range, free_bytes, fsync_dir, lock_directory
+from store.nvme.types import (
+    DiskFull,
+    FsyncPolicy,
+    NvmeShardConfig,
+    RecordExtent,
+    RecordLocation,
+    ShardIOError,
+)
+
+SEGMENT_GLOB = "seg-*.akv"  # seg-00000012.akv; indices only grow
+_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+_FREE_MARGIN = 256 << 20  # re-read free space when the estimate gets this close
+_ZEROS = memoryview(bytes(fmt.MAX_KEY_BYTES))
+_ZERO_CHUNK = 1 << 20
+
+
+class Segment:
+    __slots__ = ("fd", "handle", "index", "keys", "path", "size")
+
+    def __init__(self, index: int, path: Path, fd: int, handle: Any, size: int) -> None:
+        self.index, self.path, self.fd, self.handle, self.size = index, path, fd, handle, size
+        self.keys: set[bytes] = set()  # every key with a record or tombstone in this file
+
+
+class SegmentFiles:
+    """Open with the directory locked; ``load`` the existing segments before appending."""
+
+    def __init__(self, path: Path, config: NvmeShardConfig) -> None:
+        self.path, self.config = path, config
+        path.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = lock_directory(path)
+        try:
+            self._io = open_engine(config)
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+        # The header block of every append; bytes past the longest key are never written.
+        self._header = memoryview(bytearray(fmt.header_block(fmt.MAX_KEY_BYTES, config.align)))
+        self._key_end = 0  # where the key last packed into it ends
+        self._segments: dict[int, Segment] = {}
+        self._active: Segment | None = None  # the newest segment
+        self._unsynced = 0
+        self.syncs = 0  # fsync calls made
+        self._free_estimate = 0  # bytes the file system had free, less what we wrote since
+
+    @property
+    def engine(self) -> str:
+        return self._io.name
+
+    # -- recovery ---------------------------------------------------------------------------
+    def load(self, visit: Callable[[int, fmt.ScannedRecord], None]) -> None:
+        """Open every segment file in index order and hand each complete record to
+        ``visit(segment, record)``; then cut a torn tail off the newest segment so the next
+        append starts on clean ground (or start segment 0 in an empty directory)."""
+        last_end = 0
+        for path in sorted(self.path.glob(SEGMENT_GLOB)):
+            seg = self._open(int(path.stem.split("-")[1]))
+            last_end = 0
+            for rec in fmt.scan_segment(seg.fd, seg.size, self.config.align):
+                seg.keys.add(rec.header.key)
+                last_end = rec.end
+                visit(seg.index, rec)
+        if self._active is None:
+            self._open(0)
+        elif self._active.size > last_end:
+            os.ftruncate(self._active.fd, last_end)
+            self._active.size = last_end
+
+    def _open(self, index: int) -> Segment:
+        path = self.path / f"seg-{index:08d}.akv"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        if self.config.fsync is not FsyncPolicy.NONE:
+            fsync_dir(self.path)
+        try:
+            handle = self._io.attach(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        seg = Segment(index, path, fd, handle, os.fstat(fd).st_size)
+        self._segments[index] = seg
+        self._active = seg  # indices only grow: the newest segment is the active one
+        return seg
+
+    # -- writing ----------------------------------------------------------------------------
+    def append(self, key: bytes, payload: memoryview, generation: int, seq: int,
+               flags: int = 0) -> RecordLocation:
+        """Write one record at the end of the active segment (a new one when it is full);
+        on failure nothing of it stays (``DiskFull`` / ``ShardIOError``)."""
+        align = self.config.align
+        key_end = fmt.HEADER.size + len(key)
+        block = fmt.header_block(len(key), align)
+        n = payload.nbytes
+        # One hash for a payload up to a stripe (most records); payload_digest stripes the rest.
+        digest = fmt.checksum(payload) if n <= fmt.STRIPE_BYTES else fmt.payload_digest(payload)
+        seg = self._room(fmt.round_up(block + n, align))
+        offset = fmt.round_up(seg.size, align)
+        self._check_space(offset - seg.size + block + n, bool(flags & fmt.FLAG_TOMBSTONE))
+        header = self._header
+        if key_end < self._key_end:  # zero the tail of a longer key written before
+            header[key_end : self._key_end] = _ZEROS[: self._key_end - key_end]
+        self._key_end = key_end
+        fmt.pack_fields_into(header, flags, key, generation, n, seq, digest)
+        self._write(seg, offset, header[:block], payload)
+        seg.size = offset + block + n
+        seg.keys.add(key)
+        self._after_write(seg)
+        return RecordLocation(
+            seg.index, offset, offset + block, n, generation, seq, digest, fmt.FORMAT_VERSION
+        )
+
+    def _room(self, need: int) -> Segment:
+        active = self._active
+        if active.size and active.size + need > self.config.segment_bytes:
+            return self.seal_active()
+        return active
+
+    def seal_active(self) -> Segment:
+        """Start a new segment (the old active one synced, unless the policy is NONE)."""
+        if self.config.fsync is not FsyncPolicy.NONE:
+            self.sync_active()
+        return self._open(self._active.index + 1)
+
+    def _check_space(self, need: int, tombstone: bool) -> None:
+        # Tombstones (one header block) are exempt from the quota: a full shard must still
+        # be able to retire records, or it could never make room again.
+        quota = self.config.max_bytes
+        if quota is not None and not tombstone:
+            total = self.file_bytes()
+            if total + need > quota:
+                raise DiskFull(f"shard quota {quota} B: {total} B used, record needs {need} B")
+        # statvfs only when the running estimate nears the need; a write that still finds
+        # the disk full is rolled back the same way.
+        if self._free_estimate < need + _FREE_MARGIN:
+            self._free_estimate = free_bytes(self.path)
+            if self._free_estimate < need:
+                raise DiskFull(f"file system of {self.path} has less than {need} B free")
+        self._free_estimate -= need
+
+    def _write(self, seg: Segment, offset: int, header: memoryview, payload: memoryview) -> None:
+        try:
+            self._io.write(seg.handle, offset, header, payload)
+        except OSError as exc:
+            os.ftruncate(seg.fd, seg.size)  # roll back
+            self._free_estimate = 0  # look at the file system again next time
+            need = header.nbytes + payload.nbytes
+            if exc.errno in _FULL_ERRNOS or free_bytes(self.path) < need:
+                raise DiskFull(f"writing {need} B to {seg.path} failed: {exc}") from exc
+            raise ShardIOError(f"writing to {seg.path} failed: {exc}") from exc
+
+    def _after_write(self, seg: Segment) -> None:
+        policy = self.config.fsync
+        self._unsynced += 1
+        if policy is FsyncPolicy.EVERY_RECORD or (
+            policy is FsyncPolicy.EVERY_N and self._unsynced >= self.config.fsync_every_n
+        ):
+            self._fsync(seg.fd)
+            self._unsynced = 0
+
+    def sync_active(self) -> None:
+        """fsync the active segment if anything was appended since the last sync."""
+        if self._unsynced:
+            self._fsync(self._active.fd)
+        self._unsynced = 0
+
+    def sync_newest(self) -> None:
+        """fsync the active segment whatever the policy (compaction, before files go)."""
+        self._fsync(self._active.fd)
+        self._unsynced = 0
+
+    def _fsync(self, fd: int) -> None:
+        os.fsync(fd)
+        self.syncs += 1
+
+    # -- reading ----------------------------------------------------------------------------
+    def read(self, loc: RecordLocation, out: Any) -> memoryview | None:
+        """The verified payload (in ``out`` or the engine's buffer), None if bad or gone."""
+        if loc.length == 0:
+            return memoryview(b"") if loc.checksum == fmt.checksum(b"") else None
+        return self._io.read(self._segments[loc.segment].handle, loc, out)
+
+    def read_range(self, loc: RecordLocation, out: memoryview, offset: int) -> bool:
+        """``out.nbytes`` payload bytes from ``offset``, unverified (a payload is verified
+        whole); False when they cannot all be read."""
+        return read_full(self._segments[loc.segment].fd, out, loc.payload_offset + offset)
+
+    def extent(self, loc: RecordLocation) -> RecordExtent:
+        return RecordExtent(path=self._segments[loc.segment].path, offset=loc.offset,
+                            length=loc.record_bytes, payload_offset=loc.payload_offset,
+                            payload_length=loc.length)
+
+    def drop_cache(self, loc: RecordLocation) -> None:
+        drop_range(self._segments[loc.segment].fd, loc.offset, loc.record_bytes)
+
+    # -- erasure ----------------------------------------------------------------------------
+    def zero_payload(self, loc: RecordLocation) -> None:
+        """Overwrite ``loc``'s payload with zeros where it lies, and sync."""
+        seg = self._segments[loc.segment]
+        _zero_range(seg.fd, loc.payload_offset, loc.length)
+        self._fsync(seg.fd)
+
+    def zero_dead(self, live: set[tuple[int, int]]) -> int:
+        """Zero the payload of every record whose (segment, offset) is not in ``live`` and
+        sync what changed; returns how many records were zeroed. Reads every header."""
+        zeroed = 0
+        for seg in self._segments.values():
+            touched = False
+            for rec in fmt.scan_segment(seg.fd, seg.size, self.config.align):
+                h = rec.header
+                if h.is_tombstone or not h.payload_len or (seg.index, rec.offset) in live:
+                    continue
+                if _zero_range(seg.fd, rec.payload_offset, h.payload_len):
+                    zeroed += 1
+                    touched = True
+            if touched:
+                self._fsync(seg.fd)
+        return zeroed
+
+    # -- compaction -------------------------------------------------------------------------
+    def sizes(self) -> dict[int, int]:
+        """Bytes in each segment file, by index."""
+        return {i: s.size for i, s in self._segments.items()}
+
+    @property
+    def active_index(self) -> int:
+        return self._active.index
+
+    def holds(self, key: bytes, excluding: set[int]) -> bool:
+        """Whether a segment outside ``excluding`` has a record or tombstone of ``key``."""
+        return any(key in s.keys for i, s in self._segments.items() if i not in excluding)
+
+    def remove(self, index: int) -> int:
+        """Close and delete segment ``index``; returns the bytes it held."""
+        seg = self._segments.pop(index)
+        self._io.detach(seg.handle)
+        os.close(seg.fd)
+        seg.path.unlink()
+        return seg.size
+
+    # -- totals and teardown ----------------------------------------------------------------
+    def file_bytes(self) -> int:
+        return sum(s.size for s in self._segments.values())
+
+    def __len__(self) -> int:
+        return len(self._segments)
+
+    def close(self) -> None:
+        """Release the engine (its registrations and helper thread), the files, the lock."""
+        self._io.close()
+        for seg in self._segments.values():
+            os.close(seg.fd)
+        self._segments.clear()
+        os.close(self._lock_fd)
+
+
+def _zero_range(fd: int, offset: int, length: int) -> bool:
+    """Overwrite ``length`` bytes at ``offset`` with zeros unless they are zero already;
+    True if it wrote."""
+    wrote = False
+    end = offset + length
+    while offset < end:
+        n = min(_ZERO_CHUNK, end - offset)
+        if os.pread(fd, n, offset).count(0) != n:
+            os.pwrite(fd, bytes(n), offset)
+            wrote = True
+        offset += n
+    return wrote

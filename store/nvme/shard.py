@@ -1,0 +1,291 @@
+"""NvmeShard: append-only segment files with checksummed records and crash recovery.
+
+The shard composes two collaborators and holds the one lock that serialises callers:
+``SegmentFiles`` (``store.nvme.segments``: the directory, its lock, the file engine, the
+bytes) and ``RecordIndex`` (``store.nvme.index``: which record of each key is live). Bytes
+move through a file engine (``store.nvme.engines``: direct syscalls by default, or NIXL
+POSIX jobs); every read is verified against the record's payload hash. A record is
+published in the index only after all of its bytes are written (and synced, per policy);
+a failed write is truncated away, so a full disk leaves the shard as it was. One process
+owns a shard directory (flock).
+
+Maintenance lives here as methods: recovery on open (every segment scanned; the newest
+sequence number of a key wins, a tombstone hides older records, a torn tail of the last
+segment is cut), compaction (live records copied forward with their sequence numbers, so
+a crash half-way leaves duplicates that recovery resolves to the same record; the copies
+are synced before the old files go, whatever the fsync policy), erasure (``shred``,
+``shred_dead``), ``prune`` (drop records a caller can no longer use, such as those sealed
+under an erased key) and page-cache eviction (``drop_cache``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Self
+
+from store.nvme import format as fmt
+from store.nvme.files import as_bytes_view, check_key
+from store.nvme.index import RecordIndex
+from store.nvme.segments import SegmentFiles
+from store.nvme.types import (
+    CompactionReport,
+    FsyncPolicy,
+    InvalidRecord,
+    NvmeShardConfig,
+    RecordExtent,
+    RecordLocation,
+    ShardClosed,
+    ShardStats,
+)
+from store.types import Lookup
+
+_EMPTY = memoryview(b"")
+
+
+class NvmeShard:
+    """One shard directory; ``put``/``get``/``delete`` by opaque key, ``compact`` retired space."""
+
+    def __init__(self, directory: str | os.PathLike[str], config: NvmeShardConfig | None = None):
+        self.config = config or NvmeShardConfig()
+        self.path = Path(directory)
+        self._lock = threading.Lock()
+        self._files = SegmentFiles(self.path, self.config)
+        self._index = RecordIndex()
+        self._corrupt = 0
+        self._closed = False
+        try:
+            self._files.load(self._index.recover)
+            self._index.finish_recovery()
+        except BaseException:
+            self._files.close()  # no descriptors or lock left behind by a failed open
+            self._closed = True
+            raise
+
+    # ---------------------------------------------------------------- records
+    def put(self, key: bytes, data: Any, generation: int) -> RecordLocation:
+        """Append ``data`` under ``key``; published only once fully written."""
+        check_key(key)
+        if not isinstance(generation, int) or generation < 0:
+            raise InvalidRecord(f"generation must be a non-negative int, got {generation!r}")
+        payload = as_bytes_view(data)
+        if payload.nbytes > self.config.max_record_bytes:
+            raise InvalidRecord(
+                f"payload of {payload.nbytes} B exceeds max_record_bytes "
+                f"{self.config.max_record_bytes}"
+            )
+        with self._lock:
+            self._check_open()
+            loc = self._files.append(key, payload, generation, self._index.take_seq())
+            self._index.advance_seq()
+            self._index.publish(key, loc)
+            return loc
+
+    def get(self, key: bytes, out: Any = None) -> bytes | memoryview | Lookup:
+        """The payload (bytes, or a view of ``out`` when given), or ``Lookup.MISS``.
+
+        A record whose checksum fails or whose bytes are gone is a miss, and is
+        dropped from the index.
+        """
+        with self._lock:
+            loc = self._find(key)
+            if loc is None:
+                return Lookup.MISS
+            view = self._files.read(loc, out)
+            if view is None:
+                self._corrupt += 1
+                self._index.unpublish(key)
+                return Lookup.MISS
+            return view if out is not None else bytes(view)
+
+    def locate(self, key: bytes) -> tuple[Lookup, RecordLocation | None]:
+        with self._lock:
+            loc = self._index.get(key)
+        return (Lookup.HIT, loc) if loc is not None else (Lookup.MISS, None)
+
+    def delete(self, key: bytes) -> Lookup:
+        """Retire ``key`` (a tombstone makes it survive restarts); HIT if it existed."""
+        check_key(key)
+        with self._lock:
+            self._check_open()
+            return self._retire(key)
+
+    def _retire(self, key: bytes) -> Lookup:
+        if key not in self._index:
+            return Lookup.MISS
+        seq = self._index.take_seq()
+        loc = self._files.append(key, _EMPTY, 0, seq, fmt.FLAG_TOMBSTONE)
+        self._index.advance_seq()
+        self._index.retire(key, seq, loc.segment)
+        return Lookup.HIT
+
+    def _find(self, key: bytes) -> RecordLocation | None:
+        """The published record of a valid ``key`` on an open shard (caller holds the lock)."""
+        check_key(key)
+        self._check_open()
+        return self._index.get(key)
+
+    def keys(self) -> list[bytes]:
+        with self._lock:
+            return self._index.keys()
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    # ---------------------------------------------------------------- erasure
+    def shred(self, key: bytes) -> Lookup:
+        """Erasure: overwrite ``key``'s payload with zeros where it lies (and sync), then
+        retire it like ``delete``; HIT if it existed. The record header (key, length,
+        checksum) stays so recovery still parses the segment; the tombstone hides it."""
+        check_key(key)
+        with self._lock:
+            loc = self._find(key)
+            if loc is None:
+                return Lookup.MISS
+            self._files.zero_payload(loc)
+            return self._retire(key)
+
+    def shred_dead(self) -> int:
+        """Erasure: zero the payload of every record that is no longer live (deleted or
+        superseded: appends leave the old bytes in place), and sync; returns how many
+        were zeroed. Reads every segment's headers: an erasure-time sweep, not a hot path."""
+        with self._lock:
+            self._check_open()
+            return self._files.zero_dead(self._index.positions())
+
+    def prune(self, keep: Callable[[bytes, memoryview, int], bool], head_bytes: int) -> int:
+        """Retire every record for which ``keep(key, head, length)`` is False, where
+        ``head`` holds the first ``head_bytes`` of its payload (fewer for a shorter one; not
+        verified against the payload hash, which covers the whole payload) and ``length`` is
+        the payload's length. For a restarted owner whose records can become unusable while
+        it is down (sealed under a key that was erased since): they leave the index instead
+        of failing on every read. Returns how many were retired."""
+        buf = memoryview(bytearray(max(head_bytes, 1)))
+        retired = 0
+        with self._lock:
+            self._check_open()
+            for key, loc in self._index.items():
+                head = buf[: min(head_bytes, loc.length)]
+                readable = self._files.read_range(loc, head, 0)
+                if not readable or not keep(key, head, loc.length):
+                    self._retire(key)
+                    retired += 1
+        return retired
+
+    # ---------------------------------------------------------------- page cache
+    def drop_cache(self, key: bytes) -> Lookup:
+        """Drop ``key``'s record (header and payload) from the page cache; HIT if it exists.
+
+        The next ``get`` then reads the device. Pages not yet written back stay cached
+        (the kernel only starts their writeback): ``sync()`` first to drop them all.
+        """
+        with self._lock:
+            loc = self._find(key)
+            if loc is None:
+                return Lookup.MISS
+            self._files.drop_cache(loc)
+            return Lookup.HIT
+
+    def extent(self, key: bytes) -> RecordExtent | None:
+        """Where ``key``'s record lies on disk (its segment file and byte range), or None."""
+        with self._lock:
+            loc = self._find(key)
+            return None if loc is None else self._files.extent(loc)
+
+    # ---------------------------------------------------------------- compaction
+    def compact(self, min_dead_ratio: float = 0.5) -> CompactionReport:
+        """Rewrite the live records of every segment whose dead share is at least
+        ``min_dead_ratio`` into the newest segment, then delete those segments."""
+        if not 0.0 < min_dead_ratio <= 1.0:
+            raise ValueError(f"min_dead_ratio must be in (0, 1], got {min_dead_ratio}")
+        with self._lock:
+            self._check_open()
+            files, index = self._files, self._index
+            victims = {
+                i for i, size in files.sizes().items()
+                if size and 1.0 - index.live_bytes(i) / size >= min_dead_ratio
+            }
+            if not victims:
+                return CompactionReport(
+                    segments_removed=0, bytes_reclaimed=0, records_moved=0, records_dropped=0
+                )
+            if files.active_index in victims:  # seal it: copies must land outside every victim
+                files.seal_active()
+            moved, dropped = self._move_live(victims)
+            self._carry_tombstones(victims)
+            files.sync_newest()
+            reclaimed = 0
+            for i in sorted(victims):
+                reclaimed += files.remove(i)
+                index.forget_segment(i)
+            return CompactionReport(
+                segments_removed=len(victims),
+                bytes_reclaimed=reclaimed,
+                records_moved=moved,
+                records_dropped=dropped,
+            )
+
+    def _move_live(self, victims: set[int]) -> tuple[int, int]:
+        moved = dropped = 0
+        for key, loc in self._index.items():
+            if loc.segment not in victims:
+                continue
+            view = self._files.read(loc, None)
+            if view is None:  # failed verification
+                self._index.unpublish(key)
+                self._corrupt += 1
+                dropped += 1
+                continue
+            # A copy: the read buffer is reused by the next read.
+            new = self._files.append(key, memoryview(bytes(view)), loc.generation, loc.seq)
+            self._index.publish(key, new)
+            moved += 1
+        return moved, dropped
+
+    def _carry_tombstones(self, victims: set[int]) -> None:
+        """Keep a tombstone only while an older record of its key survives elsewhere."""
+        for key, seq in self._index.tombstones_in(victims):
+            if key not in self._index and self._files.holds(key, victims):
+                loc = self._files.append(key, _EMPTY, 0, seq, fmt.FLAG_TOMBSTONE)
+                self._index.retire(key, seq, loc.segment)
+            else:
+                self._index.drop_tombstone(key)
+
+    # ---------------------------------------------------------------- state
+    def stats(self) -> ShardStats:
+        with self._lock:
+            return ShardStats(
+                records=len(self._index),
+                segments=len(self._files),
+                file_bytes=self._files.file_bytes(),
+                live_bytes=self._index.live_bytes(),
+                corrupt_records=self._corrupt,
+                syncs=self._files.syncs,
+                engine=self._files.engine,
+            )
+
+    def sync(self) -> None:
+        with self._lock:
+            self._check_open()
+            self._files.sync_active()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            if self.config.fsync is not FsyncPolicy.NONE:
+                self._files.sync_active()
+            self._files.close()
+            self._closed = True
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ShardClosed(f"shard {self.path} is closed")

@@ -234,6 +234,11 @@ class Controller(EngineLoads, EventScheduling):
         self.hbms[rec.hbm].used -= rec.view.size_bytes
         rec.resident = False
 
+    def _policy_of(self, rec: PageRecord) -> EvictionPolicy | None:
+        """The eviction policy of the page's HBM actor (None once that actor is gone)."""
+        budget = self.hbms.get(rec.hbm)
+        return budget.policy if budget is not None else None
+
     def _tier_room(self, rec: PageRecord, policy: EvictionPolicy) -> TierRoom | None:
         """Free bytes and capacity prices of the lower tiers of the pool ``rec`` goes to."""
         pool = rec.pool or self.hbm_pool.get(rec.hbm, "")

@@ -298,9 +298,7 @@ class ControllerActor:
         copies = {Codec(c): Tier(t) for t, c in held["copies"]}
         sh = held["shape"]
         meta = replace(meta, length=held["length"], state_type=StateType(held["state_type"]),
-                       shape=None if sh is None else KvShape(layers=sh[0], kv_heads=sh[1],
-                                                            tokens=sh[2], head_dim=sh[3],
-                                                            dtype=sh[4]))
+                       shape=None if sh is None else KvShape.from_dims(sh[:4], sh[4]))
         self.controller.admit(tenant, session, [meta], time.monotonic(),
                               copies={meta.key: copies}, pool=entry.node)
         return True

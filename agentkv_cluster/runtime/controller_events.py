@@ -179,7 +179,8 @@ class EventScheduling:
         self._returning.discard(gid)
         rec = self.pages.pop(gid)
         self.ledger.release(rec.pool, gid, rec.stored)
-        self.strategy.observe(rec, False, now)  # retired unread since its last prediction
+        # Retired unread since its last prediction: its idle gap ended without a return.
+        self.strategy.observe(rec, False, now, self._policy_of(rec))
         if gid in self._audit_due:
             self._audit_due.discard(gid)
             self.audit_summaries.append(AuditSummary.of(rec.meta, rec.view.state_type, now))

@@ -114,9 +114,10 @@ class EngineLoads:
             rec = self.pages[gid]
             rec.pins += 1
             rec.view.pinned = True
+            # Read again: its last reuse prediction came true, its idle gap ended in a return.
+            self.strategy.observe(rec, True, now, self._policy_of(rec))
             rec.view.last_access = now
             rec.view.access_count += 1
-            self.strategy.observe(rec, True, now)  # its last reuse prediction came true
             if rec.resident:
                 self.hbms[rec.hbm].policy.on_access(rec.view, now)
 

@@ -41,9 +41,9 @@ from security.errors import InvalidToken, KeyUnavailable
 from security.keyring import PUBLIC_NAMESPACE, FileKeySource, TenantKeyring
 from security.principals import AccessPolicy, DenialHook, Principal, TokenIssuer
 from security.publishing import CachedGrants, PublishGrants
+from store.types import KV_DTYPE_NAMES
 
 STAGE_PAGES = 4  # pages staged in shared memory per controller call
-_DTYPES = ("float16", "bfloat16", "float32")
 ERASED_RECHECK_S = 1.0  # how stale a tenant's erasure mark may be when a token is checked
 MAX_EVENT_DEPTH = 32  # nesting of maps and lists inside one event
 
@@ -331,11 +331,10 @@ def _shape(page: dict[str, Any], length: int) -> KvShape | None:
         return None
     dtype = page.get("dtype", "float16")
     if not isinstance(dims, list) or len(dims) != 4 or \
-            not all(type(d) is int and d > 0 for d in dims) or dtype not in _DTYPES:
+            not all(type(d) is int and d > 0 for d in dims) or dtype not in KV_DTYPE_NAMES:
         raise InvalidArgument("shape must be [layers, kv_heads, tokens, head_dim] and dtype "
-                              f"one of {_DTYPES}")
-    shape = KvShape(layers=dims[0], kv_heads=dims[1], tokens=dims[2], head_dim=dims[3],
-                    dtype=dtype)
+                              f"one of {KV_DTYPE_NAMES}")
+    shape = KvShape.from_dims(dims, dtype)
     if shape.nbytes() != length:
         raise InvalidArgument(f"shape gives {shape.nbytes()} bytes, data has {length}")
     return shape

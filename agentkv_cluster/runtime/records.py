@@ -9,7 +9,7 @@ import numpy as np
 
 from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.policy.base import PageView
-from store.types import Codec, Tier
+from store.types import KV_DTYPE_BYTES, Codec, Tier
 
 
 class RuntimeError_(Exception):
@@ -57,8 +57,17 @@ class KvShape:
     dtype: str = "float16"
 
     def nbytes(self) -> int:
-        item = {"float16": 2, "bfloat16": 2, "float32": 4}[self.dtype]
+        item = KV_DTYPE_BYTES[self.dtype]
         return 2 * self.layers * self.kv_heads * self.tokens * self.head_dim * item
+
+    def dims(self) -> list[int]:
+        """[layers, kv_heads, tokens, head_dim], as the wire and pool headers carry it."""
+        return [self.layers, self.kv_heads, self.tokens, self.head_dim]
+
+    @classmethod
+    def from_dims(cls, dims: list[int], dtype: str = "float16") -> KvShape:
+        return cls(layers=dims[0], kv_heads=dims[1], tokens=dims[2], head_dim=dims[3],
+                   dtype=dtype)
 
 
 @dataclass(frozen=True, kw_only=True)

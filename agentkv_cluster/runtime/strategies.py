@@ -86,7 +86,8 @@ class Strategy(Protocol):
     def prefetch_at(self, rec: PageRecord, plan: GapPlan | None, tier: Tier, codec: Codec,
                     now: float) -> float | None: ...
 
-    def observe(self, rec: PageRecord, reused: bool, now: float) -> None: ...
+    def observe(self, rec: PageRecord, reused: bool, now: float,
+                policy: EvictionPolicy | None) -> None: ...
 
     def calibration(self) -> PredictorHealth | None: ...
 
@@ -133,7 +134,8 @@ class LruStrategy:
     def prefetch_at(self, rec, plan, tier, codec, now) -> float | None:
         return None  # LRU never prefetches
 
-    def observe(self, rec: PageRecord, reused: bool, now: float) -> None:
+    def observe(self, rec: PageRecord, reused: bool, now: float,
+                policy: EvictionPolicy | None) -> None:
         return None  # LRU predicts nothing
 
     def calibration(self) -> PredictorHealth | None:
@@ -167,12 +169,21 @@ class AgentKvStrategy:
         view.predicted_idle_s = pred.idle_quantiles.get(0.5, 0.0)
         view.confidence = pred.confidence
 
-    def observe(self, rec: PageRecord, reused: bool, now: float) -> None:
-        """Online training of eq. 2 from what the service saw: the page's last prediction
-        (its features then) and whether it was read again before it retired."""
+    def observe(self, rec: PageRecord, reused: bool, now: float,
+                policy: EvictionPolicy | None) -> None:
+        """What the service saw of a page: read again (``reused``) or retired unread.
+        Trains eq. 2 online on the page's last prediction (its features then), and tells
+        the policy's return model how the page's idle gap ended (the cost-aware prefetch
+        rule learns from it). Called before the access updates ``last_access``."""
         if rec.phi is not None:
             self.predictor.observe_reuse_of(rec.phi, reused)
             rec.phi = None
+        if isinstance(policy, AgentKvPolicy):
+            idle = max(0.0, now - rec.view.last_access)
+            if reused:
+                policy.observe_return(rec.view, idle)
+            else:
+                policy.observe_end(rec.view, idle)
 
     def calibration(self) -> PredictorHealth:
         cal = self.predictor.calibration
@@ -223,6 +234,7 @@ class AgentKvStrategy:
         for rec in recs:
             rec.view.tool_class = event.tool
             self.prepare(rec, now)
+            policy.observe_gap_start(rec.view, now)  # silent until read again or retired
         start = ToolStart(session=event.session, call_id=event.call_id, tool_class=event.tool,
                           started_at=now)
         plan = policy.on_tool_start(start, [r.view for r in recs], now)

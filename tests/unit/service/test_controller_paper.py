@@ -124,7 +124,7 @@ def test_a_miscalibrated_predictor_sends_the_policy_to_its_lru_fallback() -> Non
         ctl.strategy.prepare(ctl.pages[gid], 0.5)
     assert not policy.conservative()
     for gid, _ in out:  # every prediction is wrong: none of them is read again
-        ctl.strategy.observe(ctl.pages[gid], False, 1.0)
+        ctl.strategy.observe(ctl.pages[gid], False, 1.0, policy)
     health = ctl.strategy.calibration()
     # ECE of 0.25 or worse leaves the predictor no skill (Predictor.confidence)
     assert health.outcomes == 80 and health.calibration_error > 0.25
@@ -165,3 +165,18 @@ def test_capacity_prices_rise_when_kept_pages_exceed_a_tier() -> None:
     roomy = ctl.strategy.tier_prices(policy, views, {Tier.HOST: 1 << 40, Tier.NVME: 1 << 40})
     tight = ctl.strategy.tier_prices(policy, views, {Tier.HOST: 4 * MB, Tier.NVME: 1 << 40})
     assert roomy == (0.0, 0.0) and tight[0] > 0.0
+
+
+def test_the_return_model_learns_how_the_services_idle_gaps_end() -> None:
+    """The cost-aware prefetch rule's return model hears, from the live service, each
+    page read again after a tool call (a return) and each page retired unread (an end)."""
+    ctl, gids = _task()
+    returns = ctl.hbms["h"].policy.returns
+    _event(ctl, "a", 3, 0.3, kind="tool_start", call_id="k1", tool="grep")
+    _event(ctl, "a", 4, 1.3, kind="observation_return", call_id="k1")
+    ctl.access(gids[:2], 1.4)  # two pages read again after the tool
+    assert returns.observed == 2
+    ctl.unpin(gids[:2], 1.5)
+    retired = [a for a in _event(ctl, "a", 5, 1.6, kind="task_end")
+               if a.kind is ActionKind.DELETE]
+    assert retired and returns.observed == 2 + len(retired)  # each retirement is an end

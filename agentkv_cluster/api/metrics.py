@@ -119,6 +119,14 @@ class ServiceMetrics:
         self.verification_rejects = Counter(
             "agentkv_verification_rejects", "Restores rejected by verification or seal",
             ["pool"], registry=r)
+        self.lossy_loads = Counter(
+            "agentkv_lossy_load_pages", "Lossy working copies handed out by complete_load, by "
+            "outcome (reference: replaced by the FULL reference copy; lossy: no reference, "
+            "served as is for the engine to verify or recompute)", ["tenant", "outcome"],
+            registry=r)
+        self.verify_seconds = Counter(
+            "agentkv_verify_seconds", "Time spent fetching FULL references of lossy working "
+            "copies at complete_load", ["tenant"], registry=r)
         self.recompute_tokens = Counter(
             "agentkv_recompute_tokens", "Tokens the engine must re-prefill", ["tenant"], registry=r)
         self.lookup_pages = Counter(
@@ -149,6 +157,7 @@ class ServiceMetrics:
         self._tenant_metrics = (self.restore_delay, self.hidden_fraction,
                                 self.restore_hidden_seconds, self.restore_seconds,
                                 self.transfer_bytes, self.pages_by_codec, self.recompute_tokens,
+                                self.lossy_loads, self.verify_seconds,
                                 self.lookup_pages, self.lookup_tokens)
         self._hidden: dict[str, list[float]] = {}  # tenant label -> [hidden s, total s]
         self._lock = threading.Lock()
@@ -191,6 +200,13 @@ class ServiceMetrics:
     def reject(self, pool: str, n: int = 1) -> None:
         """Restores a pool refused: failed seal (AES-GCM tag) or digest check."""
         self.verification_rejects.labels(pool=pool).inc(n)
+
+    def verify(self, tenant: str, exact: bool, seconds: float) -> None:
+        """One lossy working copy at complete_load: replaced by its FULL reference (exact)
+        or served lossy (no reference), and the time the reference fetch took."""
+        label = self.tenant(tenant)
+        self.lossy_loads.labels(tenant=label, outcome="reference" if exact else "lossy").inc()
+        self.verify_seconds.labels(tenant=label).inc(seconds)
 
     def recompute(self, tenant: str, tokens: int) -> None:
         self.recompute_tokens.labels(tenant=self.tenant(tenant)).inc(tokens)

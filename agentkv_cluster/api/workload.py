@@ -101,9 +101,11 @@ class TraceEpisode:
 class Access:
     session: str
     source: str
-    delay_ms: float
+    delay_ms: float  # restore delay at prepare_load plus verification at complete_load
     hidden_ms: float
     nbytes: int
+    exact: bool = True  # the bytes the engine got are the FULL-precision ones
+    verified: bool = False  # a lossy working copy was replaced by its FULL reference
 
 
 @dataclass(slots=True)
@@ -153,14 +155,22 @@ def _store(sc: SessionClient, ep: _Episode, pages: list[dict[str, Any]]) -> None
 
 
 def _resume(sc: SessionClient, ep: _Episode, results: Results) -> None:
+    """The engine resumes: every live page into HBM (prepare_load), then its bytes
+    (complete_load), where a lossy working copy is verified against its FULL reference.
+    The verification's delay is part of the page's restore delay (like for like with a
+    policy that only ever restores exact copies)."""
     pids = sorted(ep.live)
     keys = [ep.live[p] for p in pids]
     prep = sc.prepare_load(keys)
+    done = sc.complete_load(prep["load_id"])["pages"]
     with results.lock:
-        for pid, page in zip(pids, prep["pages"]):
-            results.accesses.append(Access(session=ep.session, source=page["source"],
-                                           delay_ms=page["delay_ms"],
-                                           hidden_ms=page["hidden_ms"], nbytes=ep.sizes[pid]))
+        for pid, page, got in zip(pids, prep["pages"], done):
+            verify_ms = float(got.get("verify_ms", 0.0))
+            results.accesses.append(Access(
+                session=ep.session, source=page["source"],
+                delay_ms=page["delay_ms"] + verify_ms, hidden_ms=page["hidden_ms"],
+                nbytes=ep.sizes[pid], exact=bool(got["exact"]),
+                verified=bool(got.get("verify_bytes", 0))))
     sc.release(keys)
 
 
@@ -345,6 +355,8 @@ def summarize(results: Results, traffic: dict[str, int], batches: int) -> dict[s
         "p99_ms": float(np.percentile(delays, 99)), "byte_hit_pct": 100.0 * hit / total,
         "transfer_mb_per_batch": moved / 1e6 / max(batches, 1),
         "hidden_pct": 100.0 * hidden / (hidden + visible) if hidden + visible > 0 else 0.0,
+        "inexact_pct": 100.0 * sum(a.nbytes for a in results.accesses if not a.exact) / total,
+        "verified_pct": 100.0 * sum(a.nbytes for a in results.accesses if a.verified) / total,
         "bytes_per_tier": {k: int(v) for k, v in sorted(traffic.items())},
         "accesses": len(results.accesses), "errors": len(results.errors),
     }

@@ -86,7 +86,8 @@ def _table(figures: dict[str, dict[str, Any]]) -> Any:
     table = Table(title="AgentKV vs LRU through the real service")
     cols = [("p50_ms", "P50 ms"), ("p95_ms", "P95 ms"), ("p99_ms", "P99 ms"),
             ("byte_hit_pct", "byte hit %"), ("transfer_mb_per_batch", "MB/session"),
-            ("hidden_pct", "hidden %")]
+            ("hidden_pct", "hidden %"), ("verified_pct", "verified %"),
+            ("inexact_pct", "inexact %")]
     table.add_column("policy")
     for _, label in cols:
         table.add_column(label, justify="right")

@@ -28,17 +28,6 @@ class StateType(enum.Enum):
     FAILED_BRANCH = "failed_branch"
 
 
-class PageState(enum.Enum):
-    """Where a page is in its lifecycle (Fig. 2)."""
-
-    ACTIVE = "active"
-    FROZEN = "frozen"
-    COMPRESSED = "compressed"
-    RESTORING = "restoring"
-    COMMITTED = "committed"
-    RETIRED = "retired"
-
-
 @dataclass(frozen=True, kw_only=True)
 class TypeDefaults:
     """Per-type priors the value model and the risk controller start from."""

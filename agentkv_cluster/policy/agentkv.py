@@ -184,18 +184,38 @@ class AgentKvPolicy(TrackedPolicy):
                   else "consumers done; the event graph still blocks retirement")
         return RetireDecision(page_id=page.page_id, retire=False, reason=reason)
 
-    def demotion(self, page: PageView, free: Mapping[Tier, int] | None = None) -> Placement:
-        """Where and in what form to keep an evicted page (phase 2 of the planner, one page)."""
+    def demotion(self, page: PageView, free: Mapping[Tier, int] | None = None,
+                 mu: tuple[float, float] = (0.0, 0.0)) -> Placement:
+        """Where and in what form to keep an evicted page (phase 2 of the planner, one page):
+        the option of least cost (eq. 4) that fits ``free`` per lower tier, each byte priced
+        at the tier's capacity price ``mu`` (HOST, NVME; see ``tier_prices``)."""
         room = {Tier.HOST: _UNLIMITED, Tier.NVME: _UNLIMITED, **(free or {})}
         decision = self.risk.decide(page)
         max_codec = self._safest_codec if self.conservative() else decision.max_lossy_codec
         k, stored, ref = self._costs.best_single(
             size=page.size_bytes, reuse=page.reuse_prob, recompute_s=page.recompute_cost_s,
             correctness=page.correctness_weight, keep_ref=decision.keep_reference,
-            max_codec=max_codec, mu=(0.0, 0.0), free=room)
+            max_codec=max_codec, mu=mu, free=room)
         tier, codec = OPTIONS[k]
         return Placement(page_id=page.page_id, tier=tier, codec=codec, stored_bytes=stored,
                          reference_tier=Tier.NVME if ref else None, reference_bytes=ref)
+
+    def tier_prices(self, pages: Sequence[PageView], capacity: Mapping[Tier, int]
+                    ) -> tuple[float, float]:
+        """Capacity prices (mu_HOST, mu_NVME) of eq. 5 for the lower tiers: the least
+        prices per byte at which the phase-2 choices of ``pages`` (the pages kept in
+        those tiers) fit ``capacity``; (0, 0) while everything fits."""
+        if not pages:
+            return (0.0, 0.0)
+        conservative = self.conservative()
+        decisions = [self.risk.decide(p) for p in pages]
+        max_codec = np.array([int(self._safest_codec if conservative else d.max_lossy_codec)
+                              for d in decisions])
+        rows = self._costs.rows([p.size_bytes for p in pages], [p.reuse_prob for p in pages],
+                                [p.recompute_cost_s for p in pages],
+                                [p.correctness_weight for p in pages],
+                                [d.keep_reference for d in decisions], max_codec)
+        return rows.prices(capacity, sample=256, iters=16)
 
     # ------------------------------------------------------------ gap outcomes
     def observe_return(self, page: PageView, idle_s: float) -> None:

@@ -7,9 +7,9 @@ import torch
 
 from agentkv_cluster.runtime.records import KvShape, PageMeta
 from store.codecs import CodecSpec, EncodedKV, decode_kv, encode_kv
+from store.codecs.spec import KV_DTYPES
 from store.types import Codec
 
-_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 _SPECS = {Codec.INT8: CodecSpec.int8(), Codec.INT4: CodecSpec.int4()}
 
 
@@ -19,10 +19,10 @@ class UnsupportedCodec(ValueError):
 
 def _kv_views(raw: np.ndarray, shape: KvShape) -> tuple[torch.Tensor, torch.Tensor]:
     half = shape.nbytes() // 2
-    dims = (shape.layers, shape.kv_heads, shape.tokens, shape.head_dim)
+    dims = tuple(shape.dims())
     flat = torch.from_numpy(raw[: 2 * half])
-    k = flat[:half].view(_DTYPES[shape.dtype]).reshape(dims)
-    v = flat[half:].view(_DTYPES[shape.dtype]).reshape(dims)
+    k = flat[:half].view(KV_DTYPES[shape.dtype]).reshape(dims)
+    v = flat[half:].view(KV_DTYPES[shape.dtype]).reshape(dims)
     return k, v
 
 

@@ -1,44 +1,54 @@
-"""The controller's bookkeeping: a thin loop around the pure lifecycle and policy objects.
+"""The page manager: the controller's bookkeeping around the pure lifecycle and policy objects.
 
-``Controller`` holds no Ray and does no I/O. It turns engine calls and orchestrator
-events into ``Action`` lists (demote, restore, delete) using the event graph, one
-eviction policy per HBM actor and a ``Strategy`` (LRU baseline or AgentKV); the
-executor carries the actions out and reports back with ``finished``. Time is
-passed in. One lock guards the state because the controller actor is threaded.
+``Controller`` holds no Ray, no threads, no locks, no waits and reads no clock (``now``
+is passed in). It turns engine calls and orchestrator events into ``Action`` lists
+(demote, restore, delete) using the event graph, one eviction policy per HBM actor and a
+``Strategy`` (LRU baseline or AgentKV); the executor carries the actions out and reports
+back a ``TransferResult`` through ``finished``. The controller actor serialises calls
+and does all waiting (``runtime/guard.py``).
 """
 
 from __future__ import annotations
 
 import itertools
-import threading
-from collections import Counter
-from collections.abc import Iterable
-from typing import Any
+from collections import Counter, deque
+from collections.abc import Iterable, Mapping
 
 from agentkv_cluster.lifecycle.graph import EventGraph
 from agentkv_cluster.lifecycle.types import TYPE_DEFAULTS, StateType
-from agentkv_cluster.policy.base import PageView
+from agentkv_cluster.policy.base import EvictionPolicy, PageView
 from agentkv_cluster.runtime.controller_events import EventScheduling
 from agentkv_cluster.runtime.controller_loads import EngineLoads
 from agentkv_cluster.runtime.controller_state import HbmBudget, HbmFull, SessionState
 from agentkv_cluster.runtime.records import (
     Action,
     ActionKind,
+    AuditSummary,
     PageMeta,
     PageRecord,
+    Reason,
     TenantErased,
     TenantForgotten,
+    TransferResult,
     UnknownSession,
 )
-from agentkv_cluster.runtime.strategies import Strategy
+from agentkv_cluster.runtime.strategies import Strategy, recompute_estimate
+from agentkv_cluster.runtime.tier_ledger import TierLedger, TierRoom
 from store.types import Codec, Tier
+
+AUDIT_BACKLOG = 100_000  # retired-page summaries kept until the service drains them
 
 
 class Controller(EngineLoads, EventScheduling):
     """Bookkeeping for every page, session and HBM actor of one cluster."""
 
-    def __init__(self, strategy: Strategy, page_bytes: int = 0) -> None:
+    def __init__(self, strategy: Strategy, page_bytes: int = 0,
+                 tier_capacity: Mapping[Tier, int] | None = None) -> None:
+        """``tier_capacity``: bytes of each lower tier (HOST, NVME) in every pool, for the
+        placement's capacity prices (None: unbounded)."""
         self.strategy = strategy
+        self.ledger = TierLedger(tier_capacity)
+        self.hbm_pool: dict[str, str] = {}  # HBM actor -> the pool its demotions go to
         # The HBM budget counts whole arena pages (0: plain bytes): many tiny pages fill
         # an arena long before their bytes add up, so bytes alone would overcommit it.
         self.page_bytes = page_bytes
@@ -51,9 +61,7 @@ class Controller(EngineLoads, EventScheduling):
         self._scheduled: list[tuple[float, int, Action]] = []
         self._seq = itertools.count()
         self._gids = itertools.count(1)
-        self.lock = threading.RLock()
-        self.idle = threading.Condition(self.lock)  # notified whenever a page stops being busy
-        self.changes = 0  # bumped with every notification of ``idle`` (see wait_changed)
+        self.changes = 0  # bumped whenever a pin drops or a move ends (runtime/guard.py waits)
         self.stats = {"events": 0, "demotes": 0, "restores": 0, "prefetches": 0, "lost": 0}
         self._wanted: Counter[int] = Counter()  # gids an engine load is waiting for
         self._recalled: set[int] = set()  # gids whose prefetch is due while still moving out
@@ -63,36 +71,39 @@ class Controller(EngineLoads, EventScheduling):
         self._victims: dict[int, list[int]] = {}  # restore gid -> gids demoted for its room
         self.erasing: set[str] = set()  # tenants being erased: every call of theirs fails
         self.erasures: Counter[str] = Counter()  # erasures done per tenant (loads check it)
+        self._audit_due: set[int] = set()  # retirable once their audit summary is written
+        # Summaries of retired audited pages, until the service appends them to its audit
+        # log (``drain_audit``); bounded so a service that never drains cannot grow it.
+        self.audit_summaries: deque[AuditSummary] = deque(maxlen=AUDIT_BACKLOG)
 
     # -- topology -------------------------------------------------------------------------
-    def add_hbm(self, name: str, capacity: int) -> None:
-        with self.lock:
-            self.hbms[name] = HbmBudget(capacity=capacity, policy=self.strategy.new_policy(capacity))
+    def add_hbm(self, name: str, capacity: int, pool: str = "") -> None:
+        self.hbm_pool[name] = pool
+        self.hbms[name] = HbmBudget(capacity=capacity, policy=self.strategy.new_policy(capacity))
 
     def remove_hbm(self, name: str) -> list[int]:
         """An HBM actor died: only its HBM copies are gone. Returns gids with no copy left."""
-        with self.lock:
-            self.hbms.pop(name, None)
-            lost = []
-            for state in self.sessions.values():
-                if state.hbm == name and self.hbms:  # else: parked until an HBM actor joins
-                    state.hbm = self._least_loaded()
-                    self.hbms[state.hbm].sessions += 1
-            for rec in list(self.pages.values()):
-                if rec.hbm != name:
-                    continue
-                rec.resident, rec.busy, rec.pins = False, False, 0
-                rec.view.pinned = False
-                state = self.sessions.get((rec.meta.tenant, rec.meta.session))
-                self.by_key.pop((rec.meta.key, name), None)
-                if state is not None:
-                    rec.hbm = state.hbm
-                    self.by_key.setdefault((rec.meta.key, rec.hbm), rec.gid)
-                if not rec.copies:
-                    lost.append(rec.gid)
-            self.stats["lost"] += len(lost)
-            self._changed()
-            return lost
+        self.hbms.pop(name, None)
+        lost = []
+        for state in self.sessions.values():
+            if state.hbm == name and self.hbms:  # else: parked until an HBM actor joins
+                state.hbm = self._least_loaded()
+                self.hbms[state.hbm].sessions += 1
+        for rec in list(self.pages.values()):
+            if rec.hbm != name:
+                continue
+            rec.resident, rec.busy, rec.pins = False, False, 0
+            rec.view.pinned = False
+            state = self.sessions.get((rec.meta.tenant, rec.meta.session))
+            self.by_key.pop((rec.meta.key, name), None)
+            if state is not None:
+                rec.hbm = state.hbm
+                self.by_key.setdefault((rec.meta.key, rec.hbm), rec.gid)
+            if not rec.copies:
+                lost.append(rec.gid)
+        self.stats["lost"] += len(lost)
+        self._changed()
+        return lost
 
     def _least_loaded(self) -> str:
         if not self.hbms:
@@ -100,19 +111,17 @@ class Controller(EngineLoads, EventScheduling):
         return min(self.hbms, key=lambda n: (self.hbms[n].sessions, n))
 
     def open_session(self, tenant: str, session: str) -> str:
-        with self.lock:
-            self._not_erasing(tenant)
-            state = self.sessions.get((tenant, session))
-            if state is None:
-                state = SessionState(hbm=self._least_loaded())
-                self.sessions[(tenant, session)] = state
-                self.hbms[state.hbm].sessions += 1
-            return state.hbm
+        self._not_erasing(tenant)
+        state = self.sessions.get((tenant, session))
+        if state is None:
+            state = SessionState(hbm=self._least_loaded())
+            self.sessions[(tenant, session)] = state
+            self.hbms[state.hbm].sessions += 1
+        return state.hbm
 
     def hbm_of(self, tenant: str, session: str) -> str:
         """The HBM actor a session is placed on (``UnknownSession`` if it is not open)."""
-        with self.lock:
-            return self._session(tenant, session).hbm
+        return self._session(tenant, session).hbm
 
     def _not_erasing(self, tenant: str) -> None:
         if tenant in self.erasing:
@@ -134,31 +143,30 @@ class Controller(EngineLoads, EventScheduling):
         Returns [(gid, needs_bytes)] and the demotions that must run first; ``needs_bytes``
         is None when pinned pages leave no room right now (the caller retries). Never
         raises half way: victims already chosen always come back as actions."""
-        with self.lock:
-            state = self._session(owner, session)
-            out: list[tuple[int, bool]] = []
-            actions: list[Action] = []
-            for meta in metas:
-                gid = self.by_key.get((meta.key, state.hbm))
-                rec = self.pages.get(gid) if gid is not None else None
-                if rec is None:
-                    rec = self._new_record(meta, state.hbm, now)
-                    if copies and meta.key in copies:
-                        rec.copies, rec.pool = dict(copies[meta.key]), pool
-                self.by_pid[(owner, session, meta.page_id)] = rec.gid
-                state.pages.add(rec.gid)
-                if rec.resident or rec.busy or (copies and rec.copies):
-                    out.append((rec.gid, False))
-                    continue
-                try:
-                    actions += self._make_room(rec.hbm, rec.view.size_bytes, now, owner)
-                except HbmFull:
-                    out.append((rec.gid, None))  # type: ignore[arg-type] - retry later
-                    continue
-                self._insert(rec, now, Codec.FULL)
-                self._set_busy(rec, True)  # until ``ingested``: no bytes to demote yet
-                out.append((rec.gid, True))
-            return out, actions
+        state = self._session(owner, session)
+        out: list[tuple[int, bool]] = []
+        actions: list[Action] = []
+        for meta in metas:
+            gid = self.by_key.get((meta.key, state.hbm))
+            rec = self.pages.get(gid) if gid is not None else None
+            if rec is None:
+                rec = self._new_record(meta, state.hbm, now)
+                if copies and meta.key in copies:
+                    rec.copies, rec.pool = dict(copies[meta.key]), pool
+            self.by_pid[(owner, session, meta.page_id)] = rec.gid
+            state.pages.add(rec.gid)
+            if rec.resident or rec.busy or (copies and rec.copies):
+                out.append((rec.gid, False))
+                continue
+            try:
+                actions += self._make_room(rec.hbm, rec.view.size_bytes, now, owner)
+            except HbmFull:
+                out.append((rec.gid, None))  # type: ignore[arg-type] - retry later
+                continue
+            self._insert(rec, now, Codec.FULL)
+            self._set_busy(rec, True)  # until ``ingested``: no bytes to demote yet
+            out.append((rec.gid, True))
+        return out, actions
 
     def ingested(self, gids: Iterable[int], ok: bool = True) -> list[Action]:
         """The HBM actor holds the bytes of newly admitted pages (or failed to get them).
@@ -166,33 +174,32 @@ class Controller(EngineLoads, EventScheduling):
         Fixed-prefix pages are written through to the pool at once (FULL): they are the
         pages other sessions and nodes share through the directory."""
         out = []
-        with self.lock:
-            for gid in gids:
-                rec = self.pages.get(gid)
-                if rec is None:
-                    continue
-                self._set_busy(rec, False)
-                if not ok and rec.resident:
-                    self._evict(rec, tracked=True)
-                elif ok and rec.meta.state_type is StateType.FIXED_PREFIX and not rec.copies:
-                    self._set_busy(rec, True)
-                    out.append(Action(kind=ActionKind.DEMOTE, gid=gid, hbm=rec.hbm,
-                                      tier=Tier.HOST, codec=Codec.FULL, keep=True,
-                                      reason="write-through", session=rec.meta.session))
-            self._changed()
+        for gid in gids:
+            rec = self.pages.get(gid)
+            if rec is None:
+                continue
+            self._set_busy(rec, False)
+            if not ok and rec.resident:
+                self._evict(rec, tracked=True)
+            elif ok and rec.meta.state_type is StateType.FIXED_PREFIX and not rec.copies:
+                self._set_busy(rec, True)
+                out.append(Action(kind=ActionKind.DEMOTE, gid=gid, hbm=rec.hbm,
+                                  tier=Tier.HOST, codec=Codec.FULL, keep=True,
+                                  reason=Reason.WRITE_THROUGH, session=rec.meta.session))
+        self._changed()
         return out
 
     def remove_pool(self, name: str) -> list[int]:
         """A pool actor (or its node) is gone: its copies are. Returns gids left with none."""
-        with self.lock:
-            lost = []
-            for rec in self.pages.values():
-                if rec.pool == name:
-                    rec.copies, rec.pool = {}, ""
-                    if not rec.resident:
-                        lost.append(rec.gid)
-            self.stats["lost"] += len(lost)
-            return lost
+        lost = []
+        self.ledger.forget_pool(name)
+        for rec in self.pages.values():
+            if rec.pool == name:
+                rec.copies, rec.pool, rec.stored = {}, "", {}
+                if not rec.resident:
+                    lost.append(rec.gid)
+        self.stats["lost"] += len(lost)
+        return lost
 
     def _set_busy(self, rec: PageRecord, busy: bool) -> None:
         """A page with a transfer in flight is never chosen as a victim."""
@@ -206,7 +213,8 @@ class Controller(EngineLoads, EventScheduling):
                         state_type=meta.state_type,
                         session=meta.session, tenant=meta.tenant, position=meta.page_id,
                         created=now, last_access=now, reuse_prob=d.reuse_prob,
-                        correctness_weight=d.correctness_weight, recompute_tokens=meta.tokens)
+                        correctness_weight=d.correctness_weight, recompute_tokens=meta.tokens,
+                        recompute_cost_s=recompute_estimate(meta.length, meta.state_type))
         rec = PageRecord(gid=gid, meta=meta, view=view, hbm=hbm)
         self.pages[gid] = rec
         self.by_key[(meta.key, hbm)] = gid
@@ -225,6 +233,18 @@ class Controller(EngineLoads, EventScheduling):
             self.hbms[rec.hbm].policy.on_remove(rec.gid)
         self.hbms[rec.hbm].used -= rec.view.size_bytes
         rec.resident = False
+
+    def _policy_of(self, rec: PageRecord) -> EvictionPolicy | None:
+        """The eviction policy of the page's HBM actor (None once that actor is gone)."""
+        budget = self.hbms.get(rec.hbm)
+        return budget.policy if budget is not None else None
+
+    def _tier_room(self, rec: PageRecord, policy: EvictionPolicy) -> TierRoom | None:
+        """Free bytes and capacity prices of the lower tiers of the pool ``rec`` goes to."""
+        pool = rec.pool or self.hbm_pool.get(rec.hbm, "")
+        return self.ledger.room(
+            pool, lambda gids: [self.pages[g].view for g in gids if g in self.pages],
+            lambda views, cap: self.strategy.tier_prices(policy, views, cap))
 
     def charge(self, length: int) -> int:
         """What a page of ``length`` bytes costs the HBM budget: whole arena pages."""
@@ -251,103 +271,133 @@ class Controller(EngineLoads, EventScheduling):
             rec = self.pages[gid]
             self._evict(rec, tracked=False)  # select_victims already stopped tracking it
             rec.busy = True
-            tier, codec, reference = self.strategy.demotion(rec, budget.policy, now)
+            tier, codec, reference = self.strategy.demotion(
+                rec, budget.policy, now, self._tier_room(rec, budget.policy))
             actions.append(Action(kind=ActionKind.DEMOTE, gid=gid, hbm=rec.hbm, tier=tier,
                                   codec=codec, reference=reference, start_at=now,
-                                  reason="pressure", session=rec.meta.session))
+                                  reason=Reason.PRESSURE, session=rec.meta.session))
             self._prefetch_later(rec, tier, codec, now)
         self.stats["demotes"] += len(actions)
         return actions
 
     # -- executor feedback -----------------------------------------------------------------
-    def finished(self, action: Action, ok: bool, now: float, info: dict[str, Any]) -> None:
-        with self.lock:
-            self._changed()
-            self._recalled.discard(action.gid)
-            rec = self.pages.get(action.gid)
-            if rec is None:
-                return
-            self._set_busy(rec, False)
-            if action.kind is ActionKind.DEMOTE:
-                for tier, codec in info.get("copies", ()):
-                    rec.copies[Codec(codec)] = Tier(tier)
-                rec.pool = info.get("pool") or rec.pool
-                if not ok and rec.hbm in self.hbms and not rec.resident and not action.keep:
-                    # the HBM copy was kept on failure: track it again
-                    self._insert(rec, now, rec.resident_codec)
-            elif action.kind is ActionKind.RESTORE:
-                if ok:
-                    rec.restored_at = now
-                    rec.hidden_s = info.get("elapsed_s", 0.0) if action.reason == "prefetch" else 0.0
-                elif rec.resident and rec.hbm in self.hbms:
-                    self._evict(rec, tracked=True)
-                    rec.pins = 0
-                    rec.view.pinned = False
+    def finished(self, result: TransferResult, now: float) -> None:
+        action, ok = result.action, result.ok
+        self._changed()
+        self._recalled.discard(action.gid)
+        rec = self.pages.get(action.gid)
+        if rec is None:
+            return
+        self._set_busy(rec, False)
+        if action.kind is ActionKind.DEMOTE:
+            rec.pool = result.pool or rec.pool
+            for (tier, codec), n in zip(result.copies, result.tier_bytes):
+                rec.copies[codec] = tier
+                rec.stored[tier] = rec.stored.get(tier, 0) + n
+                self.ledger.add(rec.pool, rec.gid, tier, n)
+            if not ok and rec.hbm in self.hbms and not rec.resident and not action.keep:
+                # the HBM copy was kept on failure: track it again
+                self._insert(rec, now, rec.resident_codec)
+        elif action.kind is ActionKind.RESTORE:
+            if ok:
+                rec.hidden_s = result.elapsed_s if action.reason is Reason.PREFETCH else 0.0
+            elif rec.resident and rec.hbm in self.hbms:
+                self._evict(rec, tracked=True)
+                rec.pins = 0
+                rec.view.pinned = False
 
     def doomed(self, gid: int) -> bool:
         """The page's tenant is being erased: moves of it stop (read without the lock)."""
         rec = self.pages.get(gid)
         return rec is not None and rec.meta.tenant in self.erasing
 
-    def forget_tenant(self, tenant: str, wait_s: float = 30.0) -> TenantForgotten:
+    def begin_forget(self, tenant: str) -> int:
         """Tenant erasure, first half: refuse every call of ``tenant`` from now on (until
-        ``end_erase``), cancel its scheduled moves, wait (at most ``wait_s``) for the
-        transfers of its pages in flight to end (queued ones give up: see ``doomed``), then
-        drop every page, pin, session and graph entry of it. Loads that wait for its pages
-        wake up and fail with ``TenantErased``. Returns what was dropped; the keys are for
-        the HBM actors, which zero those pages."""
-        with self.idle:
-            self.erasing.add(tenant)
-            self._changed()
-            gids = [g for g, r in self.pages.items() if r.meta.tenant == tenant]
-            before = len(self._scheduled)
-            self._cancel(gids, kinds=(ActionKind.DEMOTE, ActionKind.RESTORE))
-            cancelled = before - len(self._scheduled)
-            self.idle.wait_for(lambda: not any(self.pages[g].busy for g in gids
-                                               if g in self.pages), wait_s)
-            gids = [g for g, r in self.pages.items() if r.meta.tenant == tenant]
-            self._returning.difference_update(gids)
-            self._recalled.difference_update(gids)
-            keys: dict[str, list[bytes]] = {}
-            resident = pins = straggling = 0
-            for gid in gids:
-                rec = self.pages.pop(gid)
-                keys.setdefault(rec.hbm, []).append(rec.meta.key)
-                pins += rec.pins
-                straggling += rec.busy
-                if rec.resident:
-                    resident += 1
-                    if rec.hbm in self.hbms:
-                        self._evict(rec, tracked=True)
-                self.by_key.pop((rec.meta.key, rec.hbm), None)
-                self._victims.pop(gid, None)
-            self.graph.forget_tenant(tenant)
-            for key in [k for k in self.by_pid if k[0] == tenant]:
-                del self.by_pid[key]
-            sessions = [k for k in self.sessions if k[0] == tenant]
-            for key in sessions:
-                state = self.sessions.pop(key)
-                if state.hbm in self.hbms:
-                    self.hbms[state.hbm].sessions -= 1
-            self.erasures[tenant] += 1
-            self._changed()
-            return TenantForgotten(keys=keys, pages=len(gids), resident=resident,
-                                   sessions=len(sessions), pins=pins, cancelled=cancelled,
-                                   straggling=straggling)
+        ``end_erase``) and cancel its scheduled moves; queued transfers give up (see
+        ``doomed``). Returns how many scheduled moves were cancelled. The caller then waits
+        until ``tenant_moving`` is false (transfers in flight end) and calls
+        ``forget_tenant``."""
+        self.erasing.add(tenant)
+        self._changed()
+        gids = [g for g, r in self.pages.items() if r.meta.tenant == tenant]
+        before = len(self._scheduled)
+        self._cancel(gids, kinds=(ActionKind.DEMOTE, ActionKind.RESTORE))
+        return before - len(self._scheduled)
+
+    def tenant_moving(self, tenant: str) -> bool:
+        """A transfer of one of ``tenant``'s pages is in flight."""
+        return any(r.busy for r in self.pages.values() if r.meta.tenant == tenant)
+
+    def forget_tenant(self, tenant: str, cancelled: int | None = None) -> TenantForgotten:
+        """Tenant erasure, second half: drop every page, pin, session and graph entry of
+        ``tenant`` (after ``begin_forget``; called alone it does both halves without
+        waiting). Loads that wait for its pages wake up and fail with ``TenantErased``.
+        Returns what was dropped; the keys are for the HBM actors, which zero those pages."""
+        if cancelled is None:
+            cancelled = self.begin_forget(tenant)
+        gids = [g for g, r in self.pages.items() if r.meta.tenant == tenant]
+        self._returning.difference_update(gids)
+        self._recalled.difference_update(gids)
+        keys: dict[str, list[bytes]] = {}
+        resident = pins = straggling = 0
+        for gid in gids:
+            rec = self.pages.pop(gid)
+            self.ledger.release(rec.pool, gid, rec.stored)
+            keys.setdefault(rec.hbm, []).append(rec.meta.key)
+            pins += rec.pins
+            straggling += rec.busy
+            if rec.resident:
+                resident += 1
+                if rec.hbm in self.hbms:
+                    self._evict(rec, tracked=True)
+            self.by_key.pop((rec.meta.key, rec.hbm), None)
+            self._victims.pop(gid, None)
+        self.graph.forget_tenant(tenant)
+        for key in [k for k in self.by_pid if k[0] == tenant]:
+            del self.by_pid[key]
+        sessions = [k for k in self.sessions if k[0] == tenant]
+        for key in sessions:
+            state = self.sessions.pop(key)
+            if state.hbm in self.hbms:
+                self.hbms[state.hbm].sessions -= 1
+        self.erasures[tenant] += 1
+        self._changed()
+        return TenantForgotten(keys=keys, pages=len(gids), resident=resident,
+                               sessions=len(sessions), pins=pins, cancelled=cancelled,
+                               straggling=straggling)
 
     def begin_erase(self, tenant: str) -> None:
         """Freeze ``tenant`` first: its calls fail and its loads end with ``TenantErased``
         (the erasure's first step, before its keys are destroyed)."""
-        with self.idle:
-            self.erasing.add(tenant)
-            self._changed()
+        self.erasing.add(tenant)
+        self._changed()
 
     def end_erase(self, tenant: str) -> None:
         """The erasure is done everywhere: the tenant name may start again, empty."""
-        with self.lock:
-            self.erasing.discard(tenant)
+        self.erasing.discard(tenant)
+
+    def drain_audit(self) -> list[AuditSummary]:
+        """The audit summaries of pages retired since the last call (oldest first)."""
+        out = list(self.audit_summaries)
+        self.audit_summaries.clear()
+        return out
+
+    def share(self, meta: PageMeta, hbm: str) -> bool:
+        """A prefix lookup found ``meta``'s page on ``hbm`` (held there or in the pool):
+        the asking session may load it under its own page id. False if it is unknown."""
+        gid = self.by_key.get((meta.key, hbm))
+        rec = self.pages.get(gid) if gid is not None else None
+        state = self.sessions.get((meta.tenant, meta.session))
+        if rec is None or state is None or not (rec.resident or rec.copies):
+            return False
+        state.pages.add(rec.gid)
+        self.by_pid[(meta.tenant, meta.session, meta.page_id)] = rec.gid
+        return True
+
+    def hbm_used(self) -> dict[str, int]:
+        """Budget bytes in use per HBM actor."""
+        return {name: budget.used for name, budget in self.hbms.items()}
 
     # -- lookups -------------------------------------------------------------------------------
     def record(self, gid: int) -> PageRecord:
-        with self.lock:
-            return self.pages[gid]
+        return self.pages[gid]

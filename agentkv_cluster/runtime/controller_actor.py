@@ -16,23 +16,25 @@ from agentkv_cluster.lifecycle.events import EventValidationError, TaskEnd
 from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.runtime.controller import Controller, HbmFull
 from agentkv_cluster.runtime.executor import Executor, LinkCredits
+from agentkv_cluster.runtime.guard import Guarded
 from agentkv_cluster.runtime.handles import ActorGone, Handle
+from agentkv_cluster.runtime.loads import EngineLoader
 from agentkv_cluster.runtime.mover import RemoteSpan
 from agentkv_cluster.runtime.records import (
     ActionKind,
+    AuditSummary,
     KvShape,
     LoadReport,
+    Outcome,
     PageMeta,
+    RequestRefused,
     TenantErased,
+    TransferResult,
     UnknownPageKey,
     UnknownSession,
 )
 from agentkv_cluster.runtime.strategies import make_strategy
 from store.types import Codec, Lookup, Tier
-
-
-class RequestRefused(Exception):
-    """Bad input from the engine or orchestrator; nothing was changed."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,20 +47,27 @@ class ControllerSpec:
     landing_pages: int = 8  # per HBM actor, for one-hop restores (as its HbmSpec says)
     page_bytes: int = 0  # arena page size: the HBM budget counts whole pages (0: bytes)
     pin_timeout_s: float = 30.0  # a load's pins are dropped if not released by then
+    host_bytes: int = 0  # each pool's host tier (the placement's capacity; 0: unbounded)
+    nvme_bytes: int = 0  # each pool's NVMe shard
 
 
 class ControllerActor:
     def __init__(self, spec: ControllerSpec, directory: Any = None) -> None:
         self.spec = spec
-        self.controller = Controller(make_strategy(spec.policy), spec.page_bytes)
-        self.credits = LinkCredits(spec.per_link, spec.per_session, enabled=spec.credits)
+        capacity = {Tier.HOST: spec.host_bytes, Tier.NVME: spec.nvme_bytes} \
+            if spec.host_bytes and spec.nvme_bytes else None
+        self.controller = Guarded(Controller(make_strategy(spec.policy), spec.page_bytes,
+                                             capacity))
         self.hbms: dict[str, Handle] = {}
         self.pools: dict[str, Handle] = {}
         self.hbm_pool: dict[str, str] = {}
-        self.executor = Executor(self.controller, self.hbms, self.pools, self.hbm_pool,
-                                 self.credits, landing_pages=spec.landing_pages)
+        self._wake = threading.Event()  # a background transfer finished
+        self.executor = Executor(
+            self.controller, self.hbms, self.pools, self.hbm_pool,
+            LinkCredits(spec.per_link, spec.per_session, enabled=spec.credits),
+            landing_pages=spec.landing_pages, on_finished=self._wake.set)
         self.directory = directory
-        self.recompute_tokens: dict[str, int] = {}  # tenant -> tokens of pages lost for good
+        self.loader = EngineLoader(self.controller, self.executor, self._check)
         self._restarting: set[str] = set()
         self._stop = threading.Event()
         self._loop = threading.Thread(target=self._reconcile, name="agentkv-reconcile", daemon=True)
@@ -76,7 +85,7 @@ class ControllerActor:
     def add_hbm(self, name: str, handle: Handle, capacity: int, pool: str) -> None:
         self.hbms[name] = handle
         self.hbm_pool[name] = pool
-        self.controller.add_hbm(name, capacity)
+        self.controller.add_hbm(name, capacity, pool)
 
     def remove_hbm(self, name: str) -> int:
         """The HBM actor died: its copies are gone; returns how many pages had no other copy."""
@@ -85,8 +94,7 @@ class ControllerActor:
 
     def set_credits(self, enabled: bool) -> None:
         """Turn link credits on or off (fresh counters); for side-by-side herd runs."""
-        self.credits = LinkCredits(self.spec.per_link, self.spec.per_session, enabled=enabled)
-        self.executor.credits = self.credits
+        self.executor.set_credits(enabled)
 
     def expect_restart(self, name: str) -> None:
         """A pool actor is being replaced on purpose: keep its copies (it rebuilds them)."""
@@ -98,15 +106,22 @@ class ControllerActor:
 
     # -- reconcile loop --------------------------------------------------------------------
     def _reconcile(self) -> None:
+        """The actor's loop: finished background transfers go to the page manager, the
+        moves it has due go to the transfer worker, pins never released expire."""
         expire_at = 0.0
         while not self._stop.is_set():
-            nxt = self.controller.next_due()
             now = time.monotonic()
+            finished = self.executor.get_finished()
+            for result in finished:
+                self.controller.finished(result, now)
+            self._check(finished)
             if now >= expire_at:  # pins of loads never released
                 self.controller.expire_held(now, self.spec.pin_timeout_s)
                 expire_at = now + 1.0
+            nxt = self.controller.next_due()
             if nxt is None or nxt > now:
-                self._stop.wait(min(self.spec.tick_s, max(0.0, (nxt or now + 1) - now)))
+                self._wake.wait(min(self.spec.tick_s, max(0.0, (nxt or now + 1) - now)))
+                self._wake.clear()
                 continue
             self.executor.submit(self.controller.due(now))
 
@@ -139,14 +154,17 @@ class ControllerActor:
         copy is verified against / replaced by it when the engine needs exact bytes."""
         gid = self.controller.resolve(tenant, session, [key])[0]
         rec = self.controller.record(gid)
-        tier = rec.copies.get(Codec.FULL)
-        if tier is None or rec.pool not in self.pools:
+        if Codec.FULL not in rec.copies or rec.pool not in self.pools:
             return False
-        self.pools[rec.pool].restore_into(rec.meta, tier, Codec.FULL, dst)
+        got = self.pools[rec.pool].restore_into(rec.meta, Codec.FULL, dst)
+        # The verification fetch of a lossy restore is traffic of the policy that chose the
+        # lossy form: counted like any other move (tier "verify").
+        self.executor.traffic.add(rec.meta.tenant, "verify", int(got["nbytes"]))
         return True
 
     def close(self) -> None:
         self._stop.set()
+        self._wake.set()
         self.executor.close()
 
     # -- engine and orchestrator calls -----------------------------------------------------
@@ -201,10 +219,10 @@ class ControllerActor:
             self.remove_hbm(hbm)
             raise
 
-    def _check(self, results: list[dict[str, Any]]) -> None:
+    def _check(self, results: list[TransferResult]) -> None:
         for r in results:
-            if not r["ok"] and "ActorGone" in r.get("error", ""):
-                a = r["action"]
+            if r.outcome is Outcome.ACTOR_GONE:
+                a = r.action
                 if a.hbm in self.hbms and not self.hbms[a.hbm].alive(5.0):
                     self.remove_hbm(a.hbm)
 
@@ -226,7 +244,7 @@ class ControllerActor:
         tenant is erased fails with ``TenantErased`` and reports nothing."""
         epoch = self.controller.erasures[tenant]
         try:
-            reports = self._load(tenant, session, keys)
+            reports = self.loader.load(tenant, session, keys)
         except (KeyError, RequestRefused) as exc:
             if self.controller.erasures[tenant] != epoch or tenant in self.controller.erasing:
                 raise TenantErased("the tenant was erased during this load") from None
@@ -236,75 +254,6 @@ class ControllerActor:
         if self.controller.erasures[tenant] != epoch or tenant in self.controller.erasing:
             raise TenantErased("the tenant was erased during this load")
         return reports
-
-    def _load(self, tenant: str, session: str, keys: list[bytes]) -> list[LoadReport]:
-        t0 = time.monotonic()
-        try:
-            gids = self.controller.resolve(tenant, session, keys)
-        except (UnknownSession, UnknownPageKey) as exc:
-            raise RequestRefused(str(exc)) from None
-        before = {g: self.controller.record(g) for g in gids}
-        was_resident = {g: r.resident and not r.busy for g, r in before.items()}
-        self.controller.wait_idle(gids, 60.0)
-        waited = time.monotonic() - t0
-        for attempt in range(2):
-            by_gid = self._bring_in(gids)
-            failed = [g for g, r in by_gid.items() if not r["ok"]]
-            if not failed:
-                break
-            self.controller.unpin(gids, time.monotonic())
-            gone = any("ActorGone" in by_gid[g].get("error", "") for g in failed)
-            if attempt or not gone:
-                raise RequestRefused(f"{len(failed)} page(s) could not be restored: "
-                                     f"{by_gid[failed[0]].get('error')}")
-        total = time.monotonic() - t0
-        self.controller.hold(tenant, session, gids, time.monotonic())
-        return [self._report(g, was_resident[g], by_gid.get(g), waited, total) for g in gids]
-
-    def _bring_in(self, gids: list[int]) -> dict[int, dict[str, Any]]:
-        """Pin ``gids`` and restore the missing ones; returns restore results by gid."""
-        results: list[dict[str, Any]] = []
-        deadline = time.monotonic() + 45.0
-        while True:
-            demotes, restores, lost, blocked = self.controller.access(gids, time.monotonic())
-            results += self.executor.run(demotes + restores)
-            pinned = [g for g in gids if g not in lost and g not in blocked]
-            if lost:
-                self._count_recompute(lost)
-                self.controller.unpin(pinned, time.monotonic())
-                raise RequestRefused(f"PageLost: {len(lost)} page(s) have no copy left; "
-                                     "re-prefill them")
-            if not blocked:
-                break
-            # All or nothing: holding some pins while waiting for room deadlocks a herd.
-            seen = self.controller.unpin(pinned, time.monotonic())
-            if time.monotonic() > deadline:
-                raise RequestRefused("HBM is full of pinned pages; release some and retry")
-            self.controller.wait_changed(seen, 0.05)  # a pin dropped or a move ended
-        self._check(results)
-        return {r["action"].gid: r for r in results if r["action"].kind is ActionKind.RESTORE}
-
-    def _count_recompute(self, lost: list[int]) -> None:
-        """The engine re-prefills lost pages: count their tokens per tenant (metrics)."""
-        for gid in lost:
-            try:
-                meta = self.controller.record(gid).meta
-            except KeyError:
-                continue
-            self.recompute_tokens[meta.tenant] = \
-                self.recompute_tokens.get(meta.tenant, 0) + meta.tokens
-
-    def _report(self, gid: int, hit: bool, result: dict[str, Any] | None, waited: float,
-                total: float) -> LoadReport:
-        rec = self.controller.record(gid)
-        if result is not None:
-            source, delay, hidden = result["source"], total, 0.0
-        else:
-            source, delay = "hbm", 0.0 if hit else waited
-            hidden, rec.hidden_s = rec.hidden_s, 0.0
-        return LoadReport(key=rec.meta.key, source=source, delay_s=delay, hidden_s=hidden,
-                          exact=rec.resident_codec is Codec.FULL, codec=rec.resident_codec,
-                          nbytes=rec.meta.length)
 
     def release(self, tenant: str, session: str, keys: list[bytes]) -> int:
         try:
@@ -335,15 +284,7 @@ class ControllerActor:
         return n
 
     def _known(self, meta: PageMeta, hbm: str) -> bool:
-        with self.controller.lock:
-            gid = self.controller.by_key.get((meta.key, hbm))
-            rec = self.controller.pages.get(gid) if gid is not None else None
-            if rec is None or not (rec.resident or rec.copies):
-                return False
-            state = self.controller.sessions[(meta.tenant, meta.session)]
-            state.pages.add(rec.gid)
-            self.controller.by_pid[(meta.tenant, meta.session, meta.page_id)] = rec.gid
-            return True
+        return self.controller.share(meta, hbm)
 
     def _adopt(self, tenant: str, session: str, meta: PageMeta, ns: str) -> bool:
         if self.directory is None:
@@ -357,9 +298,7 @@ class ControllerActor:
         copies = {Codec(c): Tier(t) for t, c in held["copies"]}
         sh = held["shape"]
         meta = replace(meta, length=held["length"], state_type=StateType(held["state_type"]),
-                       shape=None if sh is None else KvShape(layers=sh[0], kv_heads=sh[1],
-                                                            tokens=sh[2], head_dim=sh[3],
-                                                            dtype=sh[4]))
+                       shape=None if sh is None else KvShape.from_dims(sh[:4], sh[4]))
         self.controller.admit(tenant, session, [meta], time.monotonic(),
                               copies={meta.key: copies}, pool=entry.node)
         return True
@@ -401,25 +340,31 @@ class ControllerActor:
         """What the metrics exporter needs: credit waits after ``cursor`` (at most 10,000;
         the counters restart with fresh credits), HBM bytes in use, and cumulative
         recompute tokens and pool-tier bytes per tenant."""
-        waits = self.credits.waits
+        waits = self.executor.credits.waits
         end = len(waits)
         if cursor > end:  # set_credits started fresh counters
             cursor = 0
-        c = self.controller
-        with c.lock:
-            hbm = sum(b.used for b in c.hbms.values())
+        hbm = sum(self.controller.hbm_used().values())
         traffic = {k: v for k, v in self.executor.traffic.by_tenant_tier.items()
                    if k[1] != "hbm"}  # bytes into HBM are counted by the API front
         return {"cursor": end, "waits": list(waits[max(cursor, end - 10000):end]),
-                "hbm_used": hbm, "recompute": dict(self.recompute_tokens), "traffic": traffic}
+                "hbm_used": hbm, "recompute": dict(self.loader.recompute_tokens), "traffic": traffic}
+
+    def drain_audit(self) -> list[AuditSummary]:
+        """Summaries of audited pages retired since the last call (the service appends them
+        to its audit log)."""
+        return self.controller.drain_audit()
 
     def stats(self) -> dict[str, Any]:
         c = self.controller
-        with c.lock:
-            occupancy = {n: b.used for n, b in c.hbms.items()}
+        with c.cv:
+            occupancy = c.hbm_used()
             pages = len(c.pages)
-        return {"controller": dict(c.stats), "pages": pages, "hbm_used": occupancy,
+            predictor = c.strategy.calibration()
+            counters = dict(c.stats)
+        return {"controller": counters, "pages": pages, "hbm_used": occupancy,
+                "predictor": predictor,
                 "traffic": dict(self.executor.traffic.by_tier),
-                "max_in_flight": dict(self.credits.max_in_flight),
-                "credit_waits": list(self.credits.waits[-10000:]),
+                "max_in_flight": dict(self.executor.credits.max_in_flight),
+                "credit_waits": list(self.executor.credits.waits[-10000:]),
                 "errors": list(self.executor.errors)}

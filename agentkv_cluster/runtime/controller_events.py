@@ -13,8 +13,10 @@ from typing import Any
 
 from agentkv_cluster.lifecycle import events as ev
 from agentkv_cluster.lifecycle.graph_records import Blocker
+from agentkv_cluster.lifecycle.types import TYPE_DEFAULTS, StateType
 from agentkv_cluster.runtime.controller_state import HbmFull, SessionState
-from agentkv_cluster.runtime.records import Action, ActionKind, PageRecord
+from agentkv_cluster.runtime.records import Action, ActionKind, AuditSummary, PageRecord, Reason
+from agentkv_cluster.runtime.strategies import recompute_estimate
 from store.types import Codec, Tier
 
 # Gap migrations run only while the HBM actor is at least this full (high watermark).
@@ -23,7 +25,7 @@ _PAGE_LIST_FIELDS = ("prefix_pages", "input_pages", "consumes", "supersedes", "p
 
 
 class EventScheduling:
-    """Mixed into ``Controller``; every method runs under (or takes) ``self.lock``."""
+    """Mixed into ``Controller`` (pure: the caller serialises calls, see runtime/guard.py)."""
 
     def _prefetch_later(self, rec: PageRecord, tier: Tier, codec: Codec, now: float) -> None:
         """A page pushed out while its session waits on a tool comes back before the tool's
@@ -38,7 +40,7 @@ class EventScheduling:
         if at is None:
             return
         action = Action(kind=ActionKind.RESTORE, gid=rec.gid, hbm=rec.hbm, tier=tier,
-                        codec=codec, start_at=at, reason="refill", session=rec.meta.session)
+                        codec=codec, start_at=at, reason=Reason.REFILL, session=rec.meta.session)
         heapq.heappush(self._scheduled, (at, next(self._seq), action))
         self.stats["refills"] = self.stats.get("refills", 0) + 1
 
@@ -46,28 +48,26 @@ class EventScheduling:
         """A gap migration finished with the HBM copy still in place (the page is still
         busy): keep that copy if the page is wanted now and fits, rather than dropping it
         and restoring it again for the load that waits. True if kept."""
-        with self.lock:
-            rec = self.pages.get(gid)
-            if rec is None or rec.resident or not self.wanted(gid) or rec.hbm not in self.hbms:
-                return False
-            budget = self.hbms[rec.hbm]
-            if budget.used + rec.view.size_bytes > budget.capacity:
-                return False
-            self._insert(rec, now, rec.resident_codec)
-            self.stats["kept_on_return"] = self.stats.get("kept_on_return", 0) + 1
-            return True
+        rec = self.pages.get(gid)
+        if rec is None or rec.resident or not self.wanted(gid) or rec.hbm not in self.hbms:
+            return False
+        budget = self.hbms[rec.hbm]
+        if budget.used + rec.view.size_bytes > budget.capacity:
+            return False
+        self._insert(rec, now, rec.resident_codec)
+        self.stats["kept_on_return"] = self.stats.get("kept_on_return", 0) + 1
+        return True
 
     def translate(self, owner: str, session: str, data: dict[str, Any]) -> ev.Event:
         """Wire event -> typed event with engine page ids mapped to global ids."""
         data = dict(data, tenant=owner, session=session)
-        with self.lock:
-            for name in _PAGE_LIST_FIELDS:
-                if isinstance(data.get(name), list):
-                    data[name] = [self._gid(owner, session, pid) for pid in data[name]]
-            if isinstance(data.get("produces"), list):
-                data["produces"] = [
-                    [self._gid(owner, session, r[0]), *r[1:]] if isinstance(r, list) and r else r
-                    for r in data["produces"]]
+        for name in _PAGE_LIST_FIELDS:
+            if isinstance(data.get(name), list):
+                data[name] = [self._gid(owner, session, pid) for pid in data[name]]
+        if isinstance(data.get("produces"), list):
+            data["produces"] = [
+                [self._gid(owner, session, r[0]), *r[1:]] if isinstance(r, list) and r else r
+                for r in data["produces"]]
         return ev.event_from_dict(data)
 
     def _gid(self, owner: str, session: str, pid: Any) -> Any:
@@ -80,32 +80,48 @@ class EventScheduling:
 
     def apply(self, event: ev.Event, now: float) -> list[Action]:
         """Run one event through the graph and the strategy; returns actions due now."""
-        with self.lock:
-            state = self._session(event.tenant, event.session)
-            touched = self.graph.apply(event, now)
-            self.stats["events"] += 1
-            for gid in touched:
-                rec = self.pages.get(gid)
-                if rec is not None:
-                    try:
-                        rec.view.dependency = self.graph.dependency_strength(gid)
-                    except KeyError:
-                        pass  # a page the engine stored but no event produced yet
-            actions: list[Action] = []
-            if isinstance(event, ev.ToolStart):
-                self._tool_start(state, event, now)
-            elif isinstance(event, ev.ObservationReturn):
-                self._tool_return(state, event, now)
-            elif isinstance(event, ev.ModelCall):
-                self._cancel(list(state.pages))
-            if isinstance(event, ev.TaskEnd):
-                self._cancel(list(state.pages))
-                self._returning.difference_update(state.pages)
-                touched = frozenset(state.pages)
-            for gid in sorted(touched):
-                if gid in self.pages and gid in state.pages and self._retirable(gid):
-                    actions.append(self._retire(gid, state, now))
-            return actions + self.due(now)
+        state = self._session(event.tenant, event.session)
+        touched = self.graph.apply(event, now)
+        self.stats["events"] += 1
+        for gid in touched:
+            rec = self.pages.get(gid)
+            if rec is not None:
+                try:
+                    rec.view.dependency = self.graph.dependency_strength(gid)
+                    state_type = self.graph.page(gid).tag.state_type
+                except KeyError:
+                    continue  # a page the engine stored but no event produced yet
+                if state_type is not rec.view.state_type:
+                    self._retype(rec, state_type, now)
+        actions: list[Action] = []
+        if isinstance(event, ev.ToolStart):
+            self._tool_start(state, event, now)
+        elif isinstance(event, ev.ObservationReturn):
+            self._tool_return(state, event, now)
+        elif isinstance(event, ev.ModelCall):
+            self._cancel(list(state.pages))
+        if isinstance(event, ev.TaskEnd):
+            self._cancel(list(state.pages))
+            self._returning.difference_update(state.pages)
+            touched = frozenset(state.pages)
+        for gid in sorted(touched):
+            if gid in self.pages and gid in state.pages and self._retirable(gid):
+                actions.append(self._retire(gid, state, now))
+        return actions + self.due(now)
+
+    def _retype(self, rec: PageRecord, state_type: StateType, now: float) -> None:
+        """The event graph changed the page's type (draft -> verified result, a branch's
+        pages -> failed branch, ...): the policy sees the new type and its Table 1 priors
+        from now on (value, risk protection, demotion form)."""
+        d = TYPE_DEFAULTS[state_type]
+        view = rec.view
+        view.state_type, view.correctness_weight = state_type, d.correctness_weight
+        view.reuse_prob = d.reuse_prob
+        view.recompute_cost_s = recompute_estimate(rec.meta.length, state_type)
+        self.strategy.prepare(rec, now)
+        if rec.resident and rec.hbm in self.hbms:
+            self.hbms[rec.hbm].policy.on_update(view, now)
+        self.stats["retyped"] = self.stats.get("retyped", 0) + 1
 
     def _retirable(self, gid: int) -> bool:
         try:
@@ -113,7 +129,9 @@ class EventScheduling:
         except KeyError:
             return False
         if blockers == {Blocker.AUDIT}:
-            # The audit summary is the page's identity and type, which the service keeps.
+            # §5.2: the page may go once its irreversible summary (identity digest, type,
+            # content hash) is on its way to the audit log (see ``_retire``).
+            self._audit_due.add(gid)
             self.graph.record_audit_summary(gid)
             return True
         return not blockers
@@ -160,6 +178,12 @@ class EventScheduling:
     def _retire(self, gid: int, state: SessionState, now: float) -> Action:
         self._returning.discard(gid)
         rec = self.pages.pop(gid)
+        self.ledger.release(rec.pool, gid, rec.stored)
+        # Retired unread since its last prediction: its idle gap ended without a return.
+        self.strategy.observe(rec, False, now, self._policy_of(rec))
+        if gid in self._audit_due:
+            self._audit_due.discard(gid)
+            self.audit_summaries.append(AuditSummary.of(rec.meta, rec.view.state_type, now))
         if rec.resident:
             self._evict(rec, tracked=True)
         self.by_key.pop((rec.meta.key, rec.hbm), None)
@@ -167,36 +191,35 @@ class EventScheduling:
         self.graph.retire(gid)
         shared = any((rec.meta.key, h) in self.by_key for h in self.hbms)
         return Action(kind=ActionKind.DELETE, gid=gid, hbm=rec.hbm, start_at=now,
-                      reason="shared" if shared else "retire", session=rec.meta.session,
+                      reason=Reason.SHARED if shared else Reason.RETIRE, session=rec.meta.session,
                       tenant=rec.meta.namespace, key=rec.meta.key, pool=rec.pool)
 
     def due(self, now: float) -> list[Action]:
         """Scheduled gap migrations and prefetches whose start time has come."""
-        with self.lock:
-            out: list[Action] = []
-            while self._scheduled and self._scheduled[0][0] <= now:
-                _, _, action = heapq.heappop(self._scheduled)
-                rec = self.pages.get(action.gid)
-                if rec is None or rec.hbm not in self.hbms or rec.hbm != action.hbm:
-                    continue
-                if rec.busy:
-                    if action.kind is ActionKind.RESTORE and not rec.resident:
-                        # Its migration has not finished by the time the page must come
-                        # back: recall it (a queued one gives way) and look again shortly.
-                        self._recalled.add(rec.gid)
-                        heapq.heappush(self._scheduled, (now + 0.02, next(self._seq), action))
-                    continue
-                if action.kind is ActionKind.DEMOTE:
-                    if rec.resident and rec.pins == 0:
-                        self._evict(rec, tracked=True)
-                        rec.busy = True
-                        out.append(action)
-                        self.stats["demotes"] += 1
-                    continue
-                if rec.resident or not rec.copies or self.wanted(rec.gid):
-                    continue
-                out += self._prefetch(rec, now, evict=action.reason != "refill")
-            return out
+        out: list[Action] = []
+        while self._scheduled and self._scheduled[0][0] <= now:
+            _, _, action = heapq.heappop(self._scheduled)
+            rec = self.pages.get(action.gid)
+            if rec is None or rec.hbm not in self.hbms or rec.hbm != action.hbm:
+                continue
+            if rec.busy:
+                if action.kind is ActionKind.RESTORE and not rec.resident:
+                    # Its migration has not finished by the time the page must come
+                    # back: recall it (a queued one gives way) and look again shortly.
+                    self._recalled.add(rec.gid)
+                    heapq.heappush(self._scheduled, (now + 0.02, next(self._seq), action))
+                continue
+            if action.kind is ActionKind.DEMOTE:
+                if rec.resident and rec.pins == 0:
+                    self._evict(rec, tracked=True)
+                    rec.busy = True
+                    out.append(action)
+                    self.stats["demotes"] += 1
+                continue
+            if rec.resident or not rec.copies or self.wanted(rec.gid):
+                continue
+            out += self._prefetch(rec, now, evict=action.reason is not Reason.REFILL)
+        return out
 
     def _prefetch(self, rec: PageRecord, now: float, evict: bool = True) -> list[Action]:
         if not evict:  # a refill only uses free room: evicting for it would ping-pong
@@ -212,9 +235,8 @@ class EventScheduling:
         self._set_busy(rec, True)
         self.stats["prefetches"] += 1
         return demotes + [Action(kind=ActionKind.RESTORE, gid=rec.gid, hbm=rec.hbm, tier=tier,
-                                 codec=codec, start_at=now, reason="prefetch",
+                                 codec=codec, start_at=now, reason=Reason.PREFETCH,
                                  session=rec.meta.session)]
 
     def next_due(self) -> float | None:
-        with self.lock:
-            return self._scheduled[0][0] if self._scheduled else None
+        return self._scheduled[0][0] if self._scheduled else None

@@ -24,9 +24,17 @@ from typing import Any
 
 from agentkv_cluster.policy.base import CreditGrant, CreditOutcome, CreditRequest, Resource
 from agentkv_cluster.policy.credits import BucketSpec, CreditConfig, CreditManager
-from agentkv_cluster.runtime.controller import Controller
+from agentkv_cluster.runtime.guard import Guarded
+from agentkv_cluster.runtime.handles import ActorGone
 from agentkv_cluster.runtime.landing import LandingPages
-from agentkv_cluster.runtime.records import Action, ActionKind, TenantErased
+from agentkv_cluster.runtime.records import (
+    Action,
+    ActionKind,
+    Outcome,
+    Reason,
+    TenantErased,
+    TransferResult,
+)
 from store.types import Codec, Tier
 
 BACKGROUND = "/bg"
@@ -147,69 +155,100 @@ class TierTraffic:
 
 
 class Executor:
-    """Runs actions on a thread pool; reports each back to the controller."""
+    """The transfer worker: moves the bytes of the manager's actions on a thread pool,
+    under its link credits, through its landing pages, and reports each as a
+    ``TransferResult``. Foreground work (``run``: an engine waits) is applied to the
+    manager before ``run`` returns; background work (``submit``: gap migrations,
+    prefetches, refills, deletions) comes back through ``get_finished``, which the
+    controller actor's loop drains (``on_finished`` wakes it)."""
 
-    def __init__(self, controller: Controller, hbms: dict[str, Any], pools: dict[str, Any],
+    def __init__(self, controller: Guarded, hbms: dict[str, Any], pools: dict[str, Any],
                  hbm_pool: dict[str, str], credits: LinkCredits, *,
-                 landing_pages: int = 8) -> None:
+                 landing_pages: int = 8, on_finished: Callable[[], None] = lambda: None
+                 ) -> None:
         self.controller = controller
         self.hbms, self.pools, self.hbm_pool = hbms, pools, hbm_pool
         self.credits = credits
         self.traffic = TierTraffic()
-        self.rejects: Counter[str] = Counter()
         self.errors: deque[str] = deque(maxlen=50)
         self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="agentkv-exec")
         self._told: dict[tuple[str, str], tuple[Any, Any]] = {}  # (hbm, pool) -> handles
         self._lock = threading.Lock()
+        self._finished: deque[TransferResult] = deque()
+        self._on_finished = on_finished
         self.landing = LandingPages(f"executor-{uuid.uuid4().hex[:12]}", landing_pages,
                                     background=self._pool.submit)
 
-    def submit(self, actions: list[Action]) -> list[Future]:
-        return [self._pool.submit(self._run, a) for a in actions]
+    def set_credits(self, enabled: bool) -> None:
+        """Fresh link credits, on or off (side-by-side herd runs)."""
+        c = self.credits
+        self.credits = LinkCredits(c.per_link, c.per_session, enabled=enabled)
 
-    def run(self, actions: list[Action]) -> list[dict[str, Any]]:
-        """Run and wait. Each restore starts as soon as the demotions that make its own
-        room are done (not after every victim of the batch): restores pipeline behind
-        the victims' encode-and-seal instead of queueing behind all of them."""
+    def submit(self, actions: list[Action]) -> None:
+        """Start background work; its results come back through ``get_finished``."""
+        for a in actions:
+            self._pool.submit(self._background, a)
+
+    def _background(self, action: Action) -> None:
+        self._finished.append(self._run(action))
+        self._on_finished()
+
+    def get_finished(self) -> list[TransferResult]:
+        """Background transfers that ended since the last call (oldest first)."""
+        out = []
+        while self._finished:
+            out.append(self._finished.popleft())
+        return out
+
+    def run(self, actions: list[Action]) -> list[TransferResult]:
+        """Run foreground work and wait; the manager has every result before this returns.
+        Each restore starts as soon as the demotions that make its own room are done (not
+        after every victim of the batch): restores pipeline behind the victims'
+        encode-and-seal instead of queueing behind all of them."""
         first = [a for a in actions if a.kind is not ActionKind.RESTORE]
-        futures = self.submit(first)
+        futures = [self._pool.submit(self._run, a) for a in first]
         by_gid = {a.gid: f for a, f in zip(first, futures)}
         later = []
         for a in actions:
             if a.kind is ActionKind.RESTORE:
                 deps = [by_gid[g] for g in self.controller.take_victims(a.gid) if g in by_gid]
                 later.append(self._pool.submit(self._after, deps, a))
-        return [f.result() for f in futures] + [f.result() for f in later]
+        results = [f.result() for f in futures] + [f.result() for f in later]
+        now = time.monotonic()
+        for result in results:
+            self.controller.finished(result, now)
+        return results
 
-    def _after(self, deps: list[Future], action: Action) -> dict[str, Any]:
+    def _after(self, deps: list[Future], action: Action) -> TransferResult:
         for f in deps:
             f.result()
         return self._run(action)
 
-    def _run(self, action: Action) -> dict[str, Any]:
+    def _run(self, action: Action) -> TransferResult:
         t0 = time.monotonic()
-        info: dict[str, Any] = {}
-        ok = False
+        fields: dict[str, Any] = {}
+        outcome, error = Outcome.FAILED, ""
         try:
             if action.kind is not ActionKind.DELETE and self.controller.doomed(action.gid):
                 raise TenantErased("the page's tenant is being erased")
             if action.kind is ActionKind.DEMOTE:
-                info = self._demote(action)
+                fields = self._demote(action)
             elif action.kind is ActionKind.RESTORE:
-                info = self._restore(action)
+                fields = self._restore(action)
             else:
-                info = self._delete(action)
-            ok = True
+                self._delete(action)
+            outcome = Outcome.DONE
         except Abandoned as exc:  # not an error: the foreground path takes over
-            info = {"error": f"Abandoned: {exc}", "abandoned": True}
+            outcome, error = Outcome.ABANDONED, f"Abandoned: {exc}"
         except TenantErased as exc:  # not an error: the erasure cancels the move
-            info = {"error": f"TenantErased: {exc}", "erased": True}
+            outcome, error = Outcome.ERASED, f"TenantErased: {exc}"
         except Exception as exc:  # noqa: BLE001 - reported to the controller and the caller
-            info = {"error": f"{type(exc).__name__}: {exc}"}
-            self.errors.append(f"{action.kind.value} {action.reason}: {info['error'][:300]}")
-        info["elapsed_s"] = time.monotonic() - t0
-        self.controller.finished(action, ok, time.monotonic(), info)
-        return {"action": action, "ok": ok, **info}
+            error = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, ActorGone):
+                outcome = Outcome.ACTOR_GONE
+            self.errors.append(f"{action.kind.value} {action.reason.value}: {error[:300]}")
+        return TransferResult(action=action, outcome=outcome, error=error,
+                              elapsed_s=time.monotonic() - t0, **fields)
 
     def _moot(self, gid: int) -> bool:
         """A background move gives way: its page is wanted now, or its tenant erased."""
@@ -231,7 +270,7 @@ class Executor:
         try:
             rec = self.controller.record(a.gid)
         except KeyError:
-            return {"copies": [], "retired": True}  # retired while queued: nothing to keep
+            return {}  # retired while queued: nothing to keep
         targets = []
         # Pages are immutable: a pool copy at least as precise as the one asked for (or as
         # the working copy, when that was restored lossy) already holds all it could.
@@ -242,7 +281,7 @@ class Executor:
             targets.append((int(Tier.NVME), int(Codec.FULL)))
         name = self._pool_for(rec.pool, a.hbm)
         hbm = self.hbms[a.hbm]
-        gap = a.reason == "gap"
+        gap = a.reason is Reason.GAP
         if gap and targets:  # a gap migration is background work on the link HBM actor -> pool
             link = f"{name}>{a.hbm}{BACKGROUND}"
             grant = self.credits.acquire(a.session, link, give_up=lambda: self._moot(a.gid),
@@ -259,13 +298,14 @@ class Executor:
             hbm.drop(rec.meta.key)
         for (tier, _codec), n in zip(receipt.copies, receipt.tier_bytes):
             self.traffic.add(rec.meta.tenant, Tier(tier).name.lower(), n)
-        return {"copies": list(receipt.copies), "pool": name, "link_bytes": receipt.link_bytes}
+        return {"copies": tuple((Tier(t), Codec(c)) for t, c in receipt.copies),
+                "tier_bytes": tuple(receipt.tier_bytes), "pool": name}
 
     def _restore(self, a: Action) -> dict[str, Any]:
         rec = self.controller.record(a.gid)
         name = self._pool_for(rec.pool, a.hbm)
         link = f"{name}>{a.hbm}"
-        if a.reason == "prefetch":
+        if a.reason is Reason.PREFETCH:
             try:
                 grant = self.credits.acquire(a.session, link + BACKGROUND,
                                              give_up=lambda: self._moot(a.gid))
@@ -285,16 +325,15 @@ class Executor:
         source = Tier(receipt.tier).name.lower()
         if self.hbm_pool.get(a.hbm) != name:
             source = "remote"
-        return {"source": source, "link_bytes": receipt.link_bytes, "exact": receipt.exact}
+        return {"source": source, "exact": receipt.exact}
 
-    def _delete(self, a: Action) -> dict[str, Any]:
+    def _delete(self, a: Action) -> None:
         """A retired page: drop its HBM copy; its pool copies too unless another HBM shares it."""
         hbm = self.hbms.get(a.hbm)
-        dropped = bool(hbm.drop(a.key)) if hbm is not None else False
-        removed = 0
-        if a.reason != "shared" and a.pool in self.pools:
-            removed = int(self.pools[a.pool].delete(a.key, a.tenant))
-        return {"dropped": dropped, "removed": removed}
+        if hbm is not None:
+            hbm.drop(a.key)
+        if a.reason is not Reason.SHARED and a.pool in self.pools:
+            self.pools[a.pool].delete(a.key, a.tenant)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

@@ -12,9 +12,11 @@ pulls them, so they never pass through the Ray object store.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 from agentkv_cluster.api.errors import (
@@ -39,9 +41,9 @@ from security.errors import InvalidToken, KeyUnavailable
 from security.keyring import PUBLIC_NAMESPACE, FileKeySource, TenantKeyring
 from security.principals import AccessPolicy, DenialHook, Principal, TokenIssuer
 from security.publishing import CachedGrants, PublishGrants
+from store.types import KV_DTYPE_NAMES
 
-CHUNK = 4  # pages staged per controller call
-_DTYPES = ("float16", "bfloat16", "float32")
+STAGE_PAGES = 4  # pages staged in shared memory per controller call
 ERASED_RECHECK_S = 1.0  # how stale a tenant's erasure mark may be when a token is checked
 MAX_EVENT_DEPTH = 32  # nesting of maps and lists inside one event
 
@@ -65,7 +67,7 @@ class ServiceFront:
         self.grants = CachedGrants(PublishGrants(self.keyring.source), ERASED_RECHECK_S)
         self.access = AccessPolicy(on_denied, self.grants)  # every denial is reported
         # Slots are taken per chunk, all at once under a lock: no hold-and-wait.
-        self.mover = Mover(f"front-{id(self):x}", page_bytes, 8 * CHUNK)
+        self.mover = Mover(f"front-{id(self):x}", page_bytes, 8 * STAGE_PAGES)
         self._slots = threading.Lock()
         self._loads: dict[int, tuple[str, str, list[bytes], list[Any]]] = {}
         self._ids = itertools.count(1)
@@ -202,10 +204,13 @@ class ServiceFront:
             data = page.get("data")
             if not isinstance(data, bytes) or not 0 < len(data) <= self.page_bytes:
                 raise InvalidArgument(f"page data must be 1..{self.page_bytes} bytes")
-            metas.append(self._meta(principal, session, page, "write", len(data)))
+            meta = self._meta(principal, session, page, "write", len(data))
+            # The content hash an audited page leaves in the audit log when it retires.
+            metas.append(replace(meta, content_hash=hashlib.blake2b(
+                data, digest_size=16, person=b"akv-page").digest()))
             datas.append(data)
-        for i in range(0, len(metas), CHUNK):
-            self._store_chunk(principal, session, metas[i:i + CHUNK], datas[i:i + CHUNK])
+        for i in range(0, len(metas), STAGE_PAGES):
+            self._store_chunk(principal, session, metas[i:i + STAGE_PAGES], datas[i:i + STAGE_PAGES])
         for meta in metas:
             self.metrics.transfer(principal.tenant, "hbm", meta.length)
         return {"keys": [m.key for m in metas]}
@@ -272,19 +277,32 @@ class ServiceFront:
 
     def _serve(self, principal: Principal, session: str, hbm: Handle, keys: list[bytes],
                reports: list[Any]) -> list[dict[str, Any]]:
+        """Each page's bytes. A lossy working copy is verified against its FULL reference
+        (fetched from the pool instead of the lossy bytes): that fetch is the verification
+        work of the policy that chose the lossy form, and is reported per page
+        (``verify_ms``, ``verify_bytes``) and in the restore metrics; a lossy page with no
+        reference is served as it is (``exact`` false: the engine verifies at checkpoints
+        or recomputes)."""
         out = []
         for key, report in zip(keys, reports):
             slot = self.mover.take_slot()
+            verify_s, verify_bytes = 0.0, 0
             try:
                 span = self.mover.slot_span(slot, report.nbytes)
-                exact = report.exact or self._call("serve_exact", principal.tenant, session,
-                                                   key, span)
+                exact = report.exact
+                if not exact:
+                    t0 = time.monotonic()
+                    exact = self._call("serve_exact", principal.tenant, session, key, span)
+                    verify_s = time.monotonic() - t0
+                    verify_bytes = report.nbytes if exact else 0
+                    self.metrics.verify(principal.tenant, exact, verify_s)
                 if not exact or report.exact:
                     hbm.serve(key, span)
                 data = self.mover.slot_view(slot, report.nbytes).tobytes()
             finally:
                 self.mover.give_slot(slot)
-            out.append({"key": key, "data": data, "exact": exact})
+            out.append({"key": key, "data": data, "exact": exact,
+                        "verify_ms": verify_s * 1e3, "verify_bytes": verify_bytes})
         return out
 
     def release(self, principal: Principal, session: str, keys: list[bytes]) -> dict[str, Any]:
@@ -313,11 +331,10 @@ def _shape(page: dict[str, Any], length: int) -> KvShape | None:
         return None
     dtype = page.get("dtype", "float16")
     if not isinstance(dims, list) or len(dims) != 4 or \
-            not all(type(d) is int and d > 0 for d in dims) or dtype not in _DTYPES:
+            not all(type(d) is int and d > 0 for d in dims) or dtype not in KV_DTYPE_NAMES:
         raise InvalidArgument("shape must be [layers, kv_heads, tokens, head_dim] and dtype "
-                              f"one of {_DTYPES}")
-    shape = KvShape(layers=dims[0], kv_heads=dims[1], tokens=dims[2], head_dim=dims[3],
-                    dtype=dtype)
+                              f"one of {KV_DTYPE_NAMES}")
+    shape = KvShape.from_dims(dims, dtype)
     if shape.nbytes() != length:
         raise InvalidArgument(f"shape gives {shape.nbytes()} bytes, data has {length}")
     return shape

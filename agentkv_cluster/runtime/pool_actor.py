@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentkv_cluster.api.errors import TenantNotProvisioned
-from agentkv_cluster.runtime.mover import Endpoint, Mover, RemoteSpan, aligned_buffer
+from agentkv_cluster.runtime.mover import Endpoint, Mover, RemoteSpan
 from agentkv_cluster.runtime.pool_opener import ChunkOpener, SealRejected
 from agentkv_cluster.runtime.pool_records import (
     StoredCopy,
@@ -31,6 +31,7 @@ from security.chunked import ChunkedSealer
 from security.errors import KeyExists, KeyUnavailable
 from security.keyring import FileKeySource, TenantKeyring
 from security.sealing import TenantSealer
+from store.buffers import aligned_buffer
 from store.directory import DirectoryEntry
 from store.host_pool import HostPool, PoolFull, SlotEmpty, TornRead
 from store.nvme import NvmeShard, NvmeShardConfig
@@ -108,7 +109,8 @@ class PoolActor:
                 continue
             try:
                 header = read_header(self.chunked, data, Tier.NVME)
-            except ValueError:
+            except ValueError:  # an erased tenant's record (key shredded) or not a record:
+                self.nvme.delete(nkey)  # it can never be served, so it leaves the shard
                 continue
             self._adopt(header, Tier.NVME, -1)
 
@@ -201,9 +203,7 @@ class PoolActor:
                           seal_gen=self.keyring.current_generation(meta.namespace),
                           namespace=meta.namespace, full=meta.length,
                           state_type=meta.state_type.value,
-                          shape=None if shape is None else [shape.layers, shape.kv_heads,
-                                                            shape.tokens, shape.head_dim,
-                                                            shape.dtype])
+                          shape=None if shape is None else [*shape.dims(), shape.dtype])
         for where in ((Tier.HOST, Tier.NVME) if tier is Tier.HOST else (Tier.NVME,)):
             copy.tier = where
             if where is Tier.HOST:  # reserve -> seal in place -> commit: no record buffer
@@ -232,9 +232,9 @@ class PoolActor:
             raise
         self.host.commit(copy.slot, size)
 
-    def restore_into(self, meta: PageMeta, tier: Tier, codec: Codec, dst: RemoteSpan
-                     ) -> dict[str, int]:
-        """Open the (key, codec) copy and push its plaintext into ``dst``."""
+    def restore_into(self, meta: PageMeta, codec: Codec, dst: RemoteSpan) -> dict[str, int]:
+        """Open the (key, codec) copy, on whichever tier holds it, and push its plaintext
+        into ``dst``."""
         return self.restore_to(meta.key, meta.digest, int(codec), dst.wire())
 
     def restore_to(self, key: bytes, digest: bytes, codec: int, dst: tuple) -> dict[str, int]:

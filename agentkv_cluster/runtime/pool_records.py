@@ -29,7 +29,7 @@ from store.types import Codec, Tier
 _REC = struct.Struct(">4sI")  # version 1: magic, header length
 _MAGIC = b"AKVR"
 # Version 1 sealed pages in 2 MiB chunks.
-CHUNK = 2 << 20
+SEAL_CHUNK = 2 << 20  # bytes per AES-GCM chunk of a sealed pool record
 _SLOT_DOMAIN = b"agentkv/pool-slot/v1\0"
 
 
@@ -49,7 +49,7 @@ class StoredCopy:
     version: int = 2  # record format
 
 
-def sealed_total(n: int, chunk: int = CHUNK) -> int:
+def sealed_total(n: int, chunk: int = SEAL_CHUNK) -> int:
     """Bytes a record of an ``n``-byte page takes at most, in either format."""
     chunks_v1 = max(1, -(-n // chunk))
     return max(n + chunks_v1 * sealed_size(0), record_size(n))
@@ -147,9 +147,9 @@ def build_record_v1(sealer: Any, key: bytes, codec: Codec, copy: StoredCopy, dig
     write one now."""
     header = msgpack.packb({"k": key, "ns": copy.namespace, "c": int(codec), "loc": copy.loc,
                             "sg": copy.seal_gen, "dg": copy.dir_gen, "n": copy.nbytes,
-                            "ch": CHUNK, "fl": copy.full, "st": copy.state_type,
+                            "ch": SEAL_CHUNK, "fl": copy.full, "st": copy.state_type,
                             "sh": copy.shape})
-    parts = chunks(len(plain), CHUNK)
+    parts = chunks(len(plain), SEAL_CHUNK)
     record = bytearray(_REC.size + len(header) + len(plain) + len(parts) * sealed_size(0))
     _REC.pack_into(record, 0, _MAGIC, len(header))
     record[_REC.size:_REC.size + len(header)] = header

@@ -5,13 +5,19 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.policy.base import PageView
-from store.types import Codec, Tier
+from store.types import KV_DTYPE_BYTES, Codec, Tier
 
 
 class RuntimeError_(Exception):
     """Base of the runtime's own errors."""
+
+
+class RequestRefused(RuntimeError_):
+    """Bad input from the engine or orchestrator; nothing was changed."""
 
 
 class UnknownSession(RuntimeError_, KeyError):
@@ -20,10 +26,6 @@ class UnknownSession(RuntimeError_, KeyError):
 
 class UnknownPageKey(RuntimeError_, KeyError):
     pass
-
-
-class PageLost(RuntimeError_):
-    """No copy of the page survives anywhere: the engine must re-prefill it."""
 
 
 class TenantErased(RuntimeError_):
@@ -55,8 +57,17 @@ class KvShape:
     dtype: str = "float16"
 
     def nbytes(self) -> int:
-        item = {"float16": 2, "bfloat16": 2, "float32": 4}[self.dtype]
+        item = KV_DTYPE_BYTES[self.dtype]
         return 2 * self.layers * self.kv_heads * self.tokens * self.head_dim * item
+
+    def dims(self) -> list[int]:
+        """[layers, kv_heads, tokens, head_dim], as the wire and pool headers carry it."""
+        return [self.layers, self.kv_heads, self.tokens, self.head_dim]
+
+    @classmethod
+    def from_dims(cls, dims: list[int], dtype: str = "float16") -> KvShape:
+        return cls(layers=dims[0], kv_heads=dims[1], tokens=dims[2], head_dim=dims[3],
+                   dtype=dtype)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,6 +84,35 @@ class PageMeta:
     length: int  # full-precision bytes
     tokens: int
     shape: KvShape | None = None  # None: opaque bytes, only Codec.FULL applies
+    content_hash: bytes = b""  # BLAKE2b-128 of the page's bytes (for the audit summary)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuditSummary:
+    """What a retired page of an audited type leaves behind (paper §5.2): an irreversible
+    summary and content hash; the KV bytes themselves are deleted."""
+
+    tenant: str
+    session: str
+    identity_digest: bytes  # PageIdentity.digest(): which state this was
+    state_type: StateType
+    tokens: int
+    content_hash: bytes  # BLAKE2b-128 of the bytes, as stored
+    retired_at: float
+
+    @classmethod
+    def of(cls, meta: PageMeta, state_type: StateType, now: float) -> AuditSummary:
+        """``state_type``: the page's type when it retired (events may have changed it)."""
+        return cls(tenant=meta.tenant, session=meta.session, identity_digest=meta.digest,
+                   state_type=state_type, tokens=meta.tokens,
+                   content_hash=meta.content_hash, retired_at=now)
+
+    def record(self) -> dict[str, object]:
+        """The audit log's entry (JSON-safe)."""
+        return {"tenant": self.tenant, "session": self.session,
+                "identity": self.identity_digest.hex(), "type": self.state_type.value,
+                "tokens": self.tokens, "content_hash": self.content_hash.hex(),
+                "retired_at": self.retired_at}
 
 
 @dataclass(slots=True)
@@ -85,16 +125,32 @@ class PageRecord:
     resident_codec: Codec = Codec.FULL  # form of the HBM working copy
     copies: dict[Codec, Tier] = field(default_factory=dict)  # pool copies: form -> tier
     pool: str = ""  # pool actor holding the copies
+    stored: dict[Tier, int] = field(default_factory=dict)  # bytes of those copies per tier
     pins: int = 0
     busy: bool = False  # a demote or restore is in flight
     hidden_s: float = 0.0  # restore time already spent in a gap (prefetch)
-    restored_at: float | None = None
+    # Features of the page's last reuse prediction (eq. 2), until its outcome is known:
+    # read again (``access``) or retired unread; the predictor learns from that pair.
+    phi: np.ndarray | None = None
 
 
 class ActionKind(enum.Enum):
     DEMOTE = "demote"  # copy to the pool (if no copy in that form yet) and drop HBM
     RESTORE = "restore"  # bring a working copy back into HBM
     DELETE = "delete"  # page retired: drop every copy
+
+
+class Reason(enum.Enum):
+    """Why an action exists; the executor and the controller act on it."""
+
+    PRESSURE = "pressure"  # DEMOTE: room for an admission, a restore or a prefetch
+    GAP = "gap"  # DEMOTE: a gap migration during the session's tool call (background)
+    WRITE_THROUGH = "write-through"  # DEMOTE keep=True: a fixed prefix copied to the pool
+    ACCESS = "access"  # RESTORE: an engine waits for the page (foreground)
+    PREFETCH = "prefetch"  # RESTORE: before the predicted tool return (background)
+    REFILL = "refill"  # RESTORE: a pressure victim back into free room before the return
+    RETIRE = "retire"  # DELETE: every copy
+    SHARED = "shared"  # DELETE: only the HBM copy (another HBM actor shares the page)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,11 +163,38 @@ class Action:
     reference: bool = False  # also keep a FULL reference copy on NVMe
     keep: bool = False  # DEMOTE only: copy to the pool but keep the HBM copy (write-through)
     start_at: float = 0.0
-    reason: str = ""
+    reason: Reason = Reason.PRESSURE
     session: str = ""
     tenant: str = ""  # DELETE: the page's key namespace
     key: bytes = b""  # DELETE: the record is gone from the controller by then
     pool: str = ""  # DELETE: the pool holding its copies
+
+
+class Outcome(enum.Enum):
+    DONE = "done"
+    FAILED = "failed"
+    ABANDONED = "abandoned"  # a background move gave way: an engine needs the page now
+    ERASED = "erased"  # the page's tenant is being erased: the move was cancelled
+    ACTOR_GONE = "actor_gone"  # an HBM or pool actor the move needed died
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransferResult:
+    """What the executor reports for one action (the controller's only feedback)."""
+
+    action: Action
+    outcome: Outcome
+    error: str = ""  # the exception, for logs and the caller's message
+    elapsed_s: float = 0.0
+    copies: tuple[tuple[Tier, Codec], ...] = ()  # DEMOTE: pool copies now held
+    tier_bytes: tuple[int, ...] = ()  # DEMOTE: bytes of each of those copies
+    pool: str = ""  # DEMOTE: the pool holding them
+    source: str = ""  # RESTORE: hbm | host | nvme | remote
+    exact: bool = True  # RESTORE: the working copy is FULL precision
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome is Outcome.DONE
 
 
 @dataclass(frozen=True, kw_only=True)

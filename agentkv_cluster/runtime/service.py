@@ -30,6 +30,7 @@ from security.principals import TokenIssuer
 from security.signing import Signer, load_signer, write_keypair
 
 log = logging.getLogger(__name__)
+AUDIT_POLL_S = 1.0  # retired-page summaries reach the audit log within this
 JOIN_POLL_S = 2.0  # how often the service looks for Ray nodes that joined
 
 
@@ -57,6 +58,7 @@ class Service:
         self.erasure: ClusterErasure | None = None
         self.redis_users: TenantRedisUsers | None = None
         self._watcher: ErasureWatcher | None = None
+        self._auditor: threading.Thread | None = None
 
     @property
     def keys_dir(self) -> str:
@@ -86,6 +88,9 @@ class Service:
         self.erasure = ClusterErasure(self.topo, self.front, self.keys_dir, self.audit, signer,
                                       self.redis_users)
         self._watcher = ErasureWatcher(self.erasure, self._stop).start()
+        self._auditor = threading.Thread(target=self._audit_loop, name="agentkv-audit",
+                                         daemon=True)
+        self._auditor.start()
         self.server = ApiServer(self.cfg.api, self.front, self.front.authenticate,
                                 self.metrics).start()
         if metrics_http:
@@ -123,6 +128,7 @@ class Service:
         """A fresh controller on the same actors (emptied): for side-by-side policy runs."""
         assert self.topo is not None and self.front is not None
         with self._topology:
+            self.drain_audit()  # the old controller's retired-page summaries are kept
             topo = self.topo
             topo.controller.close()  # its executor's moves end before the actors are emptied
             topo.controller.kill()
@@ -177,6 +183,30 @@ class Service:
         assert self.topo is not None
         return self.topo.controller.stats()
 
+    def drain_audit(self) -> int:
+        """Append the summaries of audited pages retired since the last call to the audit
+        log (paper §5.2: identity, type and content hash stay; the KV bytes go). Returns
+        how many were written."""
+        if self.topo is None or self.audit is None:
+            return 0
+        try:
+            summaries = self.topo.controller.call("drain_audit", timeout_s=10.0)
+        except Exception:  # noqa: BLE001 - the controller is gone: nothing left to drain
+            log.warning("could not drain retired-page summaries from the controller")
+            return 0
+        now = time.time()
+        for summary in summaries:
+            self.audit.append("page_retired", summary.record(), now)
+        return len(summaries)
+
+    def _audit_loop(self) -> None:
+        while not self._stop.wait(AUDIT_POLL_S):
+            try:
+                with self._topology:  # not while a policy swap replaces the controller
+                    self.drain_audit()
+            except Exception:
+                log.exception("writing retired-page summaries failed")
+
     def stop(self, *, shutdown_ray: bool = False) -> None:
         self._stop.set()
         if self._joiner is not None:
@@ -187,6 +217,9 @@ class Service:
             self.http.stop()
         if self.server is not None:
             self.server.stop()
+        if self._auditor is not None:
+            self._auditor.join(30.0)
+        self.drain_audit()  # what retired since the last pass
         if self.topo is not None:
             wiring.shutdown(self.topo)
         if self.front is not None:

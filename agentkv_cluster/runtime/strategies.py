@@ -7,16 +7,19 @@ copy a restore reads, and what a tool start schedules.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from agentkv_cluster.lifecycle import events as ev
+from agentkv_cluster.lifecycle.types import TYPE_DEFAULTS, StateType
 from agentkv_cluster.policy.agentkv import AgentKvConfig, AgentKvPolicy
-from agentkv_cluster.policy.base import CostModel, EvictionPolicy, GapPlan, ToolStart
+from agentkv_cluster.policy.base import CostModel, EvictionPolicy, GapPlan, PageView, ToolStart
 from agentkv_cluster.policy.baselines import LruPolicy
 from agentkv_cluster.policy.gap import GapConfig
 from agentkv_cluster.policy.predictor import Predictor, PredictorConfig
-from agentkv_cluster.runtime.records import Action, ActionKind, PageRecord
+from agentkv_cluster.runtime.records import Action, ActionKind, PageRecord, Reason
+from agentkv_cluster.runtime.tier_ledger import TierRoom
 from store.types import Codec, Tier
 
 # Restore cost through the real actors on the 2-core reference machine (NIXL + AES-GCM +
@@ -40,6 +43,16 @@ RUNTIME_AGENTKV = AgentKvConfig(
     predictor=PredictorConfig(prior_median_s=0.5, prior_weight=1),
 )
 _SERVICE_CODECS = (Codec.FULL, Codec.INT8, Codec.INT4)
+# C_recomp of eq. 3-4 for a page: re-prefilling its tokens on the engine. Measured with the
+# small real model on the 2-core reference machine (benchmarks/bench_ttft.py: 1,041 tokens,
+# 45 MiB of KV, prefilled in 5.9 s): 0.13 s per MB of full-precision KV, scaled by the
+# type's recompute weight (Table 1) as in the simulator.
+RUNTIME_PREFILL_S_PER_MB = 0.13
+
+
+def recompute_estimate(length: int, state_type: StateType) -> float:
+    """Seconds the engine would need to re-prefill a page of ``length`` KV bytes."""
+    return length / 1e6 * TYPE_DEFAULTS[state_type].recompute_weight * RUNTIME_PREFILL_S_PER_MB
 
 
 def _clamp(codec: Codec, shaped: bool) -> Codec:
@@ -54,8 +67,11 @@ class Strategy(Protocol):
 
     def new_policy(self, capacity: int) -> EvictionPolicy: ...
 
-    def demotion(self, rec: PageRecord, policy: EvictionPolicy, now: float
-                 ) -> tuple[Tier, Codec, bool]: ...
+    def demotion(self, rec: PageRecord, policy: EvictionPolicy, now: float,
+                 room: TierRoom | None = None) -> tuple[Tier, Codec, bool]: ...
+
+    def tier_prices(self, policy: EvictionPolicy, views: list[PageView],
+                    capacity: Mapping[Tier, int]) -> tuple[float, float]: ...
 
     def restore_source(self, rec: PageRecord) -> tuple[Tier, Codec]: ...
 
@@ -70,6 +86,22 @@ class Strategy(Protocol):
     def prefetch_at(self, rec: PageRecord, plan: GapPlan | None, tier: Tier, codec: Codec,
                     now: float) -> float | None: ...
 
+    def observe(self, rec: PageRecord, reused: bool, now: float,
+                policy: EvictionPolicy | None) -> None: ...
+
+    def calibration(self) -> PredictorHealth | None: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class PredictorHealth:
+    """The live reuse predictor's calibration (paper §2.2): outcomes seen, Brier score,
+    expected calibration error, and whether the policy trusts it (else: conservative LRU)."""
+
+    outcomes: int
+    brier: float | None
+    calibration_error: float | None
+    conservative: bool
+
 
 class LruStrategy:
     """The paper's LRU baseline: evict least recently used, keep FULL on the host, restore FULL."""
@@ -79,9 +111,12 @@ class LruStrategy:
     def new_policy(self, capacity: int) -> EvictionPolicy:
         return LruPolicy()
 
-    def demotion(self, rec: PageRecord, policy: EvictionPolicy, now: float
-                 ) -> tuple[Tier, Codec, bool]:
-        return Tier.HOST, Codec.FULL, False
+    def demotion(self, rec: PageRecord, policy: EvictionPolicy, now: float,
+                 room: TierRoom | None = None) -> tuple[Tier, Codec, bool]:
+        return Tier.HOST, Codec.FULL, False  # the pool spills to NVMe when its host is full
+
+    def tier_prices(self, policy, views, capacity) -> tuple[float, float]:
+        return (0.0, 0.0)
 
     def restore_source(self, rec: PageRecord) -> tuple[Tier, Codec]:
         codec = Codec.FULL if Codec.FULL in rec.copies else min(rec.copies)
@@ -99,6 +134,13 @@ class LruStrategy:
     def prefetch_at(self, rec, plan, tier, codec, now) -> float | None:
         return None  # LRU never prefetches
 
+    def observe(self, rec: PageRecord, reused: bool, now: float,
+                policy: EvictionPolicy | None) -> None:
+        return None  # LRU predicts nothing
+
+    def calibration(self) -> PredictorHealth | None:
+        return None
+
 
 class AgentKvStrategy:
     """Value-ordered eviction, risk-bounded compression, tool-gap migration and prefetch."""
@@ -109,9 +151,12 @@ class AgentKvStrategy:
         self.config = config or RUNTIME_AGENTKV
         self.predictor = Predictor(self.config.predictor)
         self._last_tool: dict[str, str] = {}  # session -> tool class of its latest call
+        self._policies: list[AgentKvPolicy] = []  # one per HBM actor, one shared predictor
 
     def new_policy(self, capacity: int) -> EvictionPolicy:
-        return AgentKvPolicy(self.config, predictor=self.predictor)
+        policy = AgentKvPolicy(self.config, predictor=self.predictor)
+        self._policies.append(policy)
+        return policy
 
     def prepare(self, rec: PageRecord, now: float) -> None:
         """Fill the predictor's view of the page before a policy decision."""
@@ -119,14 +164,48 @@ class AgentKvStrategy:
         if not view.tool_class:  # a page waits on its session's tools: use the latest class
             view.tool_class = self._last_tool.get(view.session, "")
         pred = self.predictor.predict(view, now)
+        rec.phi = self.predictor.features(view, now)  # labelled by ``observe`` later
         view.reuse_prob = min(1.0, max(0.0, 0.5 * (pred.p_reuse + view.reuse_prob)))
         view.predicted_idle_s = pred.idle_quantiles.get(0.5, 0.0)
         view.confidence = pred.confidence
 
-    def demotion(self, rec: PageRecord, policy: EvictionPolicy, now: float
-                 ) -> tuple[Tier, Codec, bool]:
+    def observe(self, rec: PageRecord, reused: bool, now: float,
+                policy: EvictionPolicy | None) -> None:
+        """What the service saw of a page: read again (``reused``) or retired unread.
+        Trains eq. 2 online on the page's last prediction (its features then), and tells
+        the policy's return model how the page's idle gap ended (the cost-aware prefetch
+        rule learns from it). Called before the access updates ``last_access``."""
+        if rec.phi is not None:
+            self.predictor.observe_reuse_of(rec.phi, reused)
+            rec.phi = None
+        if isinstance(policy, AgentKvPolicy):
+            idle = max(0.0, now - rec.view.last_access)
+            if reused:
+                policy.observe_return(rec.view, idle)
+            else:
+                policy.observe_end(rec.view, idle)
+
+    def calibration(self) -> PredictorHealth:
+        cal = self.predictor.calibration
+        n = len(cal)
+        return PredictorHealth(
+            outcomes=n, brier=cal.brier() if n else None,
+            calibration_error=cal.calibration_error() if n else None,
+            conservative=any(p.conservative() for p in self._policies))
+
+    def tier_prices(self, policy: EvictionPolicy, views: list[PageView],
+                    capacity: Mapping[Tier, int]) -> tuple[float, float]:
         assert isinstance(policy, AgentKvPolicy)
-        placement = policy.demotion(rec.view)
+        return policy.tier_prices(views, capacity)
+
+    def demotion(self, rec: PageRecord, policy: EvictionPolicy, now: float,
+                 room: TierRoom | None = None) -> tuple[Tier, Codec, bool]:
+        """Phase 2 of eq. 4-5 for one victim: least priced cost among the options that fit
+        the free bytes of its pool's lower tiers (``room``), clamped to the forms the
+        service stores."""
+        assert isinstance(policy, AgentKvPolicy)
+        placement = policy.demotion(rec.view, room.free if room else None,
+                                    room.mu if room else (0.0, 0.0))
         if placement.codec is Codec.RECOMPUTE:
             # The policy keeps no bytes (recompute is exact, hence no reference). This
             # service cannot re-prefill, so it keeps the cheapest exact-enough form on the
@@ -134,7 +213,8 @@ class AgentKvStrategy:
             # (one FULL copy moves fewer bytes than INT4 plus a FULL reference).
             wants = policy.risk.decide(rec.view).keep_reference
             codec = Codec.FULL if wants else _clamp(Codec.INT4, rec.meta.shape is not None)
-            return Tier.HOST, codec, False
+            host_full = room is not None and room.free[Tier.HOST] < rec.meta.length
+            return (Tier.NVME if host_full else Tier.HOST), codec, False
         codec = _clamp(placement.codec, rec.meta.shape is not None)
         tier = placement.tier if placement.tier in (Tier.HOST, Tier.NVME) else Tier.HOST
         return tier, codec, placement.reference_tier is not None and codec is not Codec.FULL
@@ -154,6 +234,7 @@ class AgentKvStrategy:
         for rec in recs:
             rec.view.tool_class = event.tool
             self.prepare(rec, now)
+            policy.observe_gap_start(rec.view, now)  # silent until read again or retired
         start = ToolStart(session=event.session, call_id=event.call_id, tool_class=event.tool,
                           started_at=now)
         plan = policy.on_tool_start(start, [r.view for r in recs], now)
@@ -164,12 +245,12 @@ class AgentKvStrategy:
             reference = codec is not Codec.FULL and policy.risk.decide(rec.view).keep_reference
             actions.append(Action(kind=ActionKind.DEMOTE, gid=m.page_id, hbm=rec.hbm,
                                   tier=m.to_tier, codec=codec, reference=reference,
-                                  start_at=m.start_at, reason="gap", session=event.session))
+                                  start_at=m.start_at, reason=Reason.GAP, session=event.session))
         for f in plan.prefetches:
             rec = by_id[f.page_id]
             actions.append(Action(kind=ActionKind.RESTORE, gid=f.page_id, hbm=rec.hbm,
                                   tier=f.from_tier, codec=_clamp(f.codec, rec.meta.shape is not None),
-                                  start_at=f.start_at, reason="prefetch", session=event.session))
+                                  start_at=f.start_at, reason=Reason.PREFETCH, session=event.session))
         return actions, plan
 
     def prefetch_at(self, rec: PageRecord, plan: GapPlan | None, tier: Tier, codec: Codec,

@@ -119,7 +119,8 @@ def controller_spec(cfg: AgentKvConfig, policy: str | None = None,
     return ControllerSpec(policy=policy or cfg.controller.policy,
                           per_link=cfg.credits.per_link, per_session=cfg.credits.per_session,
                           credits=credits, tick_s=cfg.controller.tick_s,
-                          landing_pages=cfg.hbm.landing_pages, page_bytes=cfg.hbm.page_bytes)
+                          landing_pages=cfg.hbm.landing_pages, page_bytes=cfg.hbm.page_bytes,
+                          host_bytes=cfg.pool.pool_bytes, nvme_bytes=cfg.pool.nvme_bytes)
 
 
 def spawn_pool(topo: Topology, spec: PoolSpec, node_id: str) -> Handle:

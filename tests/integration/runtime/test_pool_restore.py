@@ -13,7 +13,7 @@ import pytest
 
 from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.runtime.mover import MoveError, Mover
-from agentkv_cluster.runtime.pool_actor import PageMissing, SealRejected
+from agentkv_cluster.runtime.pool_actor import PageMissing, PoolActor, SealRejected
 from agentkv_cluster.runtime.records import PageMeta
 from store.types import Codec, Tier
 from tests.support.local_topology import local_topology
@@ -59,7 +59,7 @@ def test_chunked_page_restores_byte_identical(service, tier):
     assert (receipt.tier, receipt.link_bytes, receipt.exact) == (int(tier), PAGE, True)
     assert hbm.read(b"k" * 32)[:PAGE] == pages[1]
     span = hbm.span(b"k" * 32)  # the controller's entry point, into the same arena page
-    assert pool.restore_into(_meta(), tier, Codec.FULL, span) == {"tier": int(tier),
+    assert pool.restore_into(_meta(), Codec.FULL, span) == {"tier": int(tier),
                                                                   "nbytes": PAGE}
     assert hbm.read(b"k" * 32)[:PAGE] == pages[1]
     assert {k: pool.stats()[k] for k in ("rejects", "torn")} == {"rejects": 0, "torn": 0}
@@ -153,3 +153,22 @@ def test_moves_may_name_a_pool_handed_over_once(service):
     assert receipt.exact and hbm.read(b"k" * 32)[:PAGE] == pages[0]
     demoted = hbm.demote(_meta(), [(int(Tier.NVME), int(Codec.FULL))], "node0", False)
     assert demoted.copies == ((int(Tier.NVME), int(Codec.FULL)),)
+
+
+def test_a_restarted_pool_drops_the_nvme_records_of_an_erased_tenant(service):
+    """An erased tenant's NVMe record can never open again (its keys are destroyed): a
+    pool that restarts while it is on disk drops it from the shard instead of keeping it."""
+    _hbm, pool, front = service
+    _pages(front)
+    _store(pool, front, 1, Tier.NVME)
+    actor = pool.target
+    assert len(list(actor.nvme.keys())) == 1
+    actor.keyring.destroy_tenant("acme")  # crypto-shred: the tenant is erased
+    actor.close(unlink=False)  # the process dies; its segment and shard stay on disk
+    again = PoolActor(actor.spec, actor.directory)
+    try:
+        assert list(again.nvme.keys()) == []
+        with pytest.raises(PageMissing):
+            again.restore_into(_meta(), Codec.FULL, front.slot_span(0, PAGE))
+    finally:
+        again.close()

@@ -7,7 +7,6 @@ import pytest
 from agentkv_cluster.lifecycle.types import (
     TYPE_DEFAULTS,
     IllegalTypeTransition,
-    PageState,
     Reuse,
     StateType,
     TypeSignal,
@@ -24,12 +23,6 @@ def test_exactly_the_seven_table1_types() -> None:
     assert [t.name for t in StateType] == [
         "FIXED_PREFIX", "TASK_INPUT", "EVIDENCE", "TOOL_OBSERVATION", "VERIFIED_RESULT",
         "TEMP_REASONING", "FAILED_BRANCH",
-    ]
-
-
-def test_exactly_the_six_page_states() -> None:
-    assert [s.name for s in PageState] == [
-        "ACTIVE", "FROZEN", "COMPRESSED", "RESTORING", "COMMITTED", "RETIRED",
     ]
 
 

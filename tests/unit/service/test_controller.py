@@ -8,7 +8,8 @@ import time
 from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.runtime.controller import Controller
 from agentkv_cluster.runtime.executor import LinkCredits
-from agentkv_cluster.runtime.records import ActionKind, PageMeta
+from agentkv_cluster.runtime.guard import Guarded
+from agentkv_cluster.runtime.records import Action, ActionKind, Outcome, PageMeta, TransferResult
 from agentkv_cluster.runtime.strategies import make_strategy
 from store.types import Codec, Tier
 
@@ -27,11 +28,16 @@ def admitted(ctl: Controller, session: str, pids: range, now: float) -> list:
     return actions
 
 
+def done(action: Action, **fields: object) -> TransferResult:
+    """The executor's report of ``action`` having completed."""
+    return TransferResult(action=action, outcome=Outcome.DONE, **fields)
+
+
 def finish(ctl: Controller, actions: list, now: float) -> None:
     for a in actions:
-        info = {"copies": [(int(a.tier), int(a.codec))], "pool": "p"} \
+        fields = {"copies": ((a.tier, a.codec),), "tier_bytes": (MB,), "pool": "p"} \
             if a.kind is ActionKind.DEMOTE else {"source": "host"}
-        ctl.finished(a, True, now, info)
+        ctl.finished(done(a, **fields), now)
 
 
 def test_lru_pressure_demotes_exactly_the_oldest_pages_full_to_host() -> None:
@@ -79,7 +85,7 @@ def test_pinned_hbm_blocks_instead_of_losing_pages() -> None:
 
 
 def test_a_blocked_load_wakes_when_a_pin_is_dropped_not_on_a_timer() -> None:
-    ctl = Controller(make_strategy("lru"))
+    ctl = Guarded(Controller(make_strategy("lru")))
     ga, gb = pinned_full(ctl)  # a's load is blocked
     seen = ctl.changes
     assert ctl.wait_changed(seen, 0.05) == seen  # nothing happened: the timeout returns

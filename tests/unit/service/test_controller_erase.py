@@ -9,8 +9,9 @@ import threading
 import pytest
 
 from agentkv_cluster.runtime.controller import Controller
-from agentkv_cluster.runtime.records import Action, ActionKind, TenantErased
-from tests.unit.service.test_controller import admitted
+from agentkv_cluster.runtime.guard import Guarded
+from agentkv_cluster.runtime.records import Action, ActionKind, Reason, TenantErased
+from tests.unit.service.test_controller import admitted, done
 from tests.unit.service.test_controller_return import _event, _session
 
 
@@ -44,13 +45,14 @@ def test_calls_of_a_tenant_being_erased_fail_and_the_name_starts_empty_after() -
 
 
 def test_a_load_waiting_for_a_moving_page_fails_with_tenant_erased() -> None:
-    ctl, gids = _task_in_a_tool_call()
+    bare, gids = _task_in_a_tool_call()
+    ctl = Guarded(bare)  # as the controller actor runs it: waits happen in the guard
     ctl.pages[gids[0]].busy = True  # a restore or demotion is in flight
     failed: list[BaseException] = []
 
     def load() -> None:
         try:
-            ctl.access(gids, 0.4)
+            ctl.access_settled(gids, lambda: 0.4)
         except BaseException as exc:  # noqa: BLE001 - inspected below
             failed.append(exc)
 
@@ -61,8 +63,8 @@ def test_a_load_waiting_for_a_moving_page_fails_with_tenant_erased() -> None:
     waiter.join(5.0)
     assert not waiter.is_alive() and isinstance(failed[0], TenantErased)
     assert eraser.is_alive()  # the erasure waits for the transfer in flight
-    ctl.finished(Action(kind=ActionKind.DEMOTE, gid=gids[0], hbm="h", reason="pressure",
-                        session="a"), True, 0.5, {})
+    ctl.finished(done(Action(kind=ActionKind.DEMOTE, gid=gids[0], hbm="h",
+                             reason=Reason.PRESSURE, session="a")), 0.5)
     eraser.join(5.0)
     assert not eraser.is_alive() and ctl.pages == {}
 

@@ -8,6 +8,7 @@ from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.runtime.controller import Controller
 from agentkv_cluster.runtime.records import PageMeta
 from agentkv_cluster.runtime.strategies import make_strategy
+from tests.unit.service.test_controller import done
 
 PAGE = 1 << 20
 
@@ -24,7 +25,7 @@ def _store(ctl: Controller, tenant: str, session: str, pids: range, length: int 
     out, actions = ctl.admit(tenant, session, [_meta(tenant, session, p, length)
                                                for p in pids], 0.0)
     for a in actions:  # the demotions made room: they completed
-        ctl.finished(a, True, 0.0, {"copies": [(int(a.tier), int(a.codec))], "pool": "p"})
+        ctl.finished(done(a, copies=((a.tier, a.codec),), tier_bytes=(length,), pool="p"), 0.0)
     ctl.ingested([g for g, _ in out])
     return [g for g, _ in out]
 

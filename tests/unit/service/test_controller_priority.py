@@ -10,10 +10,11 @@ import pytest
 
 from agentkv_cluster.runtime.controller import Controller
 from agentkv_cluster.runtime.executor import BACKGROUND, Abandoned, LinkCredits
-from agentkv_cluster.runtime.records import Action, ActionKind
+from agentkv_cluster.runtime.guard import Guarded
+from agentkv_cluster.runtime.records import Action, ActionKind, Reason
 from agentkv_cluster.runtime.strategies import make_strategy
 from store.types import Codec, Tier
-from tests.unit.service.test_controller import MB, admitted, finish
+from tests.unit.service.test_controller import MB, admitted, done, finish
 
 
 def test_a_load_that_cannot_fit_restores_nothing_instead_of_a_part() -> None:
@@ -71,7 +72,7 @@ def test_background_waits_while_foreground_queues_and_gives_up_when_wanted() -> 
 
 
 def test_wanted_pages_make_background_moves_give_way() -> None:
-    ctl = Controller(make_strategy("agentkv"))
+    ctl = Guarded(Controller(make_strategy("agentkv")))
     ctl.add_hbm("h", 4 * MB)
     admitted(ctl, "a", range(1), 0.0)
     (g,) = ctl.resolve("t", "a", [b"a/0"])
@@ -83,9 +84,9 @@ def test_wanted_pages_make_background_moves_give_way() -> None:
     while not ctl.wanted(g) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert ctl.wanted(g)  # an engine waits for it
-    with ctl.lock:
+    with ctl.cv:
         ctl.pages[g].busy = False
-        ctl.idle.notify_all()
+        ctl.cv.notify_all()
     waiter.join(5.0)
     assert not ctl.wanted(g)
 
@@ -100,14 +101,14 @@ def test_a_due_prefetch_recalls_its_page_still_moving_out() -> None:
     rec.busy = True
     rec.copies = {Codec.INT4: Tier.HOST}
     prefetch = Action(kind=ActionKind.RESTORE, gid=g, hbm="h", tier=Tier.HOST,
-                      codec=Codec.INT4, start_at=1.0, reason="prefetch", session="a")
+                      codec=Codec.INT4, start_at=1.0, reason=Reason.PREFETCH, session="a")
     ctl._scheduled.append((1.0, 0, prefetch))
     assert ctl.due(1.0) == [] and ctl.wanted(g)  # recalled, looked at again shortly
     assert ctl.next_due() == pytest.approx(1.02)
     migration = Action(kind=ActionKind.DEMOTE, gid=g, hbm="h", tier=Tier.HOST,
-                       codec=Codec.INT4, reason="gap", session="a")
-    ctl.finished(migration, True, 1.01, {"copies": [], "pool": "p"})
+                       codec=Codec.INT4, reason=Reason.GAP, session="a")
+    ctl.finished(done(migration, pool="p"), 1.01)
     assert not ctl.wanted(g)
     (restore,) = ctl.due(1.05)
     assert (restore.kind, restore.reason, restore.codec) == (
-        ActionKind.RESTORE, "prefetch", Codec.INT4)
+        ActionKind.RESTORE, Reason.PREFETCH, Codec.INT4)

@@ -4,6 +4,7 @@ and a gap migration that finishes after the return keeps its HBM copy (pure: no 
 from __future__ import annotations
 
 from agentkv_cluster.runtime.controller import Controller
+from agentkv_cluster.runtime.records import Reason
 from agentkv_cluster.runtime.strategies import make_strategy
 from tests.unit.service.test_controller import MB, admitted
 
@@ -72,7 +73,7 @@ def test_a_pressure_victim_of_a_session_in_a_tool_is_prefetched_before_its_retur
     demoted = [g for g in (g0, g1) if not ctl.pages[g].resident]
     assert len(demoted) == 1
     scheduled = [(at, a) for at, _seq, a in ctl._scheduled if a.gid == demoted[0]]
-    assert [a.reason for _at, a in scheduled] == ["refill"]
+    assert [a.reason for _at, a in scheduled] == [Reason.REFILL]
     assert 0.3 <= scheduled[0][0] <= plan.predicted_return  # back before the tool returns
 
 

@@ -1,0 +1,106 @@
+"""An engine load on the controller actor: wait, pin all or nothing, restore, report.
+
+``EngineLoader`` is the one place that turns ``load(keys)`` into page reports: it waits
+(in the guard) until the pages stop moving, pins them all or none, has the executor run
+the demotions and restores the page manager planned, retries once when an actor died
+mid-restore, and reports per page where the bytes came from and how long the engine
+waited. Pages with no copy left are refused (the engine re-prefills) and counted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from agentkv_cluster.runtime.executor import Executor
+from agentkv_cluster.runtime.guard import Guarded
+from agentkv_cluster.runtime.records import (
+    ActionKind,
+    LoadReport,
+    Outcome,
+    RequestRefused,
+    TransferResult,
+    UnknownPageKey,
+    UnknownSession,
+)
+from store.types import Codec
+
+
+class EngineLoader:
+    def __init__(self, controller: Guarded, executor: Executor,
+                 check: Callable[[list[TransferResult]], None]) -> None:
+        """``check`` looks at failed results for dead actors (the actor removes them)."""
+        self.controller = controller
+        self.executor = executor
+        self.check = check
+        self.recompute_tokens: dict[str, int] = {}  # tenant -> tokens of pages lost for good
+
+    def load(self, tenant: str, session: str, keys: list[bytes]) -> list[LoadReport]:
+        t0 = time.monotonic()
+        try:
+            gids = self.controller.resolve(tenant, session, keys)
+        except (UnknownSession, UnknownPageKey) as exc:
+            raise RequestRefused(str(exc)) from None
+        before = {g: self.controller.record(g) for g in gids}
+        was_resident = {g: r.resident and not r.busy for g, r in before.items()}
+        self.controller.wait_idle(gids, 60.0)
+        waited = time.monotonic() - t0
+        for attempt in range(2):
+            by_gid = self._bring_in(gids)
+            failed = [g for g, r in by_gid.items() if not r.ok]
+            if not failed:
+                break
+            self.controller.unpin(gids, time.monotonic())
+            gone = any(by_gid[g].outcome is Outcome.ACTOR_GONE for g in failed)
+            if attempt or not gone:
+                raise RequestRefused(f"{len(failed)} page(s) could not be restored: "
+                                     f"{by_gid[failed[0]].error}")
+        total = time.monotonic() - t0
+        self.controller.hold(tenant, session, gids, time.monotonic())
+        return [self._report(g, was_resident[g], by_gid.get(g), waited, total) for g in gids]
+
+    def _bring_in(self, gids: list[int]) -> dict[int, TransferResult]:
+        """Pin ``gids`` and restore the missing ones; returns restore results by gid."""
+        results: list[TransferResult] = []
+        deadline = time.monotonic() + 45.0
+        while True:
+            demotes, restores, lost, blocked = self.controller.access_settled(gids,
+                                                                             time.monotonic)
+            results += self.executor.run(demotes + restores)
+            pinned = [g for g in gids if g not in lost and g not in blocked]
+            if lost:
+                self._count_recompute(lost)
+                self.controller.unpin(pinned, time.monotonic())
+                raise RequestRefused(f"PageLost: {len(lost)} page(s) have no copy left; "
+                                     "re-prefill them")
+            if not blocked:
+                break
+            # All or nothing: holding some pins while waiting for room deadlocks a herd.
+            seen = self.controller.unpin(pinned, time.monotonic())
+            if time.monotonic() > deadline:
+                raise RequestRefused("HBM is full of pinned pages; release some and retry")
+            self.controller.wait_changed(seen, 0.05)  # a pin dropped or a move ended
+        self.check(results)
+        return {r.action.gid: r for r in results if r.action.kind is ActionKind.RESTORE}
+
+    def _count_recompute(self, lost: list[int]) -> None:
+        """The engine re-prefills lost pages: count their tokens per tenant (metrics)."""
+        for gid in lost:
+            try:
+                meta = self.controller.record(gid).meta
+            except KeyError:
+                continue
+            self.recompute_tokens[meta.tenant] = \
+                self.recompute_tokens.get(meta.tenant, 0) + meta.tokens
+
+    def _report(self, gid: int, hit: bool, result: TransferResult | None, waited: float,
+                total: float) -> LoadReport:
+        rec = self.controller.record(gid)
+        if result is not None:
+            source, delay, hidden = result.source, total, 0.0
+        else:
+            source, delay = "hbm", 0.0 if hit else waited
+            hidden, rec.hidden_s = rec.hidden_s, 0.0
+        return LoadReport(key=rec.meta.key, source=source, delay_s=delay, hidden_s=hidden,
+                          exact=rec.resident_codec is Codec.FULL, codec=rec.resident_codec,
+                          nbytes=rec.meta.length)

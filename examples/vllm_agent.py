@@ -11,6 +11,8 @@ same agent on vLLM's prefix cache alone.
 
 The hints ride in ``kv_transfer_params``; with vLLM's OpenAI server they are the request
 body's ``kv_transfer_params`` (``extra_body`` of the OpenAI client), see docs/engines.md.
+While a tool runs, ``tool_start`` goes to the engine on its own, through the connector's
+hint socket (``send_hint``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import argparse
 import asyncio
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -43,8 +46,10 @@ async def stream(engine, text: str, sp, request_id: str) -> tuple[float, object]
     return ttft or 0.0, final
 
 
-async def agent(engine, turns: int) -> None:
+async def agent(engine, turns: int, hint_socket: str | None) -> None:
     from vllm import SamplingParams
+
+    from agentkv_cluster.engines.vllm.hintsock import send_hint
 
     context = SYSTEM + "\nTask: the cache test suite fails after the eviction change. Fix it.\n"
     for turn in range(turns):
@@ -59,6 +64,9 @@ async def agent(engine, turns: int) -> None:
               f"{report.get('restored_tokens', 0):5d}), TTFT {ttft * 1e3:7.0f} ms", flush=True)
         tool, observation, seconds = TOOLS[turn % len(TOOLS)]
         context += out.outputs[0].text + f"\n<tool {tool}>\n{observation}\n</tool>\n"
+        if hint_socket:  # the tool starts: AgentKV demotes now, prefetches before its return
+            send_hint(hint_socket, {"session": "agent-demo", "events": [
+                {"kind": "tool_start", "tool": tool, "call_id": f"c{turn}"}]})
         # while the tool runs, two other sessions (~1,400 tokens each) take vLLM's KV cache
         other = SamplingParams(max_tokens=1, temperature=0.0)
         await asyncio.gather(asyncio.sleep(seconds), *(
@@ -81,8 +89,11 @@ def main() -> int:
 
     from agentkv_cluster.engines.vllm import kv_transfer_config
 
+    sock_dir = None if args.no_connector else tempfile.TemporaryDirectory(prefix="agentkv-")
+    hint_socket = os.path.join(sock_dir.name, "hints.sock") if sock_dir else None
     kv = None if args.no_connector else kv_transfer_config(backend="embedded",
-                                                            strategy="agentkv")
+                                                            strategy="agentkv",
+                                                            hint_socket=hint_socket)
 
     async def run() -> None:
         engine = AsyncLLM.from_engine_args(AsyncEngineArgs(
@@ -90,9 +101,11 @@ def main() -> int:
             enable_prefix_caching=True, num_gpu_blocks_override=args.kv_blocks,
             kv_transfer_config=kv))
         try:
-            await agent(engine, args.turns)
+            await agent(engine, args.turns, hint_socket)
         finally:
             engine.shutdown()
+            if sock_dir is not None:
+                sock_dir.cleanup()
 
     asyncio.run(run())
     return 0

@@ -2,7 +2,7 @@
 
 A backend stores block pages by `PageIdentity` for an authenticated ``Caller``:
 
-- `EmbeddedBackend` (``embedded.py``): host pool + NVMe shard inside the vLLM process,
+- `EmbeddedBackend` (``embedded.py``, ``directory.py``): host pool + NVMe shard inside the vLLM process,
   one node, no Ray; tokens are verified with the service's token secret.
 - `ServiceBackend` (``service.py``): the AgentKV service through its wire client; the
   service verifies the token, keeps tenants apart and runs the lifecycle policy.
@@ -43,6 +43,7 @@ class Caller:
     token: str | None = None
     public_read: bool = False  # the tenant opted in to the PUBLIC namespace
     is_admin: bool = False
+    can_publish: bool = False  # the token's publish role (the service also wants a grant)
 
     def read_namespaces(self) -> tuple[str, ...]:
         """Where this caller's lookups may match, own namespace first."""
@@ -86,6 +87,16 @@ class ConnectorCounters:
     backend_errors: int = 0  # BackendUnavailable seen (each logged)
     rejected_blocks: int = 0  # identity or checksum mismatch: never loaded
     hint_errors: int = 0
+    hints_received: int = 0  # standalone hints (the hint socket), not carried by a request
+    prefetched_blocks: int = 0  # promoted to the host pool before a predicted tool return
+    # where the time goes (microseconds, summed): what vLLM's step waited for, and the
+    # connector's work off the step (loader and writer threads, lookups)
+    step_wait_us: int = 0  # inside start_load_kv + wait_for_save, on vLLM's step
+    load_us: int = 0  # reading, checking and scattering restored blocks
+    async_loads: int = 0  # requests whose blocks were loaded off the step (get_finished)
+    gather_us: int = 0  # copying finished blocks out of vLLM's cache (on the step)
+    write_us: int = 0  # sealing and writing saved blocks (writer thread)
+    lookup_us: int = 0  # scheduler-side lookups
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, **deltas: int) -> None:

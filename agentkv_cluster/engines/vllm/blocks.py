@@ -62,27 +62,40 @@ class BlockGeometry:
         return (self.layers, numel)
 
 
+def chain_seed(salt: str = "") -> bytes:
+    """The parent hash of a sequence's first block."""
+    return hashlib.blake2b(salt.encode(), digest_size=16, person=_PERSON).digest()
+
+
+def chain_next(parent: bytes, tokens: Sequence[int]) -> bytes:
+    """``H(parent ‖ tokens)``: a full block, or a partial one (a tail: fewer tokens)."""
+    chunk = array("q", tokens).tobytes()
+    return hashlib.blake2b(parent + chunk, digest_size=16, person=_PERSON).digest()
+
+
 def chain_hashes(tokens: Sequence[int], block_size: int, salt: str = "") -> list[bytes]:
     """16-byte chain hashes of every full block of ``tokens``; ``salt`` covers what else
     changes the KV of the same tokens (LoRA adapter, vLLM's ``cache_salt``)."""
     if block_size <= 0:
         raise ValueError("block_size must be positive")
-    parent = hashlib.blake2b(salt.encode(), digest_size=16, person=_PERSON).digest()
+    parent = chain_seed(salt)
     out = []
     for i in range(len(tokens) // block_size):
-        chunk = array("q", tokens[i * block_size:(i + 1) * block_size]).tobytes()
-        parent = hashlib.blake2b(parent + chunk, digest_size=16, person=_PERSON).digest()
+        parent = chain_next(parent, tokens[i * block_size:(i + 1) * block_size])
         out.append(parent)
     return out
 
 
 def block_identity(versions: EngineVersions, *, namespace: str, adapter: str, chain: bytes,
-                   index: int, block_size: int) -> PageIdentity:
+                   index: int, block_size: int, tokens: int | None = None) -> PageIdentity:
+    """Block ``index``; ``tokens`` < ``block_size`` for a tail (the first tokens of a block
+    that a finished request left partly filled; ``chain`` then covers only those)."""
+    start = index * block_size
     return PageIdentity(
         model_version=versions.model_version, adapter_version=adapter,
         tokenizer_version=versions.tokenizer_version, rope_config=versions.rope_config,
         tenant=namespace, session=CHAIN_PREFIX + chain.hex(),
-        start=index * block_size, end=(index + 1) * block_size, event_version=0)
+        start=start, end=start + (block_size if tokens is None else tokens), event_version=0)
 
 
 def seal_block(identity: PageIdentity, geometry: BlockGeometry, payload: bytes | memoryview

@@ -13,6 +13,7 @@ from typing import Any
 from agentkv_cluster.engines.vllm.blocks import EngineVersions
 
 BACKENDS = ("embedded", "service")
+LOAD_MODES = ("auto", "async", "layerwise")
 
 
 class ConnectorConfigError(ValueError):
@@ -34,6 +35,20 @@ class ConnectorConfig:
     retry_after_s: float = 5.0  # after a failure, recompute without trying for this long
     lookup_timeout_s: float = 2.0
     save_queue: int = 256
+    # "async": a restored request waits off the step until its blocks are in (get_finished);
+    # "layerwise": restored in the step that computes it, each layer copied while the
+    # forward runs the layers before it; "auto": async for the service (remote) backend,
+    # layerwise for the embedded one (host memory: a step of waiting costs more than it saves)
+    load_mode: str = "auto"
+    # copies and writes on threads beside the forward ("on"), or between forwards on
+    # vLLM's thread ("off"); "auto": on for the service backend (network waits) and where
+    # the KV cache is on an accelerator, off for the embedded backend on a CPU-only engine
+    # (the forward's OpenMP threads hold every core there)
+    background_io: str = "auto"
+    min_tail_tokens: int = 16  # save a finished request's partial last block from this size
+    hint_socket: str | None = None  # embedded: unix socket for hints sent on their own
+    prefetch_lead_s: float = 1.0  # embedded: promote a paused session this long before
+    # its tool is predicted to return (gap learned per tool class)
 
     @classmethod
     def from_extra(cls, extra: dict[str, Any] | None) -> ConnectorConfig:
@@ -49,9 +64,21 @@ class ConnectorConfig:
             raise ConnectorConfigError(str(exc)) from None
         if cfg.backend not in BACKENDS:
             raise ConnectorConfigError(f"backend must be one of {BACKENDS}, got {cfg.backend!r}")
+        if cfg.load_mode not in LOAD_MODES:
+            raise ConnectorConfigError(f"load_mode must be one of {LOAD_MODES}, "
+                                       f"got {cfg.load_mode!r}")
+        if cfg.background_io not in ("auto", "on", "off"):
+            raise ConnectorConfigError("background_io must be one of auto, on, off")
+        if cfg.min_tail_tokens < 0 or cfg.prefetch_lead_s < 0:
+            raise ConnectorConfigError("min_tail_tokens and prefetch_lead_s must be >= 0")
         if cfg.backend == "service" and not cfg.service_address:
             raise ConnectorConfigError("the service backend needs service_address")
         return cfg
+
+    @property
+    def async_load(self) -> bool:
+        return self.load_mode == "async" or (self.load_mode == "auto"
+                                             and self.backend == "service")
 
     def token_secret(self) -> bytes | None:
         path = self.token_secret_file or os.environ.get("AGENTKV_TOKEN_SECRET_FILE")

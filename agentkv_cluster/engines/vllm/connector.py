@@ -34,6 +34,7 @@ from agentkv_cluster.engines.vllm.embedded import (
     EmbeddedSpec,
     TokenResolver,
 )
+from agentkv_cluster.engines.vllm.hintsock import HintSocket
 from agentkv_cluster.engines.vllm.meta import AgentKVConnectorMetadata, AgentKVWorkerMeta
 from agentkv_cluster.engines.vllm.scheduler import SchedulerSide
 from agentkv_cluster.engines.vllm.service import ServiceBackend
@@ -77,7 +78,9 @@ class AgentKVConnector(KVConnectorBase_V1):
             self._scheduler = SchedulerSide(
                 backend, engine_versions(vllm_config), vllm_config.cache_config.block_size,
                 self.counters, remote=cfg.backend == "service",
-                lookup_timeout_s=cfg.lookup_timeout_s)
+                lookup_timeout_s=cfg.lookup_timeout_s, async_load=cfg.async_load,
+                min_tail_tokens=cfg.min_tail_tokens,
+                hints=HintSocket(cfg.hint_socket) if cfg.hint_socket else None)
 
     def _service(self) -> ServiceBackend:
         cfg = self.config
@@ -94,24 +97,44 @@ class AgentKVConnector(KVConnectorBase_V1):
             block_bytes = first[0].numel() * first.element_size() * len(kv_caches)
             backend = EmbeddedBackend(EmbeddedSpec(
                 slot_bytes=HEADER_SIZE + block_bytes, host_blocks=cfg.host_blocks,
-                nvme_blocks=cfg.nvme_blocks, nvme_dir=cfg.nvme_dir, strategy=cfg.strategy))
-        self._worker = WorkerSide(backend, self.counters, cfg.save_queue)
+                nvme_blocks=cfg.nvme_blocks, nvme_dir=cfg.nvme_dir, strategy=cfg.strategy,
+                prefetch_lead_s=cfg.prefetch_lead_s))
+        background = {"auto": True if cfg.backend == "service" else None,  # network waits
+                      "on": True, "off": False}[cfg.background_io]
+        self._worker = WorkerSide(backend, self.counters, cfg.save_queue, background)
         self._worker.register_kv_caches(kv_caches)
+
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        if self._worker is not None and isinstance(connector_metadata, AgentKVConnectorMetadata):
+            self._worker.begin_step(connector_metadata)  # loads start before the forward
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         if self._worker is not None and isinstance(meta, AgentKVConnectorMetadata):
-            self._worker.start_load_kv(meta)
+            self._worker.begin_step(meta)  # a no-op when bind already began this step
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return  # loads complete in start_load_kv, before the forward
+        if self._worker is not None:
+            index = self._worker.layer_index(layer_name)
+            if index is not None:
+                self._worker.wait_layer(index)
+
+    def get_finished(self, finished_req_ids: set[str]
+                     ) -> tuple[set[str] | None, set[str] | None]:
+        if self._worker is None:
+            return None, None
+        return self._worker.get_finished()
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor,
                       attn_metadata: AttentionMetadata, **kwargs: Any) -> None:
         return  # blocks are gathered once per step in wait_for_save, all layers at once
 
     def wait_for_save(self) -> None:
-        if self._worker is None or not self.has_connector_metadata():
+        if self._worker is None:
+            return
+        self._worker.finish_loads()
+        if not self.has_connector_metadata():
             return
         meta = self._get_connector_metadata()
         if isinstance(meta, AgentKVConnectorMetadata):

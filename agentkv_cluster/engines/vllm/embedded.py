@@ -24,11 +24,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentkv_cluster.engines.vllm.backend import (
-    PUBLIC_NAMESPACE,
-    BackendUnavailable,
-    Caller,
-    CallerRefused,
+from agentkv_cluster.engines.vllm.backend import BackendUnavailable, Caller, CallerRefused
+from agentkv_cluster.engines.vllm.directory import (
+    EmbeddedDirectory,
+    TokenResolver,
+    check_access,
 )
 from agentkv_cluster.engines.vllm.hints import HintEvent, HintKind
 from agentkv_cluster.lifecycle.identity import PageIdentity
@@ -36,13 +36,12 @@ from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.policy.agentkv import AgentKvPolicy
 from agentkv_cluster.policy.base import EndOfLife, EvictionPolicy, PageView
 from agentkv_cluster.policy.baselines import LruPolicy
-from security.errors import InvalidToken
-from security.principals import TokenIssuer
 from store.host_pool import HostPool, PoolError
-from store.nvme import NvmeShard
-from store.nvme_types import NvmeShardConfig
+from store.nvme import NvmeShard, NvmeShardConfig
 from store.types import Lookup, Tier
 
+__all__ = ["EmbeddedBackend", "EmbeddedDirectory", "EmbeddedSpec", "TokenResolver",
+           "check_access"]
 log = logging.getLogger(__name__)
 STRATEGIES = ("lru", "agentkv")
 _DEFAULT_GAP_S = 2.0
@@ -55,6 +54,7 @@ class EmbeddedSpec:
     nvme_blocks: int = 1024  # 0: no NVMe tier
     nvme_dir: str | None = None  # None: a fresh temporary folder
     strategy: str = "agentkv"
+    prefetch_lead_s: float = 1.0  # agentkv: promote before a predicted tool return
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -83,6 +83,7 @@ class EmbeddedBackend:
         self._lock = threading.RLock()
         self._pool = HostPool.create(f"agentkv-vllm-{os.getpid()}-{uuid.uuid4().hex[:8]}",
                                      spec.slot_bytes, spec.host_blocks)
+        self._pool.unlink()  # private to this process: nothing left in /dev/shm if it is killed
         self._scratch = bytearray(spec.slot_bytes)
         self._nvme_dir = Path(spec.nvme_dir) if spec.nvme_dir else None
         self._nvme: NvmeShard | None = None
@@ -98,7 +99,9 @@ class EmbeddedBackend:
         self._by_id: dict[int, bytes] = {}
         self._sessions: dict[tuple[str, str], set[bytes]] = {}
         self._gaps: dict[str, float] = {}  # tool class -> smoothed gap (s)
-        self._tool_started: dict[tuple[str, str], tuple[str, float]] = {}
+        # session -> (tool class, start, predicted gap: the framework's or the learned one)
+        self._tool_started: dict[tuple[str, str], tuple[str, float, float | None]] = {}
+        self._prefetched: set[tuple[str, str]] = set()
         self._ids = itertools.count(1)
         self._dropped: set[bytes] = set()
         self._closed = False
@@ -180,16 +183,18 @@ class EmbeddedBackend:
         sess = (caller.tenant, caller.session)
         with self._lock:
             keys = [k for k in self._sessions.get(sess, ()) if k in self._blocks]
+            self._prefetched.discard(sess)
             if event.kind is HintKind.TOOL_START:
                 gap = event.expected_s or self._gaps.get(event.tool, _DEFAULT_GAP_S)
-                self._tool_started[sess] = (event.tool, now)
+                self._tool_started[sess] = (event.tool, now,
+                                            event.expected_s or self._gaps.get(event.tool))
                 self._update(keys, now, tool_class=event.tool, predicted_idle_s=gap,
                              reuse_prob=0.95)
             elif event.kind in (HintKind.OBSERVATION_RETURN, HintKind.MODEL_CALL,
                                 HintKind.TASK_START):
                 started = self._tool_started.pop(sess, None)
                 if started is not None:  # learn the tool's gap (smoothed)
-                    tool, t0 = started
+                    tool, t0, _ = started
                     old = self._gaps.get(tool, now - t0)
                     self._gaps[tool] = 0.7 * old + 0.3 * (now - t0)
                 self._update(keys, now, tool_class="", predicted_idle_s=0.0, reuse_prob=0.95)
@@ -212,6 +217,7 @@ class EmbeddedBackend:
              signal: EndOfLife) -> None:
         self._sessions.pop(sess, None)
         self._tool_started.pop(sess, None)
+        self._prefetched.discard(sess)
         for key in keys:
             block = self._blocks[key]
             assert block.sessions is not None
@@ -223,6 +229,56 @@ class EmbeddedBackend:
                 block.view, now, retirable=True, signal=signal)
             if decision.retire:
                 self._drop(key, block)
+
+    def prefetch_due(self) -> int:
+        """AgentKV strategy: bring a paused session's blocks from the NVMe shard back to
+        the host pool ``prefetch_lead_s`` before its tool is predicted to return (the gap
+        learned per tool class from earlier calls). Blocks promoted."""
+        if self.spec.strategy != "agentkv" or self._nvme is None:
+            return 0
+        now, n = time.monotonic(), 0
+        with self._lock:
+            if self._closed:
+                return 0
+            for sess, (_tool, t0, gap) in list(self._tool_started.items()):
+                if (sess in self._prefetched or gap is None
+                        or now < t0 + gap - self.spec.prefetch_lead_s):
+                    continue
+                self._prefetched.add(sess)
+                keys = [k for k in self._sessions.get(sess, ()) if k in self._blocks]
+                for key in keys:  # about to be read: as valuable as a block just used
+                    self._blocks[key].view.last_access = now
+                self._update(keys, now, predicted_idle_s=max(0.0, t0 + gap - now))
+                for key in sorted(keys, key=lambda k: self._blocks[k].view.position):
+                    if self._blocks[key].tier is Tier.NVME:
+                        n += self._prefetch(key, self._blocks[key], now)
+        return n
+
+    def _prefetch(self, key: bytes, block: _Block, now: float) -> bool:
+        """NVMe -> host for a block about to be read: it displaces only host blocks the
+        policy ranks below it (``admit_prefetch``), else it stays where it is."""
+        assert self._nvme is not None
+        host = self._tiers[Tier.HOST]
+        admit = getattr(host, "admit_prefetch", None)
+        if admit is None:
+            return False
+        need = 0 if self._pool.stats().free_slots else self.spec.slot_bytes
+        got = self._nvme.get(key)
+        if got is Lookup.MISS:
+            self._forget(key)
+            return False
+        data = bytes(got)
+        decision = admit(block.view, need, now)  # tracks it in the host policy if admitted
+        if not decision.admitted:
+            return False
+        self._tiers[Tier.NVME].on_remove(block.view.page_id)  # off NVMe before the victims
+        self._nvme.delete(key)  # go there (their room must not be made by dropping it)
+        for pid in decision.victims:  # untracked by the policy already
+            self._demote(self._by_id[pid], now)
+        slot = self._pool.alloc()
+        self._pool.write(slot, data)
+        block.tier, block.slot, block.view.tier = Tier.HOST, slot, Tier.HOST
+        return True
 
     # -- tiers -------------------------------------------------------------------------
     def _touch(self, caller: Caller, key: bytes, block: _Block, now: float) -> None:
@@ -323,98 +379,3 @@ class EmbeddedBackend:
                 if self.spec.nvme_dir is None and self._nvme_dir is not None:
                     import shutil
                     shutil.rmtree(self._nvme_dir, ignore_errors=True)
-
-
-def check_access(caller: Caller, identity: PageIdentity, write: bool) -> None:
-    """The namespace rule of `security.principals.AccessPolicy`, for block identities."""
-    ns = identity.tenant
-    if ns == caller.tenant:
-        return
-    if ns == PUBLIC_NAMESPACE and (caller.is_admin if write else caller.public_read):
-        return
-    raise CallerRefused(f"{caller.tenant} may not {'write' if write else 'read'} {ns!r:.60}")
-
-
-class TokenResolver:
-    """Callers from service tokens, verified with the service's secret."""
-
-    def __init__(self, secret: bytes | None, default_tenant: str | None) -> None:
-        self._issuer = TokenIssuer(secret) if secret else None
-        self.default_tenant = default_tenant
-
-    def resolve(self, token: str | None, session: str | None) -> Caller:
-        if token is None:
-            if self.default_tenant is None:
-                raise CallerRefused("this engine needs an AgentKV token in the hints")
-            tenant = self.default_tenant
-            return Caller(tenant=tenant, session=session or f"{tenant}-default")
-        if self._issuer is None:
-            raise CallerRefused("this engine has no token secret; tokens cannot be verified")
-        try:
-            p = self._issuer.verify(token, time.time())
-        except InvalidToken as exc:
-            raise CallerRefused(f"invalid AgentKV token: {exc}") from None
-        return Caller(tenant=p.tenant, session=session or f"{p.tenant}-default", token=token,
-                      public_read=p.public_read, is_admin=p.is_admin)
-
-
-class EmbeddedDirectory:
-    """The scheduler-side half of the embedded backend.
-
-    vLLM runs the scheduler and the worker in different processes, and the store lives
-    with the worker (it holds the bytes). The scheduler keeps a mirror of the digests
-    held: blocks are added when their save is planned and removed when the worker reports
-    them dropped (evicted, retired, failed). A lookup that races an eviction loads a
-    block that is gone: the worker reports it and vLLM recomputes it. Events are queued
-    here and carried to the store in the next step's metadata.
-    """
-
-    name = "embedded"
-
-    def __init__(self, resolver: TokenResolver) -> None:
-        self._resolver = resolver
-        self._held: set[bytes] = set()
-        self._events: list[tuple[Caller, HintEvent]] = []
-        self._lock = threading.Lock()
-
-    def resolve(self, token: str | None, session: str | None) -> Caller:
-        return self._resolver.resolve(token, session)
-
-    def lookup(self, caller: Caller, identities: Sequence[PageIdentity]) -> int:
-        n = 0
-        with self._lock:
-            for ident in identities:
-                check_access(caller, ident, write=False)
-                if ident.digest() not in self._held:
-                    break
-                n += 1
-        return n
-
-    def contains(self, caller: Caller, identity: PageIdentity) -> bool:
-        return identity.digest() in self._held
-
-    def expect(self, identity: PageIdentity) -> None:
-        with self._lock:
-            self._held.add(identity.digest())
-
-    def forget(self, digests: set[bytes]) -> None:
-        with self._lock:
-            self._held -= digests
-
-    def event(self, caller: Caller, event: HintEvent) -> None:
-        with self._lock:
-            self._events.append((caller, event))
-
-    def take_events(self) -> list[tuple[Caller, HintEvent]]:
-        with self._lock:
-            events, self._events = self._events, []
-            return events
-
-    def get(self, caller: Caller, identity: PageIdentity) -> bytes | None:
-        raise BackendUnavailable("block bytes live in the worker process")
-
-    def put(self, caller: Caller, identity: PageIdentity, data: bytes) -> None:
-        raise BackendUnavailable("block bytes live in the worker process")
-
-    def close(self) -> None:
-        return None

@@ -31,6 +31,8 @@ class RequestOps:
     caller: Caller
     loads: tuple[BlockOp, ...] = ()  # in token order: a failed block fails all after it
     saves: tuple[BlockOp, ...] = ()
+    async_load: bool = False  # load off the step; done when get_finished reports req_id
+    release: bool = False  # vLLM holds the finished request's blocks until these saves
 
 
 @dataclass

@@ -24,13 +24,21 @@ from agentkv_cluster.engines.vllm.backend import (
     CallerRefused,
     ConnectorCounters,
 )
-from agentkv_cluster.engines.vllm.blocks import EngineVersions, block_identity, chain_hashes
+from agentkv_cluster.engines.vllm.blocks import (
+    EngineVersions,
+    block_identity,
+    chain_hashes,
+    chain_next,
+    chain_seed,
+)
 from agentkv_cluster.engines.vllm.hints import KEY, AgentHints, HintError, parse_hints
+from agentkv_cluster.engines.vllm.hintsock import HintSocket
 from agentkv_cluster.engines.vllm.meta import AgentKVConnectorMetadata, BlockOp, RequestOps
 from agentkv_cluster.lifecycle.identity import PageIdentity
 from security.keyring import PUBLIC_NAMESPACE
 
 log = logging.getLogger(__name__)
+_MAX_TAILS = 1 << 16
 
 
 @dataclass(slots=True)
@@ -43,24 +51,34 @@ class _Req:
     lookup: Future | None = None
     lookup_started: float = 0.0
     matched: list[PageIdentity] = field(default_factory=list)  # held by the backend
+    tail: PageIdentity | None = None  # a held partial block right after ``matched``
     local_tokens: int = 0  # vLLM's own prefix-cache hit (block aligned)
     load_tokens: int = 0
-    loads: list[BlockOp] = field(default_factory=list)
     block_ids: list[int] = field(default_factory=list)
     saved_upto: int = 0  # blocks [0, saved_upto) are held or planned
+    resave_from: int = 0  # the first block neither held nor restored
+    tail_saved: bool = False  # the partial last block of its final step is planned
     hashes: list[bytes] = field(default_factory=list)
 
 
 class SchedulerSide:
     def __init__(self, backend: BlockBackend, versions: EngineVersions, block_size: int,
-                 counters: ConnectorCounters, *, remote: bool, lookup_timeout_s: float) -> None:
+                 counters: ConnectorCounters, *, remote: bool, lookup_timeout_s: float,
+                 async_load: bool = True, min_tail_tokens: int = 16,
+                 hints: HintSocket | None = None) -> None:
         self.backend = backend
         self.versions = versions
         self.block_size = block_size
         self.counters = counters
         self.lookup_timeout_s = lookup_timeout_s
+        self.async_load = async_load
+        self.min_tail_tokens = min_tail_tokens  # 0: tails are never saved
+        self.hints = hints
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="agentkv-lookup") if remote else None
         self._reqs: dict[str, _Req] = {}
+        self._ops: list[RequestOps] = []  # loads and releases for the next metadata
+        # tails saved, by (namespace, chain hash of the blocks before them): their lengths
+        self._tails: dict[tuple[str, bytes], set[int]] = {}
 
     # -- per request ---------------------------------------------------------------------
     def _state(self, request: Any) -> _Req:
@@ -91,9 +109,10 @@ class SchedulerSide:
         except BackendUnavailable as exc:
             self._unavailable(st, "resolve", exc)
             return
-        st.publish = hints.publish and st.caller.is_admin
-        if hints.publish and not st.caller.is_admin:
-            st.errors.append("publish needs an admin token; kept in the tenant's namespace")
+        st.publish = hints.publish and st.caller.can_publish
+        if hints.publish and not st.caller.can_publish:
+            st.errors.append("publish needs a token with the publish role; kept in the "
+                             "tenant's namespace")
         for event in hints.events:
             try:
                 self.backend.event(st.caller, event)
@@ -108,18 +127,25 @@ class SchedulerSide:
     def _identities(self, st: _Req, n_blocks: int, namespace: str) -> list[PageIdentity]:
         req = st.request
         if len(st.hashes) < n_blocks:
-            salt = f"{getattr(req, 'lora_request', None) or ''}|{getattr(req, 'cache_salt', '')}"
             st.hashes = chain_hashes(req.all_token_ids[:n_blocks * self.block_size],
-                                     self.block_size, salt)
+                                     self.block_size, self._salt(req))
         adapter = str(getattr(getattr(req, "lora_request", None), "lora_name", "") or "")
         return [block_identity(self.versions, namespace=namespace, adapter=adapter, chain=h,
                                index=i, block_size=self.block_size)
                 for i, h in enumerate(st.hashes[:n_blocks])]
 
-    def _match(self, caller: Caller, st: _Req, n_blocks: int) -> list[PageIdentity]:
-        """Longest run of blocks held, each in the tenant's namespace or (opt-in) PUBLIC."""
+    def _match(self, caller: Caller, st: _Req, n_blocks: int, start: int
+               ) -> list[PageIdentity]:
+        """The prompt's blocks up to the end of the longest run held from block ``start``
+        on (vLLM's own prefix cache holds the ``start`` blocks before it: they need not be
+        in the store), each in the tenant's namespace or (opt-in) PUBLIC; then, in
+        ``st.tail``, the longest held tail that continues it. ``st.resave_from``: the
+        first block that is neither held nor loaded (saves resume there)."""
         per_ns = {ns: self._identities(st, n_blocks, ns) for ns in caller.read_namespaces()}
-        matched: list[PageIdentity] = []
+        own = next(iter(per_ns.values()))
+        start = min(start, n_blocks)
+        matched: list[PageIdentity] = own[:start]
+        held_local = self.backend.lookup(caller, own[:start]) if start else 0
         while len(matched) < n_blocks:
             step = 0
             for ids in per_ns.values():
@@ -129,7 +155,34 @@ class SchedulerSide:
                     break
             if not step:
                 break
+        st.resave_from = held_local if held_local < start else len(matched)
+        st.tail = self._match_tail(caller, st, len(matched))
         return matched
+
+    def _salt(self, req: Any) -> str:
+        return f"{getattr(req, 'lora_request', None) or ''}|{getattr(req, 'cache_salt', '')}"
+
+    def _parent(self, st: _Req, index: int) -> bytes:
+        return st.hashes[index - 1] if index else chain_seed(self._salt(st.request))
+
+    def _match_tail(self, caller: Caller, st: _Req, index: int) -> PageIdentity | None:
+        """A saved tail at block ``index`` whose tokens the prompt repeats (vLLM computes
+        at least the prompt's last token itself)."""
+        req, bs = st.request, self.block_size
+        room = len(req.prompt_token_ids or ()) - 1 - index * bs
+        parent = self._parent(st, index)
+        adapter = str(getattr(getattr(req, "lora_request", None), "lora_name", "") or "")
+        for ns in caller.read_namespaces():
+            for n in sorted(self._tails.get((ns, parent), ()), reverse=True):
+                if n > room:
+                    continue
+                toks = req.prompt_token_ids[index * bs:index * bs + n]
+                ident = block_identity(self.versions, namespace=ns, adapter=adapter,
+                                       chain=chain_next(parent, toks), index=index,
+                                       block_size=bs, tokens=n)
+                if self.backend.lookup(caller, [ident]):
+                    return ident
+        return None
 
     # -- vLLM calls ----------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int
@@ -151,17 +204,20 @@ class SchedulerSide:
         st.local_tokens = num_computed_tokens
         prompt = len(request.prompt_token_ids or ())
         n_blocks = max(0, (prompt - 1) // self.block_size)  # vLLM computes >= 1 token itself
-        wanted = n_blocks * self.block_size > num_computed_tokens
+        wanted = (n_blocks * self.block_size > num_computed_tokens  # blocks past vLLM's hit
+                  or bool(self.min_tail_tokens)  # or a tail after them (vLLM keeps none)
+                  and prompt - 1 - num_computed_tokens >= self.min_tail_tokens)
         if self._pool is None:
             if st.caller is None and st.lookup_started == 0.0:
                 st.lookup_started = time.monotonic()
                 self._admit(st)
             if st.caller is None or not wanted:
                 return 0, False
-            st.matched = self._lookup_now(st, n_blocks)
+            st.matched = self._lookup_now(st, n_blocks, num_computed_tokens)
         else:  # remote: admission and lookup on the lookup thread, never in this one
             if st.lookup is None:
-                st.lookup = self._pool.submit(self._admit_and_lookup, st, n_blocks, wanted)
+                st.lookup = self._pool.submit(self._admit_and_lookup, st, n_blocks, wanted,
+                                              num_computed_tokens)
                 st.lookup_started = time.monotonic()
             if not wanted:
                 return 0, False  # admission (events, caller for saves) completes meanwhile
@@ -175,24 +231,30 @@ class SchedulerSide:
                 st.matched = st.lookup.result()
         self.counters.add(lookups=1)
         tokens = len(st.matched) * self.block_size
+        if st.tail is not None and tokens >= num_computed_tokens:
+            tokens = st.tail.end
         new = max(0, tokens - num_computed_tokens)
         self.counters.add(matched_tokens=new)
-        return new, False
+        return new, self.async_load and new > 0
 
-    def _admit_and_lookup(self, st: _Req, n_blocks: int, wanted: bool) -> list[PageIdentity]:
+    def _admit_and_lookup(self, st: _Req, n_blocks: int, wanted: bool, local: int
+                          ) -> list[PageIdentity]:
         self._admit(st)
         if st.caller is None or not wanted:
             return []
-        return self._lookup_now(st, n_blocks)
+        return self._lookup_now(st, n_blocks, local)
 
-    def _lookup_now(self, st: _Req, n_blocks: int) -> list[PageIdentity]:
+    def _lookup_now(self, st: _Req, n_blocks: int, local: int) -> list[PageIdentity]:
         assert st.caller is not None
+        t0 = time.perf_counter()
         try:
-            return self._match(st.caller, st, n_blocks)
+            return self._match(st.caller, st, n_blocks, local // self.block_size)
         except BackendUnavailable as exc:
             self._unavailable(st, "lookup", exc)
         except CallerRefused as exc:
             st.errors.append(str(exc))
+        finally:
+            self.counters.add(lookup_us=int((time.perf_counter() - t0) * 1e6))
         return []
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int
@@ -203,17 +265,24 @@ class SchedulerSide:
         block_ids = blocks.get_block_ids()[0]
         first = st.local_tokens // self.block_size
         last = (st.local_tokens + num_external_tokens) // self.block_size
-        st.loads = [BlockOp(st.matched[i], block_ids[i]) for i in range(first, last)]
+        loads = [BlockOp(st.matched[i], block_ids[i]) for i in range(first, last)]
+        if st.tail is not None and st.local_tokens + num_external_tokens == st.tail.end:
+            loads.append(BlockOp(st.tail, block_ids[last]))
         st.load_tokens = num_external_tokens
+        self._ops.append(RequestOps(request.request_id, st.caller, tuple(loads),
+                                    async_load=self.async_load))
 
     def build_connector_meta(self, so: Any) -> AgentKVConnectorMetadata:
-        meta = AgentKVConnectorMetadata()
+        meta = AgentKVConnectorMetadata(requests=self._ops)
+        self._ops = []
+        if self.hints is not None:
+            self._standalone_hints()
         for new in so.scheduled_new_reqs:
             st = self._reqs.get(new.req_id)
             if st is None:
                 continue
             st.block_ids = list(new.block_ids[0])
-            st.saved_upto = len(st.matched)  # those are held already
+            st.saved_upto = min(len(st.matched), st.resave_from)  # those are held already
             if st.caller is None:
                 continue
             self._plan(meta, st, new.req_id, new.num_computed_tokens,
@@ -236,6 +305,30 @@ class SchedulerSide:
         if take_events is not None:
             meta.events = take_events()
         return meta
+
+    def _standalone_hints(self) -> None:
+        """Apply the hints sent on their own (a tool started, ...) since the last step."""
+        assert self.hints is not None
+        for raw in self.hints.drain():
+            self.counters.add(hints_received=1)
+            try:
+                hints = parse_hints(raw if isinstance(raw, dict) else "not JSON")
+                if not hints.events:
+                    raise HintError("a standalone hint needs events")
+            except HintError as exc:
+                self.counters.add(hint_errors=1)
+                log.warning("AgentKV: standalone hint ignored: %s", exc)
+                continue
+            if self._pool is not None:  # remote: never on the scheduler's thread
+                self._pool.submit(self._apply_hints, hints)
+            else:
+                self._apply_hints(hints)
+
+    def _apply_hints(self, hints: AgentHints) -> None:
+        st = _Req(request=None, hints=hints)
+        self._admit(st)
+        for err in st.errors:
+            log.warning("AgentKV: standalone hint for %s: %s", hints.session, err)
 
     def load_failed(self, failed: dict[str, int]) -> None:
         """The worker could not restore these tokens; vLLM recomputes them."""
@@ -261,7 +354,6 @@ class SchedulerSide:
     def _plan_one(self, meta: AgentKVConnectorMetadata, st: _Req, req_id: str, computed: int,
                   scheduled: int) -> None:
         assert st.caller is not None
-        loads, st.loads = tuple(st.loads), []
         full = min((computed + scheduled) // self.block_size, len(st.block_ids),
                    len(st.request.all_token_ids) // self.block_size)
         saves: tuple[BlockOp, ...] = ()
@@ -274,8 +366,40 @@ class SchedulerSide:
             if expect is not None:
                 for op in saves:
                     expect(op.identity)
-        if loads or saves:
-            meta.requests.append(RequestOps(req_id, st.caller, loads, saves))
+        end, req = computed + scheduled, st.request
+        if (self.min_tail_tokens and not st.tail_saved and end == len(req.all_token_ids)
+                and len(req.output_token_ids) + 1 >= getattr(req, "max_tokens", 1 << 62)):
+            # its last step (max_tokens): the forward leaves the tail in the last block,
+            # copied out right after it, before vLLM frees the request's blocks
+            tail = self._tail_op(st, end)
+            if tail is not None:
+                saves += (tail,)
+        if saves:
+            meta.requests.append(RequestOps(req_id, st.caller, saves=saves))
+
+    def _tail_op(self, st: _Req, end: int) -> BlockOp | None:
+        """Save the partly filled block holding tokens up to ``end`` (the agent's next
+        prompt repeats them); None for a short tail or unsaved full blocks before it."""
+        assert st.caller is not None
+        bs, req = self.block_size, st.request
+        index, n = divmod(end, bs)
+        if n < self.min_tail_tokens or index >= len(st.block_ids) or st.saved_upto < index:
+            return None
+        ns = PUBLIC_NAMESPACE if st.publish else st.caller.tenant
+        self._identities(st, index, ns)  # the chain up to the tail
+        parent = self._parent(st, index)
+        adapter = str(getattr(getattr(req, "lora_request", None), "lora_name", "") or "")
+        ident = block_identity(self.versions, namespace=ns, adapter=adapter, block_size=bs,
+                               index=index, chain=chain_next(parent, req.all_token_ids[
+                                   index * bs:end]), tokens=n)
+        self._tails.setdefault((ns, parent), set()).add(n)
+        if len(self._tails) > _MAX_TAILS:  # the oldest entries first (dicts keep order)
+            del self._tails[next(iter(self._tails))]
+        expect = getattr(self.backend, "expect", None)
+        if expect is not None:
+            expect(ident)
+        st.tail_saved = True
+        return BlockOp(ident, st.block_ids[index])
 
     def request_finished(self, request: Any, block_ids: list[int]
                          ) -> tuple[bool, dict[str, Any] | None]:
@@ -284,10 +408,33 @@ class SchedulerSide:
             return False, None
         report: dict[str, Any] = {"restored_tokens": st.load_tokens,
                                   "tenant": st.caller.tenant if st.caller else None}
+        delay = False
+        try:
+            delay = self._save_tail(st, request, block_ids)
+        except Exception:  # never into vLLM's scheduler: the tail is just not saved
+            log.exception("AgentKV: saving the tail of %s failed", request.request_id)
         if st.errors:
             report["errors"] = st.errors
-        return False, {KEY: report}
+        return delay, {KEY: report}
+
+    def _save_tail(self, st: _Req, request: Any, block_ids: list[int]) -> bool:
+        """A request that stopped before ``max_tokens`` (a stop token or string): its tail
+        was not planned with its last step. vLLM then keeps the request's blocks until the
+        next step's ``wait_for_save`` copied the tail out and ``get_finished`` reports it
+        (they stay allocated one step longer). True when that was planned."""
+        if (st.caller is None or st.tail_saved or not self.min_tail_tokens
+                or not getattr(request, "output_token_ids", None)):
+            return False  # planned already, or nothing ran (aborted, still loading)
+        st.block_ids = list(block_ids)
+        computed = min(request.num_computed_tokens, len(request.all_token_ids) - 1)
+        op = self._tail_op(st, computed)
+        if op is None:
+            return False
+        self._ops.append(RequestOps(request.request_id, st.caller, saves=(op,), release=True))
+        return True
 
     def close(self) -> None:
+        if self.hints is not None:
+            self.hints.close()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)

@@ -122,7 +122,8 @@ class ServiceBackend:
             raise BackendUnavailable(f"AgentKV service failed: {exc}") from exc
         return Caller(tenant=opened["tenant"], session=probe.session, token=token,
                       public_read=claims.get("pub") is True,
-                      is_admin="admin" in (claims.get("roles") or ()))
+                      is_admin="admin" in (claims.get("roles") or ()),
+                      can_publish="publish" in (claims.get("roles") or ()))
 
     def lookup(self, caller: Caller, identities: Sequence[PageIdentity]) -> int:
         if not identities:

@@ -5,13 +5,22 @@ layout of vLLM >= 0.32), so a block of one layer is ``kv[block_id]`` whatever th
 attention backend stores inside it; a block page is those slices of every layer, in
 layer order, at full precision.
 
-- Loads run in ``start_load_kv``, before the forward that reads them. A block that is
-  missing, damaged or of another identity stops the request's load there: it and every
-  later block are reported through ``get_block_ids_with_load_errors`` and vLLM
-  recomputes them (the connector sets ``kv_load_failure_policy="recompute"``).
+- Loads start when vLLM binds the step's metadata, before the forward. Asynchronous
+  ones (the request waits in vLLM's ``WAITING_FOR_REMOTE_KVS`` while the others run) go
+  to the loader thread and are reported done by ``get_finished``. Loads the step's
+  forward reads run on a step thread, layer by layer: the forward waits in
+  ``wait_for_layer_load`` only for a layer not copied yet. Every block is read and
+  checked before any of its layers is written; a block that is missing, damaged or of
+  another identity stops the request's load there: it and every later block are
+  reported through ``get_block_ids_with_load_errors`` and vLLM recomputes them (the
+  connector sets ``kv_load_failure_policy="recompute"``).
 - Saves are gathered in ``wait_for_save`` (after the forward wrote the step's KV) into
   host memory, then written by a background thread, so vLLM frees or reuses the blocks
   at once and never waits for the store; a full queue skips the save (a counted miss).
+  A finished request's partly filled last block (its tail) is gathered the same way
+  while vLLM holds the request's blocks; ``get_finished`` then releases them.
+- Between steps the loader thread also runs the embedded store's prefetch (a paused
+  session's blocks back to the host pool before its tool is predicted to return).
 
 On a CUDA device the gather is a device-to-host copy and the scatter a host-to-device one;
 nothing else differs.
@@ -45,6 +54,7 @@ from agentkv_cluster.engines.vllm.meta import AgentKVConnectorMetadata, RequestO
 log = logging.getLogger(__name__)
 _LAYER_RE = re.compile(r"layers\.(\d+)\.")
 _STOP = object()
+_PREFETCH = object()
 
 
 def _layer_order(name: str) -> tuple[int, str]:
@@ -54,9 +64,14 @@ def _layer_order(name: str) -> tuple[int, str]:
 
 class WorkerSide:
     def __init__(self, backend: BlockBackend, counters: ConnectorCounters,
-                 save_queue: int = 256) -> None:
+                 save_queue: int = 256, background: bool | None = None) -> None:
         self.backend = backend
         self.counters = counters
+        # copies and writes on threads next to the forward (None: where the KV cache is on
+        # an accelerator), or between forwards on vLLM's thread: on a CPU-only engine the
+        # forward's OpenMP threads hold every core, and work beside them slows it down
+        self.background = background
+        self._warned = False
         self.layers: list[torch.Tensor] = []
         self.geometry: BlockGeometry | None = None
         self._errors: set[int] = set()
@@ -64,72 +79,206 @@ class WorkerSide:
         self._pending_lock = threading.Lock()
         self._failed_saves: set[bytes] = set()
         self._failed_loads: dict[str, int] = {}  # req id -> tokens not restored
+        self._names: dict[str, int] = {}
+        self._begun: AgentKVConnectorMetadata | None = None
+        self._step_loader: threading.Thread | None = None
+        self._layer_done: list[threading.Event] = []
+        self._recved: set[str] = set()  # async loads done, for get_finished
+        self._sent: set[str] = set()  # delayed-free requests whose blocks were copied out
         self._queue: queue.Queue = queue.Queue(maxsize=save_queue)
+        self._jobs: queue.Queue = queue.Queue()  # async loads and prefetches
         self._writer = threading.Thread(target=self._write_loop, name="agentkv-save",
                                         daemon=True)
+        self._loader = threading.Thread(target=self._load_loop, name="agentkv-load",
+                                        daemon=True)
         self._writer.start()
+        self._loader.start()
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         names = sorted(kv_caches, key=_layer_order)
         self.layers = [kv_caches[n] for n in names]
+        self._names = {n: i for i, n in enumerate(names)}
         first = self.layers[0]
         for t in self.layers:
             if t.shape[1:] != first.shape[1:] or t.dtype != first.dtype:
                 raise ValueError("AgentKV needs every layer's KV block in one shape and dtype")
+        if self.background is None:
+            self.background = first.device.type != "cpu"
         self.geometry = BlockGeometry(layers=len(self.layers), per_layer=tuple(first.shape[1:]),
                                       dtype=str(first.dtype).removeprefix("torch."))
         log.info("AgentKV: %d KV layers, block %s %s, %d blocks on %s", len(self.layers),
                  self.geometry.per_layer, self.geometry.dtype, first.shape[0], first.device)
 
     # -- loads ------------------------------------------------------------------------
-    def start_load_kv(self, meta: AgentKVConnectorMetadata) -> None:
+    def begin_step(self, meta: AgentKVConnectorMetadata) -> None:
+        """Start this step's loads (called when vLLM binds the step's metadata, before the
+        forward): asynchronous ones on the loader thread (reported by ``get_finished``);
+        those the forward reads (``async_load=False``) on a step thread, layer by layer,
+        so the forward only waits for a layer not copied yet (``wait_layer``)."""
+        if meta is self._begun:
+            return
+        self._begun = meta
+        t0 = time.perf_counter()
+        try:
+            self._begin(meta)
+        finally:
+            self.counters.add(step_wait_us=int((time.perf_counter() - t0) * 1e6))
+
+    def _begin(self, meta: AgentKVConnectorMetadata) -> None:
         for caller, event in meta.events:
             try:
                 self.backend.event(caller, event)
             except (BackendUnavailable, CallerRefused, ValueError) as exc:
                 log.warning("AgentKV: event %s not applied: %s", event.kind.value, exc)
+        now = [req for req in meta.requests if req.loads and not req.async_load]
         for req in meta.requests:
-            if req.loads:
+            if req.loads and req.async_load:
+                self.counters.add(async_loads=1)
+                if self.background:
+                    self._jobs.put(req)
+                else:  # between forwards; vLLM still schedules it a step later
+                    self._load_safe(req)
+                    with self._pending_lock:
+                        self._recved.add(req.req_id)
+        if now and self.background:
+            self._layer_done = [threading.Event() for _ in self.layers]
+            self._step_loader = threading.Thread(target=self._load_layerwise, args=(now,),
+                                                 name="agentkv-step-load", daemon=True)
+            self._step_loader.start()
+        for req in now if not self.background else ():
+            self._load_safe(req)
+        if getattr(self.backend, "prefetch_due", None) is not None:
+            if not self.background:
+                self._prefetch()
+            elif self._jobs.empty():
+                self._jobs.put(_PREFETCH)  # tool returns predicted soon: host pool, off the step
+
+    def wait_layer(self, index: int) -> None:
+        """Block until layer ``index`` of this step's loads is in vLLM's cache."""
+        if self._step_loader is not None:
+            t0 = time.perf_counter()
+            self._layer_done[index].wait()
+            self.counters.add(step_wait_us=int((time.perf_counter() - t0) * 1e6))
+
+    def finish_loads(self) -> None:
+        """End of the step: this step's loads are complete (and their errors recorded)."""
+        if self._step_loader is not None:
+            t0 = time.perf_counter()
+            self._step_loader.join()
+            self._step_loader = None
+            self.counters.add(step_wait_us=int((time.perf_counter() - t0) * 1e6))
+
+    def start_load_kv(self, meta: AgentKVConnectorMetadata) -> None:
+        """Start and complete this step's loads (asynchronous ones keep running)."""
+        self.begin_step(meta)
+        self.finish_loads()
+
+    def layer_index(self, name: str) -> int | None:
+        return self._names.get(name)
+
+    def _load_layerwise(self, reqs: list[RequestOps]) -> None:
+        """Read and check every block first (a bad block is never written), then copy
+        layer by layer, releasing the forward's wait for each layer as it lands."""
+        try:
+            ready: list[tuple[int, torch.Tensor]] = []
+            for req in reqs:
                 try:
-                    self._load(req)
+                    ready.extend(self._fetch(req))
                 except Exception:  # never into vLLM's step: those blocks are recomputed
                     log.exception("AgentKV: loading for %s failed; recomputing", req.req_id)
-                    self._errors.update(op.block_id for op in req.loads)
-                    self._failed_loads[req.req_id] = sum(
-                        o.identity.end - o.identity.start for o in req.loads)
-                    self.counters.add(load_failures=len(req.loads))
+                    self._fail(req, 0)
+            t0 = time.perf_counter()
+            try:
+                for i, kv in enumerate(self.layers):
+                    for block_id, host in ready:
+                        kv[block_id].copy_(host[i])
+                    self._layer_done[i].set()
+            except Exception:  # a half-copied block is recomputed
+                log.exception("AgentKV: copying restored blocks failed; recomputing")
+                for req in reqs:
+                    self._fail(req, 0)
+            self.counters.add(load_us=int((time.perf_counter() - t0) * 1e6))
+        finally:
+            for ev in self._layer_done:
+                ev.set()
+
+    def _load_safe(self, req: RequestOps) -> None:
+        try:
+            self._load(req)
+        except Exception:  # never into vLLM's step: those blocks are recomputed
+            log.exception("AgentKV: loading for %s failed; recomputing", req.req_id)
+            self._fail(req, 0)
+
+    def _load_loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is _STOP:
+                return
+            if job is _PREFETCH:
+                self._prefetch()
+                continue
+            self._load_safe(job)
+            with self._pending_lock:  # errors (if any) are recorded before this
+                self._recved.add(job.req_id)
+
+    def _prefetch(self) -> None:
+        try:
+            self.counters.add(prefetched_blocks=self.backend.prefetch_due())
+        except Exception:  # a prefetch is only an optimisation
+            log.exception("AgentKV: prefetch failed")
+
+    def get_finished(self) -> tuple[set[str] | None, set[str] | None]:
+        """(saves done, loads done) of requests vLLM handed over asynchronously."""
+        with self._pending_lock:
+            recved, self._recved = self._recved, set()
+            sent, self._sent = self._sent, set()
+        return sent or None, recved or None
 
     def _load(self, req: RequestOps) -> None:
-        assert self.geometry is not None
-        for i, op in enumerate(req.loads):
-            with self._pending_lock:
-                queued = self._pending.get(op.identity.digest())
-            if queued is not None:  # saved this step or just before: still in host memory
-                self._scatter_host(op.block_id, queued)
-                self.counters.add(restored_tokens=op.identity.end - op.identity.start)
-                continue
-            try:
-                data = self.backend.get(req.caller, op.identity)
-                if data is None:
-                    raise BlockMismatch("block is no longer held")
-                payload = open_block(data, op.identity, self.geometry)
-            except (BlockMismatch, BackendUnavailable, CallerRefused) as exc:
-                failed = [o.block_id for o in req.loads[i:]]
-                self._errors.update(failed)
-                self._failed_loads[req.req_id] = sum(
-                    o.identity.end - o.identity.start for o in req.loads[i:])
-                self.counters.add(load_failures=len(failed),
-                                  rejected_blocks=isinstance(exc, BlockMismatch),
-                                  backend_errors=isinstance(exc, BackendUnavailable))
-                log.warning("AgentKV: request %s: %d blocks not restored (%s); recomputing",
-                            req.req_id, len(failed), exc)
-                return
-            self._scatter(op.block_id, payload)
-            self.counters.add(restored_tokens=op.identity.end - op.identity.start)
+        """Read, check and copy ``req``'s blocks (the loader thread: async loads)."""
+        for block_id, host in self._fetch(req):
+            self._scatter_host(block_id, host)
 
-    def _scatter(self, block_id: int, payload: memoryview) -> None:
-        host = torch.frombuffer(bytearray(payload), dtype=self.layers[0].dtype)
-        self._scatter_host(block_id, host.view(len(self.layers), *self.layers[0].shape[1:]))
+    def _fetch(self, req: RequestOps) -> list[tuple[int, torch.Tensor]]:
+        """The checked block contents to copy, in token order, up to the first block that
+        is gone or does not check (it and every later one are recomputed)."""
+        assert self.geometry is not None
+        t0 = time.perf_counter()
+        out: list[tuple[int, torch.Tensor]] = []
+        try:
+            for i, op in enumerate(req.loads):
+                with self._pending_lock:
+                    queued = self._pending.get(op.identity.digest())
+                if queued is not None:  # saved this step or just before: still in memory
+                    out.append((op.block_id, queued))
+                    self.counters.add(restored_tokens=op.identity.end - op.identity.start)
+                    continue
+                try:
+                    data = self.backend.get(req.caller, op.identity)
+                    if data is None:
+                        raise BlockMismatch("block is no longer held")
+                    payload = open_block(data, op.identity, self.geometry)
+                except (BlockMismatch, BackendUnavailable, CallerRefused) as exc:
+                    self._fail(req, i)
+                    self.counters.add(rejected_blocks=isinstance(exc, BlockMismatch),
+                                      backend_errors=isinstance(exc, BackendUnavailable))
+                    log.warning("AgentKV: request %s: %d blocks not restored (%s); "
+                                "recomputing", req.req_id, len(req.loads) - i, exc)
+                    return out
+                host = torch.frombuffer(bytearray(payload), dtype=self.layers[0].dtype)
+                out.append((op.block_id, host.view(len(self.layers), *self.layers[0].shape[1:])))
+                self.counters.add(restored_tokens=op.identity.end - op.identity.start)
+            return out
+        finally:
+            self.counters.add(load_us=int((time.perf_counter() - t0) * 1e6))
+
+    def _fail(self, req: RequestOps, first: int) -> None:
+        failed = req.loads[first:]
+        with self._pending_lock:
+            self._errors.update(o.block_id for o in failed)
+            self._failed_loads[req.req_id] = sum(o.identity.end - o.identity.start
+                                                 for o in failed)
+        self.counters.add(load_failures=len(failed))
 
     def _scatter_host(self, block_id: int, host: torch.Tensor) -> None:
         for i, kv in enumerate(self.layers):
@@ -138,20 +287,30 @@ class WorkerSide:
             torch.cuda.current_stream().synchronize()
 
     def take_load_errors(self) -> set[int]:
-        errors, self._errors = self._errors, set()
+        with self._pending_lock:
+            errors, self._errors = self._errors, set()
         return errors
 
     def take_failed_loads(self) -> dict[str, int]:
-        failed, self._failed_loads = self._failed_loads, {}
+        with self._pending_lock:
+            failed, self._failed_loads = self._failed_loads, {}
         return failed
 
     # -- saves ------------------------------------------------------------------------
     def wait_for_save(self, meta: AgentKVConnectorMetadata) -> None:
+        t0 = time.perf_counter()
         try:
             self._gather(meta)
         except Exception:  # a save is an optimisation: never fail vLLM's step for it
             log.exception("AgentKV: gathering blocks to save failed; skipped")
             self.counters.add(save_failures=1)
+        finally:  # copied out (or given up): vLLM may free the finished requests' blocks
+            released = {req.req_id for req in meta.requests if req.release}
+            if released:
+                with self._pending_lock:
+                    self._sent |= released
+        us = int((time.perf_counter() - t0) * 1e6)
+        self.counters.add(step_wait_us=us, gather_us=us)
 
     def _gather(self, meta: AgentKVConnectorMetadata) -> None:
         assert self.geometry is not None
@@ -164,6 +323,9 @@ class WorkerSide:
                     pass  # the writer will find out and count it
                 host = torch.stack([kv[op.block_id] for kv in self.layers]).to("cpu")
                 digest = op.identity.digest()
+                if not self.background:
+                    self._write((req.caller, op.identity, host))
+                    continue
                 with self._pending_lock:
                     self._pending[digest] = host
                 try:
@@ -184,34 +346,38 @@ class WorkerSide:
         return dropped
 
     def _write_loop(self) -> None:
-        warned = False
         while True:
             item = self._queue.get()
             if item is _STOP:
                 self._queue.task_done()
                 return
-            caller, identity, host = item
             try:
-                self._put(caller, identity, host)
-                warned = False
-            except Exception as exc:  # noqa: BLE001 - the writer thread must survive anything
-                self.counters.add(save_failures=1)
-                with self._pending_lock:
-                    self._failed_saves.add(identity.digest())
-                if not warned:  # once per outage, not once per block
-                    log.warning("AgentKV: saving blocks failed: %s", exc)
-                    warned = True
+                self._write(item)
             finally:
-                with self._pending_lock:
-                    self._pending.pop(identity.digest(), None)
                 self._queue.task_done()
+
+    def _write(self, item: tuple[Any, Any, torch.Tensor]) -> None:
+        caller, identity, host = item
+        try:
+            self._put(caller, identity, host)
+            self._warned = False
+        except Exception as exc:  # noqa: BLE001 - a failed save is a later miss, nothing more
+            self.counters.add(save_failures=1)
+            with self._pending_lock:
+                self._failed_saves.add(identity.digest())
+            if not self._warned:  # once per outage, not once per block
+                log.warning("AgentKV: saving blocks failed: %s", exc)
+                self._warned = True
+        finally:
+            with self._pending_lock:
+                self._pending.pop(identity.digest(), None)
 
     def _put(self, caller: Any, identity: Any, host: torch.Tensor) -> None:
         assert self.geometry is not None
-        page = seal_block(identity, self.geometry,
-                          host.contiguous().view(torch.uint8).numpy().tobytes())
+        t0 = time.perf_counter()
+        page = seal_block(identity, self.geometry, host.contiguous().view(torch.uint8).numpy())
         self.backend.put(caller, identity, page)
-        self.counters.add(saved_blocks=1)
+        self.counters.add(saved_blocks=1, write_us=int((time.perf_counter() - t0) * 1e6))
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until every queued save is written; False on timeout."""
@@ -221,8 +387,10 @@ class WorkerSide:
         return not self._queue.unfinished_tasks
 
     def close(self) -> None:
+        self._jobs.put(_STOP)
         try:
             self._queue.put(_STOP, timeout=5.0)
         except queue.Full:
             pass
+        self._loader.join(10.0)
         self._writer.join(10.0)

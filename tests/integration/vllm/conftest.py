@@ -52,6 +52,15 @@ def generate(llm, text: str, hints: dict | None = None, max_tokens: int = 8):
     return llm.generate([text], sp, use_tqdm=False)[0]
 
 
+def generate_ids(llm, ids: list[int], hints: dict | None = None, max_tokens: int = 8):
+    """Like `generate`, from token ids (a prompt that must repeat earlier tokens exactly)."""
+    from vllm import SamplingParams
+
+    extra = {"kv_transfer_params": {"agentkv": hints}} if hints is not None else None
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, extra_args=extra)
+    return llm.generate([{"prompt_token_ids": ids}], sp, use_tqdm=False)[0]
+
+
 def report(out) -> dict:
     return (out.kv_transfer_params or {}).get("agentkv") or {}
 

@@ -60,6 +60,15 @@ def service():
     shutil.rmtree(workdir, ignore_errors=True)
 
 
+def _grant_publish(svc, tenant: str) -> None:
+    """The operator's grant to publish into PUBLIC (the service also wants one; the
+    embedded engine has no operator state: the token's publish role is the rule there)."""
+    from security.publishing import PublishGrants
+
+    PublishGrants(svc.front.keyring.source).grant(tenant, time.time())
+    svc.front.grants.forget()
+
+
 class Harness:
     """A backend plus a way to mint callers of a tenant (tokens signed by its secret)."""
 
@@ -85,6 +94,7 @@ def harness(request):
         backend.close()
         return
     svc = request.getfixturevalue("service")
+    _grant_publish(svc, "acme")
     backend = ServiceBackend(svc.address, timeout_s=5.0, retry_after_s=1.0)
     yield Harness(backend, backend.resolve, svc.token)
     backend.close()
@@ -138,8 +148,11 @@ def test_tenant_never_matches_another_tenants_blocks(harness):
 
 
 def test_public_namespace_is_opt_in(harness):
-    admin = harness.caller("acme", roles=("tenant", "admin"))
+    admin = harness.caller("acme", roles=("tenant", "admin", "publish"))
     pub = _ids(TOKENS, PUBLIC_NAMESPACE, 2)
+    with pytest.raises(CallerRefused):  # an admin without the publish role may not
+        harness.backend.put(harness.caller("acme", roles=("tenant", "admin")), pub[0],
+                            _page(pub[0], 10))
     for i, ident in enumerate(pub):
         harness.backend.put(admin, ident, _page(ident, 10 + i))
     opted = harness.caller("initech", public_read=True)

@@ -12,6 +12,7 @@ import pytest
 from tests.integration.vllm.conftest import (
     counter,
     generate,
+    generate_ids,
     prompt,
     report,
     require_vllm,
@@ -66,6 +67,33 @@ def test_restored_prefix_gives_identical_greedy_tokens_without_recompute(engine)
     assert "errors" not in report(again)
 
 
+def test_next_turn_restores_the_previous_turns_partial_last_block(engine):
+    """An agent's next prompt repeats the last one and its output; the last block of the
+    finished turn is only partly filled. The connector keeps that tail too: the next turn
+    restores every token the last one computed, token-exact against a full recompute."""
+    llm, token = engine
+    base = list(generate(llm, prompt(7), max_tokens=1).prompt_token_ids)
+    _evict(llm)
+    turn1 = base[:4 * BLOCK + 40]
+    hints = {"session": "agent-t", "token": token("acme")}
+    first = generate_ids(llm, turn1, hints, max_tokens=16)
+    out1 = list(first.outputs[0].token_ids)
+    computed = len(turn1) + len(out1) - 1  # the last output token's KV is never computed
+    assert computed % BLOCK >= 16  # a tail the connector keeps (min_tail_tokens)
+    turn2 = turn1 + out1 + base[4 * BLOCK + 60:4 * BLOCK + 160]  # + the tool's observation
+    time.sleep(1.0)  # the engine's next step copies the tail out (the request has finished)
+    _evict(llm)
+    again = generate_ids(llm, turn2, {**hints, "events": [{"kind": "observation_return"}]},
+                         max_tokens=16)
+    assert report(again)["restored_tokens"] == computed, report(again)
+    assert again.num_cached_tokens == computed
+    _evict(llm)  # the same prompt computed from scratch (another tenant matches nothing)
+    fresh = generate_ids(llm, turn2, {"session": "other", "token": token("globex")},
+                         max_tokens=16)
+    assert report(fresh)["restored_tokens"] == 0
+    assert list(again.outputs[0].token_ids) == list(fresh.outputs[0].token_ids)
+
+
 def test_tenant_b_never_matches_tenant_a(engine):
     llm, token = engine
     text = prompt(2)
@@ -84,7 +112,7 @@ def test_tenant_b_never_matches_tenant_a(engine):
 def test_public_prefix_is_shared_only_with_tenants_that_opted_in(engine):
     llm, token = engine
     text = prompt(3)
-    admin = token("acme", roles=("tenant", "admin"))
+    admin = token("acme", roles=("tenant", "admin", "publish"))
     published = generate(llm, text, {"session": "pub", "token": admin, "publish": True})
     assert "errors" not in report(published)
     _evict(llm)
@@ -94,9 +122,12 @@ def test_public_prefix_is_shared_only_with_tenants_that_opted_in(engine):
     _evict(llm)
     out = generate(llm, text, {"session": "d-3", "token": token("umbrella")})
     assert report(out)["restored_tokens"] == 0
-    # a non-admin cannot publish: its blocks stay in its own namespace
+    # without the publish role (an admin included) nobody publishes: blocks stay its own
     out = generate(llm, prompt(4), {"session": "e", "token": token("umbrella"), "publish": True})
-    assert any("admin" in e for e in report(out)["errors"])
+    assert any("publish role" in e for e in report(out)["errors"])
+    out = generate(llm, prompt(4), {"session": "e2", "publish": True,
+                                    "token": token("umbrella", roles=("tenant", "admin"))})
+    assert any("publish role" in e for e in report(out)["errors"])
 
 
 @pytest.mark.parametrize("hints, fragment", [

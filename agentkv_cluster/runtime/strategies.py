@@ -55,6 +55,16 @@ def recompute_estimate(length: int, state_type: StateType) -> float:
     return length / 1e6 * TYPE_DEFAULTS[state_type].recompute_weight * RUNTIME_PREFILL_S_PER_MB
 
 
+def _exact_form() -> tuple[Codec, bool]:
+    """The form of a page whose lossy working copy the risk controller would back with a
+    FULL reference: FULL alone, no reference. The service hands engines exact bytes
+    (``complete_load`` fetches the reference of every lossy working copy), so lossy plus
+    reference moves more bytes (the lossy copy and the FULL one) and restores slower
+    (the lossy restore, then the reference fetch) than one FULL copy: a dominated option.
+    Returns (codec, keep a separate reference)."""
+    return Codec.FULL, False
+
+
 def _clamp(codec: Codec, shaped: bool) -> Codec:
     """The service stores FULL, INT8 and INT4; opaque pages (no KV geometry) only FULL."""
     if not shaped:
@@ -217,7 +227,9 @@ class AgentKvStrategy:
             return (Tier.NVME if host_full else Tier.HOST), codec, False
         codec = _clamp(placement.codec, rec.meta.shape is not None)
         tier = placement.tier if placement.tier in (Tier.HOST, Tier.NVME) else Tier.HOST
-        return tier, codec, placement.reference_tier is not None and codec is not Codec.FULL
+        if placement.reference_tier is not None and codec is not Codec.FULL:
+            return tier, *_exact_form()
+        return tier, codec, False
 
     def restore_source(self, rec: PageRecord) -> tuple[Tier, Codec]:
         """The copy with the smallest restore time L_i(k, q) under this service's costs."""
@@ -241,8 +253,9 @@ class AgentKvStrategy:
         actions = []
         for m in plan.migrations:
             rec = by_id[m.page_id]
-            codec = _clamp(m.codec, rec.meta.shape is not None)
-            reference = codec is not Codec.FULL and policy.risk.decide(rec.view).keep_reference
+            codec, reference = _clamp(m.codec, rec.meta.shape is not None), False
+            if codec is not Codec.FULL and policy.risk.decide(rec.view).keep_reference:
+                codec, reference = _exact_form()
             actions.append(Action(kind=ActionKind.DEMOTE, gid=m.page_id, hbm=rec.hbm,
                                   tier=m.to_tier, codec=codec, reference=reference,
                                   start_at=m.start_at, reason=Reason.GAP, session=event.session))

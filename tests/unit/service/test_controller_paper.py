@@ -13,9 +13,9 @@ from dataclasses import replace
 
 from agentkv_cluster.lifecycle.types import TYPE_DEFAULTS, StateType
 from agentkv_cluster.runtime.controller import Controller
-from agentkv_cluster.runtime.records import ActionKind, PageMeta
+from agentkv_cluster.runtime.records import ActionKind, KvShape, PageMeta
 from agentkv_cluster.runtime.strategies import make_strategy
-from store.types import Tier
+from store.types import Codec, Tier
 from tests.unit.service.test_controller import MB, admitted, done, finish, meta
 
 TYPES = (StateType.FIXED_PREFIX, StateType.TASK_INPUT, StateType.TEMP_REASONING)
@@ -180,3 +180,28 @@ def test_the_return_model_learns_how_the_services_idle_gaps_end() -> None:
     retired = [a for a in _event(ctl, "a", 5, 1.6, kind="task_end")
                if a.kind is ActionKind.DELETE]
     assert retired and returns.observed == 2 + len(retired)  # each retirement is an end
+
+
+def test_a_lossy_copy_the_risk_controller_would_back_with_a_reference_is_kept_full() -> None:
+    """Lossy + FULL reference is dominated here (the service verifies every lossy working
+    copy by fetching the reference): such a victim is demoted FULL, with no reference."""
+    from agentkv_cluster.policy.base import Placement
+
+    ctl, gids = _task()
+    policy = ctl.hbms["h"].policy
+    rec = ctl.pages[gids[1]]
+    rec.meta = replace(rec.meta, shape=KvShape(layers=1, kv_heads=1, tokens=8, head_dim=4))
+
+    def lossy_with_reference(view, free=None, mu=(0.0, 0.0)):
+        return Placement(page_id=view.page_id, tier=Tier.HOST, codec=Codec.INT4,
+                         stored_bytes=MB // 4, reference_tier=Tier.NVME, reference_bytes=MB)
+
+    policy.demotion = lossy_with_reference
+    assert ctl.strategy.demotion(rec, policy, 1.0) == (Tier.HOST, Codec.FULL, False)
+
+    def lossy_alone(view, free=None, mu=(0.0, 0.0)):
+        return Placement(page_id=view.page_id, tier=Tier.HOST, codec=Codec.INT4,
+                         stored_bytes=MB // 4, reference_tier=None, reference_bytes=0)
+
+    policy.demotion = lossy_alone
+    assert ctl.strategy.demotion(rec, policy, 1.0) == (Tier.HOST, Codec.INT4, False)

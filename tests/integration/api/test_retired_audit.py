@@ -5,33 +5,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
-import tempfile
-from pathlib import Path
 
 import pytest
 
-from agentkv_cluster.config import load_config
-from agentkv_cluster.runtime.service import Service
 from security.audit import verify_log
 from security.signing import load_verifier
+from tests.integration.api.test_front_errors import service  # noqa: F401 - the fixture
 from tests.integration.runtime.test_cluster import identity, kv_page
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def service():
-    workdir = Path(tempfile.mkdtemp(prefix="agentkv-audit-"))
-    cfg = load_config(env={}, overrides={
-        "api": {"port": 0},
-        "hbm": {"page_bytes": 1 << 17, "num_pages": 8},
-        "pool": {"pool_bytes": 4 << 20, "slot_bytes": 1 << 17, "nvme_dir": str(workdir / "nv")},
-    })
-    svc = Service(cfg, workdir=workdir).start(local=True)
-    yield svc
-    svc.stop()
-    shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _ev(version: int, **fields: object) -> dict:
@@ -39,7 +21,7 @@ def _ev(version: int, **fields: object) -> dict:
             **fields}
 
 
-def test_a_verified_result_leaves_its_content_hash_in_the_audit_log(service) -> None:
+def test_a_verified_result_leaves_its_content_hash_in_the_audit_log(service) -> None:  # noqa: F811
     with service.client("acme") as client:
         s = client.open_session("audited")
         pages = [kv_page(0, "task_input", identity("acme", "audited", 0)),

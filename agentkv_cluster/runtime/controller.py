@@ -15,7 +15,7 @@ from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 
 from agentkv_cluster.lifecycle.graph import EventGraph
-from agentkv_cluster.lifecycle.types import TYPE_DEFAULTS, StateType
+from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.policy.base import EvictionPolicy, PageView
 from agentkv_cluster.runtime.controller_events import EventScheduling
 from agentkv_cluster.runtime.controller_loads import EngineLoads
@@ -32,7 +32,7 @@ from agentkv_cluster.runtime.records import (
     TransferResult,
     UnknownSession,
 )
-from agentkv_cluster.runtime.strategies import Strategy, recompute_estimate
+from agentkv_cluster.runtime.strategies import Strategy, set_type
 from agentkv_cluster.runtime.tier_ledger import TierLedger, TierRoom
 from store.types import Codec, Tier
 
@@ -71,7 +71,6 @@ class Controller(EngineLoads, EventScheduling):
         self._victims: dict[int, list[int]] = {}  # restore gid -> gids demoted for its room
         self.erasing: set[str] = set()  # tenants being erased: every call of theirs fails
         self.erasures: Counter[str] = Counter()  # erasures done per tenant (loads check it)
-        self._audit_due: set[int] = set()  # retirable once their audit summary is written
         # Summaries of retired audited pages, until the service appends them to its audit
         # log (``drain_audit``); bounded so a service that never drains cannot grow it.
         self.audit_summaries: deque[AuditSummary] = deque(maxlen=AUDIT_BACKLOG)
@@ -208,13 +207,11 @@ class Controller(EngineLoads, EventScheduling):
 
     def _new_record(self, meta: PageMeta, hbm: str, now: float) -> PageRecord:
         gid = next(self._gids)
-        d = TYPE_DEFAULTS[meta.state_type]
         view = PageView(page_id=gid, size_bytes=self.charge(meta.length),
                         state_type=meta.state_type,
                         session=meta.session, tenant=meta.tenant, position=meta.page_id,
-                        created=now, last_access=now, reuse_prob=d.reuse_prob,
-                        correctness_weight=d.correctness_weight, recompute_tokens=meta.tokens,
-                        recompute_cost_s=recompute_estimate(meta.length, meta.state_type))
+                        created=now, last_access=now, recompute_tokens=meta.tokens)
+        set_type(view, meta.state_type, meta.length)
         rec = PageRecord(gid=gid, meta=meta, view=view, hbm=hbm)
         self.pages[gid] = rec
         self.by_key[(meta.key, hbm)] = gid

@@ -13,10 +13,10 @@ from typing import Any
 
 from agentkv_cluster.lifecycle import events as ev
 from agentkv_cluster.lifecycle.graph_records import Blocker
-from agentkv_cluster.lifecycle.types import TYPE_DEFAULTS, StateType
+from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.runtime.controller_state import HbmFull, SessionState
 from agentkv_cluster.runtime.records import Action, ActionKind, AuditSummary, PageRecord, Reason
-from agentkv_cluster.runtime.strategies import recompute_estimate
+from agentkv_cluster.runtime.strategies import set_type
 from store.types import Codec, Tier
 
 # Gap migrations run only while the HBM actor is at least this full (high watermark).
@@ -105,7 +105,7 @@ class EventScheduling:
             self._returning.difference_update(state.pages)
             touched = frozenset(state.pages)
         for gid in sorted(touched):
-            if gid in self.pages and gid in state.pages and self._retirable(gid):
+            if gid in self.pages and gid in state.pages and self._retirable(gid, now):
                 actions.append(self._retire(gid, state, now))
         return actions + self.due(now)
 
@@ -113,25 +113,22 @@ class EventScheduling:
         """The event graph changed the page's type (draft -> verified result, a branch's
         pages -> failed branch, ...): the policy sees the new type and its Table 1 priors
         from now on (value, risk protection, demotion form)."""
-        d = TYPE_DEFAULTS[state_type]
-        view = rec.view
-        view.state_type, view.correctness_weight = state_type, d.correctness_weight
-        view.reuse_prob = d.reuse_prob
-        view.recompute_cost_s = recompute_estimate(rec.meta.length, state_type)
+        set_type(rec.view, state_type, rec.meta.length)
         self.strategy.prepare(rec, now)
         if rec.resident and rec.hbm in self.hbms:
-            self.hbms[rec.hbm].policy.on_update(view, now)
+            self.hbms[rec.hbm].policy.on_update(rec.view, now)
         self.stats["retyped"] = self.stats.get("retyped", 0) + 1
 
-    def _retirable(self, gid: int) -> bool:
+    def _retirable(self, gid: int, now: float) -> bool:
         try:
             blockers = self.graph.blockers(gid)
         except KeyError:
             return False
         if blockers == {Blocker.AUDIT}:
             # §5.2: the page may go once its irreversible summary (identity digest, type,
-            # content hash) is on its way to the audit log (see ``_retire``).
-            self._audit_due.add(gid)
+            # content hash) is on its way to the audit log (``drain_audit``).
+            rec = self.pages[gid]
+            self.audit_summaries.append(AuditSummary.of(rec.meta, rec.view.state_type, now))
             self.graph.record_audit_summary(gid)
             return True
         return not blockers
@@ -181,9 +178,6 @@ class EventScheduling:
         self.ledger.release(rec.pool, gid, rec.stored)
         # Retired unread since its last prediction: its idle gap ended without a return.
         self.strategy.observe(rec, False, now, self._policy_of(rec))
-        if gid in self._audit_due:
-            self._audit_due.discard(gid)
-            self.audit_summaries.append(AuditSummary.of(rec.meta, rec.view.state_type, now))
         if rec.resident:
             self._evict(rec, tracked=True)
         self.by_key.pop((rec.meta.key, rec.hbm), None)

@@ -58,16 +58,12 @@ class Guarded:
             return done
 
     def access_settled(self, gids: list[int], clock: Callable[[], float]
-               ) -> tuple[list[Action], list[Action], list[int], list[int]]:
-        """``Controller.access`` once no page of ``gids`` moves (see ``wait_idle``)."""
+                       ) -> tuple[list[Action], list[Action], list[int], list[int]]:
+        """``Controller.access`` once no page of ``gids`` moves (see ``wait_idle``), with
+        no other call in between."""
         with self.cv:
             self.wait_idle(gids, LOAD_WAIT_S)
-            before = self.manager.changes
-            try:
-                return self.manager.access(gids, clock())
-            finally:
-                if self.manager.changes != before:
-                    self.cv.notify_all()
+            return self.access(gids, clock())
 
     def wait_changed(self, seen: int, timeout_s: float) -> int:
         """Block until the manager changed after change ``seen`` (or the timeout); returns

@@ -50,9 +50,14 @@ _SERVICE_CODECS = (Codec.FULL, Codec.INT8, Codec.INT4)
 RUNTIME_PREFILL_S_PER_MB = 0.13
 
 
-def recompute_estimate(length: int, state_type: StateType) -> float:
-    """Seconds the engine would need to re-prefill a page of ``length`` KV bytes."""
-    return length / 1e6 * TYPE_DEFAULTS[state_type].recompute_weight * RUNTIME_PREFILL_S_PER_MB
+def set_type(view: PageView, state_type: StateType, length: int) -> None:
+    """Give a page of ``length`` KV bytes its type and the Table 1 priors that come with it
+    (at admission, and when an event changes the type): reuse prior, correctness weight,
+    and C_recomp, the seconds the engine would need to re-prefill it."""
+    d = TYPE_DEFAULTS[state_type]
+    view.state_type, view.reuse_prob = state_type, d.reuse_prob
+    view.correctness_weight = d.correctness_weight
+    view.recompute_cost_s = length / 1e6 * d.recompute_weight * RUNTIME_PREFILL_S_PER_MB
 
 
 def _exact_form() -> tuple[Codec, bool]:

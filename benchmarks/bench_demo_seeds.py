@@ -47,12 +47,13 @@ def _hog(stop: multiprocessing.synchronize.Event) -> None:  # type: ignore[name-
 
 def run(seeds: list[int], sessions: int, turns: int, budget: float) -> dict:
     from agentkv_cluster.api.workload import WorkloadSpec, run_workload, summarize
-    from agentkv_cluster.cli.demo import POLICIES, _config, _warm_up
+    from agentkv_cluster.cli.demo import POLICIES, _config, _warm_up, hbm_capacity
     from agentkv_cluster.runtime.service import Service
 
-    specs = {s: WorkloadSpec(sessions=sessions, turns=turns, seed=s) for s in seeds}
-    capacity = max(max(int(budget * sp.working_set()), 2 * sp.largest_session())
-                   for sp in specs.values())
+    sized = {s: hbm_capacity(WorkloadSpec(sessions=sessions, turns=turns, seed=s), budget)
+             for s in seeds}
+    specs = {s: spec for s, (spec, _) in sized.items()}
+    capacity = max(cap for _, cap in sized.values())
     workdir = Path(tempfile.mkdtemp(prefix="agentkv-seeds-"))
     service = Service(_config(workdir), workdir=workdir, policy=POLICIES[0],
                       hbm_capacity=capacity)

@@ -70,12 +70,12 @@ class WorkloadSpec:
         """Bytes of every page one run stores (the HBM budget is a fraction of it)."""
         if self.episodes:
             return sum(self.charged(t) for e in self.episodes for t, _ in e.pages())
-        return self.sessions * (2 + 3 * self.turns) * self.page_bytes(256)
+        return self.sessions * (2 + 3 * self.turns) * self.charged(256)
 
     def largest_session(self) -> int:
         if self.episodes:
             return max(sum(self.charged(t) for t, _ in e.pages()) for e in self.episodes)
-        return (2 + 3 * self.turns) * self.page_bytes(384)
+        return (2 + 3 * self.turns) * self.charged(max(self.tokens))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -65,7 +65,18 @@ def _spec(args: argparse.Namespace) -> Any:
             raise CliError(f"--trace {args.trace}: {exc}") from None
         return WorkloadSpec(sessions=len(episodes), turns=args.turns, seed=args.seed,
                             episodes=episodes, charge_bytes=DEMO_PAGE_BYTES)
-    return WorkloadSpec(sessions=args.sessions, turns=args.turns, seed=args.seed)
+    return WorkloadSpec(sessions=args.sessions, turns=args.turns, seed=args.seed,
+                        charge_bytes=DEMO_PAGE_BYTES)
+
+
+def hbm_capacity(spec: Any, budget: float) -> tuple[Any, int]:
+    """The demo service's HBM budget: ``budget`` of the workload's working set, at least
+    two whole sessions, both counted as the service charges them (whole arena pages of
+    ``DEMO_PAGE_BYTES``). Returns the spec with that charge set, and the capacity."""
+    from dataclasses import replace
+
+    spec = replace(spec, charge_bytes=DEMO_PAGE_BYTES)
+    return spec, max(int(budget * spec.working_set()), 2 * spec.largest_session())
 
 
 def _config(workdir: Path) -> Any:
@@ -132,8 +143,8 @@ def run_demo(spec: Any, budget: float, progress: Any | None = None,
     # The demo always starts its own Ray: never join one another process left running.
     os.environ["RAY_ADDRESS"] = "local"
     workdir = Path(tempfile.mkdtemp(prefix="agentkv-demo-"))
+    spec, capacity = hbm_capacity(spec, budget)
     working_set = spec.working_set()
-    capacity = max(int(budget * working_set), 2 * spec.largest_session())
     service = Service(_config(workdir), workdir=workdir, policy=POLICIES[0],
                       hbm_capacity=capacity)
     pooled = {p: Results() for p in POLICIES}

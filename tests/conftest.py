@@ -40,12 +40,29 @@ SHM = Path("/dev/shm")
 @pytest.fixture(scope="session", autouse=True)
 def _remove_pool_segments_left_by_killed_actors():
     """Fault tests SIGKILL pool actors and whole Ray nodes, which cannot unlink their
-    /dev/shm segments; remove only the segments that appeared during this session."""
+    /dev/shm segments; remove only the segments that appeared during this session and
+    that no live process maps (a pytest session running beside this one keeps its own)."""
     before = set(SHM.glob("akv-*")) if SHM.is_dir() else set()
     yield
     if SHM.is_dir():
-        for path in set(SHM.glob("akv-*")) - before:
+        in_use = _mapped_shm()
+        for path in set(SHM.glob("akv-*")) - before - in_use:
             path.unlink(missing_ok=True)
+
+
+def _mapped_shm() -> set[Path]:
+    """/dev/shm files some live process has mapped (from every readable /proc/PID/maps)."""
+    found: set[Path] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:  # the process ended, or is not ours to read
+            continue
+        for line in text.splitlines():
+            at = line.find("/dev/shm/akv-")
+            if at >= 0:
+                found.add(Path(line[at:].split(" (deleted)")[0]))
+    return found
 
 
 @pytest.fixture

@@ -68,6 +68,10 @@ def random_nonces(count: int) -> bytes:
     return _NONCES.take(NONCE_BYTES * count)
 
 
+# ``nonce_bytes(12 * count)``: ``random_nonces`` without its frame, for the sealing hot path.
+nonce_bytes = _NONCES.take
+
+
 def hkdf_sha256(key: bytes, info: bytes, length: int = KEY_BYTES) -> bytes:
     return HKDF(algorithm=hashes.SHA256(), length=length, salt=None, info=info).derive(key)
 

@@ -17,14 +17,18 @@ key generation, tier, location, the page's length and chunk count, and the chunk
 a chunk moved, dropped, repeated, or taken from another record (another page, slot or
 tenant, or an earlier sealing of the same page) does not open. Chunks are sealed and
 opened on a small thread pool (the AEAD calls release the GIL), straight into the caller's
-buffers. The per-record work around the AES calls is kept small: after each multi-MiB page
-it runs with cold caches, where every Python step costs microseconds.
+buffers. A sealer with no helper thread seals in chunks of ``MAX_CHUNK`` (one chunk up to
+4 MiB): with no second core to feed, each further chunk only costs an AEAD call; the meta
+block names the chunk size, so every reader opens either geometry. The per-record work
+around the AES calls is kept small: after each multi-MiB page it runs with cold caches,
+where every Python step costs microseconds.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import mmap
 import struct
 import threading
 from collections.abc import Callable
@@ -53,6 +57,7 @@ from security.record_layout import (  # the format's geometry (re-exported here)
     PREAMBLE_BYTES,
     SLOT_ID_BYTES,
     VERSION,
+    Layout,
     chunk_bytes,
     chunk_count,
     is_chunked,
@@ -74,6 +79,11 @@ __all__ = [
 ]
 
 PARALLEL_FROM = 512 << 10  # smaller pages are sealed on the calling thread alone
+_NONCE = prim.NONCE_BYTES
+_PRE_HEAD = struct.Struct(_PRE.format[:-3])  # the preamble up to the slot id
+_ZEROS = memoryview(bytes(64 << 10))  # padding source up to 64 KiB (larger: numpy fill)
+_FLAT = frozenset((bytes, bytearray, mmap.mmap))  # always one-dimensional unsigned bytes
+_nonce_bytes = prim.nonce_bytes
 _BIND = struct.Struct(">QBQQI")  # generation, tier, location, plaintext length, chunks
 _KEY_ID_DOMAIN = b"agentkv/record-key-id/v1\0"
 _BLIND_SUFFIX = ".blind.key"
@@ -102,10 +112,11 @@ class SealedMeta(NamedTuple):
         return HEAD_BYTES + index * (self.chunk + CHUNK_OVERHEAD)
 
 
-# A record's opened meta block, with the data key that opened it and its preamble:
-# (tenant, generation, epoch, slot id, nbytes, chunk, chunks, app, aead, preamble). A plain
-# tuple: it is built on every open, where a NamedTuple's constructor costs a Python frame.
-_Head = tuple[str, int, int, bytes, int, int, int, bytes, prim.Aead, bytes]
+# A record's opened meta block, with the data key that opened it, its preamble and meta
+# nonce, and the tenant's part of the chunk AAD: (tenant, generation, epoch, slot id,
+# nbytes, chunk, chunks, app, aead, preamble and nonce, tenant part). A plain tuple: it is
+# built on every open, where a NamedTuple's constructor costs a Python frame.
+_Head = tuple[str, int, int, bytes, int, int, int, bytes, prim.Aead, bytes, bytes]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,7 +142,7 @@ class Binding:
 
 
 def _flat(buf: object, writable: bool = False) -> memoryview:
-    view = _bytes_view(buf)
+    view = memoryview(buf) if type(buf) in _FLAT else _bytes_view(buf)
     if writable and view.readonly:
         raise ValueError("out must be a writable buffer")
     return view
@@ -143,13 +154,15 @@ class ChunkedSealer:
     def __init__(self, keyring: TenantKeyring, threads: int | None = None) -> None:
         self.keyring = keyring
         self._fan = Fan(default_threads() if threads is None else threads)
+        self._one_thread = self._fan.threads == 1  # seals in the largest chunks
         self._ids: dict[bytes, tuple[str, int]] = {}
         self._ids_lock = threading.Lock()
-        # (tenant, generation) -> (the epoch it was last used with, key id): recomputed for
-        # another epoch (a tenant created anew under the name seals under a new one). Only
-        # the public key id is kept, never a key: an erased tenant leaves nothing here that
-        # opens anything (a stale id only lets a record reach its tag check, which fails).
-        self._own: dict[tuple[str, int], tuple[int, bytes]] = {}
+        # (tenant, generation) -> (the epoch it was last used with, key id, the preamble up
+        # to the slot id, the tenant's part of the chunk AAD): recomputed for another epoch
+        # (a tenant created anew under the name seals under a new one). Only public bytes
+        # are kept, never a key: an erased tenant leaves nothing here that opens anything
+        # (a stale id only lets a record reach its tag check, which fails).
+        self._own: dict[tuple[str, int], tuple[int, bytes, bytes, bytes]] = {}
 
     # -- key ids -----------------------------------------------------------------------------
     def key_id(self, tenant: str, generation: int) -> bytes:
@@ -163,12 +176,19 @@ class ChunkedSealer:
         return tag.digest()[:KEY_ID_BYTES]
 
     def _key_id_for(self, tenant: str, generation: int, epoch: int) -> bytes:
+        return self._own_for(tenant, generation, epoch)[1]
+
+    def _own_for(self, tenant: str, generation: int, epoch: int
+                 ) -> tuple[int, bytes, bytes, bytes]:
         cached = self._own.get((tenant, generation))
         if cached is not None and cached[0] == epoch:
-            return cached[1]
+            return cached
         key_id = self.key_id(tenant, generation)
-        self._own[(tenant, generation)] = (epoch, key_id)
-        return key_id
+        name = tenant.encode()
+        cached = (epoch, key_id, _PRE_HEAD.pack(MAGIC, VERSION, 0, 0, key_id, epoch),
+                  b"data" + bytes((len(name),)) + name)
+        self._own[(tenant, generation)] = cached
+        return cached
 
     def _owner(self, key_id: bytes) -> tuple[str, int]:
         """(tenant, generation) of a key id, from the keyring's live keys."""
@@ -197,43 +217,51 @@ class ChunkedSealer:
         """Seal ``plain`` into the start of ``out`` (``record_size(n)`` bytes or more);
         returns the record's size. ``app`` (up to ``MAX_APP_BYTES``) is sealed in the meta
         block and comes back from ``read_meta``."""
-        src = _flat(plain)
+        src, dst = _flat(plain), _flat(out, writable=True)
         n = src.nbytes
         if len(app) > MAX_APP_BYTES:
             raise ValueError(f"app metadata is {len(app)} B; at most {MAX_APP_BYTES}")
-        lay = layout(n)
-        dst = _flat(out, writable=True)
+        lay = layout(n, self._one_thread)
         if dst.nbytes < lay.size:
             raise ValueError(f"out must be a writable buffer of at least {lay.size} bytes")
         tenant, generation = binding.tenant, binding.generation
         epoch, aead = self.keyring.seal_key(tenant, generation, lay.count + 1)
-        pre = _PRE.pack(MAGIC, VERSION, 0, 0, self._key_id_for(tenant, generation, epoch),
-                        epoch, bytes(binding.slot_id))
-        nonces = prim.random_nonces(lay.count + 1)
-        record_nonce = nonces[:prim.NONCE_BYTES]
+        _, _, head, named = self._own_for(tenant, generation, epoch)
+        pre = head + bytes(binding.slot_id)
+        nonces = _nonce_bytes(lay.nonces)
+        record_nonce = nonces[:_NONCE]
         dst[:NONCE_END] = pre + record_nonce
-        meta = _META.pack(n, lay.chunk, lay.count, len(app)) + app
-        aead.fast_encrypt_into(record_nonce, meta.ljust(META_PLAIN_BYTES, b"\0"),
-                               _meta_aad(pre, binding.tier), dst[NONCE_END:HEAD_BYTES])
-        prefix = _chunk_aad_prefix(pre, record_nonce, binding, n, lay.count)
         encrypt = aead.fast_encrypt_into
-        if n >= PARALLEL_FROM and lay.count > 1 and self._fan.threads > 1:
+        encrypt(record_nonce, lay.meta if not app else _meta_plain(lay, app),
+                pre + b"meta" + bytes((binding.tier,)), dst[NONCE_END:HEAD_BYTES])  # meta AAD
+        # the AAD every chunk shares (``_chunk_aad_prefix``, from the cached tenant part)
+        prefix = (pre + record_nonce + named + bytes(binding.digest)
+                  + _BIND.pack(generation, binding.tier, binding.location, n, lay.count))
+        if lay.count == 1:  # one chunk: no loop
+            _, _, off, stop, _, index = lay.parts[0]
+            dst[off:off + _NONCE] = nonces[_NONCE:]
+            encrypt(nonces[_NONCE:], src, prefix + index, dst[off + _NONCE:stop])
+        elif n >= PARALLEL_FROM and self._fan.threads > 1:
             parts = lay.parts
 
             def seal_one(i: int) -> None:
                 start, end, off, stop, k, index = parts[i]
-                nonce = nonces[k:k + prim.NONCE_BYTES]
-                dst[off:off + prim.NONCE_BYTES] = nonce
-                encrypt(nonce, src[start:end], prefix + index, dst[off + prim.NONCE_BYTES:stop])
+                nonce = nonces[k:k + _NONCE]
+                dst[off:off + _NONCE] = nonce
+                encrypt(nonce, src[start:end], prefix + index, dst[off + _NONCE:stop])
 
             self._fan.run(lay.count, seal_one, True)
         else:  # one thread: the same steps without a call per chunk
             for start, end, off, stop, k, index in lay.parts:
-                nonce = nonces[k:k + prim.NONCE_BYTES]
-                dst[off:off + prim.NONCE_BYTES] = nonce
-                encrypt(nonce, src[start:end], prefix + index, dst[off + prim.NONCE_BYTES:stop])
-        if lay.used < lay.size:  # padding: zeros, so a slot's old bytes never ride along
-            np.frombuffer(dst, np.uint8, lay.size - lay.used, lay.used).fill(0)
+                nonce = nonces[k:k + _NONCE]
+                dst[off:off + _NONCE] = nonce
+                encrypt(nonce, src[start:end], prefix + index, dst[off + _NONCE:stop])
+        pad = lay.size - lay.used
+        if pad:  # zeros, so a slot's old bytes never ride along
+            if pad <= len(_ZEROS):
+                dst[lay.used:lay.size] = _ZEROS[:pad]
+            else:
+                np.frombuffer(dst, np.uint8, pad, lay.used).fill(0)
         return lay.size
 
     # -- opening ---------------------------------------------------------------------------
@@ -250,7 +278,8 @@ class ChunkedSealer:
         preamble (``open_into`` goes on to the chunks with them)."""
         if src.nbytes < HEAD_BYTES:
             raise InvalidSeal("sealed record does not open")
-        pre = bytes(src[:PREAMBLE_BYTES])
+        pre_nonce = bytes(src[:NONCE_END])
+        pre = pre_nonce[:PREAMBLE_BYTES]
         magic, version, flags, reserved, key_id, epoch, slot_id = _PRE.unpack(pre)
         if magic != MAGIC or version != VERSION or flags or reserved:
             raise InvalidSeal("sealed record does not open")
@@ -260,12 +289,13 @@ class ChunkedSealer:
             aead = self.keyring.open_key(tenant, generation, epoch)
         except KeyUnavailable as exc:
             raise InvalidSeal("sealed record does not open") from exc
-        if not hmac.compare_digest(key_id, self._key_id_for(tenant, generation, epoch)):
+        own = self._own_for(tenant, generation, epoch)
+        if not hmac.compare_digest(key_id, own[1]):
             raise InvalidSeal("sealed record does not open")
         meta = bytearray(META_PLAIN_BYTES)
         try:
-            aead.fast_decrypt_into(src[PREAMBLE_BYTES:NONCE_END], src[NONCE_END:HEAD_BYTES],
-                                   _meta_aad(pre, tier), meta)
+            aead.fast_decrypt_into(pre_nonce[PREAMBLE_BYTES:], src[NONCE_END:HEAD_BYTES],
+                                   pre + b"meta" + bytes((tier,)), meta)
         except prim.OPEN_FAILED:
             raise InvalidSeal("sealed record does not open") from None
         n, chunk, count, app_len = _META.unpack_from(meta)
@@ -273,7 +303,7 @@ class ChunkedSealer:
                 or src.nbytes < HEAD_BYTES + n + count * CHUNK_OVERHEAD):
             raise InvalidSeal("sealed record does not open")  # truncated: a chunk is missing
         return (tenant, generation, epoch, slot_id, n, chunk, count,
-                bytes(meta[_META.size:_META.size + app_len]), aead, pre)
+                bytes(meta[_META.size:_META.size + app_len]), aead, pre_nonce, own[3])
 
     def _chunk_key(self, src: memoryview, meta: SealedMeta, binding: Binding
                    ) -> tuple[prim.Aead, bytes] | None:
@@ -324,12 +354,12 @@ class ChunkedSealer:
         src = _flat(record)
         found: tuple[prim.Aead, bytes] | None
         if meta is None:  # the key and preamble that open the meta block open the chunks
-            _, _, _, slot_id, n, chunk, count, _, aead, pre = self._open_head(
+            _, _, _, slot_id, n, chunk, count, _, aead, pre_nonce, named = self._open_head(
                 src, binding.tier, binding.tenant, binding.generation)
             found = None
-            if hmac.compare_digest(bytes(binding.slot_id), slot_id):
-                found = aead, _chunk_aad_prefix(pre, bytes(src[PREAMBLE_BYTES:NONCE_END]),
-                                                binding, n, count)
+            if hmac.compare_digest(bytes(binding.slot_id), slot_id):  # (_chunk_aad_prefix)
+                found = aead, (pre_nonce + named + bytes(binding.digest) + _BIND.pack(
+                    binding.generation, binding.tier, binding.location, n, count))
         else:
             n, chunk, count = meta.nbytes, meta.chunk, meta.chunks
             found = self._chunk_key(src, meta, binding)
@@ -340,7 +370,14 @@ class ChunkedSealer:
         if found is not None:
             decrypt, prefix = found[0].fast_decrypt_into, found[1]
             pieces = parts(n, chunk, count)
-            if n >= PARALLEL_FROM and count > 1 and self._fan.threads > 1:
+            if count == 1:  # one chunk: no loop
+                _, _, off, stop, _, index = pieces[0]
+                try:
+                    decrypt(src[off:off + _NONCE], src[off + _NONCE:stop], prefix + index,
+                            dst[:n])
+                except prim.OPEN_FAILED:
+                    ok = False
+            elif n >= PARALLEL_FROM and self._fan.threads > 1:
                 failed: list[int] = []
 
                 def one(i: int) -> None:
@@ -368,13 +405,16 @@ class ChunkedSealer:
         return dst[:n]
 
 
-def _meta_aad(pre: bytes, tier: int) -> bytes:
-    return pre + b"meta" + bytes((tier,))
+def _meta_plain(lay: Layout, app: bytes) -> bytes:
+    return (_META.pack(lay.nbytes, lay.chunk, lay.count, len(app)) + app).ljust(
+        META_PLAIN_BYTES, b"\0")
 
 
 def _chunk_aad_prefix(pre: bytes, record_nonce: bytes, b: Binding, n: int, count: int) -> bytes:
     """The AAD every chunk shares; the meta block's random nonce makes it unique to this
-    record, so chunks of two sealings under one binding never mix."""
+    record, so chunks of two sealings under one binding never mix. (``seal_into`` and
+    ``open_into`` build the same bytes inline from the cached tenant part; the meta block's
+    AAD is the preamble, ``b"meta"`` and the tier byte.)"""
     name = b.tenant.encode()
     return (pre + record_nonce + b"data" + bytes((len(name),)) + name + bytes(b.digest)
             + _BIND.pack(b.generation, b.tier, b.location, n, count))

@@ -49,10 +49,15 @@ def size_class(n: int) -> int:
     return p + step * -(-(n - p) // step)
 
 
-def chunk_bytes(klass: int) -> int:
+def chunk_bytes(klass: int, one_thread: bool = False) -> int:
     """Chunk size of a size class: a quarter of it, 64 KiB to 4 MiB, 4 KiB multiple. Four
     chunks keep two cores busy and let a restore push one while it opens the next; eight
-    cost measurably more Python per page at 2 MiB (0.75 vs 0.9 of raw AES-GCM, one core)."""
+    cost measurably more Python per page at 2 MiB (0.75 vs 0.9 of raw AES-GCM, one core).
+    A sealer on one thread (``one_thread``) has no second core to keep busy: it uses the
+    largest chunk, ``MAX_CHUNK``; the meta block names the chunk size, so every reader
+    opens records of either geometry, and the record's size (its class) is the same."""
+    if one_thread:
+        return MAX_CHUNK
     return min(MAX_CHUNK, max(MIN_CHUNK, -(-(klass // 4) // 4096) * 4096))
 
 
@@ -68,24 +73,31 @@ def record_size(n: int) -> int:
 
 class Layout(NamedTuple):
     """Where everything of an ``n``-byte page goes in its record (sealing, computed once per
-    page size): the record's size, chunk geometry, the end of the sealed bytes (zero padding
-    after it), and per chunk (plaintext start, plaintext end, record offset of its nonce,
-    record end of its ciphertext and tag, nonce offset in the record's nonce draw, AAD
-    index bytes)."""
+    page size and geometry): the record's size, chunk geometry, the end of the sealed bytes
+    (zero padding after it), per chunk (plaintext start, plaintext end, record offset of its
+    nonce, record end of its ciphertext and tag, nonce offset in the record's nonce draw,
+    AAD index bytes), the page length, the meta block's plaintext with no app bytes and the
+    bytes of nonces it takes."""
 
     size: int
     chunk: int
     count: int
     used: int
     parts: tuple[tuple[int, int, int, int, int, bytes], ...]
+    nbytes: int
+    meta: bytes
+    nonces: int  # bytes of nonces a record takes: one per chunk and one for the meta block
 
 
 @functools.lru_cache(maxsize=4096)
-def layout(n: int) -> Layout:
-    chunk = chunk_bytes(size_class(n))
+def layout(n: int, one_thread: bool = False) -> Layout:
+    """The layout of an ``n``-byte page (``one_thread``: as a one-thread sealer cuts it)."""
+    chunk = chunk_bytes(size_class(n), one_thread)
     count = chunk_count(n, chunk)
     return Layout(size=record_size(n), chunk=chunk, count=count,
-                   used=HEAD_BYTES + n + count * CHUNK_OVERHEAD, parts=parts(n, chunk, count))
+                  used=HEAD_BYTES + n + count * CHUNK_OVERHEAD, parts=parts(n, chunk, count),
+                  nbytes=n, meta=META.pack(n, chunk, count, 0).ljust(META_PLAIN_BYTES, b"\0"),
+                  nonces=(count + 1) * prim.NONCE_BYTES)
 
 
 @functools.lru_cache(maxsize=4096)

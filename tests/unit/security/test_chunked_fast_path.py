@@ -16,8 +16,12 @@ from security import _primitives as prim
 from security.chunked import Binding, ChunkedSealer, record_size
 from security.keyring import FileKeySource, TenantKeyring, blind_name, kek_name
 
-# sha256 of the record below as the format-2 code before the fast path sealed it.
+# sha256 of the record below as the format-2 code before the fast path sealed it (four
+# chunks: the geometry of a sealer with helper threads, and of every sealer before issue 13).
 GOLDEN_DIGEST = "d7b06d413a2687be378c922737739aa02d3f4a19e4db6efbafb5cfeb9616dad3"
+# The same page, key and random stream sealed by a one-thread sealer: one chunk (up to
+# MAX_CHUNK) instead of four; preamble, meta block layout and chunk AAD are unchanged.
+GOLDEN_ONE_THREAD_DIGEST = "776da1a223a56e94b288fcc6705cccee6694ec6b78174a0b45bd10d9ec55ed10"
 
 
 def _fixed_ring(tmp_path) -> TenantKeyring:
@@ -33,18 +37,28 @@ def _deterministic(monkeypatch, seed: int) -> None:
     prim._NONCES.drop()
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_the_record_bytes_are_those_of_format_2(tmp_path, monkeypatch, threads):
+@pytest.mark.parametrize(("threads", "chunks", "golden"),
+                         [(2, 4, GOLDEN_DIGEST), (4, 4, GOLDEN_DIGEST),
+                          (1, 1, GOLDEN_ONE_THREAD_DIGEST)])
+def test_the_record_bytes_are_those_of_format_2(tmp_path, monkeypatch, threads, chunks, golden):
     _deterministic(monkeypatch, 7)
     ring = _fixed_ring(tmp_path)
-    page = (bytes(range(256)) * 2400)[:600_000]  # 4 chunks + padding
+    page = (bytes(range(256)) * 2400)[:600_000]  # 4 chunks (1 on one thread) + padding
     binding = Binding(tenant="alice", generation=1, tier=2, slot_id=bytes(range(7, 39)),
                       digest=bytes(range(90, 122)), location=5)
     out = bytearray(b"\xaa" * record_size(len(page)))  # padding must come out zero
-    ChunkedSealer(ring, threads=threads).seal_into(out, page, binding, b"entry")
+    assert ChunkedSealer(ring, threads=threads).seal_into(out, page, binding, b"entry") == len(out)
     prim._NONCES.drop()
-    assert hashlib.sha256(out).hexdigest() == GOLDEN_DIGEST
-    assert bytes(ChunkedSealer(ring, threads=threads).open_into(out, binding)) == page
+    assert hashlib.sha256(out).hexdigest() == golden
+    for reader in (1, 2):  # every reader opens records of either geometry
+        sealer = ChunkedSealer(ring, threads=reader)
+        meta = sealer.read_meta(out, 2)
+        assert meta.chunks == chunks
+        assert bytes(sealer.open_into(out, binding)) == page
+        assert bytes(sealer.open_into(out, binding, meta=meta)) == page
+        open_chunk, piece = sealer.opener(out, meta, binding), bytearray(meta.chunk)
+        for i, (start, length) in enumerate(meta.parts()):  # chunk by chunk (restores)
+            assert open_chunk(i, piece) and piece[:length] == page[start:start + length]
 
 
 def test_nonces_are_unique_across_threads():

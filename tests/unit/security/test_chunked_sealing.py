@@ -110,7 +110,7 @@ def test_bad_bindings_and_buffers_are_clear_errors(chunked):
 def test_each_chunk_takes_a_nonce_from_the_budget(tmp_path):
     ring = TenantKeyring(FileKeySource(tmp_path), KeyringConfig(nonce_limit=12))
     ring.create_tenant("alice")
-    sealer = ChunkedSealer(ring)
+    sealer = ChunkedSealer(ring, threads=2)
     first = seal(sealer, os.urandom(2 << 20), bind())  # 4 chunks + the meta block
     assert ring.nonce_uses("alice", 1) == 5
     second = seal(sealer, os.urandom(2 << 20), bind())
@@ -119,6 +119,8 @@ def test_each_chunk_takes_a_nonce_from_the_budget(tmp_path):
     assert ring.nonce_uses("alice", 1) == 5 and ring.retired_epochs == 1
     assert chunked_epoch(record) != chunked_epoch(first)
     assert sealer.read_meta(record, 1).chunks == 4
+    one = seal(ChunkedSealer(ring, threads=1), os.urandom(2 << 20), bind())  # 1 chunk + meta
+    assert ring.nonce_uses("alice", 1) == 7 and sealer.read_meta(one, 1).chunks == 1
 
 
 def chunked_epoch(record: bytes | bytearray) -> int:
@@ -238,6 +240,66 @@ def test_tampered_records_never_open(chunked):
     assert sum(seen.values()) >= 10_000 and min(seen.values()) > 1_000, seen
     # control: the untouched record opens under the right binding
     assert bytes(chunked.open_into(good, bind(), out)) == page
+
+
+def test_tampered_records_of_either_geometry_never_open(chunked, keyring):
+    """A one-thread sealer seals in one chunk (up to MAX_CHUNK) where helpers get four; the
+    meta block names the geometry. Tampering a one-chunk record (truncate, drop its chunk,
+    bit flips, splices from other records) and splicing between the two geometries of the
+    same page under the same binding (one's head on the other's chunks, one's chunk bytes in
+    the other): 4,200 trials, opened by readers of both kinds, none opens."""
+    one = ChunkedSealer(keyring, threads=1)
+    rng = random.Random(4321)
+    page = os.urandom(PAGE)
+    goods = {1: bytes(seal(one, page, bind())), 4: bytes(seal(chunked, page, bind()))}
+    assert [one.read_meta(goods[k], 1).chunks for k in (1, 4)] == [1, 4]
+    others = [bytes(seal(one, p, b)) for p, b in (
+        (page, bind()), (os.urandom(PAGE), bind(digest=bytes(32))),
+        (page, bind(slot=bytes(32))), (page, bind("bob")))]
+    used = {k: _chunk_span(goods[k], one.read_meta(goods[k], 1).chunks - 1, one).stop
+            for k in goods}
+    out = np.zeros(PAGE, np.uint8)
+    seen: dict[str, int] = {}
+    accepted = 0
+    for trial in range(4_200):
+        kind = ("truncate", "drop", "flip", "splice", "geometry", "binding")[trial % 6]
+        base = 1 if kind != "geometry" else rng.choice((1, 4))
+        r, b = bytearray(goods[base]), bind()
+        if kind == "truncate":
+            del r[rng.randrange(0, used[1]):]
+        elif kind == "drop":
+            del r[_chunk_span(r, 0, one)]
+        elif kind == "flip":
+            r[rng.randrange(0, used[1])] ^= 1 << rng.randrange(8)
+        elif kind == "splice":
+            src = rng.choice(others)
+            cut = rng.choice((slice(HEAD_BYTES, used[1]), slice(0, HEAD_BYTES),
+                              slice(PREAMBLE_BYTES, HEAD_BYTES), slice(0, PREAMBLE_BYTES)))
+            r[cut] = src[cut]
+        elif kind == "geometry":  # the other geometry's head, or a stretch of its chunk bytes
+            src = goods[5 - base]
+            if rng.random() < 0.5:
+                r[:HEAD_BYTES] = src[:HEAD_BYTES]
+            else:
+                at = rng.randrange(HEAD_BYTES, min(used.values()) - 64)
+                r[at:at + 64] = src[at:at + 64]
+        else:
+            b = rng.choice([bind(digest=bytes(32)), bind(slot=bytes(32)), bind(location=8),
+                            bind(tier=2), bind("bob")])
+        if kind != "binding" and r == goods[base]:
+            continue
+        seen[kind] = seen.get(kind, 0) + 1
+        out[:] = 0xAA
+        try:
+            (one if trial % 2 else chunked).open_into(r, b, out)
+        except (InvalidSeal, ValueError):
+            assert (out == 0xAA).all() or not out.any(), kind
+            continue
+        accepted += 1
+    assert accepted == 0
+    assert sum(seen.values()) >= 4_000 and min(seen.values()) > 600, seen
+    for reader in (one, chunked):  # control: both records open under the right binding
+        assert all(bytes(reader.open_into(goods[k], bind(), out)) == page for k in goods)
 
 
 def test_a_failed_open_leaves_no_plaintext(chunked):

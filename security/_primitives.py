@@ -1,7 +1,8 @@
 """The only module that touches ``cryptography.hazmat``.
 
 Everything else in ``security`` uses these few small wrappers, so the set of
-primitives (AES-256-GCM, HKDF-SHA256, Ed25519) is reviewed in one place.
+primitives (AES-256-GCM, HKDF-SHA256, Ed25519, and AES-256-CTR keystream for padding) is
+reviewed in one place.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
     Ed25519PublicKey,
 )
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
@@ -29,6 +31,25 @@ HAS_INTO = hasattr(AESGCM, "encrypt_into") and hasattr(AESGCM, "decrypt_into")
 
 def random_bytes(n: int) -> bytes:
     return os.urandom(n)
+
+
+_NOISE_SMALL = 4096  # below this, padding is drawn from the OS CSPRNG directly
+_NOISE_ZEROS = bytes(64 << 10)
+
+
+def fill_noise(dst: memoryview) -> None:
+    """Fill ``dst`` with bytes that look like ciphertext: the OS CSPRNG for a few KiB, else
+    an AES-256-CTR keystream under a fresh random key (never stored). Record padding is
+    filled so: zeros would show where the sealed data ends, and so the true length."""
+    n = len(dst)
+    if n <= _NOISE_SMALL:
+        dst[:] = random_bytes(n)
+        return
+    stream = Cipher(algorithms.AES(random_bytes(KEY_BYTES)), modes.CTR(bytes(16))).encryptor()
+    step = len(_NOISE_ZEROS)
+    for pos in range(0, n, step):
+        k = min(step, n - pos)
+        dst[pos:pos + k] = stream.update(_NOISE_ZEROS[:k])
 
 
 class _NonceDraw:

@@ -81,7 +81,6 @@ __all__ = [
 PARALLEL_FROM = 512 << 10  # smaller pages are sealed on the calling thread alone
 _NONCE = prim.NONCE_BYTES
 _PRE_HEAD = struct.Struct(_PRE.format[:-3])  # the preamble up to the slot id
-_ZEROS = memoryview(bytes(64 << 10))  # padding source up to 64 KiB (larger: numpy fill)
 _FLAT = frozenset((bytes, bytearray, mmap.mmap))  # always one-dimensional unsigned bytes
 _nonce_bytes = prim.nonce_bytes
 _BIND = struct.Struct(">QBQQI")  # generation, tier, location, plaintext length, chunks
@@ -256,12 +255,8 @@ class ChunkedSealer:
                 nonce = nonces[k:k + _NONCE]
                 dst[off:off + _NONCE] = nonce
                 encrypt(nonce, src[start:end], prefix + index, dst[off + _NONCE:stop])
-        pad = lay.size - lay.used
-        if pad:  # zeros, so a slot's old bytes never ride along
-            if pad <= len(_ZEROS):
-                dst[lay.used:lay.size] = _ZEROS[:pad]
-            else:
-                np.frombuffer(dst, np.uint8, pad, lay.used).fill(0)
+        if lay.size > lay.used:  # noise: a slot's old bytes never ride along, and the end
+            prim.fill_noise(dst[lay.used:lay.size])  # of the sealed data does not show
         return lay.size
 
     # -- opening ---------------------------------------------------------------------------

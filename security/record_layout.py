@@ -8,7 +8,8 @@ Layout (big endian; ``record_size(n)`` bytes, the same for every ``n`` of a size
     meta     512 B  nonce 12 B | AES-GCM(n, chunk bytes, chunks, app length, app bytes,
                     zero fill to 484 B) | tag 16 B
     chunk i         nonce 12 B | AES-GCM(plaintext[i*chunk : (i+1)*chunk]) | tag 16 B
-    zero padding    up to the size class of ``n``
+    noise padding   up to the size class of ``n`` (CSPRNG or AES-CTR keystream under a
+                    fresh key: indistinguishable from the chunks, so the end does not show)
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def record_size(n: int) -> int:
 class Layout(NamedTuple):
     """Where everything of an ``n``-byte page goes in its record (sealing, computed once per
     page size and geometry): the record's size, chunk geometry, the end of the sealed bytes
-    (zero padding after it), per chunk (plaintext start, plaintext end, record offset of its
+    (noise padding after it), per chunk (plaintext start, plaintext end, record offset of its
     nonce, record end of its ciphertext and tag, nonce offset in the record's nonce draw,
     AAD index bytes), the page length, the meta block's plaintext with no app bytes and the
     bytes of nonces it takes."""

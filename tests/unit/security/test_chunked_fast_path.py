@@ -1,5 +1,6 @@
-"""The lean sealing path of record format 2 changes no byte: a record sealed from fixed keys
-and a fixed random stream has the digest the format had before the fast path (checked both
+"""The lean sealing path of record format 2 changes no sealed byte: a record sealed from
+fixed keys and a fixed random stream, its padding read as zeros (the padding was zeros
+then; it is noise now), has the digest the format had before the fast path (checked both
 ways against the earlier code when it was written). Nonces drawn in blocks are never handed
 out twice: not across threads, not to a forked child."""
 
@@ -13,7 +14,13 @@ import threading
 import pytest
 
 from security import _primitives as prim
-from security.chunked import Binding, ChunkedSealer, record_size
+from security.chunked import (
+    CHUNK_OVERHEAD,
+    HEAD_BYTES,
+    Binding,
+    ChunkedSealer,
+    record_size,
+)
 from security.keyring import FileKeySource, TenantKeyring, blind_name, kek_name
 
 # sha256 of the record below as the format-2 code before the fast path sealed it (four
@@ -46,10 +53,14 @@ def test_the_record_bytes_are_those_of_format_2(tmp_path, monkeypatch, threads, 
     page = (bytes(range(256)) * 2400)[:600_000]  # 4 chunks (1 on one thread) + padding
     binding = Binding(tenant="alice", generation=1, tier=2, slot_id=bytes(range(7, 39)),
                       digest=bytes(range(90, 122)), location=5)
-    out = bytearray(b"\xaa" * record_size(len(page)))  # padding must come out zero
+    out = bytearray(b"\xaa" * record_size(len(page)))  # a slot's old bytes
     assert ChunkedSealer(ring, threads=threads).seal_into(out, page, binding, b"entry") == len(out)
     prim._NONCES.drop()
-    assert hashlib.sha256(out).hexdigest() == golden
+    used = HEAD_BYTES + len(page) + chunks * CHUNK_OVERHEAD
+    pad = len(out) - used
+    assert pad > 4096  # the keystream path (a few KiB and less: the CSPRNG, tested below)
+    assert hashlib.sha256(out[:used] + bytes(pad)).hexdigest() == golden
+    _assert_noise(bytes(out[used:]))
     for reader in (1, 2):  # every reader opens records of either geometry
         sealer = ChunkedSealer(ring, threads=reader)
         meta = sealer.read_meta(out, 2)
@@ -59,6 +70,34 @@ def test_the_record_bytes_are_those_of_format_2(tmp_path, monkeypatch, threads, 
         open_chunk, piece = sealer.opener(out, meta, binding), bytearray(meta.chunk)
         for i, (start, length) in enumerate(meta.parts()):  # chunk by chunk (restores)
             assert open_chunk(i, piece) and piece[:length] == page[start:start + length]
+
+
+def _assert_noise(pad: bytes) -> None:
+    """Padding that shows neither a slot's old bytes nor where the sealed data ends."""
+    assert len(pad) > 0
+    assert pad.count(0) < len(pad) // 64 + 8 and pad.count(0xAA) < len(pad) // 64 + 8
+    assert len(set(pad[-64:])) > 32  # the last bytes too: no zero run at the record's end
+
+
+@pytest.mark.parametrize("n", [1, 5000, 600_000, 2 << 20])
+def test_padding_is_noise_and_fresh_per_record(tmp_path, n):
+    ring = _fixed_ring(tmp_path)
+    page = bytes(n)  # all zeros: only the padding can make noise at the end
+    binding = Binding(tenant="alice", generation=1, tier=2, slot_id=bytes(32),
+                      digest=bytes(32), location=1)
+    pads = []
+    for threads in (1, 2):
+        sealer = ChunkedSealer(ring, threads=threads)
+        out = bytearray(record_size(n))
+        sealer.seal_into(out, page, binding)
+        meta = sealer.read_meta(out, 2)
+        used = HEAD_BYTES + n + meta.chunks * CHUNK_OVERHEAD
+        if used == len(out):
+            continue  # this size fills its class exactly
+        _assert_noise(bytes(out[used:]))
+        pads.append(bytes(out[used:]))
+        assert bytes(sealer.open_into(out, binding)) == page  # readers ignore padding
+    assert pads and len(set(pads)) == len(pads)
 
 
 def test_nonces_are_unique_across_threads():

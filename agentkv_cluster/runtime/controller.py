@@ -19,14 +19,16 @@ from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.policy.base import EvictionPolicy, PageView
 from agentkv_cluster.runtime.controller_events import EventScheduling
 from agentkv_cluster.runtime.controller_loads import EngineLoads
-from agentkv_cluster.runtime.controller_state import HbmBudget, HbmFull, SessionState
 from agentkv_cluster.runtime.records import (
     Action,
     ActionKind,
     AuditSummary,
+    HbmBudget,
+    HbmFull,
     PageMeta,
     PageRecord,
     Reason,
+    SessionState,
     TenantErased,
     TenantForgotten,
     TransferResult,

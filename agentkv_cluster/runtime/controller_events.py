@@ -14,8 +14,15 @@ from typing import Any
 from agentkv_cluster.lifecycle import events as ev
 from agentkv_cluster.lifecycle.graph_records import Blocker
 from agentkv_cluster.lifecycle.types import StateType
-from agentkv_cluster.runtime.controller_state import HbmFull, SessionState
-from agentkv_cluster.runtime.records import Action, ActionKind, AuditSummary, PageRecord, Reason
+from agentkv_cluster.runtime.records import (
+    Action,
+    ActionKind,
+    AuditSummary,
+    HbmFull,
+    PageRecord,
+    Reason,
+    SessionState,
+)
 from agentkv_cluster.runtime.strategies import set_type
 from store.types import Codec, Tier
 

@@ -10,8 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from agentkv_cluster.runtime.controller_state import HbmFull
-from agentkv_cluster.runtime.records import Action, ActionKind, Reason, TenantErased, UnknownPageKey
+from agentkv_cluster.runtime.records import (
+    Action,
+    ActionKind,
+    HbmFull,
+    Reason,
+    TenantErased,
+    UnknownPageKey,
+)
 
 
 class EngineLoads:

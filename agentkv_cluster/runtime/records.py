@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from agentkv_cluster.lifecycle.types import StateType
-from agentkv_cluster.policy.base import PageView
+from agentkv_cluster.policy.base import EvictionPolicy, GapPlan, PageView
 from store.types import KV_DTYPE_BYTES, Codec, Tier
 
 
@@ -113,6 +113,30 @@ class AuditSummary:
                 "identity": self.identity_digest.hex(), "type": self.state_type.value,
                 "tokens": self.tokens, "content_hash": self.content_hash.hex(),
                 "retired_at": self.retired_at}
+
+
+class HbmFull(Exception):
+    """Pinned pages alone fill the HBM actor: nothing can be admitted or restored."""
+
+
+@dataclass(slots=True)
+class HbmBudget:
+    """The page manager's account of one HBM actor."""
+
+    capacity: int
+    policy: EvictionPolicy
+    used: int = 0
+    sessions: int = 0
+
+
+@dataclass(slots=True)
+class SessionState:
+    """The page manager's account of one open session."""
+
+    hbm: str
+    pages: set[int] = field(default_factory=set)
+    tools: dict[str, tuple[str, float, GapPlan | None]] = field(default_factory=dict)
+    pinned: dict[int, float] = field(default_factory=dict)  # gid -> when this session pinned it
 
 
 @dataclass(slots=True)

@@ -213,7 +213,7 @@ def _watch_directory(cfg: Any, service: Any) -> Any:
 
     watch = DirectoryWatch(
         check,
-        on_recover=lambda: service.topo.controller.call("republish", timeout_s=120.0),
+        on_recover=lambda: service.topo.controller.options(timeout_s=120.0).republish(),
         backoff=Backoff(first_s=0.5, max_s=max(0.5, cfg.directory.retry_max_s)))
     first = watch.probe_once()
     return watch.start(first_wait_s=first)

@@ -14,10 +14,11 @@ from typing import Any
 
 from agentkv_cluster.lifecycle.events import EventValidationError, TaskEnd
 from agentkv_cluster.lifecycle.types import StateType
+from agentkv_cluster.runtime.actor_handles import HbmHandle, PoolHandle
 from agentkv_cluster.runtime.controller import Controller, HbmFull
 from agentkv_cluster.runtime.executor import Executor, LinkCredits
 from agentkv_cluster.runtime.guard import Guarded
-from agentkv_cluster.runtime.handles import ActorGone, Handle
+from agentkv_cluster.runtime.handles import ActorGone
 from agentkv_cluster.runtime.loads import EngineLoader
 from agentkv_cluster.runtime.mover import RemoteSpan
 from agentkv_cluster.runtime.records import (
@@ -58,8 +59,8 @@ class ControllerActor:
             if spec.host_bytes and spec.nvme_bytes else None
         self.controller = Guarded(Controller(make_strategy(spec.policy), spec.page_bytes,
                                              capacity))
-        self.hbms: dict[str, Handle] = {}
-        self.pools: dict[str, Handle] = {}
+        self.hbms: dict[str, HbmHandle] = {}
+        self.pools: dict[str, PoolHandle] = {}
         self.hbm_pool: dict[str, str] = {}
         self._wake = threading.Event()  # a background transfer finished
         self.executor = Executor(
@@ -79,10 +80,10 @@ class ControllerActor:
         return "controller"
 
     # -- topology -------------------------------------------------------------------------
-    def add_pool(self, name: str, handle: Handle) -> None:
+    def add_pool(self, name: str, handle: PoolHandle) -> None:
         self.pools[name] = handle
 
-    def add_hbm(self, name: str, handle: Handle, capacity: int, pool: str) -> None:
+    def add_hbm(self, name: str, handle: HbmHandle, capacity: int, pool: str) -> None:
         self.hbms[name] = handle
         self.hbm_pool[name] = pool
         self.controller.add_hbm(name, capacity, pool)
@@ -100,7 +101,7 @@ class ControllerActor:
         """A pool actor is being replaced on purpose: keep its copies (it rebuilds them)."""
         self._restarting.add(name)
 
-    def replace_pool(self, name: str, handle: Handle) -> None:
+    def replace_pool(self, name: str, handle: PoolHandle) -> None:
         self.pools[name] = handle
         self._restarting.discard(name)
 

@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentkv_cluster.runtime.directory_glue import open_directory
 from agentkv_cluster.runtime.handles import ActorGone
@@ -41,6 +41,10 @@ from security.errors import KeyUnavailable
 from security.keyring import FileKeySource, TenantKeyring
 from security.signing import Signer
 from store.types import Lookup
+
+if TYPE_CHECKING:
+    from agentkv_cluster.runtime.front import ServiceFront
+    from agentkv_cluster.runtime.wiring import Topology
 
 log = logging.getLogger(__name__)
 WATCH_POLL_S = 1.0  # how soon an erasure made by another process is enforced here
@@ -54,7 +58,7 @@ TIERS = ("front", "controller", "sessions", "pins", "hbm", "hbm-scrub", "host", 
 class ClusterErasure:
     """Runs a tenant's erasure across the front, controller, HBM and pool actors."""
 
-    def __init__(self, topo: Any, front: Any, keys_dir: str, audit: AuditLog,
+    def __init__(self, topo: Topology, front: ServiceFront | None, keys_dir: str, audit: AuditLog,
                  signer: Signer, users: Any = None) -> None:
         self.topo = topo
         self.users = users  # TenantRedisUsers on a Redis directory, else None
@@ -74,7 +78,7 @@ class ClusterErasure:
             namespace = DirectoryBlinder(keyring).namespace(tenant)  # derivable only before
             eraser = Eraser(keyring, self.audit, self.signer)
             try:  # its calls and loads fail from here; the keys go even if this cannot
-                self.topo.controller.call("freeze_tenant", tenant)
+                self.topo.controller.freeze_tenant(tenant)
             except ActorGone:
                 log.warning("erasure: the controller is unreachable; its tier will fail")
             report = _LazyPurge(lambda: self.purge(tenant))
@@ -88,7 +92,7 @@ class ClusterErasure:
                 if self.front is not None:
                     self.front.forget_erasure(tenant)
                 with contextlib.suppress(ActorGone):  # (a finished purge thawed it already)
-                    self.topo.controller.call("thaw_tenant", tenant)
+                    self.topo.controller.thaw_tenant(tenant)
             at = keyring.erased_at(tenant)
             if at is not None:
                 self.enforced[tenant] = at
@@ -122,7 +126,7 @@ class ClusterErasure:
         return {"counts": counts, "failed": failed, "keys": sorted(keys)}
 
     def _controller(self, tenant: str) -> dict[str, int]:
-        got = self.topo.controller.call("erase_tenant", tenant, timeout_s=120.0)
+        got = self.topo.controller.options(timeout_s=120.0).erase_tenant(tenant)
         if got["straggling"]:
             raise RuntimeError(f"{got['straggling']} transfer(s) did not end in time")
         return {"controller": got["pages"], "sessions": got["sessions"], "pins": got["pins"],
@@ -133,7 +137,7 @@ class ClusterErasure:
         gone = []
         for name, pool in list(self.topo.pools.items()):
             try:
-                got = pool.call("purge_tenant", tenant, timeout_s=300.0)
+                got = pool.options(timeout_s=300.0).purge_tenant(tenant)
             except ActorGone:
                 gone.append(name)  # the other pools are still purged
                 continue
@@ -193,7 +197,7 @@ class ClusterErasure:
         held: set[str] = set()
         for pool in list(self.topo.pools.values()):
             try:
-                held.update(pool.call("tenants_held", timeout_s=60.0))
+                held.update(pool.options(timeout_s=60.0).tenants_held())
             except ActorGone:
                 continue
         stale = {t: at for t, at in marks.items() if t in held and not keyring.has_keys(t)}

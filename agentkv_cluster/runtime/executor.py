@@ -20,7 +20,7 @@ from collections import Counter, defaultdict, deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentkv_cluster.policy.base import CreditGrant, CreditOutcome, CreditRequest, Resource
 from agentkv_cluster.policy.credits import BucketSpec, CreditConfig, CreditManager
@@ -36,6 +36,9 @@ from agentkv_cluster.runtime.records import (
     TransferResult,
 )
 from store.types import Codec, Tier
+
+if TYPE_CHECKING:
+    from agentkv_cluster.runtime.actor_handles import HbmHandle, PoolHandle
 
 BACKGROUND = "/bg"
 
@@ -162,7 +165,8 @@ class Executor:
     prefetches, refills, deletions) comes back through ``get_finished``, which the
     controller actor's loop drains (``on_finished`` wakes it)."""
 
-    def __init__(self, controller: Guarded, hbms: dict[str, Any], pools: dict[str, Any],
+    def __init__(self, controller: Guarded, hbms: dict[str, HbmHandle],
+                 pools: dict[str, PoolHandle],
                  hbm_pool: dict[str, str], credits: LinkCredits, *,
                  landing_pages: int = 8, on_finished: Callable[[], None] = lambda: None
                  ) -> None:
@@ -172,7 +176,8 @@ class Executor:
         self.traffic = TierTraffic()
         self.errors: deque[str] = deque(maxlen=50)
         self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="agentkv-exec")
-        self._told: dict[tuple[str, str], tuple[Any, Any]] = {}  # (hbm, pool) -> handles
+        # (hbm, pool) -> the handles the HBM actor was last given
+        self._told: dict[tuple[str, str], tuple[HbmHandle, PoolHandle]] = {}
         self._lock = threading.Lock()
         self._finished: deque[TransferResult] = deque()
         self._on_finished = on_finished

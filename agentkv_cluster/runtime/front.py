@@ -16,8 +16,9 @@ import hashlib
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from agentkv_cluster.api.errors import (
     AccessDenied,
@@ -29,8 +30,8 @@ from agentkv_cluster.api.errors import (
 from agentkv_cluster.api.metrics import ServiceMetrics
 from agentkv_cluster.lifecycle.identity import IdentityError, PageIdentity
 from agentkv_cluster.lifecycle.types import StateType
+from agentkv_cluster.runtime.actor_handles import ControllerHandle, HbmHandle
 from agentkv_cluster.runtime.controller_actor import RequestRefused
-from agentkv_cluster.runtime.handles import Handle
 from agentkv_cluster.runtime.mover import Mover
 from agentkv_cluster.runtime.pool_actor import ensure_tenant
 from agentkv_cluster.runtime.records import KvShape, PageMeta, UnknownPageKey
@@ -43,6 +44,7 @@ from security.principals import AccessPolicy, DenialHook, Principal, TokenIssuer
 from security.publishing import CachedGrants, PublishGrants
 from store.types import KV_DTYPE_NAMES
 
+T = TypeVar("T")
 STAGE_PAGES = 4  # pages staged in shared memory per controller call
 ERASED_RECHECK_S = 1.0  # how stale a tenant's erasure mark may be when a token is checked
 MAX_EVENT_DEPTH = 32  # nesting of maps and lists inside one event
@@ -51,7 +53,7 @@ MAX_EVENT_DEPTH = 32  # nesting of maps and lists inside one event
 class ServiceFront:
     """Implements ``agentkv_cluster.api.server.ServiceBackend`` on a deployed topology."""
 
-    def __init__(self, controller: Handle, hbms: dict[str, Handle], keys_dir: str,
+    def __init__(self, controller: ControllerHandle, hbms: dict[str, HbmHandle], keys_dir: str,
                  issuer: TokenIssuer, metrics: ServiceMetrics, page_bytes: int,
                  on_denied: DenialHook | None = None) -> None:
         self.controller = controller
@@ -126,9 +128,11 @@ class ServiceFront:
         self._erased[tenant] = (at, now)
         return at
 
-    def _call(self, method: str, *args: Any) -> Any:
+    def _call(self, method: Callable[..., T], *args: Any) -> T:
+        """``method`` (a ``ControllerHandle`` method) with the controller's refusals as the
+        API's errors."""
         try:
-            return self.controller.call(method, *args)
+            return method(*args)
         except ErasedInController as exc:
             raise TenantErased(str(exc)) from None
         except RequestRefused as exc:
@@ -149,7 +153,7 @@ class ServiceFront:
             raise TenantErased(f"tenant {principal.tenant} was erased after this token "
                                "was issued")
         ensure_tenant(self.keys_dir, principal.tenant)
-        hbm = self._call("open_session", principal.tenant, session)
+        hbm = self._call(self.controller.open_session, principal.tenant, session)
         # Optional, for clients that publish: whether this token may write PUBLIC now.
         publish = principal.can_publish and self.grants.allows(principal.tenant)
         return {"session": session, "tenant": principal.tenant, "hbm": hbm, "publish": publish}
@@ -159,7 +163,7 @@ class ServiceFront:
             raise InvalidArgument("tenant and session come from the token and the request")
         if _depth(event) > MAX_EVENT_DEPTH:
             raise InvalidArgument(f"event nests deeper than {MAX_EVENT_DEPTH} levels")
-        return self._call("event", principal.tenant, session, event)
+        return self._call(self.controller.event, principal.tenant, session, event)
 
     # -- engine side --------------------------------------------------------------------------
     def _namespace(self, principal: Principal, identity: PageIdentity, action: str) -> str:
@@ -224,7 +228,7 @@ class ServiceFront:
             for slot, data in zip(slots, datas):
                 self.mover.slot_view(slot, len(data))[:] = memoryview(data)
                 spans.append(self.mover.slot_span(slot, len(data)))
-            self._call("store", principal.tenant, session, metas, spans)
+            self._call(self.controller.store, principal.tenant, session, metas, spans)
         finally:
             for slot in slots:
                 self.mover.give_slot(slot)
@@ -241,14 +245,15 @@ class ServiceFront:
                 refused = f"{type(exc).__name__}: {exc}"
                 break
         namespaces = [self.blinder.namespace(m.namespace) for m in metas]
-        n = self._call("lookup", principal.tenant, session, metas, namespaces) if metas else 0
+        n = self._call(self.controller.lookup, principal.tenant, session, metas,
+                       namespaces) if metas else 0
         hit_tokens = sum(m.tokens for m in metas[:n])
         miss_tokens = sum(_tokens(raw) for raw in identities[n:])
         self.metrics.lookup(principal.tenant, n, len(identities) - n, hit_tokens, miss_tokens)
         return {"length": n, "keys": [m.key for m in metas[:n]], "refused": refused}
 
     def prepare_load(self, principal: Principal, session: str, keys: list[bytes]) -> dict[str, Any]:
-        reports = self._call("load", principal.tenant, session, keys)
+        reports = self._call(self.controller.load, principal.tenant, session, keys)
         for r in reports:
             self.metrics.restore(principal.tenant, r.source, r.delay_s, r.hidden_s)
             if r.source != "hbm":
@@ -268,14 +273,14 @@ class ServiceFront:
                 raise NotFound("unknown load id")
             del self._loads[load_id]
         _, _, keys, reports = entry
-        hbm = self.hbms[self._call("hbm_of", principal.tenant, session)]
+        hbm = self.hbms[self._call(self.controller.hbm_of, principal.tenant, session)]
         try:
             return {"pages": self._serve(principal, session, hbm, keys, reports)}
         except UnknownPageKey:
             raise NotFound("a page of this load left HBM (its pin was released, timed out "
                            "or revoked for another tenant): prepare the load again") from None
 
-    def _serve(self, principal: Principal, session: str, hbm: Handle, keys: list[bytes],
+    def _serve(self, principal: Principal, session: str, hbm: HbmHandle, keys: list[bytes],
                reports: list[Any]) -> list[dict[str, Any]]:
         """Each page's bytes. A lossy working copy is verified against its FULL reference
         (fetched from the pool instead of the lossy bytes): that fetch is the verification
@@ -292,7 +297,8 @@ class ServiceFront:
                 exact = report.exact
                 if not exact:
                     t0 = time.monotonic()
-                    exact = self._call("serve_exact", principal.tenant, session, key, span)
+                    exact = self._call(self.controller.serve_exact, principal.tenant, session,
+                                       key, span)
                     verify_s = time.monotonic() - t0
                     verify_bytes = report.nbytes if exact else 0
                     self.metrics.verify(principal.tenant, exact, verify_s)
@@ -306,7 +312,8 @@ class ServiceFront:
         return out
 
     def release(self, principal: Principal, session: str, keys: list[bytes]) -> dict[str, Any]:
-        return {"released": self._call("release", principal.tenant, session, keys)}
+        return {"released": self._call(self.controller.release, principal.tenant, session,
+                                       keys)}
 
     def ready(self) -> tuple[bool, str]:
         ok = self.controller.alive(5.0)

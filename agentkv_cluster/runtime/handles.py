@@ -1,38 +1,69 @@
-"""The one handle wrapper: every ``.remote()`` and ``ray.get`` of the service lives here.
+"""The handle machinery: every ``.remote()`` and ``ray.get`` of the service lives here.
 
-A ``Handle`` calls methods of a Ray actor or, in local mode (tests, tools), of a
-plain object, with one syntax: ``handle.method(*args)``. A dead actor surfaces as
-``ActorGone``; an exception raised inside the actor is re-raised as itself.
+``ActorHandle`` calls methods of a Ray actor or, in local mode (tests, tools), of a
+plain object. It has no catch-all: each actor kind has a typed subclass
+(``actor_handles.PoolHandle``, ``HbmHandle``, ``ControllerHandle``,
+``DirectoryHandle``, in the style of Ray Serve's ``DeploymentHandle``) whose methods
+carry the actor's parameter and return types, so a misspelt method is an
+``AttributeError`` where it is called, not a failure inside the actor. A dead actor
+surfaces as ``ActorGone``; an exception raised inside the actor is re-raised as itself.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
+
+DEFAULT_TIMEOUT_S = 120.0  # how long a call waits for its answer unless ``options`` says
+CREATE_TIMEOUT_S = 300.0  # how long ``create`` waits for the actor to be constructed
 
 
 class ActorGone(Exception):
     """The actor behind a handle died or cannot be reached."""
 
 
-class Handle:
+class ActorHandle:
     """A picklable reference to an actor (or a local object) plus its service name."""
 
-    def __init__(self, target: Any, name: str, *, remote: bool) -> None:
+    def __init__(self, target: Any, name: str, *, remote: bool,
+                 timeout_s: float | None = DEFAULT_TIMEOUT_S) -> None:
         self.target = target
         self.name = name
         self.remote = remote
+        self.timeout_s = timeout_s
 
-    def call(self, method: str, *args: Any, timeout_s: float | None = 120.0) -> Any:
+    @classmethod
+    def create(cls, remote_cls: Any, name: str, options: dict[str, Any],
+               *args: Any) -> Self:
+        """Start an actor from a class made remote by ``wiring``; waits until it is
+        constructed (its ``ping`` answers)."""
+        actor = remote_cls.options(**options).remote(*args)
+        handle = cls(actor, name, remote=True)
+        handle.options(timeout_s=CREATE_TIMEOUT_S).ping()
+        return handle
+
+    @classmethod
+    def local(cls, obj: Any, name: str) -> Self:
+        """A handle on a plain object in this process (no Ray): same calls, same errors."""
+        return cls(obj, name, remote=False)
+
+    def options(self, *, timeout_s: float | None) -> Self:
+        """This handle with another answer timeout (None: wait as long as it takes)."""
+        other = copy.copy(self)
+        other.timeout_s = timeout_s
+        return other
+
+    # -- the machinery the typed methods delegate to -------------------------------------------
+    def _call(self, method: str, *args: Any) -> Any:
         if not self.remote:
             return getattr(self.target, method)(*args)
-        return self._get(getattr(self.target, method).remote(*args), timeout_s)
+        return self._get(getattr(self.target, method).remote(*args), self.timeout_s)
 
-    def start(self, method: str, *args: Any, timeout_s: float | None = 120.0
-              ) -> Callable[[], Any]:
+    def _start(self, method: str, *args: Any) -> Callable[[], Any]:
         """Send a call now and return a function that waits for its result (or raises what
-        ``call`` would): the caller overlaps the call with other work."""
+        ``_call`` would): the caller overlaps the call with other work."""
         if not self.remote:
             try:
                 value = getattr(self.target, method)(*args)
@@ -45,7 +76,7 @@ class Handle:
                 return fail
             return lambda: value
         return functools.partial(self._get, getattr(self.target, method).remote(*args),
-                                 timeout_s)
+                                 self.timeout_s)
 
     def _get(self, ref: Any, timeout_s: float | None) -> Any:
         import ray
@@ -63,16 +94,13 @@ class Handle:
         except rex.GetTimeoutError as exc:
             raise ActorGone(f"{self.name}: no answer in {timeout_s} s") from exc
 
-    def fire(self, method: str, *args: Any) -> None:
-        """Call without waiting for the result (errors are dropped)."""
-        if self.remote:
-            getattr(self.target, method).remote(*args)
-        else:
-            getattr(self.target, method)(*args)
+    # -- what every actor answers -----------------------------------------------------------
+    def ping(self) -> str:
+        return self._call("ping")
 
     def alive(self, timeout_s: float = 10.0) -> bool:
         try:
-            self.call("ping", timeout_s=timeout_s)
+            self.options(timeout_s=timeout_s).ping()
             return True
         except ActorGone:
             return False
@@ -84,22 +112,5 @@ class Handle:
 
             ray.kill(self.target, no_restart=True)
 
-    def __getattr__(self, method: str) -> Any:
-        if method.startswith("_"):
-            raise AttributeError(method)
-        return functools.partial(self.call, method)
-
     def __repr__(self) -> str:
-        return f"Handle({self.name!r}, remote={self.remote})"
-
-
-def create(remote_cls: Any, name: str, options: dict[str, Any], *args: Any) -> Handle:
-    """Start an actor from a class made remote by ``wiring``; waits until it is constructed."""
-    actor = remote_cls.options(**options).remote(*args)
-    handle = Handle(actor, name, remote=True)
-    handle.call("ping", timeout_s=300.0)
-    return handle
-
-
-def local(obj: Any, name: str) -> Handle:
-    return Handle(obj, name, remote=False)
+        return f"{type(self).__name__}({self.name!r}, remote={self.remote})"

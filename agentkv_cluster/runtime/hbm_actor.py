@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agentkv_cluster.runtime.codec_glue import decode_into, encode_page
 from agentkv_cluster.runtime.mover import Endpoint, Mover, RemoteSpan
 from agentkv_cluster.runtime.records import PageMeta, UnknownPageKey
+from store.codecs.pages import decode_into, encode_page
 from store.hbm import ArenaFull, HbmArena, PageTooLarge
 from store.types import Codec, Tier
+
+if TYPE_CHECKING:
+    from agentkv_cluster.runtime.actor_handles import PoolHandle
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,7 +59,7 @@ class HbmActor:
         # The whole arena is one NIXL region; a peer addresses a page at its page_offset.
         self._whole = self.mover.register(self.arena.buffer)
         self._pages: dict[bytes, int] = {}  # key -> arena page
-        self._pools: dict[str, Any] = {}  # pool name -> handle (see add_pool)
+        self._pools: dict[str, PoolHandle] = {}  # pool name -> handle (see add_pool)
         self._landing: dict[int, str] = {}  # arena page -> owner that reserved it
         self._lock = threading.Lock()
 
@@ -67,12 +70,12 @@ class HbmActor:
     def introduce(self, endpoint: Endpoint) -> None:
         self.mover.introduce(endpoint)
 
-    def add_pool(self, name: str, pool: Any) -> None:
+    def add_pool(self, name: str, pool: PoolHandle) -> None:
         """Remember a pool's handle, so moves can name the pool instead of carrying its
         handle (pickling an actor handle costs ~0.4 ms per call)."""
         self._pools[name] = pool
 
-    def _pool(self, pool: Any) -> Any:
+    def _pool(self, pool: PoolHandle | str) -> PoolHandle:
         return self._pools[pool] if isinstance(pool, str) else pool
 
     def ping(self) -> str:
@@ -216,11 +219,11 @@ class HbmActor:
         return self.arena.read(page)
 
     # -- tier moves ---------------------------------------------------------------------------
-    def demote(self, meta: PageMeta, targets: list[tuple[int, int]], pool: Any,
+    def demote(self, meta: PageMeta, targets: list[tuple[int, int]], pool: PoolHandle | str,
                drop: bool = True) -> DemoteReceipt:
         """Encode the page for each (tier, codec) target, let ``pool`` (a handle or the name
         of one given to ``add_pool``) pull and seal it."""
-        pool = self._pool(pool)
+        handle = self._pool(pool)
         page = self._page(meta.key)
         raw = self.arena.view(page)[: meta.length].numpy()
         link = 0
@@ -228,9 +231,10 @@ class HbmActor:
         for tier, codec in targets:
             slot = self.mover.take_slot()
             try:
-                n = encode_page(raw, meta, Codec(codec), self.mover.slot_view(slot))
-                receipt = pool.store_from(meta, Tier(tier), Codec(codec),
-                                          self.mover.slot_span(slot, n))
+                n = encode_page(raw, meta.length, meta.shape, Codec(codec),
+                                self.mover.slot_view(slot))
+                receipt = handle.store_from(meta, Tier(tier), Codec(codec),
+                                            self.mover.slot_span(slot, n))
             finally:
                 self.mover.give_slot(slot)
             link += n
@@ -239,25 +243,26 @@ class HbmActor:
         if drop:
             self.drop(meta.key)
         return DemoteReceipt(copies=tuple(copies), tier_bytes=tuple(sizes), link_bytes=link,
-                             pool=pool.name)
+                             pool=handle.name)
 
-    def restore(self, meta: PageMeta, tier: int, codec: int, pool: Any) -> RestoreReceipt:
+    def restore(self, meta: PageMeta, tier: int, codec: int, pool: PoolHandle | str
+                ) -> RestoreReceipt:
         """Have ``pool`` push the sealed-then-opened form into staging, decode into the arena."""
-        pool = self._pool(pool)
+        handle = self._pool(pool)
         if meta.length > self.spec.page_bytes:  # a push would run into the next arena page
             raise PageTooLarge(f"a {meta.length} B page does not fit {self.spec.page_bytes} B")
         page = self._alloc(meta.key)
         try:
             if Codec(codec) is Codec.FULL:
                 span = self._span(page, meta.length)  # straight into the arena page
-                got = pool.restore_to(meta.key, meta.digest, int(codec), span.wire())
+                got = handle.restore_to(meta.key, meta.digest, int(codec), span.wire())
             else:
                 slot = self.mover.take_slot()
                 try:
                     span = self.mover.slot_span(slot, self.mover.slot_bytes)
-                    got = pool.restore_to(meta.key, meta.digest, int(codec), span.wire())
+                    got = handle.restore_to(meta.key, meta.digest, int(codec), span.wire())
                     dst = self.arena.view(page)[: meta.length].numpy()
-                    decode_into(self.mover.slot_view(slot, got["nbytes"]), meta, dst)
+                    decode_into(self.mover.slot_view(slot, got["nbytes"]), meta.shape, dst)
                 finally:
                     self.mover.give_slot(slot)
         except Exception:

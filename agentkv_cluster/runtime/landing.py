@@ -16,17 +16,20 @@ import contextlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentkv_cluster.runtime.hbm_actor import RestoreReceipt
 from agentkv_cluster.runtime.records import PageMeta
 from store.hbm import PageTooLarge
 from store.types import Codec
 
+if TYPE_CHECKING:
+    from agentkv_cluster.runtime.actor_handles import HbmHandle, PoolHandle
+
 
 @dataclass(slots=True)
 class _Stock:
-    handle: Any  # the HBM actor these pages belong to (a replaced actor took them along)
+    handle: HbmHandle  # the HBM actor these pages belong to (a replaced actor took them along)
     pages: list[tuple[int, tuple]] = field(default_factory=list)  # (page, span wire)
     refilling: bool = False
 
@@ -44,8 +47,8 @@ class LandingPages:
         self.one_hop = 0
         self.two_hop = 0
 
-    def restore(self, name: str, hbm: Any, pool: Any, pool_name: str, meta: PageMeta,
-                tier: int, codec: int) -> RestoreReceipt:
+    def restore(self, name: str, hbm: HbmHandle, pool: PoolHandle, pool_name: str,
+                meta: PageMeta, tier: int, codec: int) -> RestoreReceipt:
         """Restore ``meta``'s (tier, codec) copy from ``pool`` into HBM actor ``name``: one
         hop into a landing page when the copy is FULL and a page is in stock, else through
         the HBM actor (which decodes compressed copies itself)."""
@@ -58,7 +61,7 @@ class LandingPages:
             with contextlib.suppress(Exception):
                 hbm.release_landing([page], self.owner)
             raise PageTooLarge(f"a {meta.length} B page does not fit a {wire[4]} B arena page")
-        landed = hbm.start("land", meta.key, page, meta.length, self.owner)
+        landed = hbm.start_land(meta.key, page, meta.length, self.owner)
         try:
             got = pool.restore_to(meta.key, meta.digest, int(codec), (*wire[:4], meta.length))
         except BaseException:
@@ -78,7 +81,7 @@ class LandingPages:
                 with contextlib.suppress(Exception):  # a dead actor took its pages along
                     stock.handle.release_landing([p for p, _ in stock.pages], self.owner)
 
-    def _take(self, name: str, hbm: Any) -> tuple[int, tuple] | None:
+    def _take(self, name: str, hbm: HbmHandle) -> tuple[int, tuple] | None:
         with self._lock:
             stock = self._stock.get(name)
             if stock is None or stock.handle is not hbm:
@@ -99,7 +102,8 @@ class LandingPages:
             stock.pages.extend((int(p), tuple(w)) for p, w in got)
             stock.refilling = False
 
-    def _undo(self, hbm: Any, key: bytes, page: int, landed: Callable[[], Any]) -> None:
+    def _undo(self, hbm: HbmHandle, key: bytes, page: int, landed: Callable[[], Any]
+              ) -> None:
         """The push failed: free the page, whichever side of ``land`` it is on (an actor
         that died took it along)."""
         try:

@@ -190,7 +190,7 @@ class Service:
         if self.topo is None or self.audit is None:
             return 0
         try:
-            summaries = self.topo.controller.call("drain_audit", timeout_s=10.0)
+            summaries = self.topo.controller.options(timeout_s=10.0).drain_audit()
         except Exception:  # noqa: BLE001 - the controller is gone: nothing left to drain
             log.warning("could not drain retired-page summaries from the controller")
             return 0
@@ -251,7 +251,7 @@ class MetricsFeed:
         assert topo is not None
         if topo.controller is not self._controller:  # use_policy: counters start again
             self._controller, self._cursor, self._last = topo.controller, 0, {}
-        got = topo.controller.call("metrics_since", self._cursor, timeout_s=5.0)
+        got = topo.controller.options(timeout_s=5.0).metrics_since(self._cursor)
         self._cursor = got["cursor"]
         for tier, seconds in got["waits"]:
             m.waited(tier, seconds)  # restores into HBM; gap migrations into host / NVMe
@@ -263,7 +263,7 @@ class MetricsFeed:
         host = nvme = 0
         for pool in list(topo.pools.values()):
             try:
-                st = pool.call("stats", timeout_s=5.0)
+                st = pool.options(timeout_s=5.0).stats()
             except ActorGone:
                 continue  # a dead pool holds nothing; the watcher forgets it
             host, nvme = host + st["host_used_bytes"], nvme + st["nvme_live_bytes"]

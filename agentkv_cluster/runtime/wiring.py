@@ -19,10 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from agentkv_cluster.config import AgentKvConfig
-from agentkv_cluster.runtime import handles
+from agentkv_cluster.runtime.actor_handles import (
+    ControllerHandle,
+    DirectoryHandle,
+    HbmHandle,
+    PoolHandle,
+)
 from agentkv_cluster.runtime.controller_actor import ControllerActor, ControllerSpec
 from agentkv_cluster.runtime.directory_glue import DirectoryShell, RedisSpec, open_directory
-from agentkv_cluster.runtime.handles import Handle
+from agentkv_cluster.runtime.handles import ActorGone
 from agentkv_cluster.runtime.hbm_actor import HbmActor, HbmSpec
 from agentkv_cluster.runtime.pool_actor import PoolActor, PoolSpec
 
@@ -31,10 +36,10 @@ POOL_RESOURCE = "akv_pool"  # custom Ray resource of the nodes sized to host a p
 
 @dataclass(kw_only=True)
 class Topology:
-    controller: Handle
-    directory: Any
-    pools: dict[str, Handle] = field(default_factory=dict)
-    hbms: dict[str, Handle] = field(default_factory=dict)
+    controller: ControllerHandle
+    directory: DirectoryHandle | RedisSpec
+    pools: dict[str, PoolHandle] = field(default_factory=dict)
+    hbms: dict[str, HbmHandle] = field(default_factory=dict)
     hbm_pool: dict[str, str] = field(default_factory=dict)
     pool_node: dict[str, str] = field(default_factory=dict)  # pool -> Ray node id
     hbm_node: dict[str, str] = field(default_factory=dict)  # HBM actor -> Ray node id
@@ -123,18 +128,18 @@ def controller_spec(cfg: AgentKvConfig, policy: str | None = None,
                           host_bytes=cfg.pool.pool_bytes, nvme_bytes=cfg.pool.nvme_bytes)
 
 
-def spawn_pool(topo: Topology, spec: PoolSpec, node_id: str) -> Handle:
+def spawn_pool(topo: Topology, spec: PoolSpec, node_id: str) -> PoolHandle:
     ray = _ray()
     cls = ray.remote(PoolShell)
     opts = {"num_cpus": 0, "max_concurrency": 8, "name": f"akv-pool-{spec.name}",
             **_affinity(node_id)}
-    handle = handles.create(cls, spec.name, opts, spec, topo.directory)
+    handle = PoolHandle.create(cls, spec.name, opts, spec, topo.directory)
     topo.pools[spec.name], topo.pool_node[spec.name], topo.pool_specs[spec.name] = \
         handle, node_id, spec
     return handle
 
 
-def spawn_hbm(cfg: AgentKvConfig, name: str, node_id: str, kind: str) -> Handle:
+def spawn_hbm(cfg: AgentKvConfig, name: str, node_id: str, kind: str) -> HbmHandle:
     ray = _ray()
     spec = hbm_spec(cfg, name)
     opts: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 8, **_affinity(node_id)}
@@ -142,7 +147,7 @@ def spawn_hbm(cfg: AgentKvConfig, name: str, node_id: str, kind: str) -> Handle:
         opts["num_gpus"] = 1
     else:
         opts["resources"] = {kind: 1}
-    return handles.create(ray.remote(HbmActor), name, opts, spec)
+    return HbmHandle.create(ray.remote(HbmActor), name, opts, spec)
 
 
 def deploy(cfg: AgentKvConfig, workdir: Path | None = None, *, policy: str | None = None,
@@ -152,10 +157,11 @@ def deploy(cfg: AgentKvConfig, workdir: Path | None = None, *, policy: str | Non
     ray = _ray()
     workdir = workdir or Path(tempfile.mkdtemp(prefix="agentkv-"))
     if cfg.directory.redis_url:
-        directory: Any = RedisSpec(url=cfg.directory.redis_url, prefix=cfg.directory.prefix)
+        directory: DirectoryHandle | RedisSpec = RedisSpec(url=cfg.directory.redis_url,
+                                                           prefix=cfg.directory.prefix)
     else:
-        directory = handles.create(ray.remote(DirectoryShell), "directory",
-                                   {"num_cpus": 0, "max_concurrency": 8, **_here()})
+        directory = DirectoryHandle.create(ray.remote(DirectoryShell), "directory",
+                                           {"num_cpus": 0, "max_concurrency": 8, **_here()})
     controller = spawn_controller(controller_spec(cfg, policy, credits), directory)
     topo = Topology(controller=controller, directory=directory, workdir=workdir)
     nodes = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: n["NodeID"])
@@ -169,10 +175,12 @@ def _here() -> dict[str, Any]:
     return _affinity(_ray().get_runtime_context().get_node_id())
 
 
-def spawn_controller(spec: ControllerSpec, directory: Any) -> Handle:
+def spawn_controller(spec: ControllerSpec, directory: DirectoryHandle | RedisSpec
+                     ) -> ControllerHandle:
     ray = _ray()
-    return handles.create(ray.remote(ControllerShell), "controller",
-                          {"num_cpus": 0, "max_concurrency": 64, **_here()}, spec, directory)
+    return ControllerHandle.create(ray.remote(ControllerShell), "controller",
+                                   {"num_cpus": 0, "max_concurrency": 64, **_here()}, spec,
+                                   directory)
 
 
 def pool_nodes(nodes: list[dict[str, Any]], cluster: list[dict[str, Any]] | None = None
@@ -291,13 +299,14 @@ def join_new_nodes(cfg: AgentKvConfig, topo: Topology, front: Any | None = None,
             if name not in added and hbm.alive(5.0):
                 try:
                     introduce(hbm, pools[pool_name])
-                except handles.ActorGone:
+                except ActorGone:
                     continue  # died after the check (its node left): the watcher forgets it
     return fresh + added
 
 
-def introduce(a: Handle | Any, b: Handle | Any) -> None:
-    """Introduce two NIXL agents to each other (objects with endpoint()/introduce())."""
+def introduce(a: Any, b: Any) -> None:
+    """Introduce two NIXL agents to each other: actor handles, or local objects with
+    endpoint()/introduce() (the API front, a test's Mover)."""
     a.introduce(b.endpoint())
     b.introduce(a.endpoint())
 
@@ -311,7 +320,7 @@ def connect(topo: Topology, front: Any | None = None) -> None:
             introduce(hbm, front)
 
 
-def restart_pool(topo: Topology, name: str) -> Handle:
+def restart_pool(topo: Topology, name: str) -> PoolHandle:
     """Kill-and-replace recovery: a fresh pool actor rebuilds its index from the tiers."""
     old = topo.pools[name]
     topo.controller.expect_restart(name)
@@ -324,18 +333,18 @@ def restart_pool(topo: Topology, name: str) -> Handle:
 
 
 def shutdown(topo: Topology) -> None:
-    for handle in [*topo.hbms.values()]:
+    for hbm in [*topo.hbms.values()]:
         try:
-            handle.call("close", timeout_s=10)
+            hbm.options(timeout_s=10).close()
         except Exception:  # noqa: BLE001, S110 - best effort at teardown
             pass
-    for handle in topo.pools.values():
+    for pool in topo.pools.values():
         try:
-            handle.call("close", timeout_s=10)
+            pool.options(timeout_s=10).close()
         except Exception:  # noqa: BLE001, S110 - best effort at teardown
             pass
     try:
-        topo.controller.call("close", timeout_s=10)
+        topo.controller.options(timeout_s=10).close()
     except Exception:  # noqa: BLE001, S110 - best effort at teardown
         pass
 
@@ -343,15 +352,15 @@ def shutdown(topo: Topology) -> None:
 def deploy_local(cfg: AgentKvConfig, workdir: Path, *, policy: str | None = None,
                  hbm_capacity: int | None = None) -> Topology:
     """The same objects in this process, no Ray: one pool, one HBM actor (tests, tools)."""
-    directory = handles.local(DirectoryShell(), "directory")
-    controller = handles.local(ControllerActor(controller_spec(cfg, policy), directory),
-                               "controller")
+    directory = DirectoryHandle.local(DirectoryShell(), "directory")
+    controller = ControllerHandle.local(ControllerActor(controller_spec(cfg, policy), directory),
+                                        "controller")
     topo = Topology(controller=controller, directory=directory, workdir=workdir)
     pspec = pool_spec(cfg, "node0", workdir)
-    topo.pools["node0"] = handles.local(PoolActor(pspec, directory), "node0")
+    topo.pools["node0"] = PoolHandle.local(PoolActor(pspec, directory), "node0")
     topo.pool_specs["node0"] = pspec
     hbm = HbmActor(hbm_spec(cfg, "node0-hbm0"))
-    topo.hbms["node0-hbm0"] = handles.local(hbm, "node0-hbm0")
+    topo.hbms["node0-hbm0"] = HbmHandle.local(hbm, "node0-hbm0")
     topo.hbm_pool["node0-hbm0"] = "node0"
     controller.add_pool("node0", topo.pools["node0"])
     controller.add_hbm("node0-hbm0", topo.hbms["node0-hbm0"],

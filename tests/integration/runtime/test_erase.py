@@ -51,8 +51,9 @@ def _store(svc: Service, tenant: str, n: int):
 def _tiers_holding(svc: Service, keys: list[bytes]) -> dict[str, int]:
     topo = svc.topo
     held = {"hbm": 0, "host": 0, "nvme": 0}
+    resident = [set(h.keys()) for h in topo.hbms.values()]  # per HBM actor
     for key in keys:
-        held["hbm"] += sum(key in h.call("keys") for h in topo.hbms.values())
+        held["hbm"] += sum(key in r for r in resident)
         for pool in topo.pools.values():
             for tier, _codec in pool.holds(key).get("copies", []):
                 held["nvme" if tier == 2 else "host"] += 1

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from agentkv_cluster.config import load_config
-from agentkv_cluster.runtime.handles import ActorGone, local
+from agentkv_cluster.runtime.actor_handles import PoolHandle
+from agentkv_cluster.runtime.handles import ActorGone
 from agentkv_cluster.runtime.service import Service
 from security.erasure import verify_receipt
 from security.signing import load_verifier
@@ -40,7 +41,7 @@ def test_an_unreachable_pool_is_a_failed_tier_and_the_rest_is_purged() -> None:
         with svc.client("acme") as client:
             client.open_session("f1").store_pages(
                 [kv_page(i, "evidence", identity("acme", "f1", 1000 * i)) for i in range(6)])
-        svc.topo.pools["gone"] = local(_Unreachable(), "gone")
+        svc.topo.pools["gone"] = PoolHandle.local(_Unreachable(), "gone")
         receipt = svc.erase_tenant("acme")
         counts = dict(receipt.counts)
         assert set(receipt.failed_tiers) == {"host", "host-scrub", "nvme", "nvme-scrub"}

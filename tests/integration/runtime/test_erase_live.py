@@ -126,13 +126,13 @@ def test_erasure_of_a_busy_tenant_on_the_live_service(service, cluster, redis) -
         g = other.open_session("g")
         g_page = kv_page(0, "evidence", identity("globex", "g", 0))
         g_key = g.store_pages([g_page])[0]
-        stats = [p.call("stats") for p in service.topo.pools.values()]
+        stats = [p.stats() for p in service.topo.pools.values()]
         assert sum(st["host_used_bytes"] for st in stats) > 0, stats
         assert sum(st["nvme_live_bytes"] for st in stats) > 0, stats
 
         needles = _needles(a_pages + b_pages)
         name = [TENANT.encode()]
-        held = [any(h.call("arena_holds", needles)) for h in service.topo.hbms.values()]
+        held = [any(h.arena_holds(needles)) for h in service.topo.hbms.values()]
         assert any(held)  # the scan of the arenas sees resident pages before the erasure
         control = service.workdir / "nv" / "control.bin"  # and the file scan sees a needle
         control.write_bytes(b"x" * 100 + needles[0])
@@ -194,7 +194,7 @@ def test_erasure_of_a_busy_tenant_on_the_live_service(service, cluster, redis) -
 
         # No byte of the erased pages, nor the tenant's name, anywhere.
         for hbm in service.topo.hbms.values():
-            assert not any(hbm.call("arena_holds", needles + name))
+            assert not any(hbm.arena_holds(needles + name))
         session_dir = Path(cluster.head_node.get_session_dir_path())
         for root in (Path("/dev/shm"), service.workdir / "nv", session_dir):
             assert _scan_files(root, needles + name, t0) == [], root

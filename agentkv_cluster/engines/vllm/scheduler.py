@@ -24,21 +24,15 @@ from agentkv_cluster.engines.vllm.backend import (
     CallerRefused,
     ConnectorCounters,
 )
-from agentkv_cluster.engines.vllm.blocks import (
-    EngineVersions,
-    block_identity,
-    chain_hashes,
-    chain_next,
-    chain_seed,
-)
+from agentkv_cluster.engines.vllm.blocks import EngineVersions
 from agentkv_cluster.engines.vllm.hints import KEY, AgentHints, HintError, parse_hints
 from agentkv_cluster.engines.vllm.hintsock import HintSocket
+from agentkv_cluster.engines.vllm.matching import PrefixMatcher
 from agentkv_cluster.engines.vllm.meta import AgentKVConnectorMetadata, BlockOp, RequestOps
 from agentkv_cluster.lifecycle.identity import PageIdentity
 from security.keyring import PUBLIC_NAMESPACE
 
 log = logging.getLogger(__name__)
-_MAX_TAILS = 1 << 16
 
 
 @dataclass(slots=True)
@@ -77,8 +71,7 @@ class SchedulerSide:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="agentkv-lookup") if remote else None
         self._reqs: dict[str, _Req] = {}
         self._ops: list[RequestOps] = []  # loads and releases for the next metadata
-        # tails saved, by (namespace, chain hash of the blocks before them): their lengths
-        self._tails: dict[tuple[str, bytes], set[int]] = {}
+        self.matcher = PrefixMatcher(backend, versions, block_size)
 
     # -- per request ---------------------------------------------------------------------
     def _state(self, request: Any) -> _Req:
@@ -123,66 +116,6 @@ class SchedulerSide:
         self.counters.add(backend_errors=1)
         st.errors.append(f"AgentKV backend unavailable ({what}); recomputed")
         log.warning("AgentKV backend unavailable during %s: %s; recomputing", what, exc)
-
-    def _identities(self, st: _Req, n_blocks: int, namespace: str) -> list[PageIdentity]:
-        req = st.request
-        if len(st.hashes) < n_blocks:
-            st.hashes = chain_hashes(req.all_token_ids[:n_blocks * self.block_size],
-                                     self.block_size, self._salt(req))
-        adapter = str(getattr(getattr(req, "lora_request", None), "lora_name", "") or "")
-        return [block_identity(self.versions, namespace=namespace, adapter=adapter, chain=h,
-                               index=i, block_size=self.block_size)
-                for i, h in enumerate(st.hashes[:n_blocks])]
-
-    def _match(self, caller: Caller, st: _Req, n_blocks: int, start: int
-               ) -> list[PageIdentity]:
-        """The prompt's blocks up to the end of the longest run held from block ``start``
-        on (vLLM's own prefix cache holds the ``start`` blocks before it: they need not be
-        in the store), each in the tenant's namespace or (opt-in) PUBLIC; then, in
-        ``st.tail``, the longest held tail that continues it. ``st.resave_from``: the
-        first block that is neither held nor loaded (saves resume there)."""
-        per_ns = {ns: self._identities(st, n_blocks, ns) for ns in caller.read_namespaces()}
-        own = next(iter(per_ns.values()))
-        start = min(start, n_blocks)
-        matched: list[PageIdentity] = own[:start]
-        held_local = self.backend.lookup(caller, own[:start]) if start else 0
-        while len(matched) < n_blocks:
-            step = 0
-            for ids in per_ns.values():
-                step = self.backend.lookup(caller, ids[len(matched):])
-                if step:
-                    matched.extend(ids[len(matched):len(matched) + step])
-                    break
-            if not step:
-                break
-        st.resave_from = held_local if held_local < start else len(matched)
-        st.tail = self._match_tail(caller, st, len(matched))
-        return matched
-
-    def _salt(self, req: Any) -> str:
-        return f"{getattr(req, 'lora_request', None) or ''}|{getattr(req, 'cache_salt', '')}"
-
-    def _parent(self, st: _Req, index: int) -> bytes:
-        return st.hashes[index - 1] if index else chain_seed(self._salt(st.request))
-
-    def _match_tail(self, caller: Caller, st: _Req, index: int) -> PageIdentity | None:
-        """A saved tail at block ``index`` whose tokens the prompt repeats (vLLM computes
-        at least the prompt's last token itself)."""
-        req, bs = st.request, self.block_size
-        room = len(req.prompt_token_ids or ()) - 1 - index * bs
-        parent = self._parent(st, index)
-        adapter = str(getattr(getattr(req, "lora_request", None), "lora_name", "") or "")
-        for ns in caller.read_namespaces():
-            for n in sorted(self._tails.get((ns, parent), ()), reverse=True):
-                if n > room:
-                    continue
-                toks = req.prompt_token_ids[index * bs:index * bs + n]
-                ident = block_identity(self.versions, namespace=ns, adapter=adapter,
-                                       chain=chain_next(parent, toks), index=index,
-                                       block_size=bs, tokens=n)
-                if self.backend.lookup(caller, [ident]):
-                    return ident
-        return None
 
     # -- vLLM calls ----------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int
@@ -248,7 +181,10 @@ class SchedulerSide:
         assert st.caller is not None
         t0 = time.perf_counter()
         try:
-            return self._match(st.caller, st, n_blocks, local // self.block_size)
+            found = self.matcher.match(st.caller, st.request, st.hashes, n_blocks,
+                                       local // self.block_size)
+            st.resave_from, st.tail = found.resave_from, found.tail
+            return found.blocks
         except BackendUnavailable as exc:
             self._unavailable(st, "lookup", exc)
         except CallerRefused as exc:
@@ -359,7 +295,7 @@ class SchedulerSide:
         saves: tuple[BlockOp, ...] = ()
         if full > st.saved_upto:
             ns = PUBLIC_NAMESPACE if st.publish else st.caller.tenant
-            ids = self._identities(st, full, ns)
+            ids = self.matcher.identities(st.request, st.hashes, full, ns)
             saves = tuple(BlockOp(ids[b], st.block_ids[b]) for b in range(st.saved_upto, full))
             st.saved_upto = full
             expect = getattr(self.backend, "expect", None)  # the embedded directory's mirror
@@ -381,20 +317,11 @@ class SchedulerSide:
         """Save the partly filled block holding tokens up to ``end`` (the agent's next
         prompt repeats them); None for a short tail or unsaved full blocks before it."""
         assert st.caller is not None
-        bs, req = self.block_size, st.request
-        index, n = divmod(end, bs)
+        index, n = divmod(end, self.block_size)
         if n < self.min_tail_tokens or index >= len(st.block_ids) or st.saved_upto < index:
             return None
         ns = PUBLIC_NAMESPACE if st.publish else st.caller.tenant
-        self._identities(st, index, ns)  # the chain up to the tail
-        parent = self._parent(st, index)
-        adapter = str(getattr(getattr(req, "lora_request", None), "lora_name", "") or "")
-        ident = block_identity(self.versions, namespace=ns, adapter=adapter, block_size=bs,
-                               index=index, chain=chain_next(parent, req.all_token_ids[
-                                   index * bs:end]), tokens=n)
-        self._tails.setdefault((ns, parent), set()).add(n)
-        if len(self._tails) > _MAX_TAILS:  # the oldest entries first (dicts keep order)
-            del self._tails[next(iter(self._tails))]
+        ident = self.matcher.tail(st.request, st.hashes, ns, end)
         expect = getattr(self.backend, "expect", None)
         if expect is not None:
             expect(ident)

@@ -59,7 +59,8 @@ class PrefixMatcher:
         if len(hashes) < n_blocks:
             hashes[:] = chain_hashes(request.all_token_ids[:n_blocks * self.block_size],
                                      self.block_size, _salt(request))
-        return [block_identity(self.versions, namespace=namespace, adapter=_adapter(request),
+        adapter = _adapter(request)
+        return [block_identity(self.versions, namespace=namespace, adapter=adapter,
                                chain=h, index=i, block_size=self.block_size)
                 for i, h in enumerate(hashes[:n_blocks])]
 
@@ -98,12 +99,13 @@ class PrefixMatcher:
         bs = self.block_size
         room = len(request.prompt_token_ids or ()) - 1 - index * bs
         parent = self._parent(request, hashes, index)
+        adapter = _adapter(request)
         for ns in caller.read_namespaces():
             for n in sorted(self.tails.get((ns, parent), ()), reverse=True):
                 if n > room:
                     continue
                 toks = request.prompt_token_ids[index * bs:index * bs + n]
-                ident = block_identity(self.versions, namespace=ns, adapter=_adapter(request),
+                ident = block_identity(self.versions, namespace=ns, adapter=adapter,
                                        chain=chain_next(parent, toks), index=index,
                                        block_size=bs, tokens=n)
                 if self.backend.lookup(caller, [ident]):

@@ -61,7 +61,6 @@ class SchedulerSide:
                  async_load: bool = True, min_tail_tokens: int = 16,
                  hints: HintSocket | None = None) -> None:
         self.backend = backend
-        self.versions = versions
         self.block_size = block_size
         self.counters = counters
         self.lookup_timeout_s = lookup_timeout_s

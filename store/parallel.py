@@ -4,21 +4,37 @@ numpy copies of plain bytes release the GIL, so a 16 MiB page copied as a few sl
 as many threads as the process may run on moves at the machine's memory bandwidth rather
 than one core's. The calling thread copies too (it takes slices like the helpers), so a
 helper that wakes late costs little and a busy pool never blocks a copy.
+
+Python helper threads take tens of microseconds to wake, more than half of a 2 MiB copy;
+torch's intra-op threads are already spinning, so torch ``copy_`` splits a 2 MiB copy
+across cores at cache speed (2.3-2.5x one thread on the 2-core machine), but it splits
+statically and waits for every thread: on an oversubscribed machine one descheduled
+thread stalls the whole copy (medians of 0.2-1 GB/s were measured at load 5-9). So
+large copies go to whichever of the two engines has been faster for their size class
+lately (:class:`EngineChoice`), and the other one is tried now and then, more rarely
+the slower it was.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
+import warnings
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from enum import Enum
 
 import numpy as np
+import torch
 
 # Smaller copies stay on the calling thread: at 2 MiB, waking a helper cost more than it
 # saved on the shared 2-core machine (one thread 11.8-13.3 GB/s, two 7.5-9.5, load 7-9).
 PARALLEL_FROM = 4 << 20
 SLICE_MIN = 512 << 10
+# Copies from here up may go to torch's intra-op threads (below it one thread is as fast).
+TORCH_FROM = 1 << 20
 
 
 def _threads() -> int:
@@ -93,10 +109,118 @@ def fan_out(count: int, fn: Callable[[int], None], threads: int | None = None) -
     Fan(count, fn).run(threads - 1, _helpers())
 
 
+class Engine(Enum):
+    """How a large copy is split across cores."""
+
+    FAN = "fan"  # slices on the caller and the helper pool (one thread below PARALLEL_FROM)
+    TORCH = "torch"  # torch ``copy_`` on its intra-op threads
+
+
+class EngineChoice:
+    """Which engine copies each size class (sizes of one bit length), from recent timings.
+
+    Keeps the last ``WINDOW`` times (seconds per byte) of each engine per class and uses
+    the one with the lower median. Every so often the other engine copies instead, so a
+    change of load is noticed: after ``EXPLORE`` copies times the ratio of the two
+    medians (capped at ``EXPLORE_MAX``), which keeps the cost of trying a slow engine to
+    about 1/EXPLORE of the copy time. Pure bookkeeping: the caller times the copies."""
+
+    WINDOW = 8
+    WARMUP = 3  # copies each engine makes first (torch starts its threads on its first)
+    EXPLORE = 16
+    EXPLORE_MAX = 1024
+
+    def __init__(self) -> None:
+        self._classes: dict[int, _SizeClass] = {}
+
+    def pick(self, size_class: int) -> Engine:
+        c = self._classes.get(size_class)
+        if c is None:
+            c = self._classes[size_class] = _SizeClass(self.WINDOW)
+        c.count += 1
+        if c.best is None:  # warm-up: each engine in turn until both have WARMUP times
+            return _ENGINES[len(c.times[0]) >= self.WARMUP]
+        if c.count >= c.next_try:
+            return _ENGINES[1 - c.best]
+        return _ENGINES[c.best]
+
+    def record(self, size_class: int, engine: Engine, seconds_per_byte: float) -> None:
+        c = self._classes.get(size_class)
+        if c is None:
+            c = self._classes[size_class] = _SizeClass(self.WINDOW)
+        i = _INDEX[engine]
+        times = c.times[i]
+        times.append(seconds_per_byte)
+        c.medians[i] = sorted(times)[len(times) // 2]
+        if len(c.times[0]) < self.WARMUP or len(c.times[1]) < self.WARMUP:
+            return
+        fan, torch_ = c.medians
+        best = 0 if fan <= torch_ else 1
+        if c.best is None or i != best:  # decided, or a trial lost: wait before the next
+            slow = max(fan, torch_) / max(min(fan, torch_), 1e-15)
+            c.next_try = c.count + min(self.EXPLORE_MAX, int(self.EXPLORE * slow))
+        c.best = best
+
+    def best(self, size_class: int) -> Engine | None:
+        """The engine now preferred for the class (None until both were timed)."""
+        c = self._classes.get(size_class)
+        return None if c is None or c.best is None else _ENGINES[c.best]
+
+
+class _SizeClass:
+    __slots__ = ("best", "count", "medians", "next_try", "times")
+
+    def __init__(self, window: int) -> None:
+        self.times = (deque(maxlen=window), deque(maxlen=window))  # FAN, TORCH
+        self.medians = [0.0, 0.0]
+        self.best: int | None = None
+        self.count = self.next_try = 0
+
+
+_ENGINES = (Engine.FAN, Engine.TORCH)
+_INDEX = {Engine.FAN: 0, Engine.TORCH: 1}
+
+
+CHOICE = EngineChoice()
+
+
 def copy_into(dst: np.ndarray, src: np.ndarray, threads: int | None = None) -> None:
-    """``dst[:] = src`` for flat uint8 arrays of one length, on up to ``threads`` threads."""
+    """``dst[:] = src`` for flat uint8 arrays of one length, on up to ``threads`` threads
+    (all cores by default, by the engine that has lately been faster for the size)."""
     n = src.shape[0]
-    threads = THREADS if threads is None else threads
+    if threads is None and n >= TORCH_FROM and THREADS > 1 and torch.get_num_threads() > 1:
+        size_class = n.bit_length()
+        engine = CHOICE.pick(size_class)
+        start = time.perf_counter()
+        if engine is Engine.TORCH:
+            torch.from_numpy(dst).copy_(_source_tensor(src))
+        else:
+            _fan_copy(dst, src, THREADS)
+        CHOICE.record(size_class, engine, (time.perf_counter() - start) / n)
+        return
+    _fan_copy(dst, src, THREADS if threads is None else threads)
+
+
+def _source_tensor(src: np.ndarray) -> torch.Tensor:
+    """A tensor over ``src``, which may be read-only (bytes, a reader's view of the pool).
+
+    torch warns once per process when it wraps a read-only array, about writes through
+    the tensor; this module only reads it, so the first such wrap is made quietly."""
+    global _WRAPPED_READ_ONLY
+    if src.flags.writeable or _WRAPPED_READ_ONLY:
+        return torch.from_numpy(src)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        tensor = torch.from_numpy(src)
+    _WRAPPED_READ_ONLY = True
+    return tensor
+
+
+_WRAPPED_READ_ONLY = False
+
+
+def _fan_copy(dst: np.ndarray, src: np.ndarray, threads: int) -> None:
+    n = src.shape[0]
     if n < PARALLEL_FROM or threads < 2:
         np.copyto(dst, src)
         return

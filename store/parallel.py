@@ -12,12 +12,15 @@ statically and waits for every thread: on an oversubscribed machine one deschedu
 thread stalls the whole copy (medians of 0.2-1 GB/s were measured at load 5-9). So
 large copies go to whichever of the two engines has been faster for their size class
 lately (:class:`EngineChoice`), and the other one is tried now and then, more rarely
-the slower it was.
+the slower it was. torch is used only in processes that have loaded it (this module
+never imports it: a process that only moves bytes does not pay for it) and that run it
+on more than one thread (Ray workers get one unless their actor asks for more).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 import warnings
@@ -25,9 +28,12 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from enum import Enum
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 # Smaller copies stay on the calling thread: at 2 MiB, waking a helper cost more than it
 # saved on the shared 2-core machine (one thread 11.8-13.3 GB/s, two 7.5-9.5, load 7-9).
@@ -154,10 +160,10 @@ class EngineChoice:
         c.medians[i] = sorted(times)[len(times) // 2]
         if len(c.times[0]) < self.WARMUP or len(c.times[1]) < self.WARMUP:
             return
-        fan, torch_ = c.medians
-        best = 0 if fan <= torch_ else 1
+        fan, tensor = c.medians
+        best = 0 if fan <= tensor else 1
         if c.best is None or i != best:  # decided, or a trial lost: wait before the next
-            slow = max(fan, torch_) / max(min(fan, torch_), 1e-15)
+            slow = max(fan, tensor) / max(min(fan, tensor), 1e-15)
             c.next_try = c.count + min(self.EXPLORE_MAX, int(self.EXPLORE * slow))
         c.best = best
 
@@ -188,12 +194,14 @@ def copy_into(dst: np.ndarray, src: np.ndarray, threads: int | None = None) -> N
     """``dst[:] = src`` for flat uint8 arrays of one length, on up to ``threads`` threads
     (all cores by default, by the engine that has lately been faster for the size)."""
     n = src.shape[0]
-    if threads is None and n >= TORCH_FROM and THREADS > 1 and torch.get_num_threads() > 1:
+    torch_ = sys.modules.get("torch")  # only where torch is loaded: never import it here
+    if (threads is None and n >= TORCH_FROM and THREADS > 1 and torch_ is not None
+            and torch_.get_num_threads() > 1):
         size_class = n.bit_length()
         engine = CHOICE.pick(size_class)
         start = time.perf_counter()
         if engine is Engine.TORCH:
-            torch.from_numpy(dst).copy_(_source_tensor(src))
+            torch_.from_numpy(dst).copy_(_source_tensor(torch_, src))
         else:
             _fan_copy(dst, src, THREADS)
         CHOICE.record(size_class, engine, (time.perf_counter() - start) / n)
@@ -201,17 +209,17 @@ def copy_into(dst: np.ndarray, src: np.ndarray, threads: int | None = None) -> N
     _fan_copy(dst, src, THREADS if threads is None else threads)
 
 
-def _source_tensor(src: np.ndarray) -> torch.Tensor:
+def _source_tensor(torch_: Any, src: np.ndarray) -> torch.Tensor:
     """A tensor over ``src``, which may be read-only (bytes, a reader's view of the pool).
 
     torch warns once per process when it wraps a read-only array, about writes through
     the tensor; this module only reads it, so the first such wrap is made quietly."""
     global _WRAPPED_READ_ONLY
     if src.flags.writeable or _WRAPPED_READ_ONLY:
-        return torch.from_numpy(src)
+        return torch_.from_numpy(src)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        tensor = torch.from_numpy(src)
+        tensor = torch_.from_numpy(src)
     _WRAPPED_READ_ONLY = True
     return tensor
 

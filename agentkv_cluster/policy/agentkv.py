@@ -230,6 +230,10 @@ class AgentKvPolicy(TrackedPolicy):
         """The page began an idle gap at ``now`` (an open gap for the return model)."""
         self.returns.open_gap(page, now)
 
+    def forget_gap(self, page: PageView) -> None:
+        """The page is gone without an outcome (tenant erasure): drop its open gap."""
+        self.returns.forget(page.page_id)
+
     # ------------------------------------------------------------ tool gaps
     def on_tool_start(self, tool_start: ToolStart, pages: Sequence[PageView],
                       now: float) -> GapPlan:

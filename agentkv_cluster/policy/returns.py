@@ -109,6 +109,12 @@ class ReturnModel:
             n += 1
         return n
 
+    def forget(self, page_id: object) -> bool:
+        """Drop the page's open gap without an outcome (its tenant was erased: nothing is
+        learned from it and nothing of it stays); returns whether it had one. Left open,
+        it would count against every page of its kind as a gap that never ended."""
+        return self._close(page_id) is not None
+
     def _close(self, page_id: object) -> tuple[ReturnKey, float] | None:
         rec = self._open.pop(page_id, None)
         if rec is not None:

@@ -342,6 +342,7 @@ class Controller(EngineLoads, EventScheduling):
         for gid in gids:
             rec = self.pages.pop(gid)
             self.ledger.release(rec.pool, gid, rec.stored)
+            self.strategy.forget(rec, self._policy_of(rec))
             keys.setdefault(rec.hbm, []).append(rec.meta.key)
             pins += rec.pins
             straggling += rec.busy

@@ -106,6 +106,8 @@ class Strategy(Protocol):
 
     def calibration(self) -> PredictorHealth | None: ...
 
+    def forget(self, rec: PageRecord, policy: EvictionPolicy | None) -> None: ...
+
 
 @dataclass(frozen=True, kw_only=True)
 class PredictorHealth:
@@ -153,6 +155,9 @@ class LruStrategy:
                 policy: EvictionPolicy | None) -> None:
         return None  # LRU predicts nothing
 
+    def forget(self, rec: PageRecord, policy: EvictionPolicy | None) -> None:
+        pass  # LRU learns nothing per page
+
     def calibration(self) -> PredictorHealth | None:
         return None
 
@@ -199,6 +204,13 @@ class AgentKvStrategy:
                 policy.observe_return(rec.view, idle)
             else:
                 policy.observe_end(rec.view, idle)
+
+    def forget(self, rec: PageRecord, policy: EvictionPolicy | None) -> None:
+        """The page is erased with its tenant: its pending prediction trains nothing and
+        its open idle gap leaves the return model (no outcome was seen)."""
+        rec.phi = None
+        if isinstance(policy, AgentKvPolicy):
+            policy.forget_gap(rec.view)
 
     def calibration(self) -> PredictorHealth:
         cal = self.predictor.calibration

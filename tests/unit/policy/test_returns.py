@@ -64,6 +64,20 @@ def test_open_gaps_count_as_not_yet_returned_and_close_on_their_outcome():
     assert m.p_return(silent(3), now=20.0) == pytest.approx(0 / 1)
 
 
+def test_a_forgotten_gap_counts_for_nothing_and_leaves_no_entry():
+    """Tenant erasure: the page's open gap is dropped without an outcome; left open it
+    would count against every page of its kind as a gap that never ended."""
+    m = model([10.0], [])
+    a, gone = silent(1, last_access=0.0), silent(2, last_access=0.0)
+    m.open_gap(a, 0.0)
+    m.open_gap(gone, 0.0)
+    assert m.p_return(a, now=5.0) == pytest.approx(1 / 2)  # gone's gap counts against a
+    assert m.forget(gone.page_id) and not m.forget(gone.page_id)
+    assert m.p_return(a, now=5.0) == pytest.approx(1 / 1)
+    observed = m.observed
+    assert m.close_open_gaps(now=50.0) == 1 and m.observed == observed + 1  # a's only
+
+
 def test_window_forgets_the_oldest_outcomes():
     m = model([1.0] * 4, [100.0] * 4, window=4)
     assert m.p_return(silent(1), now=0.0) == 0.0  # only the four ends remain

@@ -31,6 +31,15 @@ def test_pages_the_graph_still_needs_are_forgotten_with_their_pins_and_moves() -
     assert ctl.hbms["h"].used == 0
 
 
+def test_the_return_model_keeps_no_open_gap_of_an_erased_page() -> None:
+    ctl, gids = _task_in_a_tool_call()  # the tool call opened an idle gap per page
+    views = [ctl.pages[g].view for g in gids]
+    returns = ctl.hbms["h"].policy.returns
+    ctl.forget_tenant("t")
+    assert not any(returns.forget(v.page_id) for v in views)  # already dropped
+    assert returns.close_open_gaps(now=9.0) == 0 and returns.observed == 0
+
+
 def test_calls_of_a_tenant_being_erased_fail_and_the_name_starts_empty_after() -> None:
     ctl, _ = _task_in_a_tool_call()
     ctl.forget_tenant("t")

@@ -183,9 +183,8 @@ class ChunkedSealer:
         if cached is not None and cached[0] == epoch:
             return cached
         key_id = self.key_id(tenant, generation)
-        name = tenant.encode()
         cached = (epoch, key_id, _PRE_HEAD.pack(MAGIC, VERSION, 0, 0, key_id, epoch),
-                  b"data" + bytes((len(name),)) + name)
+                  _tenant_part(tenant))
         self._own[(tenant, generation)] = cached
         return cached
 
@@ -232,10 +231,8 @@ class ChunkedSealer:
         dst[:NONCE_END] = pre + record_nonce
         encrypt = aead.fast_encrypt_into
         encrypt(record_nonce, lay.meta if not app else _meta_plain(lay, app),
-                pre + b"meta" + bytes((binding.tier,)), dst[NONCE_END:HEAD_BYTES])  # meta AAD
-        # the AAD every chunk shares (``_chunk_aad_prefix``, from the cached tenant part)
-        prefix = (pre + record_nonce + named + bytes(binding.digest)
-                  + _BIND.pack(generation, binding.tier, binding.location, n, lay.count))
+                _meta_aad(pre, binding.tier), dst[NONCE_END:HEAD_BYTES])
+        prefix = _chunk_aad(pre + record_nonce, named, binding, n, lay.count)
         if lay.count == 1:  # one chunk: no loop
             _, _, off, stop, _, index = lay.parts[0]
             dst[off:off + _NONCE] = nonces[_NONCE:]
@@ -290,7 +287,7 @@ class ChunkedSealer:
         meta = bytearray(META_PLAIN_BYTES)
         try:
             aead.fast_decrypt_into(pre_nonce[PREAMBLE_BYTES:], src[NONCE_END:HEAD_BYTES],
-                                   pre + b"meta" + bytes((tier,)), meta)
+                                   _meta_aad(pre, tier), meta)
         except prim.OPEN_FAILED:
             raise InvalidSeal("sealed record does not open") from None
         n, chunk, count, app_len = _META.unpack_from(meta)
@@ -311,9 +308,8 @@ class ChunkedSealer:
             aead = self.keyring.open_key(meta.tenant, meta.generation, meta.epoch)
         except KeyUnavailable:  # erased since the meta block opened
             return None
-        prefix = _chunk_aad_prefix(bytes(src[:PREAMBLE_BYTES]),
-                                   bytes(src[PREAMBLE_BYTES:NONCE_END]), binding,
-                                   meta.nbytes, meta.chunks)
+        prefix = _chunk_aad(bytes(src[:NONCE_END]), _tenant_part(binding.tenant), binding,
+                            meta.nbytes, meta.chunks)
         return aead, prefix
 
     def opener(self, record: object, meta: SealedMeta, binding: Binding
@@ -352,9 +348,8 @@ class ChunkedSealer:
             _, _, _, slot_id, n, chunk, count, _, aead, pre_nonce, named = self._open_head(
                 src, binding.tier, binding.tenant, binding.generation)
             found = None
-            if hmac.compare_digest(bytes(binding.slot_id), slot_id):  # (_chunk_aad_prefix)
-                found = aead, (pre_nonce + named + bytes(binding.digest) + _BIND.pack(
-                    binding.generation, binding.tier, binding.location, n, count))
+            if hmac.compare_digest(bytes(binding.slot_id), slot_id):
+                found = aead, _chunk_aad(pre_nonce, named, binding, n, count)
         else:
             n, chunk, count = meta.nbytes, meta.chunk, meta.chunks
             found = self._chunk_key(src, meta, binding)
@@ -405,11 +400,21 @@ def _meta_plain(lay: Layout, app: bytes) -> bytes:
         META_PLAIN_BYTES, b"\0")
 
 
-def _chunk_aad_prefix(pre: bytes, record_nonce: bytes, b: Binding, n: int, count: int) -> bytes:
-    """The AAD every chunk shares; the meta block's random nonce makes it unique to this
-    record, so chunks of two sealings under one binding never mix. (``seal_into`` and
-    ``open_into`` build the same bytes inline from the cached tenant part; the meta block's
-    AAD is the preamble, ``b"meta"`` and the tier byte.)"""
-    name = b.tenant.encode()
-    return (pre + record_nonce + b"data" + bytes((len(name),)) + name + bytes(b.digest)
+def _tenant_part(tenant: str) -> bytes:
+    """The tenant's part of the chunk AAD (cached per tenant by ``_own_for``)."""
+    name = tenant.encode()
+    return b"data" + bytes((len(name),)) + name
+
+
+def _chunk_aad(pre_nonce: bytes, tenant_part: bytes, b: Binding, n: int, count: int) -> bytes:
+    """The AAD every chunk of a record shares (each chunk appends its index): the
+    preamble and the meta block's random nonce (``pre_nonce``, which makes it unique to
+    this record, so chunks of two sealings under one binding never mix), the tenant, the
+    page digest, and generation, tier, location, length and chunk count."""
+    return (pre_nonce + tenant_part + bytes(b.digest)
             + _BIND.pack(b.generation, b.tier, b.location, n, count))
+
+
+def _meta_aad(pre: bytes, tier: int) -> bytes:
+    """The meta block's AAD: the preamble, ``b"meta"`` and the tier byte."""
+    return pre + b"meta" + bytes((tier,))

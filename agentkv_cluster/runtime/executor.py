@@ -30,6 +30,7 @@ from agentkv_cluster.runtime.landing import LandingPages
 from agentkv_cluster.runtime.records import (
     Action,
     ActionKind,
+    Link,
     Outcome,
     Reason,
     TenantErased,
@@ -39,8 +40,6 @@ from store.types import Codec, Tier
 
 if TYPE_CHECKING:
     from agentkv_cluster.runtime.actor_handles import HbmHandle, PoolHandle
-
-BACKGROUND = "/bg"
 
 
 class Abandoned(Exception):
@@ -52,32 +51,32 @@ class LinkCredits:
 
     def __init__(self, per_link: int, per_session: int, enabled: bool = True) -> None:
         self.per_link, self.per_session, self.enabled = per_link, per_session, enabled
-        self._managers: dict[str, CreditManager] = {}
-        self._granted: dict[tuple[str, int], CreditGrant] = {}  # tickets are per link
+        self._managers: dict[Link, CreditManager] = {}  # one per link and credit class
+        self._granted: dict[tuple[Link, int], CreditGrant] = {}  # tickets are per link
         self._cv = threading.Condition()
-        self.in_flight: Counter[str] = Counter()
-        self.waiting: Counter[str] = Counter()  # foreground requests queued per link
-        self.max_in_flight: Counter[str] = Counter()
-        self.waits: list[tuple[str, float]] = []  # (destination tier, seconds waited)
+        self.in_flight: Counter[Link] = Counter()
+        self.waiting: Counter[Link] = Counter()  # foreground requests queued per link
+        self.max_in_flight: Counter[Link] = Counter()
+        self.waits: list[tuple[Tier, float]] = []  # (destination tier, seconds waited)
 
-    def _manager(self, link: str) -> CreditManager:
+    def _manager(self, link: Link) -> CreditManager:
         mgr = self._managers.get(link)
         if mgr is None:
             # Background work (prefetch) gets its own, narrower class of the link so it never
             # queues an engine's on-demand restore behind it.
-            cap = max(1, self.per_link // 4) if link.endswith(BACKGROUND) else self.per_link
+            cap = max(1, self.per_link // 4) if link.background else self.per_link
             mgr = CreditManager(CreditConfig(
-                buckets={(Resource.LINK, link): BucketSpec(capacity=cap)},
+                buckets={(Resource.LINK, str(link)): BucketSpec(capacity=cap)},
                 session={Resource.LINK: BucketSpec(capacity=self.per_session)}))
             self._managers[link] = mgr
         return mgr
 
-    def acquire(self, session: str, link: str, timeout_s: float = 60.0,
-                give_up: Callable[[], bool] | None = None, tier: str = "hbm"
+    def acquire(self, session: str, link: Link, timeout_s: float = 60.0,
+                give_up: Callable[[], bool] | None = None, tier: Tier = Tier.HBM
                 ) -> CreditGrant | None:
         """Block for one credit of ``link`` (a move into ``tier``, for the wait metrics);
-        a background request (``link`` ends with BACKGROUND) raises ``Abandoned`` as soon
-        as ``give_up()`` says its page is wanted."""
+        a background request (``link.background``) raises ``Abandoned`` as soon as
+        ``give_up()`` says its page is wanted."""
         t0 = time.monotonic()
         with self._cv:
             if self.enabled:
@@ -89,10 +88,9 @@ class LinkCredits:
             self.waits.append((tier, time.monotonic() - t0))
             return grant
 
-    def _wait_grant(self, session: str, link: str, t0: float, timeout_s: float,
+    def _wait_grant(self, session: str, link: Link, t0: float, timeout_s: float,
                     give_up: Callable[[], bool] | None) -> CreditGrant:
-        background = link.endswith(BACKGROUND)
-        fg = link[: -len(BACKGROUND)] if background else link
+        background, fg = link.background, link.foreground
         if not background:
             self.waiting[fg] += 1
         try:
@@ -102,7 +100,7 @@ class LinkCredits:
                 self._tick(link, t0, timeout_s, give_up)
             mgr = self._manager(link)
             grant = mgr.acquire(CreditRequest(session=session, resource=Resource.LINK,
-                                              amount=1, link=link), t0)
+                                              amount=1, link=str(link)), t0)
             while grant.outcome is CreditOutcome.DELAYED:
                 got = self._granted.pop((link, grant.ticket), None)
                 if got is not None:
@@ -124,18 +122,18 @@ class LinkCredits:
                 self.waiting[fg] -= 1
                 self._cv.notify_all()
 
-    def _tick(self, link: str, t0: float, timeout_s: float,
+    def _tick(self, link: Link, t0: float, timeout_s: float,
               give_up: Callable[[], bool] | None) -> None:
         if give_up is not None and give_up():
             raise Abandoned(f"{link}: the page is wanted in the foreground")
         if not self._cv.wait(min(0.02, timeout_s)) and time.monotonic() - t0 > timeout_s:
             raise TimeoutError(f"no credit on {link} after {timeout_s} s")
 
-    def _poll(self, link: str, mgr: CreditManager) -> None:
+    def _poll(self, link: Link, mgr: CreditManager) -> None:
         for g in mgr.poll(time.monotonic()):
             self._granted[(link, g.ticket)] = g
 
-    def release(self, link: str, grant: CreditGrant | None) -> None:
+    def release(self, link: Link, grant: CreditGrant | None) -> None:
         with self._cv:
             self.in_flight[link] -= 1
             if grant is not None:
@@ -288,9 +286,9 @@ class Executor:
         hbm = self.hbms[a.hbm]
         gap = a.reason is Reason.GAP
         if gap and targets:  # a gap migration is background work on the link HBM actor -> pool
-            link = f"{name}>{a.hbm}{BACKGROUND}"
+            link = Link(name, a.hbm, background=True)
             grant = self.credits.acquire(a.session, link, give_up=lambda: self._moot(a.gid),
-                                         tier=Tier(a.tier).name.lower())
+                                         tier=Tier(a.tier))
             try:
                 receipt = hbm.demote(rec.meta, targets, name, False)
             finally:
@@ -309,12 +307,12 @@ class Executor:
     def _restore(self, a: Action) -> dict[str, Any]:
         rec = self.controller.record(a.gid)
         name = self._pool_for(rec.pool, a.hbm)
-        link = f"{name}>{a.hbm}"
+        link = Link(name, a.hbm)
         if a.reason is Reason.PREFETCH:
             try:
-                grant = self.credits.acquire(a.session, link + BACKGROUND,
+                grant = self.credits.acquire(a.session, link.as_background(),
                                              give_up=lambda: self._moot(a.gid))
-                link += BACKGROUND
+                link = link.as_background()
             except Abandoned:  # the engine waits for this page: promote to foreground
                 if self.controller.doomed(a.gid):
                     raise TenantErased("the page's tenant is being erased") from None

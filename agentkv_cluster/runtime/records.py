@@ -202,6 +202,36 @@ class Outcome(enum.Enum):
     ACTOR_GONE = "actor_gone"  # an HBM or pool actor the move needed died
 
 
+_BACKGROUND_SUFFIX = "/bg"  # the label form metrics and logs have always shown
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """The link between pool ``pool`` and HBM actor ``hbm`` (moves in both directions share
+    its credits), in one of two credit classes: foreground (an engine waits: on-demand
+    restores) or background (gap migrations, prefetches). The two classes are separate
+    credit buckets of the same link.
+
+    ``str(link)`` is the label metrics and logs show: ``"pool>hbm"``, plus ``"/bg"`` for
+    the background class."""
+
+    pool: str
+    hbm: str
+    background: bool = False
+
+    @property
+    def foreground(self) -> Link:
+        """The foreground class of the same link."""
+        return Link(self.pool, self.hbm) if self.background else self
+
+    def as_background(self) -> Link:
+        """The background class of the same link."""
+        return self if self.background else Link(self.pool, self.hbm, background=True)
+
+    def __str__(self) -> str:
+        return f"{self.pool}>{self.hbm}{_BACKGROUND_SUFFIX if self.background else ''}"
+
+
 @dataclass(frozen=True, kw_only=True)
 class TransferResult:
     """What the executor reports for one action (the controller's only feedback)."""

@@ -9,7 +9,14 @@ from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.runtime.controller import Controller
 from agentkv_cluster.runtime.executor import LinkCredits
 from agentkv_cluster.runtime.guard import Guarded
-from agentkv_cluster.runtime.records import Action, ActionKind, Outcome, PageMeta, TransferResult
+from agentkv_cluster.runtime.records import (
+    Action,
+    ActionKind,
+    Link,
+    Outcome,
+    PageMeta,
+    TransferResult,
+)
 from agentkv_cluster.runtime.strategies import make_strategy
 from store.types import Codec, Tier
 
@@ -122,7 +129,7 @@ def test_link_credits_bound_each_link_and_keep_tickets_apart() -> None:
     credits = LinkCredits(per_link=2, per_session=1)
     errors: list[BaseException] = []
 
-    def worker(session: str, link: str) -> None:
+    def worker(session: str, link: Link) -> None:
         try:
             for _ in range(15):
                 grant = credits.acquire(session, link)
@@ -131,23 +138,25 @@ def test_link_credits_bound_each_link_and_keep_tickets_apart() -> None:
         except BaseException as exc:  # noqa: BLE001 - collected for the assertion
             errors.append(exc)
 
-    threads = [threading.Thread(target=worker, args=(f"s{i}", f"L{i % 2}")) for i in range(12)]
+    links = [Link("p", "h0"), Link("p", "h1")]
+    threads = [threading.Thread(target=worker, args=(f"s{i}", links[i % 2])) for i in range(12)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
     assert errors == []
-    assert dict(credits.max_in_flight) == {"L0": 2, "L1": 2}
+    assert dict(credits.max_in_flight) == {links[0]: 2, links[1]: 2}
     assert sum(credits.in_flight.values()) == 0
-    assert len(credits.waits) == 180 and {t for t, _ in credits.waits} == {"hbm"}
+    assert len(credits.waits) == 180 and {t for t, _ in credits.waits} == {Tier.HBM}
 
 
 def test_credit_waits_are_labelled_with_the_tier_the_move_goes_into() -> None:
     credits = LinkCredits(per_link=1, per_session=1)
-    grant = credits.acquire("s", "p>h/bg", tier="host")  # a gap migration out of HBM
-    credits.release("p>h/bg", grant)
-    credits.release("p>h", credits.acquire("s", "p>h"))  # a restore into HBM
-    assert [tier for tier, _ in credits.waits] == ["host", "hbm"]
+    link = Link("p", "h")
+    grant = credits.acquire("s", link.as_background(), tier=Tier.HOST)  # a gap migration
+    credits.release(link.as_background(), grant)
+    credits.release(link, credits.acquire("s", link))  # a restore into HBM
+    assert [tier for tier, _ in credits.waits] == [Tier.HOST, Tier.HBM]
 
 
 def test_forget_tenant_drops_only_that_tenants_pages_and_reports_resident_keys() -> None:

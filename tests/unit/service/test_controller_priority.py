@@ -9,9 +9,9 @@ import time
 import pytest
 
 from agentkv_cluster.runtime.controller import Controller
-from agentkv_cluster.runtime.executor import BACKGROUND, Abandoned, LinkCredits
+from agentkv_cluster.runtime.executor import Abandoned, LinkCredits
 from agentkv_cluster.runtime.guard import Guarded
-from agentkv_cluster.runtime.records import Action, ActionKind, Reason
+from agentkv_cluster.runtime.records import Action, ActionKind, Link, Reason
 from agentkv_cluster.runtime.strategies import make_strategy
 from store.types import Codec, Tier
 from tests.unit.service.test_controller import MB, admitted, done, finish
@@ -45,14 +45,15 @@ def test_each_restore_names_only_the_victims_that_made_its_room() -> None:
 
 def test_background_waits_while_foreground_queues_and_gives_up_when_wanted() -> None:
     credits = LinkCredits(per_link=1, per_session=4)
-    fg = credits.acquire("s1", "L")  # the link is full of foreground work
+    link = Link("p", "h")
+    bg = link.as_background()
+    fg = credits.acquire("s1", link)  # the link is full of foreground work
     got: list[str] = []
 
     def background() -> None:
         try:
-            grant = credits.acquire("s2", "L" + BACKGROUND, timeout_s=5.0,
-                                    give_up=lambda: wanted.is_set())
-            credits.release("L" + BACKGROUND, grant)
+            grant = credits.acquire("s2", bg, timeout_s=5.0, give_up=lambda: wanted.is_set())
+            credits.release(bg, grant)
             got.append("ran")
         except Abandoned:
             got.append("abandoned")
@@ -61,13 +62,13 @@ def test_background_waits_while_foreground_queues_and_gives_up_when_wanted() -> 
     t = threading.Thread(target=background)
     t.start()
     time.sleep(0.1)
-    assert got == [] and credits.in_flight["L" + BACKGROUND] == 0  # not admitted
+    assert got == [] and credits.in_flight[bg] == 0  # not admitted
     wanted.set()
     t.join(5.0)
     assert got == ["abandoned"]
-    credits.release("L", fg)
-    grant = credits.acquire("s2", "L" + BACKGROUND, timeout_s=1.0)  # link idle: admitted
-    credits.release("L" + BACKGROUND, grant)
+    credits.release(link, fg)
+    grant = credits.acquire("s2", bg, timeout_s=1.0)  # link idle: admitted
+    credits.release(bg, grant)
     assert sum(credits.in_flight.values()) == 0
 
 

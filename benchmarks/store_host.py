@@ -21,6 +21,7 @@ import os
 import shutil
 import statistics
 import tempfile
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -41,6 +42,12 @@ SEALED_UNSEALED_TARGET = 0.5  # of the unsealed path, 16 MiB
 BINDING = {"tenant": "bench", "generation": 1, "tier": 1, "slot_id": bytes(range(32)),
            "digest": bytes(range(32, 64)), "location": 0}
 _PEER_WAIT_S = 300
+# torch's OpenMP workers spin on their core for a few milliseconds after each parallel copy
+# (GOMP's spin-wait) before they sleep. The peer's reads are timed only after this process's
+# workers went to sleep, as every baseline here is timed while the peer sleeps: otherwise
+# the peer's copies share a core with this process's spinning thread (its 2 MiB gets fell
+# to 11-12 GB/s, one core's speed, against 24 GB/s after the pause; quiet box, 2026-12-01).
+_SETTLE_S = 0.05
 # Figures the NIXL section compares against: size -> seconds of an unsealed cross-process get.
 XPROC_GET: dict[int, float] = {}
 
@@ -163,6 +170,7 @@ def _measure(size: int, rounds: int, sealer: ChunkedSealer, keys_dir: str
         torch.set_num_threads(THREADS)
 
         def remote(op: str, slot: int) -> list[float]:
+            time.sleep(_SETTLE_S)
             here.send((op, slot, reps))
             if not here.poll(_PEER_WAIT_S):
                 raise RuntimeError("the reading process stopped answering")

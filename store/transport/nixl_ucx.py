@@ -12,8 +12,12 @@ from store.transport.base import InvalidTransfer, MemKind
 
 
 class NixlUcxTransport(NixlTransportBase):
+    """Peers know this transport by its first agent (``agent_metadata``, ``Region.owner``);
+    the other lanes' agents (``_nixl.LANE_FROM``) only initiate transfers to them."""
+
     backend = "UCX"
     remote_kinds = frozenset({MemKind.DRAM, MemKind.VRAM})
+    lanes_allowed = True
 
     def agent_metadata(self) -> bytes:
         """This agent's metadata, for a peer's ``add_peer``. Take it after registering
@@ -27,13 +31,18 @@ class NixlUcxTransport(NixlTransportBase):
         except NIXL_ERRORS as exc:
             raise InvalidTransfer(f"bad agent metadata: {exc!r}") from exc
         name = name.decode() if isinstance(name, bytes) else str(name)
+        for agent in self._agents[1:]:
+            agent.add_remote_agent(metadata)
         self._peers.add(name)
+        self._peer_meta[name] = metadata
         return name
 
     def remove_peer(self, name: str) -> None:
         if name in self._peers and name != self.name:
-            self._agent.remove_remote_agent(name)
+            for agent in self._agents:
+                agent.remove_remote_agent(name)
             self._peers.discard(name)
+            self._peer_meta.pop(name, None)
 
     def take_notifications(self) -> dict[str, list[bytes]]:
         """Tags of jobs that peers finished writing into this agent's memory, by peer name."""

@@ -93,7 +93,7 @@ class UcxHarness:
         from store.transport.peer import PeerProcess
 
         self._cls = NixlUcxTransport
-        self.transport = NixlUcxTransport()
+        self.transport = NixlUcxTransport(lanes=2)  # large jobs split in two (see below)
         self.peer = PeerProcess(self.transport, REMOTE_BYTES)
         self.remote = self.peer.region
 
@@ -194,6 +194,55 @@ def test_write_then_read_back_with_offsets(harness):
     assert not dst[:7].any() and not dst[7 + n :].any()
     t.deregister(src_region)
     t.deregister(dst_region)
+
+
+def test_a_large_job_lands_whole_and_exact(harness):
+    """Large jobs (NIXL UCX: split across lanes, each part on its own thread) move every
+    byte of the range, at odd offsets and length, and nothing outside it."""
+    t = harness.transport
+    n, loff, roff = (9 << 20) + 12_345, 4_099, 65_536 + 13
+    src = pattern(n + loff, seed=3)
+    src_region = t.register(src)
+    done = t.wait(t.submit(write_job(src_region, harness.remote, n, local_offset=loff,
+                                     remote_offset=roff)))
+    assert (done.status, done.nbytes) == (TransferStatus.DONE, n)
+    assert harness.remote_read(roff, n) == src[loff:loff + n].tobytes()
+    assert harness.remote_read(roff - 1, 1) == b"\0" == harness.remote_read(roff + n, 1)
+    dst = aligned(n + 8)
+    dst_region = t.register(dst)
+    back = t.wait(t.submit(write_job(dst_region, harness.remote, n, local_offset=5,
+                                     remote_offset=roff, op=TransferOp.READ)))
+    assert (back.status, back.nbytes) == (TransferStatus.DONE, n)
+    assert dst[5:5 + n].tobytes() == src[loff:loff + n].tobytes()
+    assert not dst[:5].any() and not dst[5 + n:].any()
+    t.deregister(src_region)
+    t.deregister(dst_region)
+
+
+@needs_nixl
+def test_ucx_splits_large_jobs_across_lanes_and_a_tagged_job_lands_before_its_tag(ucx_harness):
+    t = ucx_harness.transport
+    n = 8 << 20
+    src = pattern(n, seed=11)
+    region = t.register(src)
+    job = write_job(region, ucx_harness.remote, n)
+    assert t.wait(t.submit(job)).status is TransferStatus.DONE
+    assert t.lanes_in_use == 2  # the second lane's agent started for this job
+    assert ucx_harness.remote_read(0, n) == src.tobytes()
+    src2 = pattern(n, seed=12)
+    region2 = t.register(src2)  # registered with both lanes
+    tagged = TransferJob(op=TransferOp.WRITE, local=region2, remote=ucx_harness.remote,
+                         length=n, tag=b"whole")
+    assert t.wait(t.submit(tagged)).status is TransferStatus.DONE
+    got: list[bytes] = []
+    deadline = time.monotonic() + 20.0
+    while not got and time.monotonic() < deadline:
+        got += ucx_harness.peer.notifications().get(t.name, [])
+        time.sleep(0.01)
+    assert got == [b"whole"]  # one notification, from the job's one transfer
+    assert ucx_harness.remote_read(0, n) == src2.tobytes()
+    t.deregister(region)
+    t.deregister(region2)
 
 
 def test_many_jobs_in_flight_all_finish_once(harness):

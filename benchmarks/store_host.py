@@ -43,10 +43,10 @@ BINDING = {"tenant": "bench", "generation": 1, "tier": 1, "slot_id": bytes(range
            "digest": bytes(range(32, 64)), "location": 0}
 _PEER_WAIT_S = 300
 # torch's OpenMP workers spin on their core for a few milliseconds after each parallel copy
-# (GOMP's spin-wait) before they sleep. The peer's reads are timed only after this process's
-# workers went to sleep, as every baseline here is timed while the peer sleeps: otherwise
-# the peer's copies share a core with this process's spinning thread (its 2 MiB gets fell
-# to 11-12 GB/s, one core's speed, against 24 GB/s after the pause; quiet box, 2026-12-01).
+# (GOMP's spin-wait) before they sleep. Each process's rows are timed only after the other
+# process's workers went to sleep: otherwise the timed copies share a core with a spinning
+# thread of the bench itself (the peer's 2 MiB gets fell to 11-12 GB/s, one core's speed,
+# against 24 GB/s after the pause; quiet box, 2026-12-01). The NIXL section pauses alike.
 _SETTLE_S = 0.05
 # Figures the NIXL section compares against: size -> seconds of an unsealed cross-process get.
 XPROC_GET: dict[int, float] = {}
@@ -175,6 +175,7 @@ def _measure(size: int, rounds: int, sealer: ChunkedSealer, keys_dir: str
             if not here.poll(_PEER_WAIT_S):
                 raise RuntimeError("the reading process stopped answering")
             seconds, digest = here.recv()
+            time.sleep(_SETTLE_S)
             assert digest == checksum(src), "the peer read other bytes"
             return seconds
 
@@ -268,10 +269,12 @@ class HostReader:
             raise RuntimeError("the reading process did not start")
 
     def get_seconds(self, reps: int) -> list[float]:
+        time.sleep(_SETTLE_S)
         self._conn.send(("get", self.slot, reps))
         if not self._conn.poll(_PEER_WAIT_S):
             raise RuntimeError("the reading process stopped answering")
         seconds, digest = self._conn.recv()
+        time.sleep(_SETTLE_S)
         assert digest == self.digest, "the peer read other bytes"
         return seconds
 

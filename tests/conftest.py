@@ -47,7 +47,19 @@ def _remove_pool_segments_left_by_killed_actors():
     if SHM.is_dir():
         in_use = _mapped_shm()
         for path in set(SHM.glob("akv-*")) - before - in_use:
-            path.unlink(missing_ok=True)
+            if not _another_live_sessions(path):
+                path.unlink(missing_ok=True)
+
+
+def _another_live_sessions(path: Path) -> bool:
+    """A ``pool_name`` segment of another pytest process that is still running: it may be
+    between a creator that closed it and the next attach, mapped by no one for a moment
+    (seen with two sessions at once); its own fixture unlinks it."""
+    parts = path.name.split("-")
+    if len(parts) < 4 or parts[1] != "test" or not parts[2].isdigit():
+        return False
+    pid = int(parts[2])
+    return pid != os.getpid() and Path(f"/proc/{pid}").exists()
 
 
 def _mapped_shm() -> set[Path]:

@@ -1,7 +1,8 @@
 """Chunked sealing, record format version 2: a header that names nothing, chunks on all cores.
 
 The layout of a record (preamble, sealed meta block, chunks, padding to a size class) and
-its geometry are in ``security.record_layout``; the names are re-exported here.
+its geometry are in ``security.record_layout``, what its AAD binds (``Binding``, the meta
+and chunk AAD) in ``security.record_binding``; the public names are re-exported here.
 
 Only the version, the key id (an opaque 16-byte tag of the tenant and key generation,
 keyed with the tenant's blinding secret, plus the random data-key epoch) and the
@@ -32,15 +33,21 @@ import mmap
 import struct
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
 from security import _primitives as prim
 from security._fan import Fan, default_threads
 from security.errors import InvalidName, InvalidSeal, KeyUnavailable
-from security.keyring import TenantKeyring, validate_generation, validate_namespace
+from security.keyring import TenantKeyring
+from security.record_binding import (  # what a record's AAD binds (re-exported here)
+    Binding,
+    SealedMeta,
+    chunk_aad,
+    meta_aad,
+    meta_plain,
+    tenant_part,
+)
 from security.record_layout import (  # the format's geometry (re-exported here)
     CHUNK_OVERHEAD,
     DIGEST_BYTES,
@@ -57,7 +64,6 @@ from security.record_layout import (  # the format's geometry (re-exported here)
     PREAMBLE_BYTES,
     SLOT_ID_BYTES,
     VERSION,
-    Layout,
     chunk_bytes,
     chunk_count,
     is_chunked,
@@ -83,32 +89,8 @@ _NONCE = prim.NONCE_BYTES
 _PRE_HEAD = struct.Struct(_PRE.format[:-3])  # the preamble up to the slot id
 _FLAT = frozenset((bytes, bytearray, mmap.mmap))  # always one-dimensional unsigned bytes
 _nonce_bytes = prim.nonce_bytes
-_BIND = struct.Struct(">QBQQI")  # generation, tier, location, plaintext length, chunks
 _KEY_ID_DOMAIN = b"agentkv/record-key-id/v1\0"
 _BLIND_SUFFIX = ".blind.key"
-
-
-class SealedMeta(NamedTuple):
-    """What the meta block of a record says, once it opened. (A NamedTuple: one is built
-    per open, and a frozen dataclass costs a few microseconds more to build.)"""
-
-    tenant: str
-    generation: int
-    epoch: int
-    slot_id: bytes
-    nbytes: int
-    chunk: int
-    chunks: int
-    app: bytes
-
-    def parts(self) -> list[tuple[int, int]]:
-        """(plaintext offset, length) of every chunk."""
-        return [(i * self.chunk, min(self.chunk, self.nbytes - i * self.chunk))
-                for i in range(self.chunks)]
-
-    def chunk_offset(self, index: int) -> int:
-        """Where chunk ``index`` (its nonce) starts in the record."""
-        return HEAD_BYTES + index * (self.chunk + CHUNK_OVERHEAD)
 
 
 # A record's opened meta block, with the data key that opened it, its preamble and meta
@@ -116,28 +98,6 @@ class SealedMeta(NamedTuple):
 # nbytes, chunk, chunks, app, aead, preamble and nonce, tenant part). A plain tuple: it is
 # built on every open, where a NamedTuple's constructor costs a Python frame.
 _Head = tuple[str, int, int, bytes, int, int, int, bytes, prim.Aead, bytes, bytes]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Binding:
-    """Where a page lives, as its chunks' AAD binds it."""
-
-    tenant: str
-    generation: int
-    tier: int
-    slot_id: bytes  # blinded slot identity (in the clear in the preamble)
-    digest: bytes  # page identity digest (never stored)
-    location: int = 0  # a location id the caller keeps beside the record
-
-    def __post_init__(self) -> None:
-        validate_namespace(self.tenant)
-        validate_generation(self.generation)
-        if not 0 <= self.tier <= 255 or not 0 <= self.location < 2**64:
-            raise InvalidName("tier must be in 0..255 and location in 0..2**64-1")
-        for name, value, size in (("slot id", self.slot_id, SLOT_ID_BYTES),
-                                  ("page identity digest", self.digest, DIGEST_BYTES)):
-            if not isinstance(value, (bytes, bytearray)) or len(value) != size:
-                raise InvalidName(f"{name} must be {size} bytes")
 
 
 def _flat(buf: object, writable: bool = False) -> memoryview:
@@ -184,7 +144,7 @@ class ChunkedSealer:
             return cached
         key_id = self.key_id(tenant, generation)
         cached = (epoch, key_id, _PRE_HEAD.pack(MAGIC, VERSION, 0, 0, key_id, epoch),
-                  _tenant_part(tenant))
+                  tenant_part(tenant))
         self._own[(tenant, generation)] = cached
         return cached
 
@@ -230,9 +190,9 @@ class ChunkedSealer:
         record_nonce = nonces[:_NONCE]
         dst[:NONCE_END] = pre + record_nonce
         encrypt = aead.fast_encrypt_into
-        encrypt(record_nonce, lay.meta if not app else _meta_plain(lay, app),
-                _meta_aad(pre, binding.tier), dst[NONCE_END:HEAD_BYTES])
-        prefix = _chunk_aad(pre + record_nonce, named, binding, n, lay.count)
+        encrypt(record_nonce, lay.meta if not app else meta_plain(lay, app),
+                meta_aad(pre, binding.tier), dst[NONCE_END:HEAD_BYTES])
+        prefix = chunk_aad(pre + record_nonce, named, binding, n, lay.count)
         if lay.count == 1:  # one chunk: no loop
             _, _, off, stop, _, index = lay.parts[0]
             dst[off:off + _NONCE] = nonces[_NONCE:]
@@ -287,7 +247,7 @@ class ChunkedSealer:
         meta = bytearray(META_PLAIN_BYTES)
         try:
             aead.fast_decrypt_into(pre_nonce[PREAMBLE_BYTES:], src[NONCE_END:HEAD_BYTES],
-                                   _meta_aad(pre, tier), meta)
+                                   meta_aad(pre, tier), meta)
         except prim.OPEN_FAILED:
             raise InvalidSeal("sealed record does not open") from None
         n, chunk, count, app_len = _META.unpack_from(meta)
@@ -308,7 +268,7 @@ class ChunkedSealer:
             aead = self.keyring.open_key(meta.tenant, meta.generation, meta.epoch)
         except KeyUnavailable:  # erased since the meta block opened
             return None
-        prefix = _chunk_aad(bytes(src[:NONCE_END]), _tenant_part(binding.tenant), binding,
+        prefix = chunk_aad(bytes(src[:NONCE_END]), tenant_part(binding.tenant), binding,
                             meta.nbytes, meta.chunks)
         return aead, prefix
 
@@ -349,7 +309,7 @@ class ChunkedSealer:
                 src, binding.tier, binding.tenant, binding.generation)
             found = None
             if hmac.compare_digest(bytes(binding.slot_id), slot_id):
-                found = aead, _chunk_aad(pre_nonce, named, binding, n, count)
+                found = aead, chunk_aad(pre_nonce, named, binding, n, count)
         else:
             n, chunk, count = meta.nbytes, meta.chunk, meta.chunks
             found = self._chunk_key(src, meta, binding)
@@ -393,28 +353,3 @@ class ChunkedSealer:
             np.frombuffer(dst, np.uint8, n).fill(0)
             raise InvalidSeal("sealed record does not open")
         return dst[:n]
-
-
-def _meta_plain(lay: Layout, app: bytes) -> bytes:
-    return (_META.pack(lay.nbytes, lay.chunk, lay.count, len(app)) + app).ljust(
-        META_PLAIN_BYTES, b"\0")
-
-
-def _tenant_part(tenant: str) -> bytes:
-    """The tenant's part of the chunk AAD (cached per tenant by ``_own_for``)."""
-    name = tenant.encode()
-    return b"data" + bytes((len(name),)) + name
-
-
-def _chunk_aad(pre_nonce: bytes, tenant_part: bytes, b: Binding, n: int, count: int) -> bytes:
-    """The AAD every chunk of a record shares (each chunk appends its index): the
-    preamble and the meta block's random nonce (``pre_nonce``, which makes it unique to
-    this record, so chunks of two sealings under one binding never mix), the tenant, the
-    page digest, and generation, tier, location, length and chunk count."""
-    return (pre_nonce + tenant_part + bytes(b.digest)
-            + _BIND.pack(b.generation, b.tier, b.location, n, count))
-
-
-def _meta_aad(pre: bytes, tier: int) -> bytes:
-    """The meta block's AAD: the preamble, ``b"meta"`` and the tier byte."""
-    return pre + b"meta" + bytes((tier,))

@@ -260,14 +260,7 @@ class NixlTransportBase(JobBook):
         return job_id
 
     def _split(self, job: TransferJob) -> list[tuple[int, int]]:
-        """(offset, length) of each part: one per lane for a large untagged job (a tag is
-        one notification, sent when the whole job has landed), else the whole job."""
-        n = min(self.lanes, job.length // LANE_MIN)
-        if job.tag or job.length < LANE_FROM or n < 2:
-            return [(0, job.length)]
-        step = -(-job.length // n)
-        step = -(-step // 4096) * 4096  # page-aligned parts
-        return [(lo, min(step, job.length - lo)) for lo in range(0, job.length, step)]
+        return split_job(job.length, self.lanes, bool(job.tag))
 
     @staticmethod
     def _prepare(agent: Any, job: TransferJob, offset: int, length: int) -> Any:
@@ -328,6 +321,18 @@ class NixlTransportBase(JobBook):
                 agent.deregister_memory(reg)
         self._regs.clear()
         self._closed = True
+
+
+def split_job(length: int, lanes: int, tagged: bool) -> list[tuple[int, int]]:
+    """(offset, length) of each part of a job: one per lane, page aligned and at least
+    ``LANE_MIN`` each, for an untagged job of ``LANE_FROM`` bytes or more; else the whole
+    job (a tag is one notification, sent when the whole job has landed)."""
+    n = min(lanes, length // LANE_MIN)
+    if tagged or length < LANE_FROM or n < 2:
+        return [(0, length)]
+    step = -(-length // n)
+    step = -(-step // 4096) * 4096
+    return [(lo, min(step, length - lo)) for lo in range(0, length, step)]
 
 
 class _Part:

@@ -23,7 +23,7 @@ The machine's load average is printed at the start and the end of the run.
 Ratios are what matter on a noisy machine; targets are checked on them.
 
     .venv/bin/python benchmarks/bench_store.py [--rounds 7] [--dir /tmp] [--json OUT]
-        [--only nvme ...]
+        [--png OUT] [--only nvme ...]
 """
 
 from __future__ import annotations
@@ -236,6 +236,7 @@ def main() -> int:
     parser.add_argument("--dir", default=tempfile.gettempdir(), help="where NVMe files go")
     parser.add_argument("--entries", type=int, default=20_000, help="directory entries")
     parser.add_argument("--json", type=Path, help="also write every row here")
+    parser.add_argument("--png", type=Path, help="also plot every target's ratio here")
     parser.add_argument("--only", nargs="+", choices=STEPS, help="run just these groups")
     args = parser.parse_args()
     steps = [
@@ -263,6 +264,10 @@ def main() -> int:
     )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
+    if args.png:
+        from store_plot import plot
+
+        plot([rows], args.png)
     return 0
 
 

@@ -134,7 +134,7 @@ class NixlTransportBase(JobBook):
     # and does without it; UCX keeps it, because a target that is busy elsewhere must
     # still answer (over TCP, one-sided operations need the target to make progress).
     progress_thread = True
-    # Whether large jobs split across lanes (module doc, LANE_FROM); file jobs do not.
+    # Whether large jobs split across lanes (see LANE_FROM); file jobs do not.
     lanes_allowed = False
 
     def __init__(self, name: str | None = None, lanes: int | None = None) -> None:

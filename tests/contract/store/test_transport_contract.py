@@ -219,6 +219,16 @@ def test_a_large_job_lands_whole_and_exact(harness):
     t.deregister(dst_region)
 
 
+def _notifications(harness: UcxHarness, wait_s: float = 20.0) -> list[bytes]:
+    """Tags the peer was notified of by this harness's transport (polls until one came)."""
+    got: list[bytes] = []
+    deadline = time.monotonic() + wait_s
+    while not got and time.monotonic() < deadline:
+        got += harness.peer.notifications().get(harness.transport.name, [])
+        time.sleep(0.01)
+    return got
+
+
 @needs_nixl
 def test_ucx_splits_large_jobs_across_lanes_and_a_tagged_job_lands_before_its_tag(ucx_harness):
     t = ucx_harness.transport
@@ -234,11 +244,7 @@ def test_ucx_splits_large_jobs_across_lanes_and_a_tagged_job_lands_before_its_ta
     tagged = TransferJob(op=TransferOp.WRITE, local=region2, remote=ucx_harness.remote,
                          length=n, tag=b"whole")
     assert t.wait(t.submit(tagged)).status is TransferStatus.DONE
-    got: list[bytes] = []
-    deadline = time.monotonic() + 20.0
-    while not got and time.monotonic() < deadline:
-        got += ucx_harness.peer.notifications().get(t.name, [])
-        time.sleep(0.01)
+    got = _notifications(ucx_harness)
     assert got == [b"whole"]  # one notification, from the job's one transfer
     assert ucx_harness.remote_read(0, n) == src2.tobytes()
     t.deregister(region)
@@ -365,11 +371,7 @@ def test_ucx_job_tags_reach_the_peer(ucx_harness):
         op=TransferOp.WRITE, local=region, remote=ucx_harness.remote, length=4096, tag=b"page-42"
     )
     assert t.wait(t.submit(job)).status is TransferStatus.DONE
-    got: list[bytes] = []
-    deadline = time.monotonic() + 20.0
-    while not got and time.monotonic() < deadline:
-        got += ucx_harness.peer.notifications().get(t.name, [])
-        time.sleep(0.01)
+    got = _notifications(ucx_harness)
     assert got == [b"page-42"]
     t.deregister(region)
 

@@ -121,6 +121,19 @@ def _peer(conn, shm: str, keys_dir: str, size: int) -> None:
     pool.close()
 
 
+def _peer_seconds(conn, command: tuple[str, int, int], digest: int) -> list[float]:
+    """The reading process's timed reads for ``command``, each batch between two pauses
+    (``_SETTLE_S``); checks that it read the bytes with ``digest``."""
+    time.sleep(_SETTLE_S)
+    conn.send(command)
+    if not conn.poll(_PEER_WAIT_S):
+        raise RuntimeError("the reading process stopped answering")
+    seconds, got = conn.recv()
+    time.sleep(_SETTLE_S)
+    assert got == digest, "the peer read other bytes"
+    return seconds
+
+
 def bench_host_pool(rounds: int) -> None:
     """Unsealed and sealed rows for every size; targets at 2 and 16 MiB (sealed: 16 MiB)."""
     keys_dir = tempfile.mkdtemp(prefix="akv-bench-keys-")
@@ -169,15 +182,10 @@ def _measure(size: int, rounds: int, sealer: ChunkedSealer, keys_dir: str
         reps = max(5, (64 * MIB) // size)
         torch.set_num_threads(THREADS)
 
+        digest = checksum(src)
+
         def remote(op: str, slot: int) -> list[float]:
-            time.sleep(_SETTLE_S)
-            here.send((op, slot, reps))
-            if not here.poll(_PEER_WAIT_S):
-                raise RuntimeError("the reading process stopped answering")
-            seconds, digest = here.recv()
-            time.sleep(_SETTLE_S)
-            assert digest == checksum(src), "the peer read other bytes"
-            return seconds
+            return _peer_seconds(here, (op, slot, reps), digest)
 
         rows = {
             "copy1": lambda: np.copyto(dst, src),
@@ -269,14 +277,7 @@ class HostReader:
             raise RuntimeError("the reading process did not start")
 
     def get_seconds(self, reps: int) -> list[float]:
-        time.sleep(_SETTLE_S)
-        self._conn.send(("get", self.slot, reps))
-        if not self._conn.poll(_PEER_WAIT_S):
-            raise RuntimeError("the reading process stopped answering")
-        seconds, digest = self._conn.recv()
-        time.sleep(_SETTLE_S)
-        assert digest == self.digest, "the peer read other bytes"
-        return seconds
+        return _peer_seconds(self._conn, ("get", self.slot, reps), self.digest)
 
     def close(self) -> None:
         if self._peer.is_alive():

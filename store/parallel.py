@@ -139,10 +139,14 @@ class EngineChoice:
     def __init__(self) -> None:
         self._classes: dict[int, _SizeClass] = {}
 
-    def pick(self, size_class: int) -> Engine:
+    def _class(self, size_class: int) -> _SizeClass:
         c = self._classes.get(size_class)
         if c is None:
             c = self._classes[size_class] = _SizeClass(self.WINDOW)
+        return c
+
+    def pick(self, size_class: int) -> Engine:
+        c = self._class(size_class)
         c.count += 1
         if c.best is None:  # warm-up: each engine in turn until both have WARMUP times
             return _ENGINES[len(c.times[0]) >= self.WARMUP]
@@ -151,9 +155,7 @@ class EngineChoice:
         return _ENGINES[c.best]
 
     def record(self, size_class: int, engine: Engine, seconds_per_byte: float) -> None:
-        c = self._classes.get(size_class)
-        if c is None:
-            c = self._classes[size_class] = _SizeClass(self.WINDOW)
+        c = self._class(size_class)
         i = _INDEX[engine]
         times = c.times[i]
         times.append(seconds_per_byte)

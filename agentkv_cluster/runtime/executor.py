@@ -310,9 +310,10 @@ class Executor:
         link = Link(name, a.hbm)
         if a.reason is Reason.PREFETCH:
             try:
-                grant = self.credits.acquire(a.session, link.as_background(),
+                background = link.as_background()
+                grant = self.credits.acquire(a.session, background,
                                              give_up=lambda: self._moot(a.gid))
-                link = link.as_background()
+                link = background
             except Abandoned:  # the engine waits for this page: promote to foreground
                 if self.controller.doomed(a.gid):
                     raise TenantErased("the page's tenant is being erased") from None

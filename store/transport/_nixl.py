@@ -175,9 +175,9 @@ class NixlTransportBase(JobBook):
                 self.lanes = len(self._agents)
                 return
             try:
-                for buffer, regs in self._regs.values():
-                    if not isinstance(buffer, FileSpan):
-                        regs.append(self._register_with(agent, buffer))
+                for key, (_buffer, regs) in self._regs.items():
+                    if key[0] is not MemKind.FILE:
+                        regs.append(_register_with(agent, key))
                 for meta in self._peer_meta.values():
                     agent.add_remote_agent(meta)
             except NIXL_ERRORS:
@@ -206,17 +206,10 @@ class NixlTransportBase(JobBook):
                 device=info.device,
                 owner=self.name,
             )
+        key = _reg_key(region)
         agents = self._agents if region.kind is not MemKind.FILE else self._agents[:1]
-        self._regs[_reg_key(region)] = (buffer, [self._register_with(a, buffer) for a in agents])
+        self._regs[key] = (buffer, [_register_with(a, key) for a in agents])
         return region
-
-    @staticmethod
-    def _register_with(agent: Any, buffer: Any) -> Any:
-        if isinstance(buffer, FileSpan):
-            return agent.register_memory([(0, buffer.length, buffer.fd, "")], "FILE")
-        info = memory_address(buffer)
-        return agent.register_memory([(info.addr, info.length, info.device, "")],
-                                     info.kind.value)
 
     def deregister(self, region: Region) -> None:
         entry = self._regs.pop(_reg_key(region), None)
@@ -234,10 +227,10 @@ class NixlTransportBase(JobBook):
             raise UnknownPeer(f"{self.name} was not introduced to {job.remote.owner!r}")
         if _reg_key(job.local) not in self._regs:
             raise InvalidTransfer(f"local region at {job.local.addr:#x} is not registered")
-        spans = self._split(job)
-        if len(spans) > 1 and len(self._agents) < self.lanes:
+        spans = split_job(job.length, self.lanes, bool(job.tag))
+        if len(spans) > len(self._agents):  # the other lanes start on the first split
             self._add_lanes()
-            spans = self._split(job)
+            spans = split_job(job.length, self.lanes, bool(job.tag))
         parts: list[_Part] = []
         try:
             for agent, (offset, length) in zip(self._agents[:len(spans)], spans, strict=True):
@@ -258,9 +251,6 @@ class NixlTransportBase(JobBook):
         else:
             self._early.append(self._finish(job_id, parts, job.length))
         return job_id
-
-    def _split(self, job: TransferJob) -> list[tuple[int, int]]:
-        return split_job(job.length, self.lanes, bool(job.tag))
 
     @staticmethod
     def _prepare(agent: Any, job: TransferJob, offset: int, length: int) -> Any:
@@ -352,3 +342,9 @@ class _Part:
 
 def _reg_key(region: Region) -> tuple[MemKind, int, int, int]:
     return (region.kind, region.addr, region.length, region.device)
+
+
+def _register_with(agent: Any, key: tuple[MemKind, int, int, int]) -> Any:
+    """Register the memory (or file: address 0, device = fd) a registration key names."""
+    kind, addr, length, device = key
+    return agent.register_memory([(addr, length, device, "")], kind.value)

@@ -134,11 +134,17 @@ class AgentKvPolicy(TrackedPolicy):
         order = np.lexsort((cols.page_ids, cols.last_access, density, protected))
         return cols.page_ids[order].tolist()
 
-    def admit_prefetch(self, page: PageView, need_bytes: int, now: float) -> PrefetchAdmission:
+    def admit_prefetch(self, page: PageView, need_bytes: int, now: float, *,
+                       not_before: float | None = None) -> PrefetchAdmission:
         """May a prefetched ``page`` enter the fast tier? It may only displace pages the
         victim order ranks below it (else prefetches push each other out in cycles):
         admitted with exactly enough such victims, which stop being tracked, or not
         admitted and nothing changes. ``need_bytes``: bytes short of room for it.
+        With ``not_before`` (the "do no harm" rule of integrated prefetching and
+        caching) it may instead displace only pages whose predicted next read
+        (``last_access + predicted_idle_s``) is no earlier than ``not_before``, in
+        victim order: with time-ordered victims no two prefetches can displace each
+        other in turn.
         Once the return model has learned from enough gap outcomes, the prefetch must
         also still pay at ``now`` (``GapPlanner.worth_prefetching``: P(read again |
         silent until now) against the link time and the ``need_bytes`` it displaces);
@@ -154,9 +160,13 @@ class AgentKvPolicy(TrackedPolicy):
         victims: list[PageId] = []
         if need_bytes > 0:
             conservative = self.conservative()
-            mine = self.rank_key(page, now, conservative)
-            below = [p for p in self._pages.values()
-                     if self.rank_key(p, now, conservative) < mine]
+            if not_before is None:
+                mine = self.rank_key(page, now, conservative)
+                below = [p for p in self._pages.values()
+                         if self.rank_key(p, now, conservative) < mine]
+            else:
+                below = [p for p in self._pages.values()
+                         if p.last_access + p.predicted_idle_s >= not_before]
             below.sort(key=lambda p: self.rank_key(p, now, conservative))
             victims = take_exactly((p.page_id for p in below), self._pages, need_bytes)
             if not victims:
@@ -185,17 +195,19 @@ class AgentKvPolicy(TrackedPolicy):
         return RetireDecision(page_id=page.page_id, retire=False, reason=reason)
 
     def demotion(self, page: PageView, free: Mapping[Tier, int] | None = None,
-                 mu: tuple[float, float] = (0.0, 0.0)) -> Placement:
+                 mu: tuple[float, float] = (0.0, 0.0), recompute: bool = True) -> Placement:
         """Where and in what form to keep an evicted page (phase 2 of the planner, one page):
         the option of least cost (eq. 4) that fits ``free`` per lower tier, each byte priced
-        at the tier's capacity price ``mu`` (HOST, NVME; see ``tier_prices``)."""
+        at the tier's capacity price ``mu`` (HOST, NVME; see ``tier_prices``). With
+        ``recompute`` False (a caller whose engine cannot re-prefill the page) the
+        recompute-only option is chosen only when no stored form fits."""
         room = {Tier.HOST: _UNLIMITED, Tier.NVME: _UNLIMITED, **(free or {})}
         decision = self.risk.decide(page)
         max_codec = self._safest_codec if self.conservative() else decision.max_lossy_codec
         k, stored, ref = self._costs.best_single(
             size=page.size_bytes, reuse=page.reuse_prob, recompute_s=page.recompute_cost_s,
             correctness=page.correctness_weight, keep_ref=decision.keep_reference,
-            max_codec=max_codec, mu=mu, free=room)
+            max_codec=max_codec, mu=mu, free=room, recompute=recompute)
         tier, codec = OPTIONS[k]
         return Placement(page_id=page.page_id, tier=tier, codec=codec, stored_bytes=stored,
                          reference_tier=Tier.NVME if ref else None, reference_bytes=ref)

@@ -217,6 +217,9 @@ class CostModel:
         }
     )
     codec_bytes_per_s: float = 200e9  # compress + decompress throughput over full bytes
+    # seconds a restore from a lossy form costs beyond its bytes and codec throughput (a
+    # path of its own, e.g. a decode step between two hops); 0 where decoding is in line
+    codec_fixed_s: float = 0.0
     energy_per_byte: float = 1e-11  # E_i weight per byte over a link (seconds-equivalent)
     # E_i weight per full byte through a codec pass: an on-GPU pass, far cheaper per
     # byte than a link transfer (pricing it like one made compression look dearer
@@ -231,7 +234,8 @@ class CostModel:
         if codec is Codec.RECOMPUTE:
             return 0.0
         stored = size_bytes * self.codec_ratio[codec]
-        codec_s = 0.0 if codec is Codec.FULL else 2.0 * size_bytes / self.codec_bytes_per_s
+        codec_s = 0.0 if codec is Codec.FULL else (
+            2.0 * size_bytes / self.codec_bytes_per_s + self.codec_fixed_s)
         link = self.link_bytes_per_s[tier]
         return 2.0 * (self.fixed_overhead_s[tier] + stored / link) + codec_s
 
@@ -240,7 +244,8 @@ class CostModel:
         if tier is Tier.HBM:
             return 0.0
         stored = size_bytes * self.codec_ratio[codec]
-        codec_s = 0.0 if codec is Codec.FULL else size_bytes / self.codec_bytes_per_s
+        codec_s = 0.0 if codec is Codec.FULL else (
+            size_bytes / self.codec_bytes_per_s + self.codec_fixed_s)
         return self.fixed_overhead_s[tier] + stored / self.link_bytes_per_s[tier] + codec_s
 
 

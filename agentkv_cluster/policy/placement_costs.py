@@ -13,6 +13,7 @@ stores nothing and is always allowed (the fallback that keeps every plan feasibl
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -38,6 +39,7 @@ class OptionCosts:
         self.energy = cost.energy_per_byte
         self.codec_energy = cost.codec_energy_per_byte
         self.codec_bps = cost.codec_bytes_per_s
+        self.codec_fixed = cost.codec_fixed_s
         self.tiers = np.array([int(t) for t, _ in OPTIONS], dtype=np.int8)
         self.codecs = np.array([int(c) for _, c in OPTIONS], dtype=np.int8)
         self.ratio = np.array([cost.codec_ratio[c] for _, c in OPTIONS])
@@ -56,10 +58,12 @@ class OptionCosts:
 
     def best_single(self, *, size: int, reuse: float, recompute_s: float, correctness: float,
                     keep_ref: bool, max_codec: Codec, mu: tuple[float, float],
-                    free: Mapping[Tier, int]) -> tuple[int, int, int]:
+                    free: Mapping[Tier, int], recompute: bool = True) -> tuple[int, int, int]:
         """(option, stored bytes, reference bytes) of least priced cost for one page
-        among the options that fit ``free``; the recompute entry always fits."""
-        best = (reuse * recompute_s, RECOMPUTE_OPTION, 0, 0)
+        among the options that fit ``free``; the recompute entry always fits. Without
+        ``recompute`` (nobody can re-prefill the page) it is taken only when no stored
+        form fits."""
+        best = (reuse * recompute_s if recompute else math.inf, RECOMPUTE_OPTION, 0, 0)
         for k, tier, codec, ratio, fixed, bw, err, lossy in self._scalar:
             if codec is Codec.RECOMPUTE or codec > max_codec:
                 continue
@@ -69,7 +73,7 @@ class OptionCosts:
             nvme = (stored if tier is Tier.NVME else 0) + ref
             if host > free[Tier.HOST] or nvme > free[Tier.NVME]:
                 continue
-            codec_s = size / self.codec_bps if lossy else 0.0
+            codec_s = size / self.codec_bps + self.codec_fixed if lossy else 0.0
             risk = 0.0 if ref else self.lam * correctness * err
             cost = (reuse * (fixed + stored / bw + codec_s) + self.energy * (stored + ref)
                     + (self.codec_energy * size if lossy else 0.0) + risk
@@ -81,7 +85,8 @@ class OptionCosts:
     def rows(self, size, reuse, recompute_s, correctness, keep_ref, max_codec) -> OptionRows:
         size = np.asarray(size, dtype=np.float64)[:, None]
         stored = np.rint(size * self.ratio).astype(np.int64)
-        latency = self.fixed + stored / self.bw + self.lossy * size / self.codec_bps
+        latency = self.fixed + stored / self.bw + self.lossy * (size / self.codec_bps
+                                                               + self.codec_fixed)
         latency[:, RECOMPUTE_OPTION] = recompute_s
         ref = np.where(np.asarray(keep_ref)[:, None] & self.lossy, size, 0).astype(np.int64)
         risk = np.where(ref > 0, 0.0, self.lam * np.asarray(correctness)[:, None] * self.err)

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from agentkv_cluster.runtime.hbm_actor import DemoteReceipt, RestoreReceipt
     from agentkv_cluster.runtime.mover import Endpoint, RemoteSpan
     from agentkv_cluster.runtime.records import AuditSummary, LoadReport, PageMeta
+    from agentkv_cluster.runtime.strategies import Learned
     from store.directory.base import DirectoryEntry
     from store.types import Codec, Lookup, Tier
 
@@ -216,6 +217,9 @@ class ControllerHandle(ActorHandle):
 
     def drain_audit(self) -> list[AuditSummary]:
         return self._call("drain_audit")
+
+    def learned(self) -> Learned | None:
+        return self._call("learned")
 
     def stats(self) -> dict[str, Any]:
         return self._call("stats")

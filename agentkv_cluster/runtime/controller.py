@@ -219,11 +219,14 @@ class Controller(EngineLoads, EventScheduling):
         self.by_key[(meta.key, hbm)] = gid
         return rec
 
-    def _insert(self, rec: PageRecord, now: float, codec: Codec) -> None:
+    def _insert(self, rec: PageRecord, now: float, codec: Codec, admitted: bool = False) -> None:
+        """``rec`` is (or is about to be) in HBM as ``codec``; ``admitted``: its policy
+        already tracks it (a prefetch it admitted)."""
         budget = self.hbms[rec.hbm]
         rec.view.tier, rec.view.codec = Tier.HBM, codec
-        self.strategy.prepare(rec, now)
-        budget.policy.on_insert(rec.view, now)
+        if not admitted:
+            self.strategy.prepare(rec, now)
+            budget.policy.on_insert(rec.view, now)
         budget.used += rec.view.size_bytes
         rec.resident, rec.resident_codec = True, codec
 
@@ -260,18 +263,25 @@ class Controller(EngineLoads, EventScheduling):
         short = budget.used + need - budget.capacity
         if short <= 0:
             return []
+        self.strategy.refresh(budget.policy, now)
         victims = budget.policy.select_victims(short, now)
         if not victims and tenant is not None and self.revoke_pins(hbm, tenant, now):
             victims = budget.policy.select_victims(short, now)
         if not victims:
             raise HbmFull(f"{hbm}: {short} bytes needed, pinned pages fill it")
+        return self._demote_victims(victims, budget.policy, now)
+
+    def _demote_victims(self, victims: list[int], policy: EvictionPolicy, now: float
+                        ) -> list[Action]:
+        """Pressure demotions of ``victims`` (the policy already stopped tracking them),
+        each to the tier and form the strategy picks, with a refill scheduled."""
         actions = []
         for gid in victims:
             rec = self.pages[gid]
-            self._evict(rec, tracked=False)  # select_victims already stopped tracking it
+            self._evict(rec, tracked=False)
             rec.busy = True
             tier, codec, reference = self.strategy.demotion(
-                rec, budget.policy, now, self._tier_room(rec, budget.policy))
+                rec, policy, now, self._tier_room(rec, policy))
             actions.append(Action(kind=ActionKind.DEMOTE, gid=gid, hbm=rec.hbm, tier=tier,
                                   codec=codec, reference=reference, start_at=now,
                                   reason=Reason.PRESSURE, session=rec.meta.session))

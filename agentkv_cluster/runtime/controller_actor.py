@@ -34,7 +34,7 @@ from agentkv_cluster.runtime.records import (
     UnknownPageKey,
     UnknownSession,
 )
-from agentkv_cluster.runtime.strategies import make_strategy
+from agentkv_cluster.runtime.strategies import Learned, make_strategy
 from store.types import Codec, Lookup, Tier
 
 
@@ -50,6 +50,7 @@ class ControllerSpec:
     pin_timeout_s: float = 30.0  # a load's pins are dropped if not released by then
     host_bytes: int = 0  # each pool's host tier (the placement's capacity; 0: unbounded)
     nvme_bytes: int = 0  # each pool's NVMe shard
+    learned: Learned | None = None  # what an earlier controller of this policy learned
 
 
 class ControllerActor:
@@ -57,7 +58,7 @@ class ControllerActor:
         self.spec = spec
         capacity = {Tier.HOST: spec.host_bytes, Tier.NVME: spec.nvme_bytes} \
             if spec.host_bytes and spec.nvme_bytes else None
-        self.controller = Guarded(Controller(make_strategy(spec.policy), spec.page_bytes,
+        self.controller = Guarded(Controller(make_strategy(spec.policy, spec.learned), spec.page_bytes,
                                              capacity))
         self.hbms: dict[str, HbmHandle] = {}
         self.pools: dict[str, PoolHandle] = {}
@@ -350,6 +351,11 @@ class ControllerActor:
                    if k[1] != "hbm"}  # bytes into HBM are counted by the API front
         return {"cursor": end, "waits": _wait_labels(waits[max(cursor, end - 10000):end]),
                 "hbm_used": hbm, "recompute": dict(self.loader.recompute_tokens), "traffic": traffic}
+
+    def learned(self) -> Learned | None:
+        """What this controller's strategy learned (for its successor)."""
+        with self.controller.cv:
+            return self.controller.strategy.learned()
 
     def drain_audit(self) -> list[AuditSummary]:
         """Summaries of audited pages retired since the last call (the service appends them

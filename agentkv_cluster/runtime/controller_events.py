@@ -18,7 +18,6 @@ from agentkv_cluster.runtime.records import (
     Action,
     ActionKind,
     AuditSummary,
-    HbmFull,
     PageRecord,
     Reason,
     SessionState,
@@ -36,9 +35,10 @@ class EventScheduling:
 
     def _prefetch_later(self, rec: PageRecord, tier: Tier, codec: Codec, now: float) -> None:
         """A page pushed out while its session waits on a tool comes back before the tool's
-        predicted return if there is free room then (a "refill"; it never evicts, or two
-        sessions in tools would push each other out in turn). Without it every pressure
-        victim costs its session a foreground restore on resume."""
+        predicted return (a "refill"), if the strategy admits it then: it may displace only
+        pages read later than it (``_prefetch``), so two sessions in tools never push each
+        other out in turn. Without it every pressure victim costs its session a
+        foreground restore on resume."""
         state = self.sessions.get((rec.meta.tenant, rec.meta.session))
         if state is None or not state.tools:
             return
@@ -219,20 +219,21 @@ class EventScheduling:
                 continue
             if rec.resident or not rec.copies or self.wanted(rec.gid):
                 continue
-            out += self._prefetch(rec, now, evict=action.reason is not Reason.REFILL)
+            out += self._prefetch(rec, now)
         return out
 
-    def _prefetch(self, rec: PageRecord, now: float, evict: bool = True) -> list[Action]:
-        if not evict:  # a refill only uses free room: evicting for it would ping-pong
-            budget = self.hbms[rec.hbm]
-            if budget.used + rec.view.size_bytes > budget.capacity:
-                return []
-        try:
-            demotes = self._make_room(rec.hbm, rec.view.size_bytes, now)
-        except HbmFull:
-            return []  # prefetch is best effort: the access path restores on demand
+    def _prefetch(self, rec: PageRecord, now: float) -> list[Action]:
+        """Bring ``rec`` back ahead of its session's return if the strategy admits it into
+        its HBM budget (``admit_prefetch``: it displaces only pages it does no harm to,
+        those read later than it); the displaced pages are demoted."""
+        budget = self.hbms[rec.hbm]
+        short = budget.used + rec.view.size_bytes - budget.capacity
         tier, codec = self.strategy.restore_source(rec)
-        self._insert(rec, now, codec)
+        victims = self.strategy.admit_prefetch(rec, budget.policy, tier, codec, short, now)
+        if victims is None:
+            return []  # prefetch is best effort: the access path restores on demand
+        demotes = self._demote_victims(victims, budget.policy, now)
+        self._insert(rec, now, codec, admitted=True)
         self._set_busy(rec, True)
         self.stats["prefetches"] += 1
         return demotes + [Action(kind=ActionKind.RESTORE, gid=rec.gid, hbm=rec.hbm, tier=tier,

@@ -11,6 +11,7 @@ import secrets
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from agentkv_cluster.runtime.erasure import ClusterErasure, ErasureWatcher
 from agentkv_cluster.runtime.front import ServiceFront
 from agentkv_cluster.runtime.handles import ActorGone
 from agentkv_cluster.runtime.redis_users import TenantRedisUsers
+from agentkv_cluster.runtime.strategies import Learned
 from security.audit import AuditLog, denial_recorder
 from security.erasure import ErasureReceipt
 from security.principals import TokenIssuer
@@ -42,6 +44,7 @@ class Service:
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="agentkv-"))
         self.policy = policy or cfg.controller.policy
         self.credits = credits
+        self._learned: dict[str, Learned] = {}  # policy -> what its last controller learned
         self.hbm_capacity = hbm_capacity
         self.token_secret = token_secret or secrets.token_bytes(32)
         self.issuer = TokenIssuer(self.token_secret)
@@ -125,19 +128,25 @@ class Service:
         return probe(self.topo.directory)
 
     def use_policy(self, policy: str, *, credits: bool | None = None) -> None:
-        """A fresh controller on the same actors (emptied): for side-by-side policy runs."""
+        """A fresh controller on the same actors (emptied): for side-by-side policy runs.
+        Pages and transfers start again; what a policy learned online (its predictor)
+        is kept for its next controller, as a running service keeps it."""
         assert self.topo is not None and self.front is not None
         with self._topology:
             self.drain_audit()  # the old controller's retired-page summaries are kept
             topo = self.topo
             topo.controller.close()  # its executor's moves end before the actors are emptied
+            learned = topo.controller.learned()
+            if learned is not None:
+                self._learned[learned.policy] = learned
             topo.controller.kill()
             for h in [*topo.hbms.values(), *topo.pools.values()]:
                 h.reset()
             self.policy = policy
             self.credits = self.credits if credits is None else credits
-            topo.controller = wiring.spawn_controller(
-                wiring.controller_spec(self.cfg, policy, self.credits), topo.directory)
+            spec = replace(wiring.controller_spec(self.cfg, policy, self.credits),
+                           learned=self._learned.get(policy))
+            topo.controller = wiring.spawn_controller(spec, topo.directory)
             capacity = self.hbm_capacity or self.cfg.hbm.page_bytes * self.cfg.hbm.num_pages
             for name, handle in topo.pools.items():
                 topo.controller.add_pool(name, handle)

@@ -7,8 +7,9 @@ copy a restore reads, and what a tool start schedules.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from agentkv_cluster.lifecycle import events as ev
@@ -18,17 +19,22 @@ from agentkv_cluster.policy.base import CostModel, EvictionPolicy, GapPlan, Page
 from agentkv_cluster.policy.baselines import LruPolicy
 from agentkv_cluster.policy.gap import GapConfig
 from agentkv_cluster.policy.predictor import Predictor, PredictorConfig
+from agentkv_cluster.policy.value import PROFILES
 from agentkv_cluster.runtime.records import Action, ActionKind, PageRecord, Reason
 from agentkv_cluster.runtime.tier_ledger import TierRoom
 from store.types import Codec, Tier
 
 # Restore cost through the real actors on the 2-core reference machine (NIXL + AES-GCM +
 # torch dequantisation), so the gap planner's T_move is this service's, not the paper's.
-# Fixed overheads include two actor round trips on a busy box (measured 10-60 ms).
+# Fixed overheads include two actor round trips on a busy box (measured 10-60 ms). A FULL
+# copy lands in HBM in one hop (a landing page); a lossy one goes through the HBM actor,
+# which decodes it: `agentkv demo` on seeds 101-108 restored host pages at a median of
+# 7 ms more per page in resumes that were mostly lossy than in mostly-FULL ones.
 RUNTIME_COST = CostModel(
     link_bytes_per_s={Tier.HBM: 8e9, Tier.HOST: 0.5e9, Tier.NVME: 0.3e9},
     fixed_overhead_s={Tier.HBM: 0.0, Tier.HOST: 0.03, Tier.NVME: 0.04},
     codec_bytes_per_s=0.3e9,
+    codec_fixed_s=0.008,
 )
 # Agent tool calls in a deployment last ~0.1-10 s; the service trusts a tool class's
 # observed durations after one sample (prior_weight=1) and calls a gap "short" below 0.1 s.
@@ -37,7 +43,16 @@ RUNTIME_COST = CostModel(
 # lives in), one that lands early only holds HBM a little longer. `agentkv demo --seed S`
 # on a quiet box, AgentKV/LRU P95 for S = 3, 5, 7, 11, 13: 0.70, 0.62, 0.97, 0.40, 1.06
 # aiming at the 25th percentile; 0.80, 0.43, 0.19, 0.33, 0.64 aiming at the 10th.
+#
+# eta (eq. 3's weight on C_occupy, GB x predicted idle seconds) is the paper's for blocks of
+# 8-220 MB. The service's pages are ~1 MB: at eta 0.2 a second of predicted idle moves a
+# page's value by 2e-4, next to 0.1-0.3 for its type's terms, and the victim order ignores
+# when a page will be read (it evicted pages whose session returned next while keeping
+# those of sessions a second away). At 300 a second of predicted idle weighs about what
+# the correctness term does. Tuned on `agentkv demo` seeds 101-108 (0.2, 30 and 300 tried;
+# P95 below LRU on 6, 6 and 7 of 8 seeds, fewer bytes on 4, 6 and 7).
 RUNTIME_AGENTKV = AgentKvConfig(
+    profile=replace(PROFILES["balanced"], name="service", eta=300.0),
     cost=RUNTIME_COST,
     gap=GapConfig(short_gap_s=0.1, return_quantile=0.1),
     predictor=PredictorConfig(prior_median_s=0.5, prior_weight=1),
@@ -92,6 +107,11 @@ class Strategy(Protocol):
 
     def prepare(self, rec: PageRecord, now: float) -> None: ...
 
+    def refresh(self, policy: EvictionPolicy, now: float) -> None: ...
+
+    def admit_prefetch(self, rec: PageRecord, policy: EvictionPolicy, tier: Tier, codec: Codec,
+                       short: int, now: float) -> list[int] | None: ...
+
     def gap_plan(self, recs: Sequence[PageRecord], event: ev.ToolStart, policy: EvictionPolicy,
                  now: float) -> tuple[list[Action], GapPlan | None]: ...
 
@@ -106,7 +126,19 @@ class Strategy(Protocol):
 
     def calibration(self) -> PredictorHealth | None: ...
 
+    def learned(self) -> Learned | None: ...
+
     def forget(self, rec: PageRecord, policy: EvictionPolicy | None) -> None: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class Learned:
+    """What a strategy learned online from the service's traffic, handed to the next
+    controller of the same policy (``Service.use_policy``) as a running service keeps it:
+    the reuse predictor (tool-duration laws, eq. 2 weights, calibration window)."""
+
+    policy: str
+    predictor: Predictor
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,6 +174,12 @@ class LruStrategy:
     def prepare(self, rec: PageRecord, now: float) -> None:
         return None
 
+    def refresh(self, policy: EvictionPolicy, now: float) -> None:
+        return None
+
+    def admit_prefetch(self, rec, policy, tier, codec, short, now) -> list[int] | None:
+        return None  # LRU never prefetches
+
     def gap_plan(self, recs, event, policy, now):
         return [], None
 
@@ -161,15 +199,21 @@ class LruStrategy:
     def calibration(self) -> PredictorHealth | None:
         return None
 
+    def learned(self) -> Learned | None:
+        return None  # LRU learns nothing
+
 
 class AgentKvStrategy:
     """Value-ordered eviction, risk-bounded compression, tool-gap migration and prefetch."""
 
     name = "agentkv"
 
-    def __init__(self, config: AgentKvConfig | None = None) -> None:
+    def __init__(self, config: AgentKvConfig | None = None, learned: Learned | None = None
+                 ) -> None:
         self.config = config or RUNTIME_AGENTKV
-        self.predictor = Predictor(self.config.predictor)
+        # A copy it owns: arrays that crossed Ray arrive read-only (zero-copy numpy).
+        self.predictor = (copy.deepcopy(learned.predictor) if learned
+                          else Predictor(self.config.predictor))
         self._last_tool: dict[str, str] = {}  # session -> tool class of its latest call
         self._policies: list[AgentKvPolicy] = []  # one per HBM actor, one shared predictor
 
@@ -186,8 +230,48 @@ class AgentKvStrategy:
         pred = self.predictor.predict(view, now)
         rec.phi = self.predictor.features(view, now)  # labelled by ``observe`` later
         view.reuse_prob = min(1.0, max(0.0, 0.5 * (pred.p_reuse + view.reuse_prob)))
-        view.predicted_idle_s = pred.idle_quantiles.get(0.5, 0.0)
+        # The whole gap from last_access (base.py), not the residual life from now: a page
+        # prepared halfway through its session's tool call keeps its predicted return.
+        view.predicted_idle_s = self.predictor.gap_estimate(view, now)
         view.confidence = pred.confidence
+
+    def refresh(self, policy: EvictionPolicy, now: float) -> None:
+        """Before a victim choice or a prefetch admission, the tracked pages' predictions
+        as of ``now``: confidence from the predictor as it is now (a page admitted before
+        any tool of its class returned would keep confidence 0, and hold the policy in
+        its conservative fallback long after the predictor has learned), and for a page
+        whose predicted return has passed, the return the residual-life law predicts now
+        (``gap_estimate``: a tool in its long tail is expected to run on; a past return
+        would rank it as about to be read, forever)."""
+        if not isinstance(policy, AgentKvPolicy):
+            return
+        by_class: dict[str, float] = {}
+        for view in policy.tracked():
+            c = by_class.get(view.tool_class)
+            if c is None:
+                c = by_class[view.tool_class] = self.predictor.confidence(view.tool_class)
+            view.confidence = c
+            if view.last_access + view.predicted_idle_s < now:
+                view.predicted_idle_s = self.predictor.gap_estimate(view, now)
+
+    def admit_prefetch(self, rec: PageRecord, policy: EvictionPolicy, tier: Tier, codec: Codec,
+                       short: int, now: float) -> list[int] | None:
+        """May ``rec`` come back into HBM now, ``short`` bytes over its budget? Only by
+        displacing pages it does no harm to (Cao et al.'s rule for integrated prefetching
+        and caching): pages whose predicted next read comes after its own predicted read
+        plus its restore time; among those, the policy's victim order (eq. 3). Returns the
+        displaced pages (the policy no longer tracks them, and tracks ``rec``), or None
+        when refused (nothing changes)."""
+        assert isinstance(policy, AgentKvPolicy)
+        self.prepare(rec, now)
+        self.refresh(policy, now)
+        view = rec.view
+        view.tier, view.codec = tier, codec  # where it is restored from (T_move)
+        read_at = view.last_access + view.predicted_idle_s
+        restore_s = self.config.cost.restore_time(rec.meta.length, tier, codec)
+        admission = policy.admit_prefetch(view, max(0, short), now,
+                                          not_before=max(now, read_at) + restore_s)
+        return list(admission.victims) if admission.admitted else None
 
     def observe(self, rec: PageRecord, reused: bool, now: float,
                 policy: EvictionPolicy | None) -> None:
@@ -212,6 +296,9 @@ class AgentKvStrategy:
         if isinstance(policy, AgentKvPolicy):
             policy.forget_gap(rec.view)
 
+    def learned(self) -> Learned:
+        return Learned(policy=self.name, predictor=self.predictor)
+
     def calibration(self) -> PredictorHealth:
         cal = self.predictor.calibration
         n = len(cal)
@@ -231,13 +318,15 @@ class AgentKvStrategy:
         the free bytes of its pool's lower tiers (``room``), clamped to the forms the
         service stores."""
         assert isinstance(policy, AgentKvPolicy)
+        # This service cannot re-prefill a page: the recompute-only option is priced out
+        # unless no stored form fits.
         placement = policy.demotion(rec.view, room.free if room else None,
-                                    room.mu if room else (0.0, 0.0))
+                                    room.mu if room else (0.0, 0.0), recompute=False)
         if placement.codec is Codec.RECOMPUTE:
-            # The policy keeps no bytes (recompute is exact, hence no reference). This
-            # service cannot re-prefill, so it keeps the cheapest exact-enough form on the
-            # fast lower tier: INT4, or FULL when the risk controller wants a reference
-            # (one FULL copy moves fewer bytes than INT4 plus a FULL reference).
+            # No stored form fits the room left. This service cannot re-prefill, so it
+            # still keeps the smallest exact-enough form: INT4, or FULL when the risk
+            # controller wants a reference (one FULL copy moves fewer bytes than INT4
+            # plus a FULL reference), on NVMe once the host tier is full.
             wants = policy.risk.decide(rec.view).keep_reference
             codec = Codec.FULL if wants else _clamp(Codec.INT4, rec.meta.shape is not None)
             host_full = room is not None and room.free[Tier.HOST] < rec.meta.length
@@ -304,12 +393,17 @@ def _agentkv_prefetch_at(cost: CostModel, rec: PageRecord, plan: GapPlan | None,
     return max(now, plan.predicted_return - cost.restore_time(rec.meta.length, tier, codec))
 
 
-def make_strategy(name: str) -> Strategy:
+def make_strategy(name: str, learned: Learned | None = None) -> Strategy:
+    """The strategy ``name``; ``learned`` (from an earlier controller of the same policy)
+    carries what that one learned."""
+    if learned is not None and learned.policy != name:
+        raise ValueError(f"learned state of {learned.policy!r} given to {name!r}")
     if name == "lru":
         return LruStrategy()
     if name == "agentkv":
-        return AgentKvStrategy()
+        return AgentKvStrategy(learned=learned)
     raise ValueError(f"unknown policy {name!r}; expected 'agentkv' or 'lru'")
 
 
-__all__ = ["RUNTIME_COST", "AgentKvStrategy", "LruStrategy", "Strategy", "make_strategy"]
+__all__ = ["RUNTIME_COST", "AgentKvStrategy", "Learned", "LruStrategy", "Strategy",
+           "make_strategy"]

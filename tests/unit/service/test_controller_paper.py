@@ -192,14 +192,14 @@ def test_a_lossy_copy_the_risk_controller_would_back_with_a_reference_is_kept_fu
     rec = ctl.pages[gids[1]]
     rec.meta = replace(rec.meta, shape=KvShape(layers=1, kv_heads=1, tokens=8, head_dim=4))
 
-    def lossy_with_reference(view, free=None, mu=(0.0, 0.0)):
+    def lossy_with_reference(view, free=None, mu=(0.0, 0.0), recompute=True):
         return Placement(page_id=view.page_id, tier=Tier.HOST, codec=Codec.INT4,
                          stored_bytes=MB // 4, reference_tier=Tier.NVME, reference_bytes=MB)
 
     policy.demotion = lossy_with_reference
     assert ctl.strategy.demotion(rec, policy, 1.0) == (Tier.HOST, Codec.FULL, False)
 
-    def lossy_alone(view, free=None, mu=(0.0, 0.0)):
+    def lossy_alone(view, free=None, mu=(0.0, 0.0), recompute=True):
         return Placement(page_id=view.page_id, tier=Tier.HOST, codec=Codec.INT4,
                          stored_bytes=MB // 4, reference_tier=None, reference_bytes=0)
 

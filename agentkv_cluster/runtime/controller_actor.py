@@ -58,8 +58,8 @@ class ControllerActor:
         self.spec = spec
         capacity = {Tier.HOST: spec.host_bytes, Tier.NVME: spec.nvme_bytes} \
             if spec.host_bytes and spec.nvme_bytes else None
-        self.controller = Guarded(Controller(make_strategy(spec.policy, spec.learned), spec.page_bytes,
-                                             capacity))
+        strategy = make_strategy(spec.policy, spec.learned)
+        self.controller = Guarded(Controller(strategy, spec.page_bytes, capacity))
         self.hbms: dict[str, HbmHandle] = {}
         self.pools: dict[str, PoolHandle] = {}
         self.hbm_pool: dict[str, str] = {}

@@ -153,7 +153,7 @@ def bench_controller(events: int) -> dict[str, float]:
     session = 0
     while n < events:
         s = f"s{session}"
-        ctl.open_session("t", s)
+        ctl.table.open_session("t", s)
         metas = [PageMeta(key=f"{s}-{i}".encode(), digest=b"d" * 32, tenant="t", namespace="t",
                           session=s, page_id=i, state_type=StateType.EVIDENCE, length=1 << 20,
                           tokens=256) for i in range(4)]
@@ -168,8 +168,8 @@ def bench_controller(events: int) -> dict[str, float]:
             {"kind": "observation_return", "call_id": "k"},
             {"kind": "task_end"}], start=1):
             now += 0.01
-            event = ctl.translate("t", s, {**data, "event_id": v, "task_id": "x", "version": v,
-                                           "ts": now})
+            event = ctl.events.translate("t", s, {**data, "event_id": v, "task_id": "x",
+                                                  "version": v, "ts": now})
             ctl.apply(event, now)
             n += 1
         session += 1

@@ -118,9 +118,9 @@ class ControllerActor:
                 self.controller.finished(result, now)
             self._check(finished)
             if now >= expire_at:  # pins of loads never released
-                self.controller.expire_held(now, self.spec.pin_timeout_s)
+                self.controller.table.expire_held(now, self.spec.pin_timeout_s)
                 expire_at = now + 1.0
-            nxt = self.controller.next_due()
+            nxt = self.controller.schedule.next_due()
             if nxt is None or nxt > now:
                 self._wake.wait(min(self.spec.tick_s, max(0.0, (nxt or now + 1) - now)))
                 self._wake.clear()
@@ -154,8 +154,8 @@ class ControllerActor:
     def serve_exact(self, tenant: str, session: str, key: bytes, dst: RemoteSpan) -> bool:
         """Push the FULL reference copy of a page (if any) into ``dst``: a lossy working
         copy is verified against / replaced by it when the engine needs exact bytes."""
-        gid = self.controller.resolve(tenant, session, [key])[0]
-        rec = self.controller.record(gid)
+        gid = self.controller.table.resolve(tenant, session, [key])[0]
+        rec = self.controller.table.record(gid)
         if Codec.FULL not in rec.copies or rec.pool not in self.pools:
             return False
         got = self.pools[rec.pool].restore_into(rec.meta, Codec.FULL, dst)
@@ -172,7 +172,7 @@ class ControllerActor:
     # -- engine and orchestrator calls -----------------------------------------------------
     def open_session(self, tenant: str, session: str) -> str:
         try:
-            return self.controller.open_session(tenant, session)
+            return self.controller.table.open_session(tenant, session)
         except HbmFull as exc:
             raise RequestRefused(str(exc)) from None
 
@@ -190,7 +190,7 @@ class ControllerActor:
                 raise RequestRefused(str(exc)) from None
             self._check(self.executor.run(demotes))
             try:
-                hbm = self.controller.hbm_of(tenant, session)
+                hbm = self.controller.table.hbm_of(tenant, session)
             except (TenantErased, UnknownSession):  # erased meanwhile: undo the admission
                 self.controller.ingested([g for g, needs in admitted if needs], ok=False)
                 raise TenantErased("the tenant was erased during this store") from None
@@ -231,43 +231,47 @@ class ControllerActor:
     def event(self, tenant: str, session: str, data: dict[str, Any]) -> dict[str, Any]:
         now = time.monotonic()
         try:
-            event = self.controller.translate(tenant, session, data)
+            event = self.controller.events.translate(tenant, session, data)
             actions = self.controller.apply(event, now)
         except (EventValidationError, UnknownSession) as exc:
             raise RequestRefused(f"{type(exc).__name__}: {exc}") from None
         self.executor.submit(actions)
         if isinstance(event, TaskEnd):  # the session's task is over: so are its pins
-            self.controller.release_held(tenant, session, None, now)
+            self.controller.table.release_held(tenant, session, None, now)
         return {"kind": event.kind.value, "actions": len(actions),
                 "retired": sum(a.kind is ActionKind.DELETE for a in actions)}
 
     def load(self, tenant: str, session: str, keys: list[bytes]) -> list[LoadReport]:
         """Pin ``keys`` in HBM (restoring what is missing); a load that runs while its
         tenant is erased fails with ``TenantErased`` and reports nothing."""
-        epoch = self.controller.erasures[tenant]
+        epoch = self.controller.table.erasures[tenant]
         try:
             reports = self.loader.load(tenant, session, keys)
         except (KeyError, RequestRefused) as exc:
-            if self.controller.erasures[tenant] != epoch or tenant in self.controller.erasing:
+            if self._erased_since(tenant, epoch):
                 raise TenantErased("the tenant was erased during this load") from None
             if isinstance(exc, RequestRefused):
                 raise
             raise RequestRefused(f"{type(exc).__name__}: {exc}") from None
-        if self.controller.erasures[tenant] != epoch or tenant in self.controller.erasing:
+        if self._erased_since(tenant, epoch):
             raise TenantErased("the tenant was erased during this load")
         return reports
 
+    def _erased_since(self, tenant: str, epoch: int) -> bool:
+        table = self.controller.table
+        return table.erasures[tenant] != epoch or tenant in table.erasing
+
     def release(self, tenant: str, session: str, keys: list[bytes]) -> int:
         try:
-            gids = self.controller.resolve(tenant, session, keys)
+            gids = self.controller.table.resolve(tenant, session, keys)
         except (UnknownSession, UnknownPageKey) as exc:
             raise RequestRefused(str(exc)) from None
-        self.controller.release_held(tenant, session, gids, time.monotonic())
+        self.controller.table.release_held(tenant, session, gids, time.monotonic())
         return len(gids)
 
     def hbm_of(self, tenant: str, session: str) -> str:
         try:
-            return self.controller.hbm_of(tenant, session)
+            return self.controller.table.hbm_of(tenant, session)
         except UnknownSession as exc:
             raise RequestRefused(str(exc)) from None
 
@@ -286,7 +290,7 @@ class ControllerActor:
         return n
 
     def _known(self, meta: PageMeta, hbm: str) -> bool:
-        return self.controller.share(meta, hbm)
+        return self.controller.table.share(meta, hbm)
 
     def _adopt(self, tenant: str, session: str, meta: PageMeta, ns: str) -> bool:
         if self.directory is None:
@@ -308,11 +312,11 @@ class ControllerActor:
     # -- tenant erasure ------------------------------------------------------------------------
     def freeze_tenant(self, tenant: str) -> None:
         """The erasure's first step: ``tenant``'s calls fail from now on (see erase_tenant)."""
-        self.controller.begin_erase(tenant)
+        self.controller.table.begin_erase(tenant)
 
     def thaw_tenant(self, tenant: str) -> None:
         """An erasure that could not start (no keys): the tenant's calls work again."""
-        self.controller.end_erase(tenant)
+        self.controller.table.end_erase(tenant)
 
     def erase_tenant(self, tenant: str) -> dict[str, int]:
         """Tenant erasure across the controller and every HBM actor, as one step: refuse
@@ -332,7 +336,7 @@ class ControllerActor:
                 done["hbm_actors"] += 1
             return done
         finally:
-            self.controller.end_erase(tenant)
+            self.controller.table.end_erase(tenant)
 
     # -- recovery and stats ------------------------------------------------------------------
     def republish(self) -> int:
@@ -346,7 +350,7 @@ class ControllerActor:
         end = len(waits)
         if cursor > end:  # set_credits started fresh counters
             cursor = 0
-        hbm = sum(self.controller.hbm_used().values())
+        hbm = sum(self.controller.table.hbm_used().values())
         traffic = {k: v for k, v in self.executor.traffic.by_tenant_tier.items()
                    if k[1] != "hbm"}  # bytes into HBM are counted by the API front
         return {"cursor": end, "waits": _wait_labels(waits[max(cursor, end - 10000):end]),
@@ -360,13 +364,13 @@ class ControllerActor:
     def drain_audit(self) -> list[AuditSummary]:
         """Summaries of audited pages retired since the last call (the service appends them
         to its audit log)."""
-        return self.controller.drain_audit()
+        return self.controller.events.drain_audit()
 
     def stats(self) -> dict[str, Any]:
         c = self.controller
         with c.cv:
-            occupancy = c.hbm_used()
-            pages = len(c.pages)
+            occupancy = c.table.hbm_used()
+            pages = len(c.table.pages)
             predictor = c.strategy.calibration()
             counters = dict(c.stats)
         return {"controller": counters, "pages": pages, "hbm_used": occupancy,

@@ -232,7 +232,7 @@ class Executor:
         fields: dict[str, Any] = {}
         outcome, error = Outcome.FAILED, ""
         try:
-            if action.kind is not ActionKind.DELETE and self.controller.doomed(action.gid):
+            if action.kind is not ActionKind.DELETE and self.controller.table.doomed(action.gid):
                 raise TenantErased("the page's tenant is being erased")
             if action.kind is ActionKind.DEMOTE:
                 fields = self._demote(action)
@@ -255,7 +255,7 @@ class Executor:
 
     def _moot(self, gid: int) -> bool:
         """A background move gives way: its page is wanted now, or its tenant erased."""
-        return self.controller.wanted(gid) or self.controller.doomed(gid)
+        return self.controller.table.wanted(gid) or self.controller.table.doomed(gid)
 
     def _pool_for(self, rec_pool: str, hbm: str) -> str:
         """The name of the pool a move between ``hbm`` and it uses; the HBM actor gets the
@@ -271,7 +271,7 @@ class Executor:
 
     def _demote(self, a: Action) -> dict[str, Any]:
         try:
-            rec = self.controller.record(a.gid)
+            rec = self.controller.table.record(a.gid)
         except KeyError:
             return {}  # retired while queued: nothing to keep
         targets = []
@@ -305,7 +305,7 @@ class Executor:
                 "tier_bytes": tuple(receipt.tier_bytes), "pool": name}
 
     def _restore(self, a: Action) -> dict[str, Any]:
-        rec = self.controller.record(a.gid)
+        rec = self.controller.table.record(a.gid)
         name = self._pool_for(rec.pool, a.hbm)
         link = Link(name, a.hbm)
         if a.reason is Reason.PREFETCH:
@@ -315,7 +315,7 @@ class Executor:
                                              give_up=lambda: self._moot(a.gid))
                 link = background
             except Abandoned:  # the engine waits for this page: promote to foreground
-                if self.controller.doomed(a.gid):
+                if self.controller.table.doomed(a.gid):
                     raise TenantErased("the page's tenant is being erased") from None
                 grant = self.credits.acquire(a.session, link)
         else:

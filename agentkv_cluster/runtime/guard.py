@@ -3,7 +3,7 @@
 The controller actor is threaded (engine calls, the reconcile loop, up to 32 executor
 threads), while ``Controller`` is plain single-threaded bookkeeping. ``Guarded`` runs
 each call of the manager under one lock and wakes waiters whenever a call changed the
-manager's ``changes`` counter (a pin dropped, a move ended, a tenant erased). The waits
+page table's ``changes`` counter (a pin dropped, a move ended, a tenant erased). The waits
 the service needs live here, never in the manager: an engine load waiting for its pages
 to stop moving, a blocked load waiting for any change, an erasure waiting for the
 tenant's transfers in flight.
@@ -22,39 +22,30 @@ LOAD_WAIT_S = 60.0  # an engine load waits at most this long for its pages to st
 
 
 class Guarded:
-    """``Controller`` with every call under one lock (attribute reads are not locked)."""
+    """``Controller`` with every call under one lock, its page table's and event
+    planner's and schedule's calls too (attribute reads are not locked)."""
 
     def __init__(self, manager: Controller) -> None:
         self.manager = manager
         self.cv = threading.Condition(threading.RLock())
+        self.table = _Locked(manager.table, self)
+        self.events = _Locked(manager.events, self)
+        self.schedule = _Locked(manager.schedule, self)
 
     def __getattr__(self, name: str) -> Any:
-        attr = getattr(self.manager, name)
-        if not callable(attr):
-            return attr
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            with self.cv:
-                before = self.manager.changes
-                try:
-                    return attr(*args, **kwargs)
-                finally:
-                    if self.manager.changes != before:
-                        self.cv.notify_all()
-
-        return call
+        return _locked(getattr(self.manager, name), self)
 
     def wait_idle(self, gids: list[int], timeout_s: float) -> bool:
         """Block until no page of ``gids`` has a demote or restore in flight. While it
         waits the pages are wanted: background moves of them give way (see executor)."""
         with self.cv:
-            m = self.manager
-            m.want(gids, 1)
+            table = self.manager.table
+            table.want(gids, 1)
             try:
-                done = self.cv.wait_for(lambda: m.settled(gids), timeout_s)
+                done = self.cv.wait_for(lambda: table.settled(gids), timeout_s)
             finally:
-                m.want(gids, -1)
-            m.check_alive(gids)
+                table.want(gids, -1)
+            table.check_alive(gids)
             return done
 
     def access_settled(self, gids: list[int], clock: Callable[[], float]
@@ -69,8 +60,9 @@ class Guarded:
         """Block until the manager changed after change ``seen`` (or the timeout); returns
         the change count."""
         with self.cv:
-            self.cv.wait_for(lambda: self.manager.changes != seen, timeout_s)
-            return self.manager.changes
+            table = self.manager.table
+            self.cv.wait_for(lambda: table.changes != seen, timeout_s)
+            return table.changes
 
     def forget_tenant(self, tenant: str, wait_s: float = 30.0) -> TenantForgotten:
         """Erase ``tenant`` from the manager: refuse its calls and cancel its moves, wait
@@ -79,7 +71,37 @@ class Guarded:
             m = self.manager
             cancelled = m.begin_forget(tenant)
             self.cv.notify_all()  # loads waiting for its pages fail now
-            self.cv.wait_for(lambda: not m.tenant_moving(tenant), wait_s)
+            self.cv.wait_for(lambda: not m.table.tenant_moving(tenant), wait_s)
             gone = m.forget_tenant(tenant, cancelled)
             self.cv.notify_all()
             return gone
+
+
+class _Locked:
+    """A component of the manager (its page table, its event planner), locked like it."""
+
+    def __init__(self, part: object, guard: Guarded) -> None:
+        self._part = part
+        self._guard = guard
+
+    def __getattr__(self, name: str) -> Any:
+        return _locked(getattr(self._part, name), self._guard)
+
+
+def _locked(attr: Any, guard: Guarded) -> Any:
+    """``attr`` itself if it is data, else a call of it under ``guard``'s lock that wakes
+    the waiters when it changed the page table."""
+    if not callable(attr):
+        return attr
+    table = guard.manager.table
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with guard.cv:
+            before = table.changes
+            try:
+                return attr(*args, **kwargs)
+            finally:
+                if table.changes != before:
+                    guard.cv.notify_all()
+
+    return call

@@ -38,10 +38,10 @@ class EngineLoader:
     def load(self, tenant: str, session: str, keys: list[bytes]) -> list[LoadReport]:
         t0 = time.monotonic()
         try:
-            gids = self.controller.resolve(tenant, session, keys)
+            gids = self.controller.table.resolve(tenant, session, keys)
         except (UnknownSession, UnknownPageKey) as exc:
             raise RequestRefused(str(exc)) from None
-        before = {g: self.controller.record(g) for g in gids}
+        before = {g: self.controller.table.record(g) for g in gids}
         was_resident = {g: r.resident and not r.busy for g, r in before.items()}
         self.controller.wait_idle(gids, 60.0)
         waited = time.monotonic() - t0
@@ -50,13 +50,13 @@ class EngineLoader:
             failed = [g for g, r in by_gid.items() if not r.ok]
             if not failed:
                 break
-            self.controller.unpin(gids, time.monotonic())
+            self.controller.table.unpin(gids, time.monotonic())
             gone = any(by_gid[g].outcome is Outcome.ACTOR_GONE for g in failed)
             if attempt or not gone:
                 raise RequestRefused(f"{len(failed)} page(s) could not be restored: "
                                      f"{by_gid[failed[0]].error}")
         total = time.monotonic() - t0
-        self.controller.hold(tenant, session, gids, time.monotonic())
+        self.controller.table.hold(tenant, session, gids, time.monotonic())
         return [self._report(g, was_resident[g], by_gid.get(g), waited, total) for g in gids]
 
     def _bring_in(self, gids: list[int]) -> dict[int, TransferResult]:
@@ -70,13 +70,13 @@ class EngineLoader:
             pinned = [g for g in gids if g not in lost and g not in blocked]
             if lost:
                 self._count_recompute(lost)
-                self.controller.unpin(pinned, time.monotonic())
+                self.controller.table.unpin(pinned, time.monotonic())
                 raise RequestRefused(f"PageLost: {len(lost)} page(s) have no copy left; "
                                      "re-prefill them")
             if not blocked:
                 break
             # All or nothing: holding some pins while waiting for room deadlocks a herd.
-            seen = self.controller.unpin(pinned, time.monotonic())
+            seen = self.controller.table.unpin(pinned, time.monotonic())
             if time.monotonic() > deadline:
                 raise RequestRefused("HBM is full of pinned pages; release some and retry")
             self.controller.wait_changed(seen, 0.05)  # a pin dropped or a move ended
@@ -87,7 +87,7 @@ class EngineLoader:
         """The engine re-prefills lost pages: count their tokens per tenant (metrics)."""
         for gid in lost:
             try:
-                meta = self.controller.record(gid).meta
+                meta = self.controller.table.record(gid).meta
             except KeyError:
                 continue
             self.recompute_tokens[meta.tenant] = \
@@ -95,7 +95,7 @@ class EngineLoader:
 
     def _report(self, gid: int, hit: bool, result: TransferResult | None, waited: float,
                 total: float) -> LoadReport:
-        rec = self.controller.record(gid)
+        rec = self.controller.table.record(gid)
         if result is not None:
             source, delay, hidden = result.source, total, 0.0
         else:

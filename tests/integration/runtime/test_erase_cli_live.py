@@ -50,7 +50,7 @@ def test_an_erasure_made_by_the_cli_is_enforced_by_the_running_service(service) 
     pages = [kv_page(i, "evidence", identity("acme", "c1", 1000 * i)) for i in range(8)]
     keys = s.store_pages(pages)
     ctl = service.topo.controller.target.controller
-    assert len(ctl.pages) == 8
+    assert len(ctl.table.pages) == 8
     log = service.workdir / "audit.log"
     assert main(["tenant", "erase", "acme", "--keys-dir", service.keys_dir, "--audit-log",
                  str(log), "--signing-key", str(service.workdir / "audit.key")]) == 0
@@ -63,7 +63,7 @@ def test_an_erasure_made_by_the_cli_is_enforced_by_the_running_service(service) 
     assert record["tenant"] == "acme" and record["failed_tiers"] == []
     assert set(counts) == set(TIERS) and counts["controller"] == 8
     assert counts["hbm"] + counts["host"] + counts["nvme"] >= 8
-    assert ctl.pages == {}
+    assert ctl.table.pages == {}
     pool = service.topo.pools["node0"].target
     assert pool.stats()["copies"] == 0
     arena = service.topo.hbms["node0-hbm0"].target.arena_holds(_needles(pages))

@@ -61,7 +61,7 @@ def test_tiny_pages_fill_the_arena_budget_not_past_it(service) -> None:
                 for i in range(6 * ARENA)]
         s.store_pages(tiny)  # each one takes a whole arena page: the rest are demoted
     ctl = _controller(service)
-    assert ctl.hbms["node0-hbm0"].used <= ARENA * PAGE
+    assert ctl.table.hbms["node0-hbm0"].used <= ARENA * PAGE
     _fair_round(service, "after-tiny")  # no ArenaFull: the tiny pages make room
 
 
@@ -74,7 +74,7 @@ def test_pinning_everything_neither_blocks_nor_fails_another_tenant(service) -> 
         keys = s.store_pages(pages)
         loads = [s.prepare_load(keys)["load_id"] for _ in range(3)]  # never released
         ctl = _controller(service)
-        pins = [ctl.pages[g].pins for g in ctl.resolve("greedy", "pin", keys)]
+        pins = [ctl.table.pages[g].pins for g in ctl.table.resolve("greedy", "pin", keys)]
         assert pins == [1] * ARENA  # three loads of one session: one pin per page
 
         stressed = _fair_round(service, "stressed")
@@ -90,4 +90,4 @@ def test_pinning_everything_neither_blocks_nor_fails_another_tenant(service) -> 
         except RemoteError as exc:
             assert exc.code == "not_found", exc
         s.release(keys)  # one release undoes the three loads
-        assert sum(ctl.pages[g].pins for g in ctl.resolve("greedy", "pin", keys)) == 0
+        assert sum(ctl.table.pages[g].pins for g in ctl.table.resolve("greedy", "pin", keys)) == 0

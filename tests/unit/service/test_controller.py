@@ -29,7 +29,7 @@ def meta(session: str, pid: int, kind: StateType = StateType.EVIDENCE) -> PageMe
 
 
 def admitted(ctl: Controller, session: str, pids: range, now: float) -> list:
-    ctl.open_session("t", session)
+    ctl.table.open_session("t", session)
     out, actions = ctl.admit("t", session, [meta(session, p) for p in pids], now)
     ctl.ingested([g for g, _ in out])
     return actions
@@ -54,7 +54,7 @@ def test_lru_pressure_demotes_exactly_the_oldest_pages_full_to_host() -> None:
     actions = admitted(ctl, "b", range(2), 1.0)
     assert [(a.kind, a.gid, a.tier, a.codec) for a in actions] == [
         (ActionKind.DEMOTE, 1, Tier.HOST, Codec.FULL), (ActionKind.DEMOTE, 2, Tier.HOST, Codec.FULL)]
-    assert ctl.hbms["h"].used == 3 * MB
+    assert ctl.table.hbms["h"].used == 3 * MB
 
 
 def test_access_pins_every_requested_page_before_making_room() -> None:
@@ -63,13 +63,13 @@ def test_access_pins_every_requested_page_before_making_room() -> None:
     ctl.add_hbm("h", 2 * MB)
     admitted(ctl, "a", range(2), 0.0)
     finish(ctl, admitted(ctl, "b", range(2), 1.0), 1.0)  # a's pages go to the pool
-    gids_a = ctl.resolve("t", "a", [b"a/0", b"a/1"])
+    gids_a = ctl.table.resolve("t", "a", [b"a/0", b"a/1"])
     demotes, restores, lost, blocked = ctl.access(gids_a, 2.0)
     assert (lost, blocked) == ([], [])
     assert sorted(a.gid for a in restores) == gids_a
-    assert sorted(a.gid for a in demotes) == ctl.resolve("t", "b", [b"b/0", b"b/1"])
+    assert sorted(a.gid for a in demotes) == ctl.table.resolve("t", "b", [b"b/0", b"b/1"])
     finish(ctl, demotes + restores, 2.0)
-    assert all(ctl.pages[g].resident and ctl.pages[g].pins == 1 for g in gids_a)
+    assert all(ctl.table.pages[g].resident and ctl.table.pages[g].pins == 1 for g in gids_a)
 
 
 def pinned_full(ctl: Controller) -> tuple[int, int]:
@@ -77,9 +77,9 @@ def pinned_full(ctl: Controller) -> tuple[int, int]:
     ctl.add_hbm("h", 1 * MB)
     admitted(ctl, "a", range(1), 0.0)
     finish(ctl, admitted(ctl, "b", range(1), 1.0), 1.0)
-    (gb,) = ctl.resolve("t", "b", [b"b/0"])
+    (gb,) = ctl.table.resolve("t", "b", [b"b/0"])
     ctl.access([gb], 2.0)  # b pinned: the HBM is full of pinned bytes
-    (ga,) = ctl.resolve("t", "a", [b"a/0"])
+    (ga,) = ctl.table.resolve("t", "a", [b"a/0"])
     return ga, gb
 
 
@@ -88,13 +88,13 @@ def test_pinned_hbm_blocks_instead_of_losing_pages() -> None:
     ga, _gb = pinned_full(ctl)
     demotes, restores, lost, blocked = ctl.access([ga], 3.0)
     assert (demotes, restores, lost, blocked) == ([], [], [], [ga])
-    assert ctl.pages[ga].copies == {Codec.FULL: Tier.HOST} and ctl.pages[ga].pins == 0
+    assert ctl.table.pages[ga].copies == {Codec.FULL: Tier.HOST} and ctl.table.pages[ga].pins == 0
 
 
 def test_a_blocked_load_wakes_when_a_pin_is_dropped_not_on_a_timer() -> None:
     ctl = Guarded(Controller(make_strategy("lru")))
     ga, gb = pinned_full(ctl)  # a's load is blocked
-    seen = ctl.changes
+    seen = ctl.table.changes
     assert ctl.wait_changed(seen, 0.05) == seen  # nothing happened: the timeout returns
     woke: list[float] = []
     waiter = threading.Thread(target=lambda: woke.append(
@@ -102,7 +102,7 @@ def test_a_blocked_load_wakes_when_a_pin_is_dropped_not_on_a_timer() -> None:
     waiter.start()
     time.sleep(0.05)
     dropped = time.monotonic()
-    after = ctl.unpin([gb], 3.0)
+    after = ctl.table.unpin([gb], 3.0)
     waiter.join(5.0)
     assert after == seen + 1 and woke and woke[0] - dropped < 5.0  # woken by the unpin
     demotes, restores, lost, blocked = ctl.access([ga], 3.0)
@@ -115,13 +115,13 @@ def test_task_end_retires_pages_with_delete_actions() -> None:
     ctl.add_hbm("h", 8 * MB)
     admitted(ctl, "a", range(2), 0.0)
     ev = {"event_id": 1, "task_id": "x", "version": 1, "ts": 0.0}
-    ctl.apply(ctl.translate("t", "a", {"kind": "task_start", "prefix_generation": 1,
+    ctl.apply(ctl.events.translate("t", "a", {"kind": "task_start", "prefix_generation": 1,
                                        "input_pages": [0, 1], **ev}), 0.0)
-    actions = ctl.apply(ctl.translate("t", "a", {"kind": "task_end", **ev, "event_id": 2,
+    actions = ctl.apply(ctl.events.translate("t", "a", {"kind": "task_end", **ev, "event_id": 2,
                                                  "version": 2}), 1.0)
     assert sorted((a.kind, a.key) for a in actions) == [
         (ActionKind.DELETE, b"a/0"), (ActionKind.DELETE, b"a/1")]
-    assert ctl.pages == {} and ctl.hbms["h"].used == 0
+    assert ctl.table.pages == {} and ctl.table.hbms["h"].used == 0
 
 
 def test_link_credits_bound_each_link_and_keep_tickets_apart() -> None:
@@ -165,14 +165,14 @@ def test_forget_tenant_drops_only_that_tenants_pages_and_reports_resident_keys()
     admitted(ctl, "a", range(2), 0.0)
     other = PageMeta(key=b"o/0", digest=b"d" * 32, tenant="other", namespace="other",
                      session="o", page_id=0, state_type=StateType.EVIDENCE, length=MB, tokens=16)
-    ctl.open_session("other", "o")
+    ctl.table.open_session("other", "o")
     out, _ = ctl.admit("other", "o", [other], 0.0)
     ctl.ingested([g for g, _ in out])
     gone = ctl.forget_tenant("t")
-    ctl.end_erase("t")
+    ctl.table.end_erase("t")
     assert sorted(gone.keys["h"]) == [b"a/0", b"a/1"]
     assert (gone.pages, gone.resident, gone.sessions) == (2, 2, 1)
-    assert ("t", "a") not in ctl.sessions and ctl.hbms["h"].used == MB
-    assert [r.meta.tenant for r in ctl.pages.values()] == ["other"]
+    assert ("t", "a") not in ctl.table.sessions and ctl.table.hbms["h"].used == MB
+    assert [r.meta.tenant for r in ctl.table.pages.values()] == ["other"]
     again = ctl.forget_tenant("t")
     assert (again.keys, again.pages, again.sessions) == ({}, 0, 0)

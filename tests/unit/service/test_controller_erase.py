@@ -22,19 +22,19 @@ def _task_in_a_tool_call() -> tuple[Controller, list[int]]:
 
 def test_pages_the_graph_still_needs_are_forgotten_with_their_pins_and_moves() -> None:
     ctl, gids = _task_in_a_tool_call()
-    assert not ctl.graph.is_retirable(gids[1])  # retire() would refuse it
+    assert not ctl.events.graph.is_retirable(gids[1])  # retire() would refuse it
     ctl.access(gids, 0.3)  # pinned by a load that was never released
     gone = ctl.forget_tenant("t")
     assert (gone.pages, gone.pins, gone.sessions) == (2, 2, 1)
-    assert ctl.pages == {} and ctl.graph.page_ids() == frozenset()
-    assert not any(a.gid in gids for _, _, a in ctl._scheduled)
-    assert ctl.hbms["h"].used == 0
+    assert ctl.table.pages == {} and ctl.events.graph.page_ids() == frozenset()
+    assert not any(a.gid in gids for _, a in ctl.schedule)
+    assert ctl.table.hbms["h"].used == 0
 
 
 def test_the_return_model_keeps_no_open_gap_of_an_erased_page() -> None:
     ctl, gids = _task_in_a_tool_call()  # the tool call opened an idle gap per page
-    views = [ctl.pages[g].view for g in gids]
-    returns = ctl.hbms["h"].policy.returns
+    views = [ctl.table.pages[g].view for g in gids]
+    returns = ctl.table.hbms["h"].policy.returns
     ctl.forget_tenant("t")
     assert not any(returns.forget(v.page_id) for v in views)  # already dropped
     assert returns.close_open_gaps(now=9.0) == 0 and returns.observed == 0
@@ -44,19 +44,19 @@ def test_calls_of_a_tenant_being_erased_fail_and_the_name_starts_empty_after() -
     ctl, _ = _task_in_a_tool_call()
     ctl.forget_tenant("t")
     with pytest.raises(TenantErased):
-        ctl.open_session("t", "a")
+        ctl.table.open_session("t", "a")
     with pytest.raises(TenantErased):
-        ctl.resolve("t", "a", [b"a/0"])
-    ctl.end_erase("t")
+        ctl.table.resolve("t", "a", [b"a/0"])
+    ctl.table.end_erase("t")
     admitted(ctl, "a", range(1), 1.0)  # the same names again, version 1 again
     _event(ctl, 1, 1.1, kind="task_start", prefix_generation=1, prefix_pages=[0])
-    assert len(ctl.pages) == 1 and ctl.erasures["t"] == 1
+    assert len(ctl.table.pages) == 1 and ctl.table.erasures["t"] == 1
 
 
 def test_a_load_waiting_for_a_moving_page_fails_with_tenant_erased() -> None:
     bare, gids = _task_in_a_tool_call()
     ctl = Guarded(bare)  # as the controller actor runs it: waits happen in the guard
-    ctl.pages[gids[0]].busy = True  # a restore or demotion is in flight
+    ctl.table.pages[gids[0]].busy = True  # a restore or demotion is in flight
     failed: list[BaseException] = []
 
     def load() -> None:
@@ -75,11 +75,11 @@ def test_a_load_waiting_for_a_moving_page_fails_with_tenant_erased() -> None:
     ctl.finished(done(Action(kind=ActionKind.DEMOTE, gid=gids[0], hbm="h",
                              reason=Reason.PRESSURE, session="a")), 0.5)
     eraser.join(5.0)
-    assert not eraser.is_alive() and ctl.pages == {}
+    assert not eraser.is_alive() and ctl.table.pages == {}
 
 
 def test_queued_moves_of_an_erased_tenant_are_moot() -> None:
     ctl, gids = _task_in_a_tool_call()
-    assert not ctl.doomed(gids[0])
-    ctl.erasing.add("t")
-    assert ctl.doomed(gids[0]) and not ctl.doomed(10_000)
+    assert not ctl.table.doomed(gids[0])
+    ctl.table.erasing.add("t")
+    assert ctl.table.doomed(gids[0]) and not ctl.table.doomed(10_000)

@@ -22,7 +22,7 @@ TYPES = (StateType.FIXED_PREFIX, StateType.TASK_INPUT, StateType.TEMP_REASONING)
 
 
 def _event(ctl: Controller, session: str, version: int, now: float, **data: object) -> list:
-    event = ctl.translate("t", session, {"event_id": version, "task_id": "x",
+    event = ctl.events.translate("t", session, {"event_id": version, "task_id": "x",
                                          "version": version, "ts": now, **data})
     return ctl.apply(event, now)
 
@@ -31,7 +31,7 @@ def _task(policy: str = "agentkv", session: str = "a") -> tuple[Controller, list
     """One session: prefix, input and one draft (temporary reasoning) page, all resident."""
     ctl = Controller(make_strategy(policy))
     ctl.add_hbm("h", 16 * MB)
-    ctl.open_session("t", session)
+    ctl.table.open_session("t", session)
     metas = [replace(meta(session, i, kind), content_hash=bytes([i]) * 16)
              for i, kind in enumerate(TYPES)]
     out, _ = ctl.admit("t", session, metas, 0.0)
@@ -45,7 +45,7 @@ def _task(policy: str = "agentkv", session: str = "a") -> tuple[Controller, list
 
 def test_a_verified_draft_reaches_the_policy_as_a_verified_result() -> None:
     ctl, (_, _, draft) = _task()
-    view = ctl.pages[draft].view
+    view = ctl.table.pages[draft].view
     assert view.state_type is StateType.TEMP_REASONING
     _event(ctl, "a", 3, 0.3, kind="verification_pass", call_id="v1", pages=[2])
     assert view.state_type is StateType.VERIFIED_RESULT
@@ -64,10 +64,10 @@ def test_pages_of_a_rolled_back_branch_become_failed_branch() -> None:
            produces=[[9, "temp_reasoning"]])
     _event(ctl, "a", 5, 0.6, kind="rollback", branch="try")
     gid = out[0][0]
-    if gid in ctl.pages:  # still held (audit), or retired at once: both saw the new type
-        assert ctl.pages[gid].view.state_type is StateType.FAILED_BRANCH
+    if gid in ctl.table.pages:  # still held (audit), or retired at once: both saw the new type
+        assert ctl.table.pages[gid].view.state_type is StateType.FAILED_BRANCH
     else:
-        assert [s.state_type for s in ctl.audit_summaries] == [StateType.FAILED_BRANCH]
+        assert [s.state_type for s in ctl.events.audit_summaries] == [StateType.FAILED_BRANCH]
 
 
 def test_a_retired_audited_page_leaves_its_summary_and_content_hash() -> None:
@@ -75,18 +75,18 @@ def test_a_retired_audited_page_leaves_its_summary_and_content_hash() -> None:
     _event(ctl, "a", 3, 0.3, kind="verification_pass", call_id="v1", pages=[2])
     actions = _event(ctl, "a", 4, 0.4, kind="task_end")
     assert draft in {a.gid for a in actions if a.kind is ActionKind.DELETE}
-    summaries = ctl.drain_audit()
+    summaries = ctl.events.drain_audit()
     assert [(s.state_type, s.content_hash) for s in summaries] == [
         (StateType.VERIFIED_RESULT, bytes([2]) * 16)]
     assert summaries[0].record()["content_hash"] == (bytes([2]) * 16).hex()
-    assert ctl.drain_audit() == []  # drained once
+    assert ctl.events.drain_audit() == []  # drained once
 
 
 def test_unaudited_pages_retire_without_a_summary() -> None:
     ctl, _ = _task()
     actions = _event(ctl, "a", 3, 0.3, kind="task_end")
     assert any(a.kind is ActionKind.DELETE for a in actions)
-    assert ctl.drain_audit() == []
+    assert ctl.events.drain_audit() == []
 
 
 def test_the_predictor_learns_from_reads_and_retirements_in_the_service() -> None:
@@ -95,7 +95,7 @@ def test_the_predictor_learns_from_reads_and_retirements_in_the_service() -> Non
     assert strategy.calibration().outcomes == 0
     ctl.access(gids[:2], 1.0)  # two pages read again: positive outcomes
     assert strategy.calibration().outcomes == 2
-    ctl.unpin(gids[:2], 1.1)
+    ctl.table.unpin(gids[:2], 1.1)
     _event(ctl, "a", 3, 1.2, kind="task_end")  # the draft retires unread: a negative one
     health = strategy.calibration()
     assert health.outcomes == 3 and health.brier is not None
@@ -112,24 +112,24 @@ def test_a_miscalibrated_predictor_sends_the_policy_to_its_lru_fallback() -> Non
     the policy stops trusting its predictions and evicts in LRU order."""
     ctl = Controller(make_strategy("agentkv"))
     ctl.add_hbm("h", 4096 * MB)
-    policy = ctl.hbms["h"].policy
-    ctl.open_session("t", "s")
+    policy = ctl.table.hbms["h"].policy
+    ctl.table.open_session("t", "s")
     metas = [meta("s", i, StateType.EVIDENCE) for i in range(80)]
     for _ in range(20):  # the tool class the pages wait on is well known: data is no issue
         ctl.strategy.predictor.observe_tool("grep", 1.0)
     out, _ = ctl.admit("t", "s", metas, 0.0)
     ctl.ingested([g for g, _ in out])
     for gid, _ in out:
-        ctl.pages[gid].view.tool_class = "grep"
-        ctl.strategy.prepare(ctl.pages[gid], 0.5)
+        ctl.table.pages[gid].view.tool_class = "grep"
+        ctl.strategy.prepare(ctl.table.pages[gid], 0.5)
     assert not policy.conservative()
     for gid, _ in out:  # every prediction is wrong: none of them is read again
-        ctl.strategy.observe(ctl.pages[gid], False, 1.0, policy)
+        ctl.strategy.observe(ctl.table.pages[gid], False, 1.0, policy)
     health = ctl.strategy.calibration()
     # ECE of 0.25 or worse leaves the predictor no skill (Predictor.confidence)
     assert health.outcomes == 80 and health.calibration_error > 0.25
     for gid, _ in out:  # the next predictions carry the predictor's low confidence
-        ctl.strategy.prepare(ctl.pages[gid], 2.0)
+        ctl.strategy.prepare(ctl.table.pages[gid], 2.0)
     assert policy.conservative() and health.conservative is False
     assert ctl.strategy.calibration().conservative
 
@@ -158,10 +158,10 @@ def test_demotions_see_their_pool_tiers_fill_up() -> None:
 def test_capacity_prices_rise_when_kept_pages_exceed_a_tier() -> None:
     ctl = Controller(make_strategy("agentkv"))
     ctl.add_hbm("h", 64 * MB)
-    ctl.open_session("t", "s")
+    ctl.table.open_session("t", "s")
     out, _ = ctl.admit("t", "s", [meta("s", i) for i in range(40)], 0.0)
-    views = [ctl.pages[g].view for g, _ in out]
-    policy = ctl.hbms["h"].policy
+    views = [ctl.table.pages[g].view for g, _ in out]
+    policy = ctl.table.hbms["h"].policy
     roomy = ctl.strategy.tier_prices(policy, views, {Tier.HOST: 1 << 40, Tier.NVME: 1 << 40})
     tight = ctl.strategy.tier_prices(policy, views, {Tier.HOST: 4 * MB, Tier.NVME: 1 << 40})
     assert roomy == (0.0, 0.0) and tight[0] > 0.0
@@ -171,12 +171,12 @@ def test_the_return_model_learns_how_the_services_idle_gaps_end() -> None:
     """The cost-aware prefetch rule's return model hears, from the live service, each
     page read again after a tool call (a return) and each page retired unread (an end)."""
     ctl, gids = _task()
-    returns = ctl.hbms["h"].policy.returns
+    returns = ctl.table.hbms["h"].policy.returns
     _event(ctl, "a", 3, 0.3, kind="tool_start", call_id="k1", tool="grep")
     _event(ctl, "a", 4, 1.3, kind="observation_return", call_id="k1")
     ctl.access(gids[:2], 1.4)  # two pages read again after the tool
     assert returns.observed == 2
-    ctl.unpin(gids[:2], 1.5)
+    ctl.table.unpin(gids[:2], 1.5)
     retired = [a for a in _event(ctl, "a", 5, 1.6, kind="task_end")
                if a.kind is ActionKind.DELETE]
     assert retired and returns.observed == 2 + len(retired)  # each retirement is an end
@@ -188,8 +188,8 @@ def test_a_lossy_copy_the_risk_controller_would_back_with_a_reference_is_kept_fu
     from agentkv_cluster.policy.base import Placement
 
     ctl, gids = _task()
-    policy = ctl.hbms["h"].policy
-    rec = ctl.pages[gids[1]]
+    policy = ctl.table.hbms["h"].policy
+    rec = ctl.table.pages[gids[1]]
     rec.meta = replace(rec.meta, shape=KvShape(layers=1, kv_heads=1, tokens=8, head_dim=4))
 
     def lossy_with_reference(view, free=None, mu=(0.0, 0.0), recompute=True):

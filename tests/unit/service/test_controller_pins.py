@@ -21,7 +21,7 @@ def _meta(tenant: str, session: str, pid: int, length: int = PAGE) -> PageMeta:
 
 def _store(ctl: Controller, tenant: str, session: str, pids: range, length: int = PAGE
            ) -> list[int]:
-    ctl.open_session(tenant, session)
+    ctl.table.open_session(tenant, session)
     out, actions = ctl.admit(tenant, session, [_meta(tenant, session, p, length)
                                                for p in pids], 0.0)
     for a in actions:  # the demotions made room: they completed
@@ -39,8 +39,8 @@ def _controller(pages: int = 4) -> Controller:
 def test_tiny_pages_are_charged_a_whole_arena_page() -> None:
     ctl = _controller(4)
     _store(ctl, "greedy", "s", range(4), length=1)  # four 1-byte pages fill 4 arena pages
-    assert ctl.hbms["h"].used == 4 * PAGE
-    ctl.open_session("fair", "f")
+    assert ctl.table.hbms["h"].used == 4 * PAGE
+    ctl.table.open_session("fair", "f")
     out, demotes = ctl.admit("fair", "f", [_meta("fair", "f", 0)], 0.0)
     assert out[0][1] is True and len(demotes) == 1  # one tiny page makes room
 
@@ -50,38 +50,39 @@ def test_repeated_loads_hold_one_pin_and_one_release_ends_it() -> None:
     gids = _store(ctl, "t", "s", range(2))
     for _ in range(3):
         ctl.access(gids, 1.0)
-        ctl.hold("t", "s", gids, 1.0)
-    assert [ctl.pages[g].pins for g in gids] == [1, 1]
-    assert ctl.release_held("t", "s", gids, 2.0) == 2
-    assert [ctl.pages[g].pins for g in gids] == [0, 0]
-    assert ctl.release_held("t", "s", gids, 2.0) == 0  # never below zero, nor others' pins
+        ctl.table.hold("t", "s", gids, 1.0)
+    assert [ctl.table.pages[g].pins for g in gids] == [1, 1]
+    assert ctl.table.release_held("t", "s", gids, 2.0) == 2
+    assert [ctl.table.pages[g].pins for g in gids] == [0, 0]
+    assert ctl.table.release_held("t", "s", gids, 2.0) == 0  # never below zero, nor others' pins
 
 
 def test_pins_end_with_the_task_and_after_the_timeout() -> None:
     ctl = _controller()
     gids = _store(ctl, "t", "s", range(2))
     ctl.access(gids[:1], 1.0)
-    ctl.hold("t", "s", gids[:1], 1.0)
+    ctl.table.hold("t", "s", gids[:1], 1.0)
     ctl.access(gids[1:], 20.0)
-    ctl.hold("t", "s", gids[1:], 20.0)
-    assert ctl.expire_held(30.0, ttl_s=15.0) == 1  # only the older one
-    assert [ctl.pages[g].pins for g in gids] == [0, 1]
-    assert ctl.release_held("t", "s", None, 31.0) == 1  # the task ended
-    assert ctl.pages[gids[1]].pins == 0
+    ctl.table.hold("t", "s", gids[1:], 20.0)
+    assert ctl.table.expire_held(30.0, ttl_s=15.0) == 1  # only the older one
+    assert [ctl.table.pages[g].pins for g in gids] == [0, 1]
+    assert ctl.table.release_held("t", "s", None, 31.0) == 1  # the task ended
+    assert ctl.table.pages[gids[1]].pins == 0
 
 
 def test_pins_above_a_tenants_share_give_way_to_a_tenant_within_its_share() -> None:
     ctl = _controller(4)
     greedy = _store(ctl, "greedy", "s", range(4))
     ctl.access(greedy, 1.0)  # pins the whole HBM
-    ctl.hold("greedy", "s", greedy, 1.0)
-    ctl.open_session("fair", "f")
+    ctl.table.hold("greedy", "s", greedy, 1.0)
+    ctl.table.open_session("fair", "f")
     out, demotes = ctl.admit("fair", "f", [_meta("fair", "f", 0)], 2.0)
     assert out[0][1] is True and len(demotes) == 1  # admitted at once, not refused
-    assert sum(ctl.pages[g].pins for g in greedy) == 2  # oldest pins revoked down to its share
+    # oldest pins revoked down to its share
+    assert sum(ctl.table.pages[g].pins for g in greedy) == 2
     # the greedy tenant cannot revoke the fair one's pins: it is above its share itself
     fair = [g for g, _ in out]
     ctl.ingested(fair)
     ctl.access(fair, 3.0)
-    ctl.hold("fair", "f", fair, 3.0)
-    assert ctl.revoke_pins("h", "greedy", 4.0) == 0 and ctl.pages[fair[0]].pins == 1
+    ctl.table.hold("fair", "f", fair, 3.0)
+    assert ctl.table.revoke_pins("h", "greedy", 4.0) == 0 and ctl.table.pages[fair[0]].pins == 1

@@ -22,12 +22,12 @@ def test_a_load_that_cannot_fit_restores_nothing_instead_of_a_part() -> None:
     ctl.add_hbm("h", 2 * MB)
     admitted(ctl, "a", range(2), 0.0)
     finish(ctl, admitted(ctl, "b", range(2), 1.0), 1.0)  # a's pages are in the pool now
-    (gb0, _) = ctl.resolve("t", "b", [b"b/0", b"b/1"])
+    (gb0, _) = ctl.table.resolve("t", "b", [b"b/0", b"b/1"])
     ctl.access([gb0], 2.0)  # one of b's pages pinned: 1 MB left to evict, a needs 2 MB
-    gids_a = ctl.resolve("t", "a", [b"a/0", b"a/1"])
+    gids_a = ctl.table.resolve("t", "a", [b"a/0", b"a/1"])
     demotes, restores, lost, blocked = ctl.access(gids_a, 3.0)
     assert (demotes, restores, lost, blocked) == ([], [], [], gids_a)
-    assert all(ctl.pages[g].pins == 0 and not ctl.pages[g].resident for g in gids_a)
+    assert all(ctl.table.pages[g].pins == 0 and not ctl.table.pages[g].resident for g in gids_a)
 
 
 def test_each_restore_names_only_the_victims_that_made_its_room() -> None:
@@ -35,8 +35,8 @@ def test_each_restore_names_only_the_victims_that_made_its_room() -> None:
     ctl.add_hbm("h", 2 * MB)
     admitted(ctl, "a", range(2), 0.0)
     finish(ctl, admitted(ctl, "b", range(2), 1.0), 1.0)
-    gids_a = ctl.resolve("t", "a", [b"a/0", b"a/1"])
-    gids_b = ctl.resolve("t", "b", [b"b/0", b"b/1"])
+    gids_a = ctl.table.resolve("t", "a", [b"a/0", b"a/1"])
+    gids_b = ctl.table.resolve("t", "b", [b"b/0", b"b/1"])
     demotes, restores, _, _ = ctl.access(gids_a, 2.0)
     assert [ctl.take_victims(r.gid) for r in restores] == [[gids_b[0]], [gids_b[1]]]
     assert ctl.take_victims(restores[0].gid) == []  # handed out once
@@ -76,40 +76,40 @@ def test_wanted_pages_make_background_moves_give_way() -> None:
     ctl = Guarded(Controller(make_strategy("agentkv")))
     ctl.add_hbm("h", 4 * MB)
     admitted(ctl, "a", range(1), 0.0)
-    (g,) = ctl.resolve("t", "a", [b"a/0"])
-    assert not ctl.wanted(g)
-    ctl.pages[g].busy = True
+    (g,) = ctl.table.resolve("t", "a", [b"a/0"])
+    assert not ctl.table.wanted(g)
+    ctl.table.pages[g].busy = True
     waiter = threading.Thread(target=ctl.wait_idle, args=([g], 5.0))
     waiter.start()
     deadline = time.monotonic() + 2.0
-    while not ctl.wanted(g) and time.monotonic() < deadline:
+    while not ctl.table.wanted(g) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert ctl.wanted(g)  # an engine waits for it
+    assert ctl.table.wanted(g)  # an engine waits for it
     with ctl.cv:
-        ctl.pages[g].busy = False
+        ctl.table.pages[g].busy = False
         ctl.cv.notify_all()
     waiter.join(5.0)
-    assert not ctl.wanted(g)
+    assert not ctl.table.wanted(g)
 
 
 def test_a_due_prefetch_recalls_its_page_still_moving_out() -> None:
     ctl = Controller(make_strategy("agentkv"))
     ctl.add_hbm("h", 4 * MB)
     admitted(ctl, "a", range(1), 0.0)
-    (g,) = ctl.resolve("t", "a", [b"a/0"])
-    rec = ctl.pages[g]
-    ctl._evict(rec, tracked=True)  # a gap migration is in flight
+    (g,) = ctl.table.resolve("t", "a", [b"a/0"])
+    rec = ctl.table.pages[g]
+    ctl.table.evict(rec, tracked=True)  # a gap migration is in flight
     rec.busy = True
     rec.copies = {Codec.INT4: Tier.HOST}
     prefetch = Action(kind=ActionKind.RESTORE, gid=g, hbm="h", tier=Tier.HOST,
                       codec=Codec.INT4, start_at=1.0, reason=Reason.PREFETCH, session="a")
-    ctl._scheduled.append((1.0, 0, prefetch))
-    assert ctl.due(1.0) == [] and ctl.wanted(g)  # recalled, looked at again shortly
-    assert ctl.next_due() == pytest.approx(1.02)
+    ctl.schedule.push(prefetch, at=1.0)
+    assert ctl.due(1.0) == [] and ctl.table.wanted(g)  # recalled, looked at again shortly
+    assert ctl.schedule.next_due() == pytest.approx(1.02)
     migration = Action(kind=ActionKind.DEMOTE, gid=g, hbm="h", tier=Tier.HOST,
                        codec=Codec.INT4, reason=Reason.GAP, session="a")
     ctl.finished(done(migration, pool="p"), 1.01)
-    assert not ctl.wanted(g)
+    assert not ctl.table.wanted(g)
     (restore,) = ctl.due(1.05)
     assert (restore.kind, restore.reason, restore.codec) == (
         ActionKind.RESTORE, Reason.PREFETCH, Codec.INT4)

@@ -10,7 +10,7 @@ from tests.unit.service.test_controller import MB, admitted
 
 
 def _event(ctl: Controller, version: int, now: float, **data: object) -> None:
-    event = ctl.translate("t", "a", {"event_id": version, "task_id": "x", "version": version,
+    event = ctl.events.translate("t", "a", {"event_id": version, "task_id": "x", "version": version,
                                      "ts": now, **data})
     ctl.apply(event, now)
 
@@ -19,7 +19,7 @@ def _session(capacity: int = 8 * MB) -> tuple[Controller, list[int]]:
     ctl = Controller(make_strategy("agentkv"))
     ctl.add_hbm("h", capacity)
     admitted(ctl, "a", range(2), 0.0)
-    gids = ctl.resolve("t", "a", [b"a/0", b"a/1"])
+    gids = ctl.table.resolve("t", "a", [b"a/0", b"a/1"])
     _event(ctl, 1, 0.1, kind="task_start", prefix_generation=1, prefix_pages=[0],
            input_pages=[1])
     _event(ctl, 2, 0.2, kind="tool_start", call_id="k1", tool="grep")
@@ -28,51 +28,52 @@ def _session(capacity: int = 8 * MB) -> tuple[Controller, list[int]]:
 
 def test_a_returned_tool_marks_its_session_pages_wanted_until_the_engine_loads() -> None:
     ctl, gids = _session()
-    assert not any(ctl.wanted(g) for g in gids)
+    assert not any(ctl.table.wanted(g) for g in gids)
     _event(ctl, 3, 1.0, kind="observation_return", call_id="k1")
-    assert all(ctl.wanted(g) for g in gids)  # background moves of them give way now
+    assert all(ctl.table.wanted(g) for g in gids)  # background moves of them give way now
     ctl.access(gids, 1.1)
-    assert not any(ctl.wanted(g) for g in gids)
+    assert not any(ctl.table.wanted(g) for g in gids)
 
 
 def test_the_next_tool_start_clears_the_mark_when_no_load_came() -> None:
     ctl, gids = _session()
     _event(ctl, 3, 1.0, kind="observation_return", call_id="k1")
     _event(ctl, 4, 1.5, kind="tool_start", call_id="k2", tool="grep")
-    assert not any(ctl.wanted(g) for g in gids)
+    assert not any(ctl.table.wanted(g) for g in gids)
 
 
 def test_a_gap_migration_finishing_after_the_return_keeps_the_hbm_copy() -> None:
     ctl, (g0, g1) = _session()
     for g in (g0, g1):  # both are moving out for the tool gap
-        ctl._evict(ctl.pages[g], tracked=True)
-        ctl.pages[g].busy = True
+        ctl.table.evict(ctl.table.pages[g], tracked=True)
+        ctl.table.pages[g].busy = True
     assert not ctl.keep_if_wanted(g0, 0.5)  # tool still running: the copy is dropped
     _event(ctl, 3, 1.0, kind="observation_return", call_id="k1")
-    used = ctl.hbms["h"].used
+    used = ctl.table.hbms["h"].used
     assert ctl.keep_if_wanted(g1, 1.0)
-    assert ctl.pages[g1].resident and ctl.hbms["h"].used == used + MB
+    assert ctl.table.pages[g1].resident and ctl.table.hbms["h"].used == used + MB
     assert not ctl.keep_if_wanted(g1, 1.0)  # already resident: nothing to keep twice
 
 
 def test_a_returning_page_is_not_kept_when_it_no_longer_fits() -> None:
     ctl, (g0, _g1) = _session(capacity=2 * MB)
-    ctl._evict(ctl.pages[g0], tracked=True)
-    ctl.pages[g0].busy = True
+    ctl.table.evict(ctl.table.pages[g0], tracked=True)
+    ctl.table.pages[g0].busy = True
     _event(ctl, 3, 1.0, kind="observation_return", call_id="k1")
-    ctl.hbms["h"].used = ctl.hbms["h"].capacity  # its room went to another session's restore
+    # its room went to another session's restore
+    ctl.table.hbms["h"].used = ctl.table.hbms["h"].capacity
     assert not ctl.keep_if_wanted(g0, 1.0)
-    assert not ctl.pages[g0].resident
+    assert not ctl.table.pages[g0].resident
 
 
 def test_a_pressure_victim_of_a_session_in_a_tool_is_prefetched_before_its_return() -> None:
     ctl, (g0, g1) = _session(capacity=2 * MB)  # session a: in a tool, both pages resident
-    (_t, _started, plan) = ctl.sessions[("t", "a")].tools["k1"]
+    (_t, _started, plan) = ctl.table.sessions[("t", "a")].tools["k1"]
     assert plan is not None
     admitted(ctl, "b", range(1), 0.3)  # a new page needs room: one of a's pages goes
-    demoted = [g for g in (g0, g1) if not ctl.pages[g].resident]
+    demoted = [g for g in (g0, g1) if not ctl.table.pages[g].resident]
     assert len(demoted) == 1
-    scheduled = [(at, a) for at, _seq, a in ctl._scheduled if a.gid == demoted[0]]
+    scheduled = [(at, a) for at, a in ctl.schedule if a.gid == demoted[0]]
     assert [a.reason for _at, a in scheduled] == [Reason.REFILL]
     assert 0.3 <= scheduled[0][0] <= plan.predicted_return  # back before the tool returns
 
@@ -85,4 +86,4 @@ def test_lru_schedules_no_prefetch_for_its_victims() -> None:
            input_pages=[1])
     _event(ctl, 2, 0.2, kind="tool_start", call_id="k1", tool="grep")
     admitted(ctl, "b", range(1), 0.3)
-    assert not [a for _at, _s, a in ctl._scheduled if a.kind.value == "restore"]
+    assert not [a for _at, a in ctl.schedule if a.kind.value == "restore"]

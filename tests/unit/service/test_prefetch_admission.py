@@ -22,7 +22,7 @@ from tests.unit.service.test_controller import MB, admitted, finish
 
 
 def _event(ctl: Controller, session: str, version: int, now: float, **data: object) -> None:
-    event = ctl.translate("t", session, {"event_id": version, "task_id": "x",
+    event = ctl.events.translate("t", session, {"event_id": version, "task_id": "x",
                                          "version": version, "ts": now, **data})
     ctl.apply(event, now)
 
@@ -38,7 +38,7 @@ def _trained(durations: dict[str, float]) -> Controller:
 
 def _in_tool(ctl: Controller, session: str, pages: int, now: float, tool: str) -> list[int]:
     finish(ctl, admitted(ctl, session, range(pages), now), now)
-    gids = ctl.resolve("t", session, [f"{session}/{p}".encode() for p in range(pages)])
+    gids = ctl.table.resolve("t", session, [f"{session}/{p}".encode() for p in range(pages)])
     _event(ctl, session, 1, now, kind="task_start", prefix_generation=1, prefix_pages=[0],
            input_pages=list(range(1, pages)))
     _event(ctl, session, 2, now + 0.01, kind="tool_start", call_id="k1", tool=tool)
@@ -53,12 +53,12 @@ def _refill(next_tool: str) -> tuple[Controller, int, list[int], list]:
     ctl = _trained({"fast": 0.5, "slow": 5.0, "instant": 0.05})
     (a,) = _in_tool(ctl, "a", 1, 0.0, "fast")
     finish(ctl, admitted(ctl, "c", range(2), 0.1), 0.1)
-    cs = ctl.resolve("t", "c", [b"c/0", b"c/1"])
+    cs = ctl.table.resolve("t", "c", [b"c/0", b"c/1"])
     for g in cs:
-        ctl.pages[g].view.tool_class = next_tool
-        ctl.strategy.prepare(ctl.pages[g], 0.1)
-    assert not ctl.pages[a].resident and ctl.pages[a].copies
-    refill = [(at, x) for at, _s, x in ctl._scheduled if x.gid == a]
+        ctl.table.pages[g].view.tool_class = next_tool
+        ctl.strategy.prepare(ctl.table.pages[g], 0.1)
+    assert not ctl.table.pages[a].resident and ctl.table.pages[a].copies
+    refill = [(at, x) for at, x in ctl.schedule if x.gid == a]
     assert [x.reason for _at, x in refill] == [Reason.REFILL]
     return ctl, a, cs, ctl.due(refill[0][0])
 
@@ -67,14 +67,14 @@ def test_a_refill_displaces_a_page_read_after_it() -> None:
     ctl, a, cs, actions = _refill("slow")  # c returns in 5 s, a in 0.5 s
     kinds = sorted((x.kind.value, x.gid) for x in actions)
     assert ("restore", a) in kinds and any(k == "demote" and g in cs for k, g in kinds)
-    assert ctl.pages[a].resident
+    assert ctl.table.pages[a].resident
     assert [x.reason for x in actions if x.kind is ActionKind.RESTORE] == [Reason.PREFETCH]
 
 
 def test_a_refill_never_displaces_a_page_read_before_it() -> None:
     ctl, a, cs, actions = _refill("instant")  # c is back before a: a must wait
     assert actions == []
-    assert not ctl.pages[a].resident and all(ctl.pages[g].resident for g in cs)
+    assert not ctl.table.pages[a].resident and all(ctl.table.pages[g].resident for g in cs)
 
 
 def _view(pid: int, read_at: float, tool: str = "t") -> PageView:
@@ -98,8 +98,8 @@ def test_do_no_harm_admission_takes_only_pages_read_later() -> None:
 def test_a_page_prepared_mid_gap_keeps_its_predicted_return() -> None:
     ctl = _trained({"slow": 2.0})
     (g,) = _in_tool(ctl, "a", 1, 0.0, "slow")
-    view = ctl.pages[g].view
-    ctl.strategy.prepare(ctl.pages[g], 1.0)  # halfway through its 2 s tool
+    view = ctl.table.pages[g].view
+    ctl.strategy.prepare(ctl.table.pages[g], 1.0)  # halfway through its 2 s tool
     assert view.predicted_idle_s == pytest.approx(
         ctl.strategy.predictor.gap_estimate(view, 1.0))
     assert view.last_access + view.predicted_idle_s > 1.5  # not "half the residual from 0"
@@ -122,11 +122,11 @@ def test_refresh_brings_stale_confidences_and_overdue_returns_up_to_now() -> Non
 def test_the_service_never_keeps_a_page_only_as_recompute() -> None:
     ctl = _trained({})
     finish(ctl, admitted(ctl, "a", range(1), 0.0), 0.0)
-    rec = ctl.pages[ctl.resolve("t", "a", [b"a/0"])[0]]
+    rec = ctl.table.pages[ctl.table.resolve("t", "a", [b"a/0"])[0]]
     rec.view.recompute_cost_s = 1e-6  # re-prefill would be the cheapest form on paper
-    tier, codec, _ref = ctl.strategy.demotion(rec, ctl.hbms["h"].policy, 0.1)
+    tier, codec, _ref = ctl.strategy.demotion(rec, ctl.table.hbms["h"].policy, 0.1)
     assert (tier, codec) == (Tier.HOST, Codec.FULL)
-    placement = ctl.hbms["h"].policy.demotion(rec.view)
+    placement = ctl.table.hbms["h"].policy.demotion(rec.view)
     assert placement.codec is Codec.RECOMPUTE  # what the simulator's engine may do
 
 

@@ -1,0 +1,175 @@
+"""Orchestrator events -> the event graph, page types, retirements and tool-gap moves.
+
+``EventPlanner`` runs each event through the lifecycle graph (``lifecycle/graph.py``)
+over the page table: pages whose type the graph changed (draft -> verified result,
+branch -> failed branch) are retyped for the policy, retirable pages are retired (an
+audited one leaves its §5.2 summary first), a tool start schedules the strategy's gap
+migrations and prefetches, a tool return reports the gap to the strategy and cancels the
+moves not started. Pure: no Ray, no I/O, time passed in.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from agentkv_cluster.lifecycle import events as ev
+from agentkv_cluster.lifecycle.graph import EventGraph
+from agentkv_cluster.lifecycle.graph_records import Blocker
+from agentkv_cluster.lifecycle.types import StateType
+from agentkv_cluster.runtime.page_table import PageTable
+from agentkv_cluster.runtime.records import (
+    Action,
+    ActionKind,
+    AuditSummary,
+    PageRecord,
+    Reason,
+    SessionState,
+)
+from agentkv_cluster.runtime.schedule import MoveSchedule
+from agentkv_cluster.runtime.strategies import Strategy
+from agentkv_cluster.runtime.tuning import set_type
+
+# Gap migrations run only while the HBM actor is at least this full (high watermark).
+GAP_WATERMARK = 0.75
+AUDIT_BACKLOG = 100_000  # retired-page summaries kept until the service drains them
+_PAGE_LIST_FIELDS = ("prefix_pages", "input_pages", "consumes", "supersedes", "pages")
+
+
+class EventPlanner:
+    def __init__(self, table: PageTable, schedule: MoveSchedule, strategy: Strategy,
+                 stats: dict[str, int]) -> None:
+        self.table = table
+        self.schedule = schedule
+        self.strategy = strategy
+        self.stats = stats  # the controller's counters
+        self.graph = EventGraph()
+        # Summaries of retired audited pages, until the service appends them to its audit
+        # log (``drain_audit``); bounded so a service that never drains cannot grow it.
+        self.audit_summaries: deque[AuditSummary] = deque(maxlen=AUDIT_BACKLOG)
+
+    def translate(self, owner: str, session: str, data: dict[str, Any]) -> ev.Event:
+        """Wire event -> typed event with engine page ids mapped to global ids."""
+        data = dict(data, tenant=owner, session=session)
+        for name in _PAGE_LIST_FIELDS:
+            if isinstance(data.get(name), list):
+                data[name] = [self._gid(owner, session, pid) for pid in data[name]]
+        if isinstance(data.get("produces"), list):
+            data["produces"] = [
+                [self._gid(owner, session, r[0]), *r[1:]] if isinstance(r, list) and r else r
+                for r in data["produces"]]
+        return ev.event_from_dict(data)
+
+    def _gid(self, owner: str, session: str, pid: Any) -> Any:
+        if type(pid) is not int:
+            return pid  # left for event_from_dict to reject with a precise message
+        gid = self.table.by_pid.get((owner, session, pid))
+        if gid is None:
+            raise ev.UnknownReference(f"page {pid} was not stored in session {session!r}")
+        return gid
+
+    def apply(self, event: ev.Event, now: float) -> list[Action]:
+        """Run one event through the graph and the strategy; returns the retirements (gap
+        moves go to the schedule)."""
+        table = self.table
+        state = table.session(event.tenant, event.session)
+        touched = self.graph.apply(event, now)
+        self.stats["events"] += 1
+        for gid in touched:
+            rec = table.pages.get(gid)
+            if rec is not None:
+                try:
+                    rec.view.dependency = self.graph.dependency_strength(gid)
+                    state_type = self.graph.page(gid).tag.state_type
+                except KeyError:
+                    continue  # a page the engine stored but no event produced yet
+                if state_type is not rec.view.state_type:
+                    self._retype(rec, state_type, now)
+        if isinstance(event, ev.ToolStart):
+            self._tool_start(state, event, now)
+        elif isinstance(event, ev.ObservationReturn):
+            self._tool_return(state, event, now)
+        elif isinstance(event, ev.ModelCall):
+            self.schedule.cancel(list(state.pages))
+        if isinstance(event, ev.TaskEnd):
+            self.schedule.cancel(list(state.pages))
+            table.returning.difference_update(state.pages)
+            touched = frozenset(state.pages)
+        return [self._retire(gid, state, now) for gid in sorted(touched)
+                if gid in table.pages and gid in state.pages and self._retirable(gid, now)]
+
+    def _retype(self, rec: PageRecord, state_type: StateType, now: float) -> None:
+        """The event graph changed the page's type (draft -> verified result, a branch's
+        pages -> failed branch, ...): the policy sees the new type and its Table 1 priors
+        from now on (value, risk protection, demotion form)."""
+        set_type(rec.view, state_type, rec.meta.length)
+        self.strategy.prepare(rec, now)
+        if rec.resident and rec.hbm in self.table.hbms:
+            self.table.hbms[rec.hbm].policy.on_update(rec.view, now)
+        self.stats["retyped"] = self.stats.get("retyped", 0) + 1
+
+    def _retirable(self, gid: int, now: float) -> bool:
+        try:
+            blockers = self.graph.blockers(gid)
+        except KeyError:
+            return False
+        if blockers == {Blocker.AUDIT}:
+            # §5.2: the page may go once its irreversible summary (identity digest, type,
+            # content hash) is on its way to the audit log (``drain_audit``).
+            rec = self.table.pages[gid]
+            self.audit_summaries.append(AuditSummary.of(rec.meta, rec.view.state_type, now))
+            self.graph.record_audit_summary(gid)
+            return True
+        return not blockers
+
+    def _tool_start(self, state: SessionState, event: ev.ToolStart, now: float) -> None:
+        table = self.table
+        table.returning.difference_update(state.pages)
+        budget = table.hbms[state.hbm]
+        recs = [rec for rec in (table.pages[g] for g in sorted(state.pages))
+                if rec.resident and not rec.busy and rec.pins == 0 and rec.hbm == state.hbm]
+        actions, plan = self.strategy.gap_plan(recs, event, budget.policy, now)
+        if budget.used < GAP_WATERMARK * budget.capacity:
+            # Room to spare: moving the pausing session's pages out frees HBM nobody
+            # needs, and bringing them back only delays its return and moves bytes.
+            actions = []
+        state.tools[event.call_id] = (event.tool, now, plan)
+        self.stats["gap_migrations"] = self.stats.get("gap_migrations", 0) + sum(
+            a.kind is ActionKind.DEMOTE for a in actions)
+        self.stats["gap_prefetches"] = self.stats.get("gap_prefetches", 0) + sum(
+            a.kind is ActionKind.RESTORE for a in actions)
+        for action in actions:
+            self.schedule.push(action)
+
+    def _tool_return(self, state: SessionState, event: ev.ObservationReturn, now: float) -> None:
+        tool = state.tools.pop(event.call_id, None)
+        if tool is None:
+            return
+        table = self.table
+        recs = [table.pages[g] for g in sorted(state.pages) if g in table.pages]
+        self.strategy.tool_return(tool[2], recs, table.hbms[state.hbm].policy, tool[0], tool[1],
+                                  now)
+        # As the policy's early-return report says: migrations and prefetches not started
+        # yet are cancelled. The engine's load now restores those pages in the foreground
+        # class; one left scheduled would start late and make that load wait behind it.
+        self.schedule.cancel(list(state.pages), kinds=(ActionKind.DEMOTE, ActionKind.RESTORE))
+        table.returning.update(g for g in state.pages if g in table.pages)
+
+    def _retire(self, gid: int, state: SessionState, now: float) -> Action:
+        table = self.table
+        rec = table.pages[gid]
+        # Retired unread since its last prediction: its idle gap ended without a return.
+        self.strategy.observe(rec, False, now, table.policy_of(rec))
+        table.drop(gid)
+        state.pages.discard(gid)
+        self.graph.retire(gid)
+        shared = any((rec.meta.key, h) in table.by_key for h in table.hbms)
+        return Action(kind=ActionKind.DELETE, gid=gid, hbm=rec.hbm, start_at=now,
+                      reason=Reason.SHARED if shared else Reason.RETIRE, session=rec.meta.session,
+                      tenant=rec.meta.namespace, key=rec.meta.key, pool=rec.pool)
+
+    def drain_audit(self) -> list[AuditSummary]:
+        """The audit summaries of pages retired since the last call (oldest first)."""
+        out = list(self.audit_summaries)
+        self.audit_summaries.clear()
+        return out

@@ -364,41 +364,6 @@ class RiskDecision:
     max_lossy_codec: Codec  # most aggressive codec allowed for the working copy
 
 
-# ---------------------------------------------------------------- credits
-
-
-class Resource(enum.Enum):
-    HBM = "hbm"
-    HOST = "host"
-    LINK = "link"
-
-
-class CreditOutcome(enum.Enum):
-    GRANTED = "granted"
-    LOWER_PRECISION = "lower_precision"  # granted for fewer bytes at ``codec``
-    DELAYED = "delayed"  # queued; a later ``poll`` grants it
-
-
-@dataclass(frozen=True, kw_only=True)
-class CreditRequest:
-    session: str
-    resource: Resource
-    amount: int  # bytes
-    link: str = "default"  # link (or memory pool) the bucket belongs to
-    codec: Codec = Codec.FULL
-    allow_lower_precision: bool = False
-
-
-@dataclass(frozen=True, kw_only=True)
-class CreditGrant:
-    ticket: int
-    request: CreditRequest
-    outcome: CreditOutcome
-    amount: int  # bytes actually charged (0 while DELAYED)
-    codec: Codec
-    granted_at: float | None  # None while DELAYED
-
-
 # ---------------------------------------------------------------- AgentKV switches
 
 

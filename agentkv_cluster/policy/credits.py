@@ -15,19 +15,45 @@ session bucket it is skipped, since no other session can help it.
 
 from __future__ import annotations
 
+import enum
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from agentkv_cluster.policy.base import (
-    CostModel,
-    CreditGrant,
-    CreditOutcome,
-    CreditRequest,
-    PolicyError,
-    Resource,
-)
+from agentkv_cluster.policy.base import CostModel, PolicyError
 from store.types import Codec
+
+
+class Resource(enum.Enum):
+    HBM = "hbm"
+    HOST = "host"
+    LINK = "link"
+
+
+class CreditOutcome(enum.Enum):
+    GRANTED = "granted"
+    LOWER_PRECISION = "lower_precision"  # granted for fewer bytes at ``codec``
+    DELAYED = "delayed"  # queued; a later ``poll`` grants it
+
+
+@dataclass(frozen=True, kw_only=True)
+class CreditRequest:
+    session: str
+    resource: Resource
+    amount: int  # bytes
+    link: str = "default"  # link (or memory pool) the bucket belongs to
+    codec: Codec = Codec.FULL
+    allow_lower_precision: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class CreditGrant:
+    ticket: int
+    request: CreditRequest
+    outcome: CreditOutcome
+    amount: int  # bytes actually charged (0 while DELAYED)
+    codec: Codec
+    granted_at: float | None  # None while DELAYED
 
 
 class CreditError(PolicyError):

@@ -22,8 +22,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from agentkv_cluster.policy.base import CreditGrant, CreditOutcome, CreditRequest, Resource
-from agentkv_cluster.policy.credits import BucketSpec, CreditConfig, CreditManager
+from agentkv_cluster.policy.credits import (
+    BucketSpec,
+    CreditConfig,
+    CreditGrant,
+    CreditManager,
+    CreditOutcome,
+    CreditRequest,
+    Resource,
+)
 from agentkv_cluster.runtime.guard import Guarded
 from agentkv_cluster.runtime.handles import ActorGone
 from agentkv_cluster.runtime.landing import LandingPages

@@ -5,12 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agentkv_cluster.policy.base import CreditOutcome, CreditRequest, Resource
 from agentkv_cluster.policy.credits import (
     BucketSpec,
     CreditConfig,
     CreditManager,
+    CreditOutcome,
+    CreditRequest,
     CreditTooLarge,
+    Resource,
     UnknownLink,
     UnknownTicket,
 )

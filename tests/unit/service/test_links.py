@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentkv_cluster.policy.base import CreditGrant
+from agentkv_cluster.policy.credits import CreditGrant
 from agentkv_cluster.runtime.executor import LinkCredits
 from agentkv_cluster.runtime.records import Link
 

@@ -116,9 +116,9 @@ def test_task_end_retires_pages_with_delete_actions() -> None:
     admitted(ctl, "a", range(2), 0.0)
     ev = {"event_id": 1, "task_id": "x", "version": 1, "ts": 0.0}
     ctl.apply(ctl.events.translate("t", "a", {"kind": "task_start", "prefix_generation": 1,
-                                       "input_pages": [0, 1], **ev}), 0.0)
-    actions = ctl.apply(ctl.events.translate("t", "a", {"kind": "task_end", **ev, "event_id": 2,
-                                                 "version": 2}), 1.0)
+                                              "input_pages": [0, 1], **ev}), 0.0)
+    actions = ctl.apply(ctl.events.translate("t", "a", {"kind": "task_end", **ev,
+                                                        "event_id": 2, "version": 2}), 1.0)
     assert sorted((a.kind, a.key) for a in actions) == [
         (ActionKind.DELETE, b"a/0"), (ActionKind.DELETE, b"a/1")]
     assert ctl.table.pages == {} and ctl.table.hbms["h"].used == 0

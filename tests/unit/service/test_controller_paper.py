@@ -23,7 +23,7 @@ TYPES = (StateType.FIXED_PREFIX, StateType.TASK_INPUT, StateType.TEMP_REASONING)
 
 def _event(ctl: Controller, session: str, version: int, now: float, **data: object) -> list:
     event = ctl.events.translate("t", session, {"event_id": version, "task_id": "x",
-                                         "version": version, "ts": now, **data})
+                                                "version": version, "ts": now, **data})
     return ctl.apply(event, now)
 
 

@@ -10,8 +10,8 @@ from tests.unit.service.test_controller import MB, admitted
 
 
 def _event(ctl: Controller, version: int, now: float, **data: object) -> None:
-    event = ctl.events.translate("t", "a", {"event_id": version, "task_id": "x", "version": version,
-                                     "ts": now, **data})
+    event = ctl.events.translate("t", "a", {"event_id": version, "task_id": "x",
+                                            "version": version, "ts": now, **data})
     ctl.apply(event, now)
 
 

@@ -23,7 +23,7 @@ from tests.unit.service.test_controller import MB, admitted, finish
 
 def _event(ctl: Controller, session: str, version: int, now: float, **data: object) -> None:
     event = ctl.events.translate("t", session, {"event_id": version, "task_id": "x",
-                                         "version": version, "ts": now, **data})
+                                                "version": version, "ts": now, **data})
     ctl.apply(event, now)
 
 

@@ -34,8 +34,7 @@ from agentkv_cluster.runtime.strategies import Strategy
 from agentkv_cluster.runtime.tier_ledger import TierRoom
 from store.types import Codec, Tier
 
-# Load outcome: (demotions, restores, lost, blocked); see ``Controller.access``.
-AccessPlan = tuple[list[Action], list[Action], list[int], list[int]]
+AccessPlan = tuple[list[Action], list[Action], list[int], list[int]]  # Controller.access
 
 
 class Controller:
@@ -43,8 +42,7 @@ class Controller:
 
     def __init__(self, strategy: Strategy, page_bytes: int = 0,
                  tier_capacity: Mapping[Tier, int] | None = None) -> None:
-        """``tier_capacity``: bytes of each lower tier (HOST, NVME) in every pool, for the
-        placement's capacity prices (None: unbounded)."""
+        """``tier_capacity``: see ``PageTable``."""
         self.strategy = strategy
         self.table = PageTable(page_bytes, tier_capacity)
         self.schedule = MoveSchedule()
@@ -57,16 +55,16 @@ class Controller:
         self.table.add_hbm(name, capacity, self.strategy.new_policy(capacity), pool)
 
     def remove_hbm(self, name: str) -> list[int]:
-        """An HBM actor died: only its HBM copies are gone. Returns gids with no copy left."""
-        lost = self.table.remove_hbm(name)
-        self.stats["lost"] += len(lost)
-        return lost
+        """``PageTable.remove_hbm``; the pages left with no copy count as lost."""
+        return self._lost(self.table.remove_hbm(name))
 
     def remove_pool(self, name: str) -> list[int]:
-        """A pool actor (or its node) is gone: its copies are. Returns gids left with none."""
-        lost = self.table.remove_pool(name)
-        self.stats["lost"] += len(lost)
-        return lost
+        """``PageTable.remove_pool``; the pages left with no copy count as lost."""
+        return self._lost(self.table.remove_pool(name))
+
+    def _lost(self, gids: list[int]) -> list[int]:
+        self.stats["lost"] += len(gids)
+        return gids
 
     # -- engine side --------------------------------------------------------------------------
     def admit(self, owner: str, session: str, metas: list[PageMeta], now: float,
@@ -125,16 +123,11 @@ class Controller:
         return out
 
     def access(self, gids: list[int], now: float) -> AccessPlan:
-        """The engine needs ``gids`` in HBM: pin them.
-
-        Returns (demotions, restores, lost, blocked): ``lost`` pages have no copy left
-        (re-prefill), ``blocked`` ones found no room now (pinned pages fill the HBM).
-        Pages that cannot all fit on their HBM actor even after evicting every unpinned
-        page are all blocked (all or nothing): restoring part only to unpin and retry
-        would see those pages evicted by the next load and restored again.
-
-        The caller waits first until none of them moves (``PageTable.settled``): a page
-        being demoted has no copy yet."""
+        """The engine needs ``gids`` in HBM: pin them. Returns (demotions, restores, lost,
+        blocked): ``lost`` pages have no copy left (re-prefill), ``blocked`` ones found no
+        room now: pinned pages fill the HBM, or they cannot all fit (all or nothing, see
+        ``PageTable.short_hbms``). The caller waits first until none of them moves
+        (``PageTable.settled``): a page being demoted has no copy yet."""
         table = self.table
         table.check_alive(gids)
         # Demanded now: scheduled migrations and prefetches of these pages are moot.
@@ -211,12 +204,27 @@ class Controller:
         if short <= 0:
             return []
         self.strategy.refresh(budget.policy, now)
-        victims = budget.policy.select_victims(short, now)
+        victims = self._select_victims(budget.policy, hbm, short, now)
         if not victims and tenant is not None and self.table.revoke_pins(hbm, tenant, now):
             victims = budget.policy.select_victims(short, now)
         if not victims:
             raise HbmFull(f"{hbm}: {short} bytes needed, pinned pages fill it")
         return self._demote_victims(victims, budget.policy, now)
+
+    def _select_victims(self, policy: EvictionPolicy, hbm: str, short: int, now: float
+                        ) -> list[int]:
+        """The policy's victims for ``short`` bytes, sparing the pages a load waits for or
+        is about to (``PageTable.soon_read``) while other pages free enough: evicting one
+        makes that load wait for the demotion, then restore the page again."""
+        spared = [rec.view for rec in self.table.soon_read(hbm) if not rec.view.pinned]
+        for view in spared:
+            view.pinned = True
+        try:
+            victims = policy.select_victims(short, now)
+        finally:
+            for view in spared:
+                view.pinned = False
+        return victims or policy.select_victims(short, now)
 
     def _demote_victims(self, victims: list[int], policy: EvictionPolicy, now: float
                         ) -> list[Action]:
@@ -386,15 +394,7 @@ class Controller:
             table.drop(gid)
             self._victims.pop(gid, None)
         self.events.graph.forget_tenant(tenant)
-        for key in [k for k in table.by_pid if k[0] == tenant]:
-            del table.by_pid[key]
-        sessions = [k for k in table.sessions if k[0] == tenant]
-        for key in sessions:
-            state = table.sessions.pop(key)
-            if state.hbm in table.hbms:
-                table.hbms[state.hbm].sessions -= 1
-        table.erasures[tenant] += 1
-        table.changed()
+        sessions = table.drop_sessions(tenant)
         return TenantForgotten(keys=keys, pages=len(gids), resident=resident,
-                               sessions=len(sessions), pins=pins, cancelled=cancelled,
+                               sessions=sessions, pins=pins, cancelled=cancelled,
                                straggling=straggling)

@@ -244,9 +244,18 @@ class PageTable:
         (read without the lock: a hint)."""
         return self.waiting.get(gid, 0) > 0 or gid in self.recalled or gid in self.returning
 
+    def soon_read(self, hbm: str) -> list[PageRecord]:
+        """Resident pages on ``hbm`` that a load waits for, or will as soon as its session
+        resumes (``wanted``)."""
+        gids = {g for g, n in self.waiting.items() if n > 0} | self.recalled | self.returning
+        return [rec for rec in (self.pages.get(g) for g in gids)
+                if rec is not None and rec.hbm == hbm and rec.resident]
+
     def short_hbms(self, gids: list[int]) -> set[str]:
         """HBM actors where the missing pages of ``gids`` cannot all fit now, even after
-        evicting every unpinned page."""
+        evicting every unpinned page. Such a load restores none of them (all or nothing):
+        restoring part only to unpin and retry would see those pages evicted by the next
+        load and restored again, moving bytes and delaying everyone for nothing."""
         need: dict[str, int] = {}
         for gid in gids:
             rec = self.pages[gid]
@@ -356,6 +365,21 @@ class PageTable:
         (the erasure's first step, before its keys are destroyed)."""
         self.erasing.add(tenant)
         self.changed()
+
+    def drop_sessions(self, tenant: str) -> int:
+        """The erasure's last step here, after its pages were dropped: every session of
+        ``tenant`` and its page ids go, and its erasure count rises (loads check it).
+        Returns how many sessions it had."""
+        for key in [k for k in self.by_pid if k[0] == tenant]:
+            del self.by_pid[key]
+        sessions = [k for k in self.sessions if k[0] == tenant]
+        for key in sessions:
+            state = self.sessions.pop(key)
+            if state.hbm in self.hbms:
+                self.hbms[state.hbm].sessions -= 1
+        self.erasures[tenant] += 1
+        self.changed()
+        return len(sessions)
 
     def end_erase(self, tenant: str) -> None:
         """The erasure is done everywhere: the tenant name may start again, empty."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from agentkv_cluster.runtime.controller import Controller
 from agentkv_cluster.runtime.records import Reason
 from agentkv_cluster.runtime.strategies import make_strategy
-from tests.unit.service.test_controller import MB, admitted
+from tests.unit.service.test_controller import MB, admitted, finish
 
 
 def _event(ctl: Controller, version: int, now: float, **data: object) -> None:
@@ -87,3 +87,39 @@ def test_lru_schedules_no_prefetch_for_its_victims() -> None:
     _event(ctl, 2, 0.2, kind="tool_start", call_id="k1", tool="grep")
     admitted(ctl, "b", range(1), 0.3)
     assert not [a for _at, a in ctl.schedule if a.kind.value == "restore"]
+
+
+def test_room_for_one_load_spares_the_pages_another_load_waits_for() -> None:
+    """LRU order would evict a/0 (the oldest); a load waits for it, so a/1 goes instead.
+    Without the sparing the waiting load finds its page being demoted, waits for that,
+    then restores it again."""
+    ctl = Controller(make_strategy("lru"))
+    ctl.add_hbm("h", 3 * MB)
+    finish(ctl, admitted(ctl, "a", range(2), 0.0), 0.0)
+    finish(ctl, admitted(ctl, "b", range(1), 1.0), 1.0)
+    a0, a1 = ctl.table.resolve("t", "a", [b"a/0", b"a/1"])
+    ctl.table.want([a0], 1)
+    demotes = admitted(ctl, "c", range(1), 2.0)
+    assert [a.gid for a in demotes] == [a1]
+    finish(ctl, demotes, 2.0)
+    ctl.table.want([a0], -1)
+    # a session whose tool returned is about to load: its pages are spared the same way
+    (b0,) = ctl.table.resolve("t", "b", [b"b/0"])
+    _event(ctl, 1, 2.5, kind="task_start", prefix_generation=1, prefix_pages=[0],
+           input_pages=[1])
+    _event(ctl, 2, 2.6, kind="tool_start", call_id="k1", tool="grep")
+    _event(ctl, 3, 2.7, kind="observation_return", call_id="k1")
+    assert ctl.table.wanted(a0)
+    demotes = admitted(ctl, "d", range(1), 3.0)
+    assert [a.gid for a in demotes] == [b0]
+    finish(ctl, demotes, 3.0)
+
+
+def test_sparing_never_blocks_a_load_when_only_spared_pages_can_make_room() -> None:
+    ctl = Controller(make_strategy("lru"))
+    ctl.add_hbm("h", 2 * MB)
+    finish(ctl, admitted(ctl, "a", range(2), 0.0), 0.0)
+    a0, a1 = ctl.table.resolve("t", "a", [b"a/0", b"a/1"])
+    ctl.table.want([a0, a1], 1)
+    demotes = admitted(ctl, "c", range(1), 1.0)
+    assert [a.gid for a in demotes] == [a0]  # the policy's own order once nothing else fits

@@ -60,8 +60,9 @@ def test_demo_writes_both_policies_in_the_simulator_schema(tmp_path: Path) -> No
 def test_default_demo_moves_fewer_bytes_with_agentkv_and_reports_p95(tmp_path: Path) -> None:
     """The README's demo on its embedded defaults: AgentKV moves fewer bytes than LRU on
     the same workload (a ratio measured side by side, interleaved rounds in one process).
-    Its P95 restore delay is printed, not asserted: it is lower than LRU's in most runs
-    on this 2-core machine but not in every one (docs/BENCHMARKS.md lists the runs)."""
+    Its P95 restore delay is printed, not asserted: one demo's P95 on this noisy 2-core
+    machine sides with either policy from run to run (docs/BENCHMARKS.md lists the runs;
+    the ten-seed counts of benchmarks/bench_demo_seeds.py are the P95 figures)."""
     out = tmp_path / "demo.json"
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
     proc = subprocess.run(

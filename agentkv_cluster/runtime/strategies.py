@@ -19,8 +19,28 @@ from agentkv_cluster.policy.baselines import LruPolicy
 from agentkv_cluster.policy.predictor import Predictor
 from agentkv_cluster.runtime.records import Action, ActionKind, PageRecord, Reason
 from agentkv_cluster.runtime.tier_ledger import TierRoom
-from agentkv_cluster.runtime.tuning import RUNTIME_AGENTKV, clamp, exact_form
+from agentkv_cluster.runtime.tuning import RUNTIME_AGENTKV
 from store.types import Codec, Tier
+
+# The forms the service stores (the policy core also knows LOW_RANK and RECOMPUTE).
+SERVICE_CODECS = (Codec.FULL, Codec.INT8, Codec.INT4)
+
+
+def exact_form() -> tuple[Codec, bool]:
+    """The form of a page whose lossy working copy the risk controller would back with a
+    FULL reference: FULL alone, no reference. The service hands engines exact bytes
+    (``complete_load`` fetches the reference of every lossy working copy), so lossy plus
+    reference moves more bytes (the lossy copy and the FULL one) and restores slower
+    (the lossy restore, then the reference fetch) than one FULL copy: a dominated option.
+    Returns (codec, keep a separate reference)."""
+    return Codec.FULL, False
+
+
+def clamp(codec: Codec, shaped: bool) -> Codec:
+    """The service stores FULL, INT8 and INT4; opaque pages (no KV geometry) only FULL."""
+    if not shaped:
+        return Codec.FULL
+    return codec if codec in SERVICE_CODECS else Codec.INT4
 
 
 class Strategy(Protocol):

@@ -2,8 +2,8 @@
 
 The pure policy core (``agentkv_cluster/policy``) is written for the paper's hardware and
 blocks; the service runs it with these: the restore and re-prefill costs measured through
-the real actors and model on the reference machine, the value profile, gap and predictor
-settings tuned on seeds the reports never use, and the page forms the service stores.
+the real actors and model on the reference machine, and the value profile, gap and
+predictor settings tuned on seeds the reports never use.
 ``set_type`` gives a page its Table 1 priors with this machine's re-prefill cost.
 """
 
@@ -17,7 +17,7 @@ from agentkv_cluster.policy.base import CostModel, PageView
 from agentkv_cluster.policy.gap import GapConfig
 from agentkv_cluster.policy.predictor import PredictorConfig
 from agentkv_cluster.policy.value import PROFILES
-from store.types import Codec, Tier
+from store.types import Tier
 
 # Restore cost through the real actors on the 2-core reference machine (NIXL + AES-GCM +
 # torch dequantisation), so the gap planner's T_move is this service's, not the paper's.
@@ -52,7 +52,6 @@ RUNTIME_AGENTKV = AgentKvConfig(
     gap=GapConfig(short_gap_s=0.1, return_quantile=0.1),
     predictor=PredictorConfig(prior_median_s=0.5, prior_weight=1),
 )
-SERVICE_CODECS = (Codec.FULL, Codec.INT8, Codec.INT4)
 # C_recomp of eq. 3-4 for a page: re-prefilling its tokens on the engine. Measured with the
 # small real model on the 2-core reference machine (benchmarks/bench_ttft.py: 1,041 tokens,
 # 45 MiB of KV, prefilled in 5.9 s): 0.13 s per MB of full-precision KV, scaled by the
@@ -68,20 +67,3 @@ def set_type(view: PageView, state_type: StateType, length: int) -> None:
     view.state_type, view.reuse_prob = state_type, d.reuse_prob
     view.correctness_weight = d.correctness_weight
     view.recompute_cost_s = length / 1e6 * d.recompute_weight * RUNTIME_PREFILL_S_PER_MB
-
-
-def exact_form() -> tuple[Codec, bool]:
-    """The form of a page whose lossy working copy the risk controller would back with a
-    FULL reference: FULL alone, no reference. The service hands engines exact bytes
-    (``complete_load`` fetches the reference of every lossy working copy), so lossy plus
-    reference moves more bytes (the lossy copy and the FULL one) and restores slower
-    (the lossy restore, then the reference fetch) than one FULL copy: a dominated option.
-    Returns (codec, keep a separate reference)."""
-    return Codec.FULL, False
-
-
-def clamp(codec: Codec, shaped: bool) -> Codec:
-    """The service stores FULL, INT8 and INT4; opaque pages (no KV geometry) only FULL."""
-    if not shaped:
-        return Codec.FULL
-    return codec if codec in SERVICE_CODECS else Codec.INT4

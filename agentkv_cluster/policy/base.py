@@ -234,19 +234,24 @@ class CostModel:
         if codec is Codec.RECOMPUTE:
             return 0.0
         stored = size_bytes * self.codec_ratio[codec]
-        codec_s = 0.0 if codec is Codec.FULL else (
-            2.0 * size_bytes / self.codec_bytes_per_s + self.codec_fixed_s)
         link = self.link_bytes_per_s[tier]
-        return 2.0 * (self.fixed_overhead_s[tier] + stored / link) + codec_s
+        return (2.0 * (self.fixed_overhead_s[tier] + stored / link)
+                + self.codec_time(size_bytes, codec, passes=2))
 
     def restore_time(self, size_bytes: int, tier: Tier, codec: Codec) -> float:
         """L_i(k, q): one restore (read + decompress) from ``tier`` in ``codec``."""
         if tier is Tier.HBM:
             return 0.0
         stored = size_bytes * self.codec_ratio[codec]
-        codec_s = 0.0 if codec is Codec.FULL else (
-            size_bytes / self.codec_bytes_per_s + self.codec_fixed_s)
-        return self.fixed_overhead_s[tier] + stored / self.link_bytes_per_s[tier] + codec_s
+        return (self.fixed_overhead_s[tier] + stored / self.link_bytes_per_s[tier]
+                + self.codec_time(size_bytes, codec))
+
+    def codec_time(self, size_bytes: int, codec: Codec, passes: int = 1) -> float:
+        """Seconds of ``passes`` codec passes over a page (decode; a move also encodes)
+        plus a lossy form's own fixed path; nothing for FULL."""
+        if codec is Codec.FULL:
+            return 0.0
+        return passes * size_bytes / self.codec_bytes_per_s + self.codec_fixed_s
 
 
 # ---------------------------------------------------------------- predictions

@@ -247,7 +247,7 @@ class PageTable:
     def soon_read(self, hbm: str) -> list[PageRecord]:
         """Resident pages on ``hbm`` that a load waits for, or will as soon as its session
         resumes (``wanted``)."""
-        gids = {g for g, n in self.waiting.items() if n > 0} | self.recalled | self.returning
+        gids = self.waiting.keys() | self.recalled | self.returning  # ``want`` drops zeros
         return [rec for rec in (self.pages.get(g) for g in gids)
                 if rec is not None and rec.hbm == hbm and rec.resident]
 

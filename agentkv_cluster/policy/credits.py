@@ -11,6 +11,12 @@ sessions, and new requests never bypass waiting ones. When the session at the
 head of the ring is blocked by the *shared* bucket, service stops there (its
 turn is held until tokens accumulate); when it is blocked only by its *own*
 session bucket it is skipped, since no other session can help it.
+
+A session bucket may be work-conserving (``BucketSpec.borrow``): while no other
+session waits for the shared bucket, a session may run past its own bucket on the
+shared one's tokens (its own goes negative and is repaid on ``release``). Link credits
+use it: a cap that only shares a link fairly should not leave the link idle while one
+session's load waits. Memory credits do not: a session's share of memory is a quota.
 """
 
 from __future__ import annotations
@@ -76,6 +82,8 @@ class UnknownTicket(CreditError, KeyError):
 class BucketSpec:
     capacity: int  # bytes: burst size (links) or pool size (memory)
     refill_per_s: float = 0.0  # link bandwidth; 0 for memory
+    # session buckets only: past this bucket on the shared one while no other session waits
+    borrow: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,6 +99,7 @@ class _Bucket:
     rate: float
     tokens: float
     updated_at: float | None = None
+    borrow: bool = False
 
     def refill(self, now: float) -> None:
         if self.updated_at is not None and now > self.updated_at and self.rate > 0:
@@ -156,9 +165,10 @@ class CreditManager:
                 head = queue.pending[session][0]
                 own = self._own(session, key[0], now)
                 amount = head.request.amount
-                if shared.tokens + _EPS < amount <= own.tokens + _EPS:
+                alone = own.borrow and len(queue.ring) == 1  # nobody else waits
+                if shared.tokens + _EPS < amount <= max(own.tokens, alone * amount) + _EPS:
                     break  # hold this session's turn until the shared bucket refills
-                if own.tokens + _EPS < amount:
+                if own.tokens + _EPS < amount and not alone:
                     queue.ring.rotate(-1)
                     skipped += 1
                     continue
@@ -216,7 +226,7 @@ class CreditManager:
         bucket = self._sessions.get((session, resource))
         if bucket is None:
             spec = self.config.session[resource]
-            bucket = _Bucket(spec.capacity, spec.refill_per_s, spec.capacity)
+            bucket = _Bucket(spec.capacity, spec.refill_per_s, spec.capacity, borrow=spec.borrow)
             self._sessions[(session, resource)] = bucket
         bucket.refill(now)
         return bucket
@@ -227,7 +237,9 @@ class CreditManager:
         return shared, self._own(request.session, request.resource, now)
 
     def _try_grant(self, ticket, request, shared, own, now) -> CreditGrant | None:
-        available = min(shared.tokens, own.tokens) + _EPS
+        """Called only while nobody waits for ``shared``: a borrowing session bucket
+        does not limit the grant then."""
+        available = (shared.tokens if own.borrow else min(shared.tokens, own.tokens)) + _EPS
         if request.amount <= available:
             return self._charge(ticket, request, request.amount, request.codec,
                                 CreditOutcome.GRANTED, shared, own, now)

@@ -74,7 +74,9 @@ class LinkCredits:
             cap = max(1, self.per_link // 4) if link.background else self.per_link
             mgr = CreditManager(CreditConfig(
                 buckets={(Resource.LINK, str(link)): BucketSpec(capacity=cap)},
-                session={Resource.LINK: BucketSpec(capacity=self.per_session)}))
+                # work-conserving: one session's load may use the whole link while no
+                # other session waits for it (the per-session cap shares, never idles)
+                session={Resource.LINK: BucketSpec(capacity=self.per_session, borrow=True)}))
             self._managers[link] = mgr
         return mgr
 
@@ -163,12 +165,13 @@ class TierTraffic:
 
 
 class Executor:
-    """The transfer worker: moves the bytes of the manager's actions on a thread pool,
-    under its link credits, through its landing pages, and reports each as a
-    ``TransferResult``. Foreground work (``run``: an engine waits) is applied to the
-    manager before ``run`` returns; background work (``submit``: gap migrations,
-    prefetches, refills, deletions) comes back through ``get_finished``, which the
-    controller actor's loop drains (``on_finished`` wakes it)."""
+    """The transfer worker: moves the bytes of the manager's actions under its link
+    credits, through its landing pages, and reports each as a ``TransferResult``.
+    Foreground work (``run``: an engine waits) is applied to the manager before ``run``
+    returns; background work (``submit``: gap migrations, prefetches, refills, deletions)
+    comes back through ``get_finished``, which the controller actor's loop drains
+    (``on_finished`` wakes it). Each kind has its own threads, and a background move an
+    engine wants before it started is handed back at once (``abandon_queued``)."""
 
     def __init__(self, controller: Guarded, hbms: dict[str, HbmHandle],
                  pools: dict[str, PoolHandle],
@@ -180,7 +183,11 @@ class Executor:
         self.credits = credits
         self.traffic = TierTraffic()
         self.errors: deque[str] = deque(maxlen=50)
+        # Two pools: an engine's restores never wait for a thread behind background moves
+        # (which sit in their threads while they wait for a background credit).
         self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="agentkv-exec")
+        self._bg = ThreadPoolExecutor(max_workers=32, thread_name_prefix="agentkv-bg")
+        self._queued: dict[int, tuple[Future, Action]] = {}  # gid -> background, not started
         # (hbm, pool) -> the handles the HBM actor was last given
         self._told: dict[tuple[str, str], tuple[HbmHandle, PoolHandle]] = {}
         self._lock = threading.Lock()
@@ -196,12 +203,37 @@ class Executor:
 
     def submit(self, actions: list[Action]) -> None:
         """Start background work; its results come back through ``get_finished``."""
-        for a in actions:
-            self._pool.submit(self._background, a)
+        with self._lock:
+            for a in actions:
+                future = self._bg.submit(self._background, a)
+                if a.kind is not ActionKind.DELETE:
+                    self._queued[a.gid] = (future, a)
 
     def _background(self, action: Action) -> None:
+        with self._lock:
+            if self._queued.get(action.gid, (None, None))[1] is action:
+                del self._queued[action.gid]
         self._finished.append(self._run(action))
         self._on_finished()
+
+    def abandon_queued(self, gids: list[int]) -> int:
+        """An engine waits for ``gids``: background moves of them that have not started
+        yet (no thread, no credit) give way at once, and the manager hears so now (a
+        queued prefetch leaves the page to the engine's own restore; a queued migration
+        leaves it in HBM). Returns how many gave way."""
+        given_up = []
+        with self._lock:
+            for gid in gids:
+                entry = self._queued.get(gid)
+                if entry is not None and entry[0].cancel():
+                    del self._queued[gid]
+                    given_up.append(TransferResult(
+                        action=entry[1], outcome=Outcome.ABANDONED,
+                        error="Abandoned: wanted before it started", elapsed_s=0.0))
+        now = time.monotonic()
+        for result in given_up:
+            self.controller.finished(result, now)
+        return len(given_up)
 
     def get_finished(self) -> list[TransferResult]:
         """Background transfers that ended since the last call (oldest first)."""
@@ -347,5 +379,6 @@ class Executor:
             self.pools[a.pool].delete(a.key, a.tenant)
 
     def close(self) -> None:
+        self._bg.shutdown(wait=True, cancel_futures=True)
         self._pool.shutdown(wait=True, cancel_futures=True)
         self.landing.release()

@@ -43,6 +43,7 @@ class EngineLoader:
             raise RequestRefused(str(exc)) from None
         before = {g: self.controller.table.record(g) for g in gids}
         was_resident = {g: r.resident and not r.busy for g, r in before.items()}
+        self.executor.abandon_queued(gids)  # background moves not started give way now
         self.controller.wait_idle(gids, 60.0)
         waited = time.monotonic() - t0
         for attempt in range(2):

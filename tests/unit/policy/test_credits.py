@@ -85,6 +85,39 @@ def test_memory_credits_return_on_release_and_session_cap_applies():
         cm.release(g, now=3.0)
 
 
+def _slots(per_link=4, per_session=2, borrow=True):
+    """Concurrency credits as the service uses them: one token per transfer in flight."""
+    return CreditManager(CreditConfig(
+        buckets={(LINK, "l"): BucketSpec(capacity=per_link)},
+        session={LINK: BucketSpec(capacity=per_session, borrow=borrow)}))
+
+
+def test_a_borrowing_session_uses_the_whole_link_while_no_one_else_waits():
+    cm = _slots()
+    grants = [cm.acquire(req("a", 1, link="l"), now=0.0) for _ in range(5)]
+    # past its own cap of 2, up to the link's 4; the fifth waits for the link
+    assert [g.outcome for g in grants] == [CreditOutcome.GRANTED] * 4 + [CreditOutcome.DELAYED]
+    cm.release(grants[0], now=1.0)
+    assert [g.ticket for g in cm.poll(now=1.0)] == [grants[4].ticket]  # still alone
+    strict = _slots(borrow=False)
+    held = [strict.acquire(req("a", 1, link="l"), now=0.0) for _ in range(3)]
+    assert [g.outcome for g in held][2] is CreditOutcome.DELAYED  # the quota, not the link
+
+
+def test_a_borrower_gives_way_as_soon_as_another_session_waits():
+    cm = _slots()
+    a = [cm.acquire(req("a", 1, link="l"), now=0.0) for _ in range(6)]  # 4 granted, 2 wait
+    b = [cm.acquire(req("b", 1, link="l"), now=0.0) for _ in range(2)]
+    assert all(g.outcome is CreditOutcome.DELAYED for g in a[4:] + b)
+    order = []
+    for i in range(4):  # a's transfers end one by one: each freed credit goes to b first
+        cm.release(a[i], now=1.0 + i)
+        order += [g.request.session for g in cm.poll(now=1.0 + i)]
+    # b holds none, a is over its own cap: b gets both of its credits before a gets more,
+    # then a alone again borrows
+    assert order == ["b", "b", "a", "a"]
+
+
 def test_cancel_withdraws_a_waiting_request():
     cm = manager()
     cm.acquire(req("a", 60), now=0.0)

@@ -14,11 +14,10 @@ from typing import Any
 
 from agentkv_cluster.lifecycle.events import EventValidationError, TaskEnd
 from agentkv_cluster.lifecycle.types import StateType
-from agentkv_cluster.runtime.actor_handles import HbmHandle, PoolHandle
 from agentkv_cluster.runtime.controller import Controller, HbmFull
 from agentkv_cluster.runtime.executor import Executor, LinkCredits
 from agentkv_cluster.runtime.guard import Guarded
-from agentkv_cluster.runtime.handles import ActorGone
+from agentkv_cluster.runtime.handles import ActorGone, HbmHandle, PoolHandle
 from agentkv_cluster.runtime.loads import EngineLoader
 from agentkv_cluster.runtime.mover import RemoteSpan
 from agentkv_cluster.runtime.records import (

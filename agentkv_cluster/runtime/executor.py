@@ -46,7 +46,7 @@ from agentkv_cluster.runtime.records import (
 from store.types import Codec, Tier
 
 if TYPE_CHECKING:
-    from agentkv_cluster.runtime.actor_handles import HbmHandle, PoolHandle
+    from agentkv_cluster.runtime.handles import HbmHandle, PoolHandle
 
 
 class Abandoned(Exception):

@@ -30,8 +30,8 @@ from agentkv_cluster.api.errors import (
 from agentkv_cluster.api.metrics import ServiceMetrics
 from agentkv_cluster.lifecycle.identity import IdentityError, PageIdentity
 from agentkv_cluster.lifecycle.types import StateType
-from agentkv_cluster.runtime.actor_handles import ControllerHandle, HbmHandle
 from agentkv_cluster.runtime.controller_actor import RequestRefused
+from agentkv_cluster.runtime.handles import ControllerHandle, HbmHandle
 from agentkv_cluster.runtime.mover import Mover
 from agentkv_cluster.runtime.pool_actor import ensure_tenant
 from agentkv_cluster.runtime.records import KvShape, PageMeta, UnknownPageKey

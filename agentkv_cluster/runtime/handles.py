@@ -1,20 +1,32 @@
-"""The handle machinery: every ``.remote()`` and ``ray.get`` of the service lives here.
+"""Handles: the only way the service calls its actors, and every ``.remote()`` and
+``ray.get`` of it.
 
-``ActorHandle`` calls methods of a Ray actor or, in local mode (tests, tools), of a
-plain object. It has no catch-all: each actor kind has a typed subclass
-(``actor_handles.PoolHandle``, ``HbmHandle``, ``ControllerHandle``,
-``DirectoryHandle``, in the style of Ray Serve's ``DeploymentHandle``) whose methods
-carry the actor's parameter and return types, so a misspelt method is an
-``AttributeError`` where it is called, not a failure inside the actor. A dead actor
-surfaces as ``ActorGone``; an exception raised inside the actor is re-raised as itself.
+``ActorHandle`` is the machinery: it calls methods of a Ray actor or, in local mode
+(tests, tools), of a plain object; a dead actor surfaces as ``ActorGone``, an exception
+raised inside the actor is re-raised as itself, and ``handle.options(timeout_s=...)``
+gives another answer timeout. It has no catch-all: each actor kind has a typed subclass
+below (``PoolHandle``, ``HbmHandle``, ``ControllerHandle``, ``DirectoryHandle``, in the
+style of Ray Serve's ``DeploymentHandle``) whose methods carry the actor method's name,
+parameters and return types, so a misspelt method is an ``AttributeError`` where it is
+called, not a failure inside the actor. ``tests/unit/service/test_handles.py`` checks
+every method against its actor class.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Callable
-from typing import Any, Self
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Self
+
+if TYPE_CHECKING:
+    from agentkv_cluster.runtime.hbm_actor import DemoteReceipt, RestoreReceipt
+    from agentkv_cluster.runtime.mover import Endpoint, RemoteSpan
+    from agentkv_cluster.runtime.records import AuditSummary, LoadReport, PageMeta
+    from agentkv_cluster.runtime.strategies import Learned
+    from store.directory.base import DirectoryEntry
+    from store.types import Codec, Lookup, Tier
+
 
 DEFAULT_TIMEOUT_S = 120.0  # how long a call waits for its answer unless ``options`` says
 CREATE_TIMEOUT_S = 300.0  # how long ``create`` waits for the actor to be constructed
@@ -114,3 +126,238 @@ class ActorHandle:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, remote={self.remote})"
+
+class PoolHandle(ActorHandle):
+    """A node's memory-pool actor (``pool_actor.PoolActor``; ``wiring.PoolShell`` on Ray)."""
+
+    def endpoint(self) -> Endpoint:
+        return self._call("endpoint")
+
+    def introduce(self, endpoint: Endpoint) -> None:
+        self._call("introduce", endpoint)
+
+    def node_id(self) -> str:
+        """The Ray node the actor runs on (Ray only: ``PoolShell``)."""
+        return self._call("node_id")
+
+    def stats(self) -> dict[str, Any]:
+        return self._call("stats")
+
+    def holds(self, key: bytes) -> dict[str, Any]:
+        return self._call("holds", key)
+
+    def store_from(self, meta: PageMeta, tier: Tier, codec: Codec, src: RemoteSpan
+                   ) -> dict[str, int]:
+        return self._call("store_from", meta, tier, codec, src)
+
+    def restore_into(self, meta: PageMeta, codec: Codec, dst: RemoteSpan) -> dict[str, int]:
+        return self._call("restore_into", meta, codec, dst)
+
+    def restore_to(self, key: bytes, digest: bytes, codec: int, dst: tuple) -> dict[str, int]:
+        return self._call("restore_to", key, digest, codec, dst)
+
+    def probe_link(self, dst: RemoteSpan) -> int:
+        return self._call("probe_link", dst)
+
+    def delete_copy(self, key: bytes, codec: Codec) -> bool:
+        return self._call("delete_copy", key, codec)
+
+    def delete(self, key: bytes, namespace: str) -> int:
+        return self._call("delete", key, namespace)
+
+    def erase_tenant(self, tenant: str, tier: int) -> list[bytes]:
+        return self._call("erase_tenant", tenant, tier)
+
+    def purge_tenant(self, tenant: str) -> dict[str, Any]:
+        return self._call("purge_tenant", tenant)
+
+    def tenants_held(self) -> list[str]:
+        return self._call("tenants_held")
+
+    def republish(self) -> int:
+        return self._call("republish")
+
+    def reset(self) -> int:
+        return self._call("reset")
+
+    def close(self, unlink: bool = True) -> None:
+        self._call("close", unlink)
+
+
+class HbmHandle(ActorHandle):
+    """An HBM page actor (``hbm_actor.HbmActor``), one per GPU or ``hbm_slot``."""
+
+    def endpoint(self) -> Endpoint:
+        return self._call("endpoint")
+
+    def introduce(self, endpoint: Endpoint) -> None:
+        self._call("introduce", endpoint)
+
+    def add_pool(self, name: str, pool: PoolHandle) -> None:
+        self._call("add_pool", name, pool)
+
+    def stats(self) -> dict[str, Any]:
+        return self._call("stats")
+
+    def keys(self) -> list[bytes]:
+        return self._call("keys")
+
+    def ingest(self, key: bytes, src: RemoteSpan) -> int:
+        return self._call("ingest", key, src)
+
+    def span(self, key: bytes) -> RemoteSpan:
+        return self._call("span", key)
+
+    def serve(self, key: bytes, dst: RemoteSpan) -> int:
+        return self._call("serve", key, dst)
+
+    def drop(self, key: bytes) -> bool:
+        return self._call("drop", key)
+
+    def erase(self, keys: list[bytes]) -> int:
+        return self._call("erase", keys)
+
+    def purge(self, keys: list[bytes]) -> dict[str, int]:
+        return self._call("purge", keys)
+
+    def arena_holds(self, needles: list[bytes]) -> list[bool]:
+        return self._call("arena_holds", needles)
+
+    def reset(self) -> int:
+        return self._call("reset")
+
+    def reserve(self, n: int, owner: str) -> list[tuple[int, tuple]]:
+        return self._call("reserve", n, owner)
+
+    def land(self, key: bytes, page: int, length: int, owner: str) -> None:
+        self._call("land", key, page, length, owner)
+
+    def start_land(self, key: bytes, page: int, length: int, owner: str
+                   ) -> Callable[[], None]:
+        """``land`` sent now; the returned function waits for it (or raises what it raised)."""
+        return self._start("land", key, page, length, owner)
+
+    def release_landing(self, pages: list[int], owner: str) -> int:
+        return self._call("release_landing", pages, owner)
+
+    def read(self, key: bytes) -> bytes:
+        return self._call("read", key)
+
+    def demote(self, meta: PageMeta, targets: list[tuple[int, int]], pool: PoolHandle | str,
+               drop: bool = True) -> DemoteReceipt:
+        return self._call("demote", meta, targets, pool, drop)
+
+    def restore(self, meta: PageMeta, tier: int, codec: int, pool: PoolHandle | str
+                ) -> RestoreReceipt:
+        return self._call("restore", meta, tier, codec, pool)
+
+    def close(self) -> None:
+        self._call("close")
+
+
+class ControllerHandle(ActorHandle):
+    """The controller actor (``controller_actor.ControllerActor``)."""
+
+    def add_pool(self, name: str, handle: PoolHandle) -> None:
+        self._call("add_pool", name, handle)
+
+    def add_hbm(self, name: str, handle: HbmHandle, capacity: int, pool: str) -> None:
+        self._call("add_hbm", name, handle, capacity, pool)
+
+    def remove_hbm(self, name: str) -> int:
+        return self._call("remove_hbm", name)
+
+    def set_credits(self, enabled: bool) -> None:
+        self._call("set_credits", enabled)
+
+    def expect_restart(self, name: str) -> None:
+        self._call("expect_restart", name)
+
+    def replace_pool(self, name: str, handle: PoolHandle) -> None:
+        self._call("replace_pool", name, handle)
+
+    def topology(self) -> dict[str, list[str]]:
+        return self._call("topology")
+
+    def open_session(self, tenant: str, session: str) -> str:
+        return self._call("open_session", tenant, session)
+
+    def store(self, tenant: str, session: str, metas: list[PageMeta],
+              spans: list[RemoteSpan]) -> list[int]:
+        return self._call("store", tenant, session, metas, spans)
+
+    def event(self, tenant: str, session: str, data: dict[str, Any]) -> dict[str, Any]:
+        return self._call("event", tenant, session, data)
+
+    def load(self, tenant: str, session: str, keys: list[bytes]) -> list[LoadReport]:
+        return self._call("load", tenant, session, keys)
+
+    def serve_exact(self, tenant: str, session: str, key: bytes, dst: RemoteSpan) -> bool:
+        return self._call("serve_exact", tenant, session, key, dst)
+
+    def release(self, tenant: str, session: str, keys: list[bytes]) -> int:
+        return self._call("release", tenant, session, keys)
+
+    def hbm_of(self, tenant: str, session: str) -> str:
+        return self._call("hbm_of", tenant, session)
+
+    def lookup(self, tenant: str, session: str, metas: list[PageMeta],
+               namespaces: list[str]) -> int:
+        return self._call("lookup", tenant, session, metas, namespaces)
+
+    def freeze_tenant(self, tenant: str) -> None:
+        self._call("freeze_tenant", tenant)
+
+    def thaw_tenant(self, tenant: str) -> None:
+        self._call("thaw_tenant", tenant)
+
+    def erase_tenant(self, tenant: str) -> dict[str, int]:
+        return self._call("erase_tenant", tenant)
+
+    def republish(self) -> int:
+        return self._call("republish")
+
+    def metrics_since(self, cursor: int) -> dict[str, Any]:
+        return self._call("metrics_since", cursor)
+
+    def drain_audit(self) -> list[AuditSummary]:
+        return self._call("drain_audit")
+
+    def learned(self) -> Learned | None:
+        return self._call("learned")
+
+    def stats(self) -> dict[str, Any]:
+        return self._call("stats")
+
+    def close(self) -> None:
+        self._call("close")
+
+
+class DirectoryHandle(ActorHandle):
+    """The embedded directory in its own actor (``directory_glue.DirectoryShell``); a
+    Redis directory is opened in each process instead (``directory_glue.open_directory``)."""
+
+    def put(self, entry: DirectoryEntry) -> None:
+        self._call("put", entry)
+
+    def get(self, namespace: str, key: bytes) -> tuple[Lookup, DirectoryEntry | None]:
+        return self._call("get", namespace, key)
+
+    def get_many(self, namespace: str, keys: Sequence[bytes]
+                 ) -> list[tuple[Lookup, DirectoryEntry | None]]:
+        return self._call("get_many", namespace, keys)
+
+    def delete(self, namespace: str, key: bytes) -> Lookup:
+        return self._call("delete", namespace, key)
+
+    def open_generation(self, namespace: str) -> int:
+        return self._call("open_generation", namespace)
+
+    def current_generation(self, namespace: str) -> int:
+        return self._call("current_generation", namespace)
+
+    def advance_generation(self, namespace: str, generation: int) -> None:
+        self._call("advance_generation", namespace, generation)
+
+    def restore(self, entries: list[DirectoryEntry]) -> None:
+        self._call("restore", entries)

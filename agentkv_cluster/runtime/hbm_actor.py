@@ -18,7 +18,7 @@ from store.hbm import ArenaFull, HbmArena, PageTooLarge
 from store.types import Codec, Tier
 
 if TYPE_CHECKING:
-    from agentkv_cluster.runtime.actor_handles import PoolHandle
+    from agentkv_cluster.runtime.handles import PoolHandle
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -24,7 +24,7 @@ from store.hbm import PageTooLarge
 from store.types import Codec
 
 if TYPE_CHECKING:
-    from agentkv_cluster.runtime.actor_handles import HbmHandle, PoolHandle
+    from agentkv_cluster.runtime.handles import HbmHandle, PoolHandle
 
 
 @dataclass(slots=True)

@@ -17,8 +17,9 @@ from typing import Any
 
 from agentkv_cluster.api.errors import TenantNotProvisioned
 from agentkv_cluster.runtime.mover import Endpoint, Mover, RemoteSpan
-from agentkv_cluster.runtime.pool_opener import ChunkOpener, SealRejected
 from agentkv_cluster.runtime.pool_records import (
+    ChunkOpener,
+    SealRejected,
     StoredCopy,
     copy_of,
     read_header,

@@ -19,15 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from agentkv_cluster.config import AgentKvConfig
-from agentkv_cluster.runtime.actor_handles import (
+from agentkv_cluster.runtime.controller_actor import ControllerActor, ControllerSpec
+from agentkv_cluster.runtime.directory_glue import DirectoryShell, RedisSpec, open_directory
+from agentkv_cluster.runtime.handles import (
+    ActorGone,
     ControllerHandle,
     DirectoryHandle,
     HbmHandle,
     PoolHandle,
 )
-from agentkv_cluster.runtime.controller_actor import ControllerActor, ControllerSpec
-from agentkv_cluster.runtime.directory_glue import DirectoryShell, RedisSpec, open_directory
-from agentkv_cluster.runtime.handles import ActorGone
 from agentkv_cluster.runtime.hbm_actor import HbmActor, HbmSpec
 from agentkv_cluster.runtime.pool_actor import PoolActor, PoolSpec
 

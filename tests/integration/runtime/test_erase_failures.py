@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from agentkv_cluster.config import load_config
-from agentkv_cluster.runtime.actor_handles import PoolHandle
-from agentkv_cluster.runtime.handles import ActorGone
+from agentkv_cluster.runtime.handles import ActorGone, PoolHandle
 from agentkv_cluster.runtime.service import Service
 from security.erasure import verify_receipt
 from security.signing import load_verifier

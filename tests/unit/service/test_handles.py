@@ -8,15 +8,16 @@ import inspect
 
 import pytest
 
-from agentkv_cluster.runtime.actor_handles import (
+from agentkv_cluster.runtime.controller_actor import ControllerActor
+from agentkv_cluster.runtime.directory_glue import DirectoryShell
+from agentkv_cluster.runtime.handles import (
+    DEFAULT_TIMEOUT_S,
+    ActorHandle,
     ControllerHandle,
     DirectoryHandle,
     HbmHandle,
     PoolHandle,
 )
-from agentkv_cluster.runtime.controller_actor import ControllerActor
-from agentkv_cluster.runtime.directory_glue import DirectoryShell
-from agentkv_cluster.runtime.handles import DEFAULT_TIMEOUT_S, ActorHandle
 from agentkv_cluster.runtime.hbm_actor import HbmActor
 from agentkv_cluster.runtime.wiring import PoolShell
 

@@ -92,7 +92,7 @@ class HbmConfig:
 @dataclass(frozen=True, kw_only=True)
 class CreditConfig:
     per_link: int = 4  # concurrent restores over one node-to-node or tier link
-    per_session: int = 2
+    per_session: int = 2  # a session's share of a link while others wait (alone: all of it)
     max_wait_s: float = 2.0  # after this a waiter is offered a lower precision
 
 

@@ -127,7 +127,8 @@ class Controller:
         blocked): ``lost`` pages have no copy left (re-prefill), ``blocked`` ones found no
         room now: pinned pages fill the HBM, or they cannot all fit (all or nothing, see
         ``PageTable.short_hbms``). The caller waits first until none of them moves
-        (``PageTable.settled``): a page being demoted has no copy yet."""
+        (``PageTable.settled``): a page being demoted has no copy yet, but for a gap
+        migration's page still in HBM (``PageRecord.leaving``), which is taken back here."""
         table = self.table
         table.check_alive(gids)
         # Demanded now: scheduled migrations and prefetches of these pages are moot.
@@ -155,7 +156,7 @@ class Controller:
             rec = table.pages[gid]
             if rec.resident:
                 continue
-            if not rec.copies:
+            if not rec.copies and not rec.leaving:
                 lost.append(gid)
                 continue
             if rec.hbm in short:
@@ -167,6 +168,9 @@ class Controller:
                 blocked.append(gid)
                 continue
             demotes += room
+            if rec.leaving:  # its bytes are still in HBM (see ``PageRecord.leaving``)
+                self._insert(rec, now, rec.resident_codec)
+                continue
             self._victims[gid] = [a.gid for a in room]
             tier, codec = self.strategy.restore_source(rec)
             self._insert(rec, now, codec)
@@ -240,7 +244,7 @@ class Controller:
             actions.append(Action(kind=ActionKind.DEMOTE, gid=gid, hbm=rec.hbm, tier=tier,
                                   codec=codec, reference=reference, start_at=now,
                                   reason=Reason.PRESSURE, session=rec.meta.session))
-            self._refill_later(rec, tier, codec, now)
+            self.events.refill_later(rec, tier, codec, now)
         self.stats["demotes"] += len(actions)
         return actions
 
@@ -256,24 +260,6 @@ class Controller:
     def apply(self, event: ev.Event, now: float) -> list[Action]:
         """Run one event through the planner; returns its retirements and the moves due."""
         return self.events.apply(event, now) + self.due(now)
-
-    def _refill_later(self, rec: PageRecord, tier: Tier, codec: Codec, now: float) -> None:
-        """A page pushed out while its session waits on a tool comes back before the tool's
-        predicted return (a "refill"), if the strategy admits it then: it may displace only
-        pages read later than it (``_prefetch``), so two sessions in tools never push each
-        other out in turn. Without it every pressure victim costs its session a
-        foreground restore on resume."""
-        state = self.table.sessions.get((rec.meta.tenant, rec.meta.session))
-        if state is None or not state.tools:
-            return
-        plan = list(state.tools.values())[-1][2]
-        at = self.strategy.prefetch_at(rec, plan, tier, codec, now)
-        if at is None:
-            return
-        self.schedule.push(Action(kind=ActionKind.RESTORE, gid=rec.gid, hbm=rec.hbm, tier=tier,
-                                  codec=codec, start_at=at, reason=Reason.REFILL,
-                                  session=rec.meta.session))
-        self.stats["refills"] = self.stats.get("refills", 0) + 1
 
     def due(self, now: float) -> list[Action]:
         """Scheduled gap migrations and prefetches whose start time has come."""
@@ -293,7 +279,7 @@ class Controller:
             if action.kind is ActionKind.DEMOTE:
                 if rec.resident and rec.pins == 0:
                     table.evict(rec, tracked=True)
-                    rec.busy = True
+                    rec.busy = rec.leaving = True
                     out.append(action)
                     self.stats["demotes"] += 1
                 continue
@@ -330,6 +316,7 @@ class Controller:
         if rec is None:
             return
         table.set_busy(rec, False)
+        rec.leaving = False
         if action.kind is ActionKind.DEMOTE:
             rec.pool = result.pool or rec.pool
             for (tier, codec), n in zip(result.copies, result.tier_bytes):
@@ -349,11 +336,17 @@ class Controller:
 
     def keep_if_wanted(self, gid: int, now: float) -> bool:
         """A gap migration finished with the HBM copy still in place (the page is still
-        busy): keep that copy if the page is wanted now and fits, rather than dropping it
-        and restoring it again for the load that waits. True if kept."""
+        busy): keep that copy if a load took the page back meanwhile, or if the page is
+        wanted now and fits, rather than dropping it and restoring it again for the load
+        that waits. True if kept; from here on a load waits for the drop."""
         table = self.table
         rec = table.pages.get(gid)
-        if rec is None or rec.resident or not table.wanted(gid) or rec.hbm not in table.hbms:
+        if rec is None:
+            return False
+        rec.leaving = False  # decided: a load that comes now waits for the drop, then restores
+        if rec.resident:  # a load took it back while it moved (``access``)
+            return True
+        if not table.wanted(gid) or rec.hbm not in table.hbms:
             return False
         budget = table.hbms[rec.hbm]
         if budget.used + rec.view.size_bytes > budget.capacity:

@@ -5,7 +5,8 @@ over the page table: pages whose type the graph changed (draft -> verified resul
 branch -> failed branch) are retyped for the policy, retirable pages are retired (an
 audited one leaves its §5.2 summary first), a tool start schedules the strategy's gap
 migrations and prefetches, a tool return reports the gap to the strategy and cancels the
-moves not started. Pure: no Ray, no I/O, time passed in.
+moves not started, and a page pushed out by pressure during its session's tool call is
+refilled before the tool's predicted return. Pure: no Ray, no I/O, time passed in.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from agentkv_cluster.runtime.records import (
 from agentkv_cluster.runtime.schedule import MoveSchedule
 from agentkv_cluster.runtime.strategies import Strategy
 from agentkv_cluster.runtime.tuning import set_type
+from store.types import Codec, Tier
 
 # Gap migrations run only while the HBM actor is at least this full (high watermark).
 GAP_WATERMARK = 0.75
@@ -173,3 +175,21 @@ class EventPlanner:
         out = list(self.audit_summaries)
         self.audit_summaries.clear()
         return out
+
+    def refill_later(self, rec: PageRecord, tier: Tier, codec: Codec, now: float) -> None:
+        """A page pushed out while its session waits on a tool comes back before the tool's
+        predicted return (a "refill"), if the strategy admits it then: it may displace only
+        pages read later than it (``Controller._prefetch``), so two sessions in tools never
+        push each other out in turn. Without it every pressure victim costs its session a
+        foreground restore on resume."""
+        state = self.table.sessions.get((rec.meta.tenant, rec.meta.session))
+        if state is None or not state.tools:
+            return
+        plan = list(state.tools.values())[-1][2]
+        at = self.strategy.prefetch_at(rec, plan, tier, codec, now)
+        if at is None:
+            return
+        self.schedule.push(Action(kind=ActionKind.RESTORE, gid=rec.gid, hbm=rec.hbm, tier=tier,
+                                  codec=codec, start_at=at, reason=Reason.REFILL,
+                                  session=rec.meta.session))
+        self.stats["refills"] = self.stats.get("refills", 0) + 1

@@ -76,7 +76,7 @@ class PageTable:
         for rec in list(self.pages.values()):
             if rec.hbm != name:
                 continue
-            rec.resident, rec.busy, rec.pins = False, False, 0
+            rec.resident, rec.busy, rec.leaving, rec.pins = False, False, False, 0
             rec.view.pinned = False
             state = self.sessions.get((rec.meta.tenant, rec.meta.session))
             self.by_key.pop((rec.meta.key, name), None)
@@ -219,9 +219,10 @@ class PageTable:
         return rec is not None and rec.meta.tenant in self.erasing
 
     def settled(self, gids: list[int]) -> bool:
-        """No page of ``gids`` moves, or one of them is erased (a wait for them is over)."""
+        """No page of ``gids`` moves (but for a gap migration's copy out, whose HBM copy a
+        load may take back), or one of them is erased (a wait for them is over)."""
         return any(g not in self.pages or self.doomed(g) for g in gids) or \
-            not any(self.pages[g].busy for g in gids)
+            not any(self.pages[g].busy and not self.pages[g].leaving for g in gids)
 
     def check_alive(self, gids: list[int]) -> None:
         """Raise ``TenantErased`` if a page of ``gids`` was (or is being) erased."""
@@ -259,7 +260,7 @@ class PageTable:
         need: dict[str, int] = {}
         for gid in gids:
             rec = self.pages[gid]
-            if not rec.resident and rec.copies:
+            if not rec.resident and (rec.copies or rec.leaving):
                 need[rec.hbm] = need.get(rec.hbm, 0) + rec.view.size_bytes
         if not need:
             return set()

@@ -152,6 +152,9 @@ class PageRecord:
     stored: dict[Tier, int] = field(default_factory=dict)  # bytes of those copies per tier
     pins: int = 0
     busy: bool = False  # a demote or restore is in flight
+    # a gap migration copies it out and its HBM copy stays until the worker decides
+    # (``Controller.keep_if_wanted``): a load may take it back meanwhile, moving nothing
+    leaving: bool = False
     hidden_s: float = 0.0  # restore time already spent in a gap (prefetch)
     # Features of the page's last reuse prediction (eq. 2), until its outcome is known:
     # read again (``access``) or retired unread; the predictor learns from that pair.

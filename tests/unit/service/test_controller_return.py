@@ -1,12 +1,14 @@
 """Tool return as a signal: a returned session's pages are wanted before its engine asks,
-and a gap migration that finishes after the return keeps its HBM copy (pure: no Ray)."""
+and a gap migration that finishes after the return keeps its HBM copy; a load takes
+back a page whose gap migration is still copying it out (pure: no Ray)."""
 
 from __future__ import annotations
 
 from agentkv_cluster.runtime.controller import Controller
-from agentkv_cluster.runtime.records import Reason
+from agentkv_cluster.runtime.records import Action, ActionKind, Reason
 from agentkv_cluster.runtime.strategies import make_strategy
-from tests.unit.service.test_controller import MB, admitted, finish
+from store.types import Codec, Tier
+from tests.unit.service.test_controller import MB, admitted, done, finish
 
 
 def _event(ctl: Controller, version: int, now: float, **data: object) -> None:
@@ -52,7 +54,8 @@ def test_a_gap_migration_finishing_after_the_return_keeps_the_hbm_copy() -> None
     used = ctl.table.hbms["h"].used
     assert ctl.keep_if_wanted(g1, 1.0)
     assert ctl.table.pages[g1].resident and ctl.table.hbms["h"].used == used + MB
-    assert not ctl.keep_if_wanted(g1, 1.0)  # already resident: nothing to keep twice
+    assert ctl.keep_if_wanted(g1, 1.0)  # resident: the copy stays, never dropped under it
+    assert ctl.stats["kept_on_return"] == 1 and ctl.table.hbms["h"].used == used + MB
 
 
 def test_a_returning_page_is_not_kept_when_it_no_longer_fits() -> None:
@@ -123,3 +126,38 @@ def test_sparing_never_blocks_a_load_when_only_spared_pages_can_make_room() -> N
     ctl.table.want([a0, a1], 1)
     demotes = admitted(ctl, "c", range(1), 1.0)
     assert [a.gid for a in demotes] == [a0]  # the policy's own order once nothing else fits
+
+
+def _migrating(ctl: Controller, gid: int, at: float) -> Action:
+    """``gid``'s gap migration, started by ``due`` (its HBM copy stays until decided)."""
+    action = Action(kind=ActionKind.DEMOTE, gid=gid, hbm="h", tier=Tier.HOST,
+                    codec=Codec.INT4, start_at=at, reason=Reason.GAP, session="a")
+    ctl.schedule.push(action, at=at)
+    assert ctl.due(at) == [action]
+    return action
+
+
+def test_a_load_takes_back_a_page_its_gap_migration_is_still_copying_out() -> None:
+    ctl, (g0, g1) = _session()
+    migration = _migrating(ctl, g0, 0.5)
+    rec = ctl.table.pages[g0]
+    assert rec.busy and not rec.resident
+    assert ctl.table.settled([g0, g1])  # no wait: its bytes are still in HBM
+    demotes, restores, lost, blocked = ctl.access([g0, g1], 1.0)
+    assert (demotes, restores, lost, blocked) == ([], [], [], [])  # nothing moves in
+    assert rec.resident and rec.pins == 1
+    assert ctl.keep_if_wanted(g0, 1.1)  # the worker must not drop the copy under the load
+    ctl.finished(done(migration, copies=((Tier.HOST, Codec.INT4),), tier_bytes=(MB // 4,),
+                      pool="p"), 1.2)
+    assert rec.resident and not rec.busy and rec.copies == {Codec.INT4: Tier.HOST}
+
+
+def test_once_the_worker_decided_to_drop_a_load_waits_then_restores() -> None:
+    ctl, (g0, _g1) = _session()
+    migration = _migrating(ctl, g0, 0.5)
+    assert not ctl.keep_if_wanted(g0, 0.6)  # not wanted yet: the copy is dropped now
+    assert not ctl.table.settled([g0])  # a load must wait for the drop ...
+    ctl.finished(done(migration, copies=((Tier.HOST, Codec.INT4),), tier_bytes=(MB // 4,),
+                      pool="p"), 0.7)
+    _demotes, restores, _lost, _blocked = ctl.access([g0], 1.0)  # ... and restore it
+    assert [(r.gid, r.codec) for r in restores] == [(g0, Codec.INT4)]

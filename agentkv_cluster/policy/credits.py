@@ -165,10 +165,11 @@ class CreditManager:
                 head = queue.pending[session][0]
                 own = self._own(session, key[0], now)
                 amount = head.request.amount
-                alone = own.borrow and len(queue.ring) == 1  # nobody else waits
-                if shared.tokens + _EPS < amount <= max(own.tokens, alone * amount) + _EPS:
+                # a borrowing session alone in the ring is not held back by its own bucket
+                fits_own = (own.borrow and len(queue.ring) == 1) or amount <= own.tokens + _EPS
+                if shared.tokens + _EPS < amount and fits_own:
                     break  # hold this session's turn until the shared bucket refills
-                if own.tokens + _EPS < amount and not alone:
+                if not fits_own:
                     queue.ring.rotate(-1)
                     skipped += 1
                     continue

@@ -279,7 +279,8 @@ class Controller:
             if action.kind is ActionKind.DEMOTE:
                 if rec.resident and rec.pins == 0:
                     table.evict(rec, tracked=True)
-                    rec.busy = rec.leaving = True
+                    rec.busy = True  # a gap migration's HBM copy stays until decided
+                    rec.leaving = action.reason is Reason.GAP
                     out.append(action)
                     self.stats["demotes"] += 1
                 continue

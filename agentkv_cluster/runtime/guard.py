@@ -36,8 +36,9 @@ class Guarded:
         return _locked(getattr(self.manager, name), self)
 
     def wait_idle(self, gids: list[int], timeout_s: float) -> bool:
-        """Block until no page of ``gids`` has a demote or restore in flight. While it
-        waits the pages are wanted: background moves of them give way (see executor)."""
+        """Block until no page of ``gids`` is being moved out of HBM (``PageTable.settled``).
+        While it waits the pages are wanted: background moves of them give way (see
+        executor)."""
         with self.cv:
             table = self.manager.table
             table.want(gids, 1)
@@ -45,6 +46,15 @@ class Guarded:
                 done = self.cv.wait_for(lambda: table.settled(gids), timeout_s)
             finally:
                 table.want(gids, -1)
+            table.check_alive(gids)
+            return done
+
+    def wait_arrived(self, gids: list[int], timeout_s: float) -> bool:
+        """Block until no page of ``gids`` is on its way into HBM (``PageRecord.arriving``:
+        a load pins such a page as it is and runs its own restores alongside)."""
+        with self.cv:
+            table = self.manager.table
+            done = self.cv.wait_for(lambda: table.arrived(gids), timeout_s)
             table.check_alive(gids)
             return done
 

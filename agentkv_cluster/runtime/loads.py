@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 
 from agentkv_cluster.runtime.executor import Executor
-from agentkv_cluster.runtime.guard import Guarded
+from agentkv_cluster.runtime.guard import LOAD_WAIT_S, Guarded
 from agentkv_cluster.runtime.records import (
     ActionKind,
     LoadReport,
@@ -43,22 +43,27 @@ class EngineLoader:
             raise RequestRefused(str(exc)) from None
         before = {g: self.controller.table.record(g) for g in gids}
         was_resident = {g: r.resident and not r.busy for g, r in before.items()}
-        self.executor.abandon_queued(gids)  # background moves not started give way now
-        self.controller.wait_idle(gids, 60.0)
-        waited = time.monotonic() - t0
-        for attempt in range(2):
-            by_gid = self._bring_in(gids)
-            failed = [g for g, r in by_gid.items() if not r.ok]
-            if not failed:
-                break
-            self.controller.table.unpin(gids, time.monotonic())
-            gone = any(by_gid[g].outcome is Outcome.ACTOR_GONE for g in failed)
-            if attempt or not gone:
-                raise RequestRefused(f"{len(failed)} page(s) could not be restored: "
-                                     f"{by_gid[failed[0]].error}")
+        # Wanted for the whole load: background moves of these pages give way (a queued
+        # one at once, one waiting for its credit as soon as it looks), a prefetch in
+        # flight is promoted to the foreground.
+        self.controller.table.want(gids, 1)
+        try:
+            self.executor.abandon_queued(gids)
+            for attempt in range(2):
+                by_gid = self._bring_in(gids)
+                failed = [g for g, r in by_gid.items() if not r.ok]
+                if not failed:
+                    break
+                self.controller.table.unpin(gids, time.monotonic())
+                gone = any(by_gid[g].outcome is Outcome.ACTOR_GONE for g in failed)
+                if attempt or not gone:
+                    raise RequestRefused(f"{len(failed)} page(s) could not be restored: "
+                                         f"{by_gid[failed[0]].error}")
+        finally:
+            self.controller.table.want(gids, -1)
         total = time.monotonic() - t0
         self.controller.table.hold(tenant, session, gids, time.monotonic())
-        return [self._report(g, was_resident[g], by_gid.get(g), waited, total) for g in gids]
+        return [self._report(g, was_resident[g], by_gid.get(g), total) for g in gids]
 
     def _bring_in(self, gids: list[int]) -> dict[int, TransferResult]:
         """Pin ``gids`` and restore the missing ones; returns restore results by gid."""
@@ -75,7 +80,19 @@ class EngineLoader:
                 raise RequestRefused(f"PageLost: {len(lost)} page(s) have no copy left; "
                                      "re-prefill them")
             if not blocked:
-                break
+                # Pages that were on their way in (a prefetch, another load's restore) are
+                # pinned as they are; their transfers ran alongside this load's own.
+                self.controller.wait_arrived(gids, LOAD_WAIT_S)
+                own = {r.action.gid for r in results if r.action.kind is ActionKind.RESTORE}
+                late = [g for g in gids if g not in own
+                        and not self.controller.table.record(g).resident]
+                if not late:
+                    break
+                # such a transfer failed (its page left HBM): restore those pages here
+                self.controller.table.unpin(gids, time.monotonic())
+                if time.monotonic() > deadline:
+                    raise RequestRefused(f"{len(late)} page(s) did not arrive in HBM")
+                continue
             # All or nothing: holding some pins while waiting for room deadlocks a herd.
             seen = self.controller.table.unpin(pinned, time.monotonic())
             if time.monotonic() > deadline:
@@ -94,14 +111,16 @@ class EngineLoader:
             self.recompute_tokens[meta.tenant] = \
                 self.recompute_tokens.get(meta.tenant, 0) + meta.tokens
 
-    def _report(self, gid: int, hit: bool, result: TransferResult | None, waited: float,
-                total: float) -> LoadReport:
+    def _report(self, gid: int, hit: bool, result: TransferResult | None, total: float
+                ) -> LoadReport:
+        """The engine waited ``total`` for every page it did not find in HBM; a prefetch's
+        time is hidden only where the load did not wait for it."""
         rec = self.controller.table.record(gid)
         if result is not None:
             source, delay, hidden = result.source, total, 0.0
         else:
-            source, delay = "hbm", 0.0 if hit else waited
-            hidden, rec.hidden_s = rec.hidden_s, 0.0
+            source, delay = "hbm", 0.0 if hit else total
+            hidden, rec.hidden_s = max(0.0, rec.hidden_s - delay), 0.0
         return LoadReport(key=rec.meta.key, source=source, delay_s=delay, hidden_s=hidden,
                           exact=rec.resident_codec is Codec.FULL, codec=rec.resident_codec,
                           nbytes=rec.meta.length)

@@ -219,10 +219,16 @@ class PageTable:
         return rec is not None and rec.meta.tenant in self.erasing
 
     def settled(self, gids: list[int]) -> bool:
-        """No page of ``gids`` moves (but for a gap migration's copy out, whose HBM copy a
-        load may take back), or one of them is erased (a wait for them is over)."""
+        """No page of ``gids`` moves out of reach: none is being demoted (but for a gap
+        migration's copy out, whose HBM copy a load may take back), arriving ones aside
+        (``arrived``), or one of them is erased (a wait for them is over)."""
         return any(g not in self.pages or self.doomed(g) for g in gids) or \
-            not any(self.pages[g].busy and not self.pages[g].leaving for g in gids)
+            not any(self.pages[g].moving_out for g in gids)
+
+    def arrived(self, gids: list[int]) -> bool:
+        """No page of ``gids`` is still on its way into HBM (or one of them is erased)."""
+        return any(g not in self.pages or self.doomed(g) for g in gids) or \
+            not any(self.pages[g].arriving for g in gids)
 
     def check_alive(self, gids: list[int]) -> None:
         """Raise ``TenantErased`` if a page of ``gids`` was (or is being) erased."""
@@ -389,3 +395,4 @@ class PageTable:
     def changed(self) -> None:
         """A pin dropped or a move ended: waiters (see ``runtime/guard.py``) look again."""
         self.changes += 1
+

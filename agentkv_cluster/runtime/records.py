@@ -160,6 +160,18 @@ class PageRecord:
     # read again (``access``) or retired unread; the predictor learns from that pair.
     phi: np.ndarray | None = None
 
+    @property
+    def arriving(self) -> bool:
+        """Its bytes are on their way into HBM (a prefetch, another load's restore, an
+        admission): a load pins it as it is and waits only for the arrival itself."""
+        return self.busy and self.resident and not self.leaving
+
+    @property
+    def moving_out(self) -> bool:
+        """A demotion of it is in flight and its HBM copy is not to be had meanwhile (a
+        gap migration's is: ``leaving``)."""
+        return self.busy and not self.resident and not self.leaving
+
 
 class ActionKind(enum.Enum):
     DEMOTE = "demote"  # copy to the pool (if no copy in that form yet) and drop HBM

@@ -56,7 +56,8 @@ def test_calls_of_a_tenant_being_erased_fail_and_the_name_starts_empty_after() -
 def test_a_load_waiting_for_a_moving_page_fails_with_tenant_erased() -> None:
     bare, gids = _task_in_a_tool_call()
     ctl = Guarded(bare)  # as the controller actor runs it: waits happen in the guard
-    ctl.table.pages[gids[0]].busy = True  # a restore or demotion is in flight
+    ctl.table.evict(ctl.table.pages[gids[0]], tracked=True)
+    ctl.table.pages[gids[0]].busy = True  # a demotion is in flight
     failed: list[BaseException] = []
 
     def load() -> None:
@@ -83,3 +84,28 @@ def test_queued_moves_of_an_erased_tenant_are_moot() -> None:
     assert not ctl.table.doomed(gids[0])
     ctl.table.erasing.add("t")
     assert ctl.table.doomed(gids[0]) and not ctl.table.doomed(10_000)
+
+
+def test_a_load_waiting_for_an_arriving_page_fails_with_tenant_erased() -> None:
+    bare, gids = _task_in_a_tool_call()
+    ctl = Guarded(bare)
+    ctl.table.pages[gids[0]].busy = True  # resident and busy: its bytes are arriving
+    assert ctl.table.settled(gids) and not ctl.table.arrived(gids)
+    failed: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            ctl.wait_arrived(gids, 5.0)
+        except BaseException as exc:  # noqa: BLE001 - inspected below
+            failed.append(exc)
+
+    waiter = threading.Thread(target=load)
+    waiter.start()
+    eraser = threading.Thread(target=ctl.forget_tenant, args=("t", 5.0))
+    eraser.start()
+    waiter.join(5.0)
+    assert not waiter.is_alive() and isinstance(failed[0], TenantErased)
+    ctl.finished(done(Action(kind=ActionKind.RESTORE, gid=gids[0], hbm="h",
+                             reason=Reason.PREFETCH, session="a"), source="host"), 0.5)
+    eraser.join(5.0)
+    assert not eraser.is_alive() and ctl.table.pages == {}

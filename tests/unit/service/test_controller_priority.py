@@ -78,6 +78,7 @@ def test_wanted_pages_make_background_moves_give_way() -> None:
     admitted(ctl, "a", range(1), 0.0)
     (g,) = ctl.table.resolve("t", "a", [b"a/0"])
     assert not ctl.table.wanted(g)
+    ctl.table.evict(ctl.table.pages[g], tracked=True)  # being demoted: a load must wait
     ctl.table.pages[g].busy = True
     waiter = threading.Thread(target=ctl.wait_idle, args=([g], 5.0))
     waiter.start()

@@ -1,0 +1,109 @@
+"""A load pins pages already on their way into HBM (a prefetch in flight) as they are and
+runs its own restores alongside, waiting for those arrivals only at the end; a failed
+arrival is restored by the load itself (pure: no Ray; the worker below moves no bytes)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from agentkv_cluster.runtime.controller import Controller
+from agentkv_cluster.runtime.guard import Guarded
+from agentkv_cluster.runtime.loads import EngineLoader
+from agentkv_cluster.runtime.records import (
+    Action,
+    ActionKind,
+    Outcome,
+    Reason,
+    TransferResult,
+)
+from agentkv_cluster.runtime.strategies import make_strategy
+from store.types import Codec, Tier
+from tests.unit.service.test_controller import MB, admitted, done
+
+
+class _Worker:
+    """The transfer worker's contract as the loader uses it: ``run`` reports every action
+    to the manager before it returns."""
+
+    def __init__(self, ctl: Guarded) -> None:
+        self.ctl, self.ran, self.ran_at = ctl, [], []
+
+    def abandon_queued(self, gids: list[int]) -> int:
+        return 0
+
+    def run(self, actions: list[Action]) -> list[TransferResult]:
+        results = [done(a, source="host") if a.kind is ActionKind.RESTORE else
+                   done(a, copies=((a.tier, a.codec),), tier_bytes=(MB,), pool="p")
+                   for a in actions]
+        for r in results:
+            self.ctl.finished(r, time.monotonic())
+        self.ran += [a.gid for a in actions if a.kind is ActionKind.RESTORE]
+        self.ran_at.append(time.monotonic())
+        return results
+
+
+def _prefetching() -> tuple[Guarded, list[int], Action]:
+    """Two pages pushed out to the host; the first one's prefetch has started."""
+    ctl = Guarded(Controller(make_strategy("agentkv")))
+    ctl.add_hbm("h", 8 * MB)
+    admitted(ctl, "a", range(2), 0.0)
+    gids = ctl.table.resolve("t", "a", [b"a/0", b"a/1"])
+    for g in gids:
+        rec = ctl.manager.table.pages[g]
+        ctl.manager.table.evict(rec, tracked=True)
+        rec.copies, rec.pool = {Codec.FULL: Tier.HOST}, "p"
+    prefetch = Action(kind=ActionKind.RESTORE, gid=gids[0], hbm="h", tier=Tier.HOST,
+                      codec=Codec.FULL, start_at=1.0, reason=Reason.PREFETCH, session="a")
+    ctl.schedule.push(prefetch, at=1.0)
+    (started,) = ctl.due(1.0)
+    assert started.kind is ActionKind.RESTORE and ctl.manager.table.pages[gids[0]].arriving
+    return ctl, gids, started
+
+
+def _finish_later(ctl: Guarded, action: Action, after_s: float, ok: bool = True
+                  ) -> threading.Thread:
+    def end() -> None:
+        time.sleep(after_s)
+        outcome = Outcome.DONE if ok else Outcome.FAILED
+        ctl.finished(TransferResult(action=action, outcome=outcome, source="host",
+                                    elapsed_s=after_s), time.monotonic())
+    t = threading.Thread(target=end, daemon=True)
+    t.start()
+    return t
+
+
+def test_an_arriving_page_is_settled_pinned_as_it_is_and_not_restored_again() -> None:
+    ctl, (g0, g1), _prefetch = _prefetching()
+    assert ctl.table.settled([g0, g1]) and not ctl.table.arrived([g0, g1])
+    _demotes, restores, lost, blocked = ctl.access([g0, g1], 1.1)
+    assert [r.gid for r in restores] == [g1] and (lost, blocked) == ([], [])
+    assert ctl.manager.table.pages[g0].pins == 1  # pinned while its bytes arrive
+
+
+def test_a_load_restores_its_other_pages_while_a_prefetch_is_in_flight() -> None:
+    ctl, (g0, g1), prefetch = _prefetching()
+    worker = _Worker(ctl)
+    loader = EngineLoader(ctl, worker, check=lambda results: None)
+    t0 = time.monotonic()
+    finisher = _finish_later(ctl, prefetch, 0.3)
+    reports = loader.load("t", "a", [b"a/0", b"a/1"])
+    finisher.join()
+    assert worker.ran == [g1] and worker.ran_at[0] - t0 < 0.25  # not after the prefetch
+    assert time.monotonic() - t0 >= 0.3  # the load returned once the prefetch landed
+    by_key = {r.key: r for r in reports}
+    assert by_key[b"a/0"].source == "hbm" and by_key[b"a/0"].delay_s >= 0.3
+    assert by_key[b"a/0"].hidden_s == 0.0  # the engine waited for all of it
+    assert all(ctl.manager.table.pages[g].resident for g in (g0, g1))
+
+
+def test_a_failed_arrival_is_restored_by_the_load_itself() -> None:
+    ctl, (g0, g1), prefetch = _prefetching()
+    worker = _Worker(ctl)
+    loader = EngineLoader(ctl, worker, check=lambda results: None)
+    finisher = _finish_later(ctl, prefetch, 0.1, ok=False)
+    loader.load("t", "a", [b"a/0", b"a/1"])
+    finisher.join()
+    assert sorted(worker.ran) == [g0, g1]  # g1 alongside, g0 once its prefetch failed
+    pages = ctl.manager.table.pages
+    assert all(pages[g].resident and pages[g].pins == 1 for g in (g0, g1))

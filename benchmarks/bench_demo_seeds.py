@@ -8,8 +8,10 @@ and that fetch counts in the policy's delay and bytes; pages served lossy (no
 reference kept) are reported as ``inexact %``. ``--hog`` runs a busy loop on one core
 next to the service for the whole run. Besides the per-seed counts it prints the median
 per-seed P95 ratio and the P95 of every access of every seed per policy (one seed's P95
-rests on its ~10 slowest accesses, often one resume). Figures reported in the docs use
-seeds 1-10 (settings were tuned on seeds >= 100 only).
+rests on its ~10 slowest accesses, often one resume), and where the slowest 5 % of each
+policy's loads spent their time (``LoadPhases``: pages being moved out, blocked for room,
+own transfers, arrivals). Figures reported in the docs use seeds 1-10 (settings were
+tuned on seeds >= 100 only).
 
     python benchmarks/bench_demo_seeds.py --seeds 1-10 [--hog] [--json OUT] [--png OUT]
 """
@@ -64,6 +66,7 @@ def run(seeds: list[int], sessions: int, turns: int, budget: float) -> dict:
                       hbm_capacity=capacity)
     rows: dict[int, dict[str, dict]] = {}
     delays: dict[str, list[float]] = {p: [] for p in POLICIES}  # every access of every seed
+    loads: dict[str, list] = {p: [] for p in POLICIES}  # every load's LoadPhases
     try:
         service.start()
         _warm_up(service, specs[seeds[0]])
@@ -75,7 +78,9 @@ def run(seeds: list[int], sessions: int, turns: int, budget: float) -> dict:
                 res = run_workload(lambda: service.client("demo"), specs[seed], f"{policy}{seed}")
                 if res.errors:
                     raise SystemExit(f"seed {seed} {policy}: {res.errors[0]}")
-                rows[seed][policy] = summarize(res, service.stats()["traffic"], sessions)
+                stats = service.stats()
+                rows[seed][policy] = summarize(res, stats["traffic"], sessions)
+                loads[policy] += stats["load_phases"]
                 delays[policy] += [a.delay_ms for a in res.accesses]
             a, b = rows[seed]["agentkv"], rows[seed]["lru"]
             print(f"seed {seed:3d}: P95 AgentKV {a['p95_ms']:7.1f} ms vs LRU {b['p95_ms']:7.1f}"
@@ -88,9 +93,19 @@ def run(seeds: list[int], sessions: int, turns: int, budget: float) -> dict:
     pooled = {p: {f"p{q}_ms": float(np.percentile(d or [0.0], q)) for q in (50, 95, 99)}
               for p, d in delays.items()}
     return {"seeds": {s: {p: {k: r[p][k] for k in KEYS} for p in r} for s, r in rows.items()},
-            "pooled": pooled,
+            "pooled": pooled, "slowest_loads": {p: slowest(ls) for p, ls in loads.items()},
             "config": {"sessions": sessions, "turns": turns, "budget": budget,
                        "hbm_capacity_bytes": capacity}}
+
+
+def slowest(loads: list, share: float = 0.05) -> dict:
+    """Mean seconds per phase of the slowest ``share`` of ``loads`` (``LoadPhases``)."""
+    if not loads:
+        return {}
+    worst = sorted(loads, key=lambda p: p.total_s)[-max(1, round(share * len(loads))):]
+    means = np.mean([p.seconds() for p in worst], axis=0)
+    return {"loads": len(worst), "of": len(loads),
+            **{f"{name}_ms": 1e3 * float(v) for name, v in zip(worst[0].PHASES, means)}}
 
 
 def verdict(payload: dict) -> dict:
@@ -157,6 +172,12 @@ def main() -> int:
     pooled = v["pooled_p95_ms"]
     print(f"median AgentKV/LRU P95 ratio over seeds {v['median_p95_ratio']:.2f}; P95 of every "
           f"access of every seed: AgentKV {pooled['agentkv']:.1f} ms vs LRU {pooled['lru']:.1f}")
+    for policy, row in payload["slowest_loads"].items():
+        if row:
+            print(f"slowest {row['loads']} of {row['of']} loads, {policy}: mean total "
+                  f"{row['total_ms']:.0f} ms = settle {row['settle_ms']:.0f} + blocked "
+                  f"{row['blocked_ms']:.0f} + transfer {row['transfer_ms']:.0f} + arrival "
+                  f"{row['arrival_ms']:.0f} ms (the rest: resolving, reporting)")
     if args.json:
         args.json.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
     if args.png:

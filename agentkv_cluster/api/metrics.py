@@ -19,6 +19,7 @@ import platform
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CollectorRegistry,
@@ -31,6 +32,9 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+if TYPE_CHECKING:  # the service hands its loads' phases in; no import at run time
+    from agentkv_cluster.runtime.records import LoadPhases
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +142,11 @@ class ServiceMetrics:
         self.credit_wait = Histogram(
             "agentkv_credit_wait_seconds", "Time a restore waited for link credit",
             ["tier"], buckets=DELAY_BUCKETS, registry=r)
+        self.load_phase = Histogram(
+            "agentkv_load_phase_seconds", "Where engine loads spent their time, by phase: "
+            "settle (pages being moved out), blocked (no room: HBM full of pins), transfer "
+            "(the load's own demotions and restores), arrival (pages already coming in), "
+            "total", ["phase"], buckets=DELAY_BUCKETS, registry=r)
         self.occupancy = Gauge(
             "agentkv_tier_occupancy_bytes", "Bytes resident per tier", ["tier"], registry=r)
         self.capacity = Gauge(
@@ -214,6 +223,11 @@ class ServiceMetrics:
     def waited(self, tier: str, seconds: float) -> None:
         """One credit wait on the link into ``tier``."""
         self.credit_wait.labels(tier=tier).observe(seconds)
+
+    def loaded(self, phases: LoadPhases) -> None:
+        """One engine load's phases (``runtime.records.LoadPhases``)."""
+        for phase, seconds in zip(phases.PHASES, phases.seconds()):
+            self.load_phase.labels(phase=phase).observe(seconds)
 
     def set_occupancy(self, tier: str, nbytes: int) -> None:
         self.occupancy.labels(tier=tier).set(nbytes)

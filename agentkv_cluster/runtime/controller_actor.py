@@ -343,8 +343,8 @@ class ControllerActor:
 
     def metrics_since(self, cursor: int) -> dict[str, Any]:
         """What the metrics exporter needs: credit waits after ``cursor`` (at most 10,000;
-        the counters restart with fresh credits), HBM bytes in use, and cumulative
-        recompute tokens and pool-tier bytes per tenant."""
+        the counters restart with fresh credits), the phases of loads since the last call,
+        HBM bytes in use, and cumulative recompute tokens and pool-tier bytes per tenant."""
         waits = self.executor.credits.waits
         end = len(waits)
         if cursor > end:  # set_credits started fresh counters
@@ -352,8 +352,10 @@ class ControllerActor:
         hbm = sum(self.controller.table.hbm_used().values())
         traffic = {k: v for k, v in self.executor.traffic.by_tenant_tier.items()
                    if k[1] != "hbm"}  # bytes into HBM are counted by the API front
+        unexported = self.loader.unexported
+        phases = [unexported.popleft() for _ in range(len(unexported))]
         return {"cursor": end, "waits": _wait_labels(waits[max(cursor, end - 10000):end]),
-                "hbm_used": hbm, "recompute": dict(self.loader.recompute_tokens), "traffic": traffic}
+                "phases": phases, "hbm_used": hbm, "recompute": dict(self.loader.recompute_tokens), "traffic": traffic}
 
     def learned(self) -> Learned | None:
         """What this controller's strategy learned (for its successor)."""
@@ -378,6 +380,7 @@ class ControllerActor:
                 "max_in_flight": {str(link): n for link, n  # copied first: threads add links
                                   in dict(self.executor.credits.max_in_flight).items()},
                 "credit_waits": _wait_labels(self.executor.credits.waits[-10000:]),
+                "load_phases": list(self.loader.phases),
                 "errors": list(self.executor.errors)}
 
 

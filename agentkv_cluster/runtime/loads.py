@@ -10,12 +10,14 @@ waited. Pages with no copy left are refused (the engine re-prefills) and counted
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 
 from agentkv_cluster.runtime.executor import Executor
 from agentkv_cluster.runtime.guard import LOAD_WAIT_S, Guarded
 from agentkv_cluster.runtime.records import (
     ActionKind,
+    LoadPhases,
     LoadReport,
     Outcome,
     RequestRefused,
@@ -34,6 +36,8 @@ class EngineLoader:
         self.executor = executor
         self.check = check
         self.recompute_tokens: dict[str, int] = {}  # tenant -> tokens of pages lost for good
+        self.phases: deque[LoadPhases] = deque(maxlen=10_000)  # the latest loads (stats)
+        self.unexported: deque[LoadPhases] = deque(maxlen=10_000)  # not yet in metrics
 
     def load(self, tenant: str, session: str, keys: list[bytes]) -> list[LoadReport]:
         t0 = time.monotonic()
@@ -46,11 +50,12 @@ class EngineLoader:
         # Wanted for the whole load: background moves of these pages give way (a queued
         # one at once, one waiting for its credit as soon as it looks), a prefetch in
         # flight is promoted to the foreground.
+        phases = LoadPhases(pages=len(gids))
         self.controller.table.want(gids, 1)
         try:
             self.executor.abandon_queued(gids)
             for attempt in range(2):
-                by_gid = self._bring_in(gids)
+                by_gid = self._bring_in(gids, phases)
                 failed = [g for g, r in by_gid.items() if not r.ok]
                 if not failed:
                     break
@@ -62,17 +67,29 @@ class EngineLoader:
         finally:
             self.controller.table.want(gids, -1)
         total = time.monotonic() - t0
+        phases.total_s, phases.restored = total, len(by_gid)
+        self.phases.append(phases)
+        self.unexported.append(phases)
         self.controller.table.hold(tenant, session, gids, time.monotonic())
         return [self._report(g, was_resident[g], by_gid.get(g), total) for g in gids]
 
-    def _bring_in(self, gids: list[int]) -> dict[int, TransferResult]:
-        """Pin ``gids`` and restore the missing ones; returns restore results by gid."""
+    def _bring_in(self, gids: list[int], phases: LoadPhases) -> dict[int, TransferResult]:
+        """Pin ``gids`` and restore the missing ones; returns restore results by gid.
+        Adds the time of each step to ``phases``."""
         results: list[TransferResult] = []
         deadline = time.monotonic() + 45.0
+        waited_for_room = False  # the first plan waits for pages moving out, later ones for room
         while True:
+            t = time.monotonic()
             demotes, restores, lost, blocked = self.controller.access_settled(gids,
                                                                              time.monotonic)
+            planned = time.monotonic()
+            if waited_for_room:
+                phases.blocked_s += planned - t
+            else:
+                phases.settle_s += planned - t
             results += self.executor.run(demotes + restores)
+            phases.transfer_s += time.monotonic() - planned
             pinned = [g for g in gids if g not in lost and g not in blocked]
             if lost:
                 self._count_recompute(lost)
@@ -82,7 +99,9 @@ class EngineLoader:
             if not blocked:
                 # Pages that were on their way in (a prefetch, another load's restore) are
                 # pinned as they are; their transfers ran alongside this load's own.
+                t = time.monotonic()
                 self.controller.wait_arrived(gids, LOAD_WAIT_S)
+                phases.arrival_s += time.monotonic() - t
                 own = {r.action.gid for r in results if r.action.kind is ActionKind.RESTORE}
                 late = [g for g in gids if g not in own
                         and not self.controller.table.record(g).resident]
@@ -97,7 +116,10 @@ class EngineLoader:
             seen = self.controller.table.unpin(pinned, time.monotonic())
             if time.monotonic() > deadline:
                 raise RequestRefused("HBM is full of pinned pages; release some and retry")
+            t = time.monotonic()
             self.controller.wait_changed(seen, 0.05)  # a pin dropped or a move ended
+            phases.blocked_s += time.monotonic() - t
+            waited_for_room = True
         self.check(results)
         return {r.action.gid: r for r in results if r.action.kind is ActionKind.RESTORE}
 

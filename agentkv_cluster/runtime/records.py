@@ -266,6 +266,28 @@ class TransferResult:
         return self.outcome is Outcome.DONE
 
 
+@dataclass(slots=True)
+class LoadPhases:
+    """Where one engine load's time went, in seconds (metrics: ``agentkv_load_phase_seconds``):
+    waiting for its pages to stop being moved out (``settle``), waiting for room while the
+    HBM is full of other loads' pins (``blocked``, all or nothing), its own demotions and
+    restores (``transfer``), and waiting for pages already on their way in (``arrival``)."""
+
+    settle_s: float = 0.0
+    blocked_s: float = 0.0
+    transfer_s: float = 0.0
+    arrival_s: float = 0.0
+    total_s: float = 0.0
+    pages: int = 0
+    restored: int = 0
+
+    PHASES = ("settle", "blocked", "transfer", "arrival", "total")
+
+    def seconds(self) -> tuple[float, ...]:
+        """The phases' seconds in ``PHASES`` order."""
+        return (self.settle_s, self.blocked_s, self.transfer_s, self.arrival_s, self.total_s)
+
+
 @dataclass(frozen=True, kw_only=True)
 class LoadReport:
     """Per page outcome of an engine load."""

@@ -264,6 +264,8 @@ class MetricsFeed:
         self._cursor = got["cursor"]
         for tier, seconds in got["waits"]:
             m.waited(tier, seconds)  # restores into HBM; gap migrations into host / NVMe
+        for phases in got["phases"]:
+            m.loaded(phases)
         m.set_occupancy("hbm", got["hbm_used"])
         for tenant, tokens in got["recompute"].items():
             m.recompute(tenant, self._delta(("recompute", tenant), tokens))

@@ -87,6 +87,10 @@ def test_credit_waits_occupancy_and_pool_bytes_are_exported(service) -> None:
     after = scrape(service)
     waits = ("agentkv_credit_wait_seconds_count", (("tier", "hbm"),))
     assert after[waits] - before.get(waits, 0) >= 2  # one per restore at least
+    loads = ("agentkv_load_phase_seconds_count", (("phase", "transfer"),))
+    assert after[loads] - before.get(loads, 0) == 1  # the one prepare_load, its phases
+    spent = ("agentkv_load_phase_seconds_sum", (("phase", "transfer"),))
+    assert after[spent] - before.get(spent, 0) > 0  # it restored two pages
     occ = "agentkv_tier_occupancy_bytes"
     assert after[(occ, (("tier", "hbm"),))] >= PAGE
     assert after[(occ, (("tier", "host"),))] + after[(occ, (("tier", "nvme"),))] >= PAGE

@@ -95,6 +95,9 @@ def test_a_load_restores_its_other_pages_while_a_prefetch_is_in_flight() -> None
     assert by_key[b"a/0"].source == "hbm" and by_key[b"a/0"].delay_s >= 0.3
     assert by_key[b"a/0"].hidden_s == 0.0  # the engine waited for all of it
     assert all(ctl.manager.table.pages[g].resident for g in (g0, g1))
+    (phases,) = loader.phases  # where the time went: the arrival, not a wait to settle
+    assert phases.settle_s < 0.25 <= phases.arrival_s and phases.blocked_s == 0.0
+    assert (phases.pages, phases.restored) == (2, 1) and phases.total_s >= phases.arrival_s
 
 
 def test_a_failed_arrival_is_restored_by_the_load_itself() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentkv_cluster.api.metrics import OTHER, ServiceMetrics, blinded_tenant
+from agentkv_cluster.runtime.records import LoadPhases
 
 KEY = b"k" * 32
 
@@ -53,3 +54,13 @@ def test_an_erased_tenant_is_no_longer_named() -> None:
     m.transfer("acme", "host", 1)  # a late straggler is counted, but never named again
     assert tenants_in(m) == {blinded_tenant("globex", KEY), OTHER}
     assert 'agentkv_erasures_total{result="ok"} 1.0' in m.exposition().decode()
+
+
+def test_a_loads_phases_land_in_one_histogram_series_each() -> None:
+    m = ServiceMetrics()
+    m.loaded(LoadPhases(settle_s=0.01, blocked_s=0.2, transfer_s=0.03, total_s=0.24))
+    text = m.exposition().decode()
+    sums = {s.labels["phase"]: s.value for fam in text_string_to_metric_families(text)
+            for s in fam.samples if s.name == "agentkv_load_phase_seconds_sum"}
+    assert sums == {"settle": 0.01, "blocked": 0.2, "transfer": 0.03, "arrival": 0.0,
+                    "total": 0.24}

@@ -246,6 +246,10 @@ class AgentKvPolicy(TrackedPolicy):
         """The page is gone without an outcome (tenant erasure): drop its open gap."""
         self.returns.forget(page.page_id)
 
+    def forget_tool(self, tool_class: str) -> None:
+        """The only tenant that called ``tool_class`` was erased: its return outcomes go."""
+        self.returns.forget_tool(tool_class)
+
     # ------------------------------------------------------------ tool gaps
     def on_tool_start(self, tool_start: ToolStart, pages: Sequence[PageView],
                       now: float) -> GapPlan:

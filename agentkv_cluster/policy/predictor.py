@@ -99,6 +99,11 @@ class ToolDurations:
         stats[1] += d / stats[0]
         stats[2] += d * (x - stats[1])
 
+    def forget(self, tool_class: str) -> None:
+        """Drop everything learned about ``tool_class`` (its only user was erased)."""
+        self._stats.pop(tool_class, None)
+        self._laws.pop(tool_class, None)
+
     def distribution(self, tool_class: str) -> LogNormal:
         """Posterior-style blend of the prior and the observed log-moments."""
         law = self._laws.get(tool_class)

@@ -115,6 +115,14 @@ class ReturnModel:
         it would count against every page of its kind as a gap that never ended."""
         return self._close(page_id) is not None
 
+    def forget_tool(self, tool_class: str) -> None:
+        """Drop the outcomes learned for ``tool_class`` (its only user was erased); its
+        pages' open gaps were dropped with them (``forget``)."""
+        for k in [k for k in self._by if k[0] == tool_class]:
+            del self._by[k]
+        for k in [k for k in self._open_starts if k[0] == tool_class]:
+            del self._open_starts[k]
+
     def _close(self, page_id: object) -> tuple[ReturnKey, float] | None:
         rec = self._open.pop(page_id, None)
         if rec is not None:

@@ -387,6 +387,7 @@ class Controller:
             resident += rec.resident
             table.drop(gid)
             self._victims.pop(gid, None)
+        self.strategy.forget_tenant(tenant)
         self.events.graph.forget_tenant(tenant)
         sessions = table.drop_sessions(tenant)
         return TenantForgotten(keys=keys, pages=len(gids), resident=resident,

@@ -81,6 +81,8 @@ class Strategy(Protocol):
 
     def forget(self, rec: PageRecord, policy: EvictionPolicy | None) -> None: ...
 
+    def forget_tenant(self, tenant: str) -> None: ...
+
 
 @dataclass(frozen=True, kw_only=True)
 class Learned:
@@ -147,6 +149,9 @@ class LruStrategy:
     def forget(self, rec: PageRecord, policy: EvictionPolicy | None) -> None:
         pass  # LRU learns nothing per page
 
+    def forget_tenant(self, tenant: str) -> None:
+        pass  # nor per tenant
+
     def calibration(self) -> PredictorHealth | None:
         return None
 
@@ -165,7 +170,9 @@ class AgentKvStrategy:
         # A copy it owns: arrays that crossed Ray arrive read-only (zero-copy numpy).
         self.predictor = (copy.deepcopy(learned.predictor) if learned
                           else Predictor(self.config.predictor))
-        self._last_tool: dict[str, str] = {}  # session -> tool class of its latest call
+        # (tenant, session) -> tool class of its latest call
+        self._last_tool: dict[tuple[str, str], str] = {}
+        self._tools_of: dict[str, set[str]] = {}  # tenant -> tool classes it called
         self._policies: list[AgentKvPolicy] = []  # one per HBM actor, one shared predictor
 
     def new_policy(self, capacity: int) -> EvictionPolicy:
@@ -177,7 +184,7 @@ class AgentKvStrategy:
         """Fill the predictor's view of the page before a policy decision."""
         view = rec.view
         if not view.tool_class:  # a page waits on its session's tools: use the latest class
-            view.tool_class = self._last_tool.get(view.session, "")
+            view.tool_class = self._last_tool.get((view.tenant, view.session), "")
         pred = self.predictor.predict(view, now)
         rec.phi = self.predictor.features(view, now)  # labelled by ``observe`` later
         view.reuse_prob = min(1.0, max(0.0, 0.5 * (pred.p_reuse + view.reuse_prob)))
@@ -247,6 +254,17 @@ class AgentKvStrategy:
         if isinstance(policy, AgentKvPolicy):
             policy.forget_gap(rec.view)
 
+    def forget_tenant(self, tenant: str) -> None:
+        """``tenant`` is erased (after ``forget`` of each of its pages): its sessions' last
+        tool calls go, and so does what was learned of tool classes no other tenant
+        called (their names and durations); a class others call too keeps its law."""
+        self._last_tool = {k: v for k, v in self._last_tool.items() if k[0] != tenant}
+        others = set().union(*(t for name, t in self._tools_of.items() if name != tenant))
+        for tool in self._tools_of.pop(tenant, set()) - others:
+            self.predictor.tools.forget(tool)
+            for policy in self._policies:
+                policy.forget_tool(tool)
+
     def learned(self) -> Learned:
         return Learned(policy=self.name, predictor=self.predictor)
 
@@ -299,7 +317,8 @@ class AgentKvStrategy:
                  now: float) -> tuple[list[Action], GapPlan | None]:
         assert isinstance(policy, AgentKvPolicy)
         by_id = {r.gid: r for r in recs}
-        self._last_tool[event.session] = event.tool
+        self._last_tool[(event.tenant, event.session)] = event.tool
+        self._tools_of.setdefault(event.tenant, set()).add(event.tool)
         for rec in recs:
             rec.view.tool_class = event.tool
             self.prepare(rec, now)

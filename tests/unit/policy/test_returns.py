@@ -78,6 +78,17 @@ def test_a_forgotten_gap_counts_for_nothing_and_leaves_no_entry():
     assert m.close_open_gaps(now=50.0) == 1 and m.observed == observed + 1  # a's only
 
 
+def test_a_forgotten_tool_class_keeps_no_outcome_and_other_classes_stay():
+    m = model([10.0], [300.0], prior=1.0)
+    other = page(5, session="s", tool_class="bash", reuse_prob=0.25)
+    m.observe_return(other, 4.0)
+    mine = silent(1, reuse=0.3)
+    assert m.p_return(mine, now=0.0) == pytest.approx((1 + 0.3) / 3)  # "think" outcomes
+    m.forget_tool("think")
+    assert m.p_return(mine, now=0.0) == pytest.approx(0.3)  # the prior alone
+    assert m.p_return(other, now=0.0) == pytest.approx((1 + 0.25) / 2)  # "bash" keeps its own
+
+
 def test_window_forgets_the_oldest_outcomes():
     m = model([1.0] * 4, [100.0] * 4, window=4)
     assert m.p_return(silent(1), now=0.0) == 0.0  # only the four ends remain

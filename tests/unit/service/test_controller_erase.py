@@ -109,3 +109,29 @@ def test_a_load_waiting_for_an_arriving_page_fails_with_tenant_erased() -> None:
                              reason=Reason.PREFETCH, session="a"), source="host"), 0.5)
     eraser.join(5.0)
     assert not eraser.is_alive() and ctl.table.pages == {}
+
+
+def _tool_call(ctl: Controller, tenant: str, session: str, tool: str, at: float) -> None:
+    """``session`` of ``tenant`` calls ``tool`` and it returns 1 s later."""
+    ctl.table.open_session(tenant, session)
+    for version, (kind, extra) in enumerate((
+            ("task_start", {"prefix_generation": 1}),
+            ("tool_start", {"call_id": "k", "tool": tool}),
+            ("observation_return", {"call_id": "k"})), start=1):
+        event = ctl.events.translate(tenant, session, {
+            "event_id": version, "task_id": "x", "version": version, "ts": at + version,
+            "kind": kind, **extra})
+        ctl.apply(event, at + version)
+
+
+def test_tool_classes_only_an_erased_tenant_called_leave_the_predictor() -> None:
+    ctl, _gids = _task_in_a_tool_call()  # tenant "t" calls "grep"
+    _tool_call(ctl, "t", "b", "t-only-tool", 2.0)
+    _tool_call(ctl, "u", "b", "grep", 2.0)  # another tenant calls "grep" too
+    tools = ctl.strategy.predictor.tools
+    assert tools.distribution("t-only-tool").n == 1
+    seen = tools.distribution("grep").n
+    ctl.forget_tenant("t")
+    assert tools.distribution("t-only-tool").n == 0  # its name and durations are gone
+    assert tools.distribution("grep").n == seen  # a class another tenant calls stays
+    assert all(k[0] != "t" for k in ctl.strategy._last_tool)

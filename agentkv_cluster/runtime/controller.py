@@ -144,6 +144,7 @@ class Controller:
             self.strategy.observe(rec, True, now, table.policy_of(rec))
             rec.view.last_access = now
             rec.view.access_count += 1
+            rec.gap_copy = None  # read again: its next demotion is decided afresh
             if rec.resident:
                 table.hbms[rec.hbm].policy.on_access(rec.view, now)
         table.returning.difference_update(gids)
@@ -239,8 +240,9 @@ class Controller:
             rec = self.table.pages[gid]
             self.table.evict(rec, tracked=False)
             rec.busy = True
-            tier, codec, reference = self.strategy.demotion(
-                rec, policy, now, self._tier_room(rec, policy))
+            clean = rec.gap_copy is not None and rec.gap_copy in rec.copies  # drop, no bytes
+            tier, codec, reference = (rec.copies[rec.gap_copy], rec.gap_copy, False) if clean \
+                else self.strategy.demotion(rec, policy, now, self._tier_room(rec, policy))
             actions.append(Action(kind=ActionKind.DEMOTE, gid=gid, hbm=rec.hbm, tier=tier,
                                   codec=codec, reference=reference, start_at=now,
                                   reason=Reason.PRESSURE, session=rec.meta.session))
@@ -327,6 +329,8 @@ class Controller:
             if not ok and rec.hbm in table.hbms and not rec.resident and not action.keep:
                 # the HBM copy was kept on failure: track it again
                 self._insert(rec, now, rec.resident_codec)
+            elif ok and action.reason is Reason.GAP and rec.resident:  # kept: clean
+                rec.gap_copy = min((c for c in rec.copies if c <= action.codec), default=None)
         elif action.kind is ActionKind.RESTORE:
             if ok:
                 rec.hidden_s = result.elapsed_s if action.reason is Reason.PREFETCH else 0.0
@@ -335,11 +339,11 @@ class Controller:
                 rec.pins = 0
                 rec.view.pinned = False
 
-    def keep_if_wanted(self, gid: int, now: float) -> bool:
-        """A gap migration finished with the HBM copy still in place (the page is still
-        busy): keep that copy if a load took the page back meanwhile, or if the page is
-        wanted now and fits, rather than dropping it and restoring it again for the load
-        that waits. True if kept; from here on a load waits for the drop."""
+    def keep_if_room(self, gid: int, now: float) -> bool:
+        """A gap migration copied the page out, its HBM copy still in place: keep that
+        copy if a load took the page back, or if the room it left is still free (dropping
+        it would only make its return restore it). A kept page is clean (``gap_copy``).
+        True if kept; from here on a load waits for the drop."""
         table = self.table
         rec = table.pages.get(gid)
         if rec is None:
@@ -347,13 +351,13 @@ class Controller:
         rec.leaving = False  # decided: a load that comes now waits for the drop, then restores
         if rec.resident:  # a load took it back while it moved (``access``)
             return True
-        if not table.wanted(gid) or rec.hbm not in table.hbms:
+        if rec.hbm not in table.hbms:
             return False
         budget = table.hbms[rec.hbm]
         if budget.used + rec.view.size_bytes > budget.capacity:
             return False
         self._insert(rec, now, rec.resident_codec)
-        self.stats["kept_on_return"] = self.stats.get("kept_on_return", 0) + 1
+        self.stats["gap_kept"] = self.stats.get("gap_kept", 0) + 1
         return True
 
     # -- tenant erasure -------------------------------------------------------------------------

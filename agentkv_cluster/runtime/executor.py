@@ -336,7 +336,7 @@ class Executor:
             receipt = hbm.demote(rec.meta, targets, name, not a.keep and not gap)
         # A gap migration drops the HBM copy only now: if the session's tool returned while
         # the page was moving out, the copy stays (no restore of a page that never left).
-        if gap and not a.keep and not self.controller.keep_if_wanted(a.gid, time.monotonic()):
+        if gap and not a.keep and not self.controller.keep_if_room(a.gid, time.monotonic()):
             hbm.drop(rec.meta.key)
         for (tier, _codec), n in zip(receipt.copies, receipt.tier_bytes):
             self.traffic.add(rec.meta.tenant, Tier(tier).name.lower(), n)

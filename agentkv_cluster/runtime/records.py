@@ -153,9 +153,12 @@ class PageRecord:
     pins: int = 0
     busy: bool = False  # a demote or restore is in flight
     # a gap migration copies it out and its HBM copy stays until the worker decides
-    # (``Controller.keep_if_wanted``): a load may take it back meanwhile, moving nothing
+    # (``Controller.keep_if_room``): a load may take it back meanwhile, moving nothing
     leaving: bool = False
     hidden_s: float = 0.0  # restore time already spent in a gap (prefetch)
+    # the pool copy its gap migration made while its HBM copy stayed (``keep_if_room``):
+    # until the page is read again, a pressure demotion drops it, moving no bytes
+    gap_copy: Codec | None = None
     # Features of the page's last reuse prediction (eq. 2), until its outcome is known:
     # read again (``access``) or retired unread; the predictor learns from that pair.
     phi: np.ndarray | None = None

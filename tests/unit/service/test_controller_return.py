@@ -44,29 +44,36 @@ def test_the_next_tool_start_clears_the_mark_when_no_load_came() -> None:
     assert not any(ctl.table.wanted(g) for g in gids)
 
 
-def test_a_gap_migration_finishing_after_the_return_keeps_the_hbm_copy() -> None:
+def test_a_gap_migration_keeps_the_hbm_copy_while_its_room_is_still_free() -> None:
     ctl, (g0, g1) = _session()
     for g in (g0, g1):  # both are moving out for the tool gap
         ctl.table.evict(ctl.table.pages[g], tracked=True)
         ctl.table.pages[g].busy = True
-    assert not ctl.keep_if_wanted(g0, 0.5)  # tool still running: the copy is dropped
-    _event(ctl, 3, 1.0, kind="observation_return", call_id="k1")
     used = ctl.table.hbms["h"].used
-    assert ctl.keep_if_wanted(g1, 1.0)
-    assert ctl.table.pages[g1].resident and ctl.table.hbms["h"].used == used + MB
-    assert ctl.keep_if_wanted(g1, 1.0)  # resident: the copy stays, never dropped under it
-    assert ctl.stats["kept_on_return"] == 1 and ctl.table.hbms["h"].used == used + MB
+    assert ctl.keep_if_room(g0, 0.5)  # nothing needed the room during the copy
+    assert ctl.table.pages[g0].resident and ctl.table.hbms["h"].used == used + MB
+    ctl.table.hbms["h"].used = ctl.table.hbms["h"].capacity  # another session took the rest
+    assert not ctl.keep_if_room(g1, 0.6)  # its room went to someone: the copy is dropped
+    assert not ctl.table.pages[g1].resident
+    assert ctl.keep_if_room(g0, 1.0)  # resident: the copy stays, never dropped under it
+    assert ctl.stats["gap_kept"] == 1
 
 
-def test_a_returning_page_is_not_kept_when_it_no_longer_fits() -> None:
-    ctl, (g0, _g1) = _session(capacity=2 * MB)
-    ctl.table.evict(ctl.table.pages[g0], tracked=True)
-    ctl.table.pages[g0].busy = True
-    _event(ctl, 3, 1.0, kind="observation_return", call_id="k1")
-    # its room went to another session's restore
-    ctl.table.hbms["h"].used = ctl.table.hbms["h"].capacity
-    assert not ctl.keep_if_wanted(g0, 1.0)
-    assert not ctl.table.pages[g0].resident
+def test_a_kept_page_is_clean_a_pressure_demotion_reuses_its_gap_copy() -> None:
+    ctl, (g0, g1) = _session(capacity=2 * MB)
+    migration = _migrating(ctl, g0, 0.5)
+    assert ctl.keep_if_room(g0, 0.6)
+    ctl.finished(done(migration, copies=((Tier.HOST, Codec.INT4),), tier_bytes=(MB // 4,),
+                      pool="p"), 0.7)
+    rec = ctl.table.pages[g0]
+    assert rec.resident and not rec.busy and rec.gap_copy is Codec.INT4
+    ctl.access([g1], 0.8)  # pinned: g0 is the one page pressure can take
+    demotes = admitted(ctl, "c", range(1), 1.0)  # pressure: session a's page gives way
+    assert [(a.gid, a.tier, a.codec, a.reason) for a in demotes] == [
+        (g0, Tier.HOST, Codec.INT4, Reason.PRESSURE)]  # the copy it has: nothing to move
+    rec.gap_copy = Codec.INT4
+    ctl.access([g0], 2.0)  # read again (restored): its next demotion is decided afresh
+    assert rec.gap_copy is None
 
 
 def test_a_pressure_victim_of_a_session_in_a_tool_is_prefetched_before_its_return() -> None:
@@ -146,7 +153,7 @@ def test_a_load_takes_back_a_page_its_gap_migration_is_still_copying_out() -> No
     demotes, restores, lost, blocked = ctl.access([g0, g1], 1.0)
     assert (demotes, restores, lost, blocked) == ([], [], [], [])  # nothing moves in
     assert rec.resident and rec.pins == 1
-    assert ctl.keep_if_wanted(g0, 1.1)  # the worker must not drop the copy under the load
+    assert ctl.keep_if_room(g0, 1.1)  # the worker must not drop the copy under the load
     ctl.finished(done(migration, copies=((Tier.HOST, Codec.INT4),), tier_bytes=(MB // 4,),
                       pool="p"), 1.2)
     assert rec.resident and not rec.busy and rec.copies == {Codec.INT4: Tier.HOST}
@@ -155,7 +162,9 @@ def test_a_load_takes_back_a_page_its_gap_migration_is_still_copying_out() -> No
 def test_once_the_worker_decided_to_drop_a_load_waits_then_restores() -> None:
     ctl, (g0, _g1) = _session()
     migration = _migrating(ctl, g0, 0.5)
-    assert not ctl.keep_if_wanted(g0, 0.6)  # not wanted yet: the copy is dropped now
+    ctl.table.hbms["h"].used = ctl.table.hbms["h"].capacity  # its room was taken meanwhile
+    assert not ctl.keep_if_room(g0, 0.6)  # so the copy is dropped now
+    ctl.table.hbms["h"].used -= MB  # (the page that took it left again)
     assert not ctl.table.settled([g0])  # a load must wait for the drop ...
     ctl.finished(done(migration, copies=((Tier.HOST, Codec.INT4),), tier_bytes=(MB // 4,),
                       pool="p"), 0.7)

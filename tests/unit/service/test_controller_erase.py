@@ -5,6 +5,7 @@ same tenant name starts empty afterwards."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -53,16 +54,15 @@ def test_calls_of_a_tenant_being_erased_fail_and_the_name_starts_empty_after() -
     assert len(ctl.table.pages) == 1 and ctl.table.erasures["t"] == 1
 
 
-def test_a_load_waiting_for_a_moving_page_fails_with_tenant_erased() -> None:
-    bare, gids = _task_in_a_tool_call()
-    ctl = Guarded(bare)  # as the controller actor runs it: waits happen in the guard
-    ctl.table.evict(ctl.table.pages[gids[0]], tracked=True)
-    ctl.table.pages[gids[0]].busy = True  # a demotion is in flight
+def _erased_while_waiting(ctl: Guarded, wait: Callable[[], object], moving: Action) -> None:
+    """A load blocked in ``wait`` on a page whose ``moving`` transfer is in flight fails with
+    ``TenantErased`` as soon as the erasure starts; the erasure itself waits for the
+    transfer to end, then drops everything of the tenant."""
     failed: list[BaseException] = []
 
     def load() -> None:
         try:
-            ctl.access_settled(gids, lambda: 0.4)
+            wait()
         except BaseException as exc:  # noqa: BLE001 - inspected below
             failed.append(exc)
 
@@ -73,10 +73,19 @@ def test_a_load_waiting_for_a_moving_page_fails_with_tenant_erased() -> None:
     waiter.join(5.0)
     assert not waiter.is_alive() and isinstance(failed[0], TenantErased)
     assert eraser.is_alive()  # the erasure waits for the transfer in flight
-    ctl.finished(done(Action(kind=ActionKind.DEMOTE, gid=gids[0], hbm="h",
-                             reason=Reason.PRESSURE, session="a")), 0.5)
+    fields = {"source": "host"} if moving.kind is ActionKind.RESTORE else {}
+    ctl.finished(done(moving, **fields), 0.5)
     eraser.join(5.0)
     assert not eraser.is_alive() and ctl.table.pages == {}
+
+
+def test_a_load_waiting_for_a_moving_page_fails_with_tenant_erased() -> None:
+    bare, gids = _task_in_a_tool_call()
+    ctl = Guarded(bare)  # as the controller actor runs it: waits happen in the guard
+    ctl.table.evict(ctl.table.pages[gids[0]], tracked=True)
+    ctl.table.pages[gids[0]].busy = True  # a demotion is in flight
+    _erased_while_waiting(ctl, lambda: ctl.access_settled(gids, lambda: 0.4), Action(
+        kind=ActionKind.DEMOTE, gid=gids[0], hbm="h", reason=Reason.PRESSURE, session="a"))
 
 
 def test_queued_moves_of_an_erased_tenant_are_moot() -> None:
@@ -91,24 +100,8 @@ def test_a_load_waiting_for_an_arriving_page_fails_with_tenant_erased() -> None:
     ctl = Guarded(bare)
     ctl.table.pages[gids[0]].busy = True  # resident and busy: its bytes are arriving
     assert ctl.table.settled(gids) and not ctl.table.arrived(gids)
-    failed: list[BaseException] = []
-
-    def load() -> None:
-        try:
-            ctl.wait_arrived(gids, 5.0)
-        except BaseException as exc:  # noqa: BLE001 - inspected below
-            failed.append(exc)
-
-    waiter = threading.Thread(target=load)
-    waiter.start()
-    eraser = threading.Thread(target=ctl.forget_tenant, args=("t", 5.0))
-    eraser.start()
-    waiter.join(5.0)
-    assert not waiter.is_alive() and isinstance(failed[0], TenantErased)
-    ctl.finished(done(Action(kind=ActionKind.RESTORE, gid=gids[0], hbm="h",
-                             reason=Reason.PREFETCH, session="a"), source="host"), 0.5)
-    eraser.join(5.0)
-    assert not eraser.is_alive() and ctl.table.pages == {}
+    _erased_while_waiting(ctl, lambda: ctl.wait_arrived(gids, 5.0), Action(
+        kind=ActionKind.RESTORE, gid=gids[0], hbm="h", reason=Reason.PREFETCH, session="a"))
 
 
 def _tool_call(ctl: Controller, tenant: str, session: str, tool: str, at: float) -> None:

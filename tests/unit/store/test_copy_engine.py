@@ -16,7 +16,8 @@ def _warm(choice: EngineChoice, size_class: int, times: dict[Engine, float]) -> 
     """Run the warm-up: every engine is picked WARMUP times before the medians decide."""
     seen = []
     for _ in range(EngineChoice.WARMUP * len(Engine)):
-        engine = choice.pick(size_class)
+        engine, timed = choice.pick(size_class)
+        assert timed  # every warm-up copy is timed
         seen.append(engine)
         choice.record(size_class, engine, times[engine])
     assert sorted(seen, key=lambda e: e.value) == sorted(
@@ -29,7 +30,7 @@ def test_the_faster_engine_copies_after_warm_up(fast):
     times = {e: FAST if e is fast else SLOW for e in Engine}
     _warm(choice, 22, times)
     assert choice.best(22) is fast
-    assert choice.pick(22) is fast
+    assert choice.pick(22)[0] is fast
 
 
 def test_the_slower_engine_is_tried_again_more_rarely_the_slower_it_was():
@@ -39,13 +40,26 @@ def test_the_slower_engine_is_tried_again_more_rarely_the_slower_it_was():
         times = {Engine.FAN: FAST, Engine.TORCH: FAST * ratio}
         _warm(choice, 24, times)
         gap = 0
-        while (engine := choice.pick(24)) is Engine.FAN:
+        while (engine := choice.pick(24)[0]) is Engine.FAN:
             choice.record(24, engine, FAST)
             gap += 1
         picks[ratio] = gap
     assert picks[2] >= EngineChoice.EXPLORE  # never tried before EXPLORE copies
     assert picks[8] >= 3 * picks[2]  # the slower it was, the longer it waits
     assert picks[8] <= EngineChoice.EXPLORE_MAX
+
+
+def test_the_preferred_engine_is_timed_one_copy_in_sample_and_every_trial_is():
+    choice = EngineChoice()
+    _warm(choice, 22, {Engine.FAN: SLOW, Engine.TORCH: FAST})
+    picks = []
+    while len(picks) < 10 * EngineChoice.SAMPLE or picks[-1][0] is Engine.TORCH:
+        picks.append(choice.pick(22))
+    trial = picks[-1]
+    assert trial == (Engine.FAN, True)  # the slower engine's trial is always timed
+    timed = sum(t for e, t in picks[:-1])
+    assert timed == (len(picks) - 1) // EngineChoice.SAMPLE or \
+        abs(timed - (len(picks) - 1) / EngineChoice.SAMPLE) <= 1
 
 
 def test_a_change_of_load_moves_the_copies_to_the_other_engine():

@@ -330,7 +330,7 @@ class Controller:
                 # the HBM copy was kept on failure: track it again
                 self._insert(rec, now, rec.resident_codec)
             elif ok and action.reason is Reason.GAP and rec.resident:  # kept: clean
-                rec.gap_copy = min((c for c in rec.copies if c <= action.codec), default=None)
+                rec.gap_copy = rec.copy_for(action.codec)
         elif action.kind is ActionKind.RESTORE:
             if ok:
                 rec.hidden_s = result.elapsed_s if action.reason is Reason.PREFETCH else 0.0

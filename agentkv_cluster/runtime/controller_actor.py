@@ -355,7 +355,8 @@ class ControllerActor:
         unexported = self.loader.unexported
         phases = [unexported.popleft() for _ in range(len(unexported))]
         return {"cursor": end, "waits": _wait_labels(waits[max(cursor, end - 10000):end]),
-                "phases": phases, "hbm_used": hbm, "recompute": dict(self.loader.recompute_tokens), "traffic": traffic}
+                "phases": phases, "hbm_used": hbm,
+                "recompute": dict(self.loader.recompute_tokens), "traffic": traffic}
 
     def learned(self) -> Learned | None:
         """What this controller's strategy learned (for its successor)."""

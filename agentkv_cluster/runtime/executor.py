@@ -317,7 +317,7 @@ class Executor:
         # Pages are immutable: a pool copy at least as precise as the one asked for (or as
         # the working copy, when that was restored lossy) already holds all it could.
         best = max(a.codec, rec.resident_codec)
-        if not any(c <= best for c in rec.copies):
+        if rec.copy_for(best) is None:
             targets.append((int(a.tier), int(a.codec)))
         if a.reference and rec.resident_codec is Codec.FULL and Codec.FULL not in rec.copies:
             targets.append((int(Tier.NVME), int(Codec.FULL)))

@@ -222,18 +222,20 @@ class PageTable:
         """No page of ``gids`` moves out of reach: none is being demoted (but for a gap
         migration's copy out, whose HBM copy a load may take back), arriving ones aside
         (``arrived``), or one of them is erased (a wait for them is over)."""
-        return any(g not in self.pages or self.doomed(g) for g in gids) or \
-            not any(self.pages[g].moving_out for g in gids)
+        return self._any_gone(gids) or not any(self.pages[g].moving_out for g in gids)
 
     def arrived(self, gids: list[int]) -> bool:
         """No page of ``gids`` is still on its way into HBM (or one of them is erased)."""
-        return any(g not in self.pages or self.doomed(g) for g in gids) or \
-            not any(self.pages[g].arriving for g in gids)
+        return self._any_gone(gids) or not any(self.pages[g].arriving for g in gids)
 
     def check_alive(self, gids: list[int]) -> None:
         """Raise ``TenantErased`` if a page of ``gids`` was (or is being) erased."""
-        if any(g not in self.pages or self.doomed(g) for g in gids):
+        if self._any_gone(gids):
             raise TenantErased("the pages of this load were erased with their tenant")
+
+    def _any_gone(self, gids: list[int]) -> bool:
+        """A page of ``gids`` was dropped, or its tenant is being erased."""
+        return any(g not in self.pages or self.doomed(g) for g in gids)
 
     def tenant_moving(self, tenant: str) -> bool:
         """A transfer of one of ``tenant``'s pages is in flight."""
@@ -395,4 +397,3 @@ class PageTable:
     def changed(self) -> None:
         """A pin dropped or a move ended: waiters (see ``runtime/guard.py``) look again."""
         self.changes += 1
-

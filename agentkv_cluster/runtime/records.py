@@ -163,6 +163,11 @@ class PageRecord:
     # read again (``access``) or retired unread; the predictor learns from that pair.
     phi: np.ndarray | None = None
 
+    def copy_for(self, codec: Codec) -> Codec | None:
+        """The most precise pool copy at least as precise as ``codec`` (pages are
+        immutable: it holds all a copy in ``codec`` would), or None."""
+        return min((c for c in self.copies if c <= codec), default=None)
+
     @property
     def arriving(self) -> bool:
         """Its bytes are on their way into HBM (a prefetch, another load's restore, an

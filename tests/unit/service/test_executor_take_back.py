@@ -51,17 +51,24 @@ class _Hbm:
 
 
 @pytest.fixture
-def parts():
+def worker():
+    """An LRU manager whose 2 MiB of HBM hold session a's two pages, and its worker."""
     ctl = Guarded(Controller(make_strategy("lru")))
     ctl.add_hbm("h", 2 * MB)
     hbm = _Hbm()
     ex = Executor(ctl, {"h": hbm}, {"p": object()}, {"h": "p"}, LinkCredits(4, 2),
                   landing_pages=0)
     finish(ctl.manager, admitted(ctl.manager, "a", range(2), 0.0), 0.0)
+    yield ctl, ex, hbm
+    ex.close()
+
+
+@pytest.fixture
+def parts(worker):
+    ctl, ex, hbm = worker
     (pressure,) = admitted(ctl.manager, "b", range(1), 1.0)  # LRU: a/0 gives way
     assert (pressure.kind, pressure.reason) == (ActionKind.DEMOTE, Reason.PRESSURE)
-    yield ctl, ex, hbm, pressure
-    ex.close()
+    return ctl, ex, hbm, pressure
 
 
 def test_a_page_taken_back_during_its_copy_out_keeps_its_hbm_copy(parts) -> None:
@@ -85,16 +92,11 @@ def test_a_page_nobody_took_back_is_dropped_after_its_copy_out(parts) -> None:
     assert not ctl.manager.table.pages[pressure.gid].resident
 
 
-def test_each_result_reaches_the_manager_when_its_own_transfer_ends() -> None:
+def test_each_result_reaches_the_manager_when_its_own_transfer_ends(worker) -> None:
     """Two victims of one batch: while the first is still being copied out, the second's
     demotion has already been applied (a load waiting for that page waits for it alone,
     not for the whole batch)."""
-    ctl = Guarded(Controller(make_strategy("lru")))
-    ctl.add_hbm("h", 2 * MB)
-    hbm = _Hbm()
-    ex = Executor(ctl, {"h": hbm}, {"p": object()}, {"h": "p"}, LinkCredits(4, 2),
-                  landing_pages=0)
-    finish(ctl.manager, admitted(ctl.manager, "a", range(2), 0.0), 0.0)
+    ctl, ex, hbm = worker
     first, second = admitted(ctl.manager, "b", range(2), 1.0)
     other = ctl.manager.table.pages[second.gid]
     seen: list[bool] = []
@@ -107,23 +109,15 @@ def test_each_result_reaches_the_manager_when_its_own_transfer_ends() -> None:
             seen.append(not other.busy)
 
     hbm.during = copying
-    try:
-        results = ex.run([first, second])
-    finally:
-        ex.close()
+    results = ex.run([first, second])
     assert [r.outcome for r in results] == [Outcome.DONE, Outcome.DONE]
     assert seen == [True]
 
 
-def test_a_restore_does_not_wait_for_its_victims_drop() -> None:
+def test_a_restore_does_not_wait_for_its_victims_drop(worker) -> None:
     """The restore goes on once its victim is copied out and the drop decided: the drop
     only frees an arena page, which an allocation waits for anyway."""
-    ctl = Guarded(Controller(make_strategy("lru")))
-    ctl.add_hbm("h", 2 * MB)
-    hbm = _Hbm()
-    ex = Executor(ctl, {"h": hbm}, {"p": object()}, {"h": "p"}, LinkCredits(4, 2),
-                  landing_pages=0)
-    finish(ctl.manager, admitted(ctl.manager, "a", range(2), 0.0), 0.0)
+    ctl, ex, hbm = worker
     finish(ctl.manager, admitted(ctl.manager, "c", range(1), 1.0), 1.0)  # a/0 pushed out
     (a0,) = ctl.table.resolve("t", "a", [b"a/0"])
     demotes, restores, _lost, _blocked = ctl.access([a0], 2.0)
@@ -138,10 +132,7 @@ def test_a_restore_does_not_wait_for_its_victims_drop() -> None:
         restored_first.append(time.monotonic() < deadline)
 
     hbm.dropping = slow_drop
-    try:
-        results = ex.run(demotes + restores)
-    finally:
-        ex.close()
+    results = ex.run(demotes + restores)
     assert [r.outcome for r in results] == [Outcome.DONE, Outcome.DONE]
     assert restored_first == [True]
     assert [c[0] for c in hbm.calls] == ["demote", "drop", "restore"]  # the drop's start

@@ -243,37 +243,30 @@ class Executor:
         return out
 
     def run(self, actions: list[Action]) -> list[TransferResult]:
-        """Run foreground work and wait. Each result reaches the manager as soon as its
-        transfer ends (a load waiting for one of these pages waits for that move alone,
-        not for the whole batch), and all of them before this returns. Each restore starts
-        as soon as the demotions that make its own room have copied their pages out (not
-        after every victim of the batch, nor after the victims' drops, which free arena
-        pages an allocation waits for anyway): restores pipeline behind the victims'
+        """Run foreground work and wait; the manager has every result before this returns.
+        Each restore starts as soon as the demotions that make its own room are done (not
+        after every victim of the batch): restores pipeline behind the victims'
         encode-and-seal instead of queueing behind all of them."""
-        copied = {a.gid: threading.Event() for a in actions if a.kind is not ActionKind.RESTORE}
-        futures = [self._pool.submit(self._reported, [], a, copied[a.gid])
-                   for a in actions if a.kind is not ActionKind.RESTORE]
+        first = [a for a in actions if a.kind is not ActionKind.RESTORE]
+        futures = [self._pool.submit(self._run, a) for a in first]
+        by_gid = {a.gid: f for a, f in zip(first, futures)}
+        later = []
         for a in actions:
             if a.kind is ActionKind.RESTORE:
-                deps = [copied[g] for g in self.controller.take_victims(a.gid) if g in copied]
-                futures.append(self._pool.submit(self._reported, deps, a))
-        return [f.result() for f in futures]
+                deps = [by_gid[g] for g in self.controller.take_victims(a.gid) if g in by_gid]
+                later.append(self._pool.submit(self._after, deps, a))
+        results = [f.result() for f in futures] + [f.result() for f in later]
+        now = time.monotonic()
+        for result in results:
+            self.controller.finished(result, now)
+        return results
 
-    def _reported(self, deps: list[threading.Event], action: Action,
-                  copied: threading.Event | None = None) -> TransferResult:
-        """``action`` once ``deps`` are set, its result handed to the manager at once;
-        ``copied`` is set when a demotion no longer needs its page's bytes."""
-        for event in deps:
-            event.wait()
-        try:
-            result = self._run(action, copied)
-        finally:
-            if copied is not None:
-                copied.set()
-        self.controller.finished(result, time.monotonic())
-        return result
+    def _after(self, deps: list[Future], action: Action) -> TransferResult:
+        for f in deps:
+            f.result()
+        return self._run(action)
 
-    def _run(self, action: Action, copied: threading.Event | None = None) -> TransferResult:
+    def _run(self, action: Action) -> TransferResult:
         t0 = time.monotonic()
         fields: dict[str, Any] = {}
         outcome, error = Outcome.FAILED, ""
@@ -281,7 +274,7 @@ class Executor:
             if action.kind is not ActionKind.DELETE and self.controller.table.doomed(action.gid):
                 raise TenantErased("the page's tenant is being erased")
             if action.kind is ActionKind.DEMOTE:
-                fields = self._demote(action, copied)
+                fields = self._demote(action)
             elif action.kind is ActionKind.RESTORE:
                 fields = self._restore(action)
             else:
@@ -315,7 +308,7 @@ class Executor:
             self._told[(hbm, name)] = handles
         return name
 
-    def _demote(self, a: Action, copied: threading.Event | None = None) -> dict[str, Any]:
+    def _demote(self, a: Action) -> dict[str, Any]:
         try:
             rec = self.controller.table.record(a.gid)
         except KeyError:
@@ -330,29 +323,25 @@ class Executor:
             targets.append((int(Tier.NVME), int(Codec.FULL)))
         name = self._pool_for(rec.pool, a.hbm)
         hbm = self.hbms[a.hbm]
-        copies: tuple[tuple[int, int], ...] = ()
-        sizes: tuple[int, ...] = ()
-        if targets:
-            gap = a.reason is Reason.GAP  # background work on the link HBM actor -> pool
+        gap = a.reason is Reason.GAP
+        if gap and targets:  # a gap migration is background work on the link HBM actor -> pool
             link = Link(name, a.hbm, background=True)
             grant = self.credits.acquire(a.session, link, give_up=lambda: self._moot(a.gid),
-                                         tier=Tier(a.tier)) if gap else None
+                                         tier=Tier(a.tier))
             try:
                 receipt = hbm.demote(rec.meta, targets, name, False)
             finally:
-                if gap:
-                    self.credits.release(link, grant)
-            copies, sizes = receipt.copies, receipt.tier_bytes
-        # The HBM copy is dropped only now: a load that wanted the page while it was moving
-        # out took it back (no wait for the copy, no restore of a page that never left).
-        if not a.keep and not self.controller.keep_if_room(a.gid, time.monotonic()):
-            if copied is not None:  # a restore waiting for this room goes on meanwhile
-                copied.set()
+                self.credits.release(link, grant)
+        else:
+            receipt = hbm.demote(rec.meta, targets, name, not a.keep and not gap)
+        # A gap migration drops the HBM copy only now: if the session's tool returned while
+        # the page was moving out, the copy stays (no restore of a page that never left).
+        if gap and not a.keep and not self.controller.keep_if_room(a.gid, time.monotonic()):
             hbm.drop(rec.meta.key)
-        for (tier, _codec), n in zip(copies, sizes):
+        for (tier, _codec), n in zip(receipt.copies, receipt.tier_bytes):
             self.traffic.add(rec.meta.tenant, Tier(tier).name.lower(), n)
-        return {"copies": tuple((Tier(t), Codec(c)) for t, c in copies),
-                "tier_bytes": tuple(sizes), "pool": name}
+        return {"copies": tuple((Tier(t), Codec(c)) for t, c in receipt.copies),
+                "tier_bytes": tuple(receipt.tier_bytes), "pool": name}
 
     def _restore(self, a: Action) -> dict[str, Any]:
         rec = self.controller.table.record(a.gid)

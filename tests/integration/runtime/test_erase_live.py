@@ -74,7 +74,9 @@ def _pages(session: str, first: int) -> list[dict]:
 
 
 def _needles(pages: list[dict]) -> list[bytes]:
-    """64 bytes from the start, middle and end of every page (random fp16: unique)."""
+    """64 bytes from the start, middle and end of every page (random fp16: unique, as long
+    as no other page was drawn from the same seed; the test checks that of the other
+    tenant's page)."""
     out = []
     for p in pages:
         d = p["data"]
@@ -124,7 +126,10 @@ def test_erasure_of_a_busy_tenant_on_the_live_service(service, cluster, redis) -
                  tool="pytest")
     with service.client("globex") as other:  # another tenant, untouched by the erasure
         g = other.open_session("g")
-        g_page = kv_page(0, "evidence", identity("globex", "g", 0))
+        # Its own random bytes: kv_page seeds its generator from the page id and token
+        # start, so globex's page 0 at token 0 would equal the erased tenant's first page,
+        # and the arena scan below would find it in globex's live page.
+        g_page = kv_page(0, "evidence", identity("globex", "g", 7))
         g_key = g.store_pages([g_page])[0]
         stats = [p.stats() for p in service.topo.pools.values()]
         assert sum(st["host_used_bytes"] for st in stats) > 0, stats
@@ -132,6 +137,7 @@ def test_erasure_of_a_busy_tenant_on_the_live_service(service, cluster, redis) -
 
         needles = _needles(a_pages + b_pages)
         name = [TENANT.encode()]
+        assert not any(n in g_page["data"] for n in needles + name)  # the scans' premise
         held = [any(h.arena_holds(needles)) for h in service.topo.hbms.values()]
         assert any(held)  # the scan of the arenas sees resident pages before the erasure
         control = service.workdir / "nv" / "control.bin"  # and the file scan sees a needle

@@ -46,7 +46,8 @@ class Controller:
         self.strategy = strategy
         self.table = PageTable(page_bytes, tier_capacity)
         self.schedule = MoveSchedule()
-        self.stats = {"events": 0, "demotes": 0, "restores": 0, "prefetches": 0, "lost": 0}
+        self.stats = {"events": 0, "demotes": 0, "restores": 0, "prefetches": 0, "lost": 0,
+                      "taken_back": 0, "kept_in_hbm": 0}
         self.events = EventPlanner(self.table, self.schedule, strategy, self.stats)
         self._victims: dict[int, list[int]] = {}  # restore gid -> gids demoted for its room
 
@@ -126,9 +127,9 @@ class Controller:
         """The engine needs ``gids`` in HBM: pin them. Returns (demotions, restores, lost,
         blocked): ``lost`` pages have no copy left (re-prefill), ``blocked`` ones found no
         room now: pinned pages fill the HBM, or they cannot all fit (all or nothing, see
-        ``PageTable.short_hbms``). The caller waits first until none of them moves
-        (``PageTable.settled``): a page being demoted has no copy yet, but for a gap
-        migration's page still in HBM (``PageRecord.leaving``), which is taken back here."""
+        ``PageTable.short_hbms``). A page being demoted with its HBM copy still in place
+        (``PageRecord.leaving``) is taken back, moving nothing; the caller waits first while
+        the copy of any of them is being dropped (``PageTable.settled``)."""
         table = self.table
         table.check_alive(gids)
         # Demanded now: scheduled migrations and prefetches of these pages are moot.
@@ -144,7 +145,7 @@ class Controller:
             self.strategy.observe(rec, True, now, table.policy_of(rec))
             rec.view.last_access = now
             rec.view.access_count += 1
-            rec.gap_copy = None  # read again: its next demotion is decided afresh
+            rec.clean_copy = None  # read again: its next demotion is decided afresh
             if rec.resident:
                 table.hbms[rec.hbm].policy.on_access(rec.view, now)
         table.returning.difference_update(gids)
@@ -171,6 +172,7 @@ class Controller:
             demotes += room
             if rec.leaving:  # its bytes are still in HBM (see ``PageRecord.leaving``)
                 self._insert(rec, now, rec.resident_codec)
+                self.stats["taken_back"] += 1
                 continue
             self._victims[gid] = [a.gid for a in room]
             tier, codec = self.strategy.restore_source(rec)
@@ -239,9 +241,9 @@ class Controller:
         for gid in victims:
             rec = self.table.pages[gid]
             self.table.evict(rec, tracked=False)
-            rec.busy = True
-            clean = rec.gap_copy is not None and rec.gap_copy in rec.copies  # drop, no bytes
-            tier, codec, reference = (rec.copies[rec.gap_copy], rec.gap_copy, False) if clean \
+            rec.busy = rec.leaving = True  # its HBM copy stays until the worker decides
+            clean = rec.clean_copy
+            tier, codec, reference = (rec.copies[clean], clean, False) if clean in rec.copies \
                 else self.strategy.demotion(rec, policy, now, self._tier_room(rec, policy))
             actions.append(Action(kind=ActionKind.DEMOTE, gid=gid, hbm=rec.hbm, tier=tier,
                                   codec=codec, reference=reference, start_at=now,
@@ -281,8 +283,7 @@ class Controller:
             if action.kind is ActionKind.DEMOTE:
                 if rec.resident and rec.pins == 0:
                     table.evict(rec, tracked=True)
-                    rec.busy = True  # a gap migration's HBM copy stays until decided
-                    rec.leaving = action.reason is Reason.GAP
+                    rec.busy = rec.leaving = True  # its HBM copy stays until decided
                     out.append(action)
                     self.stats["demotes"] += 1
                 continue
@@ -329,8 +330,8 @@ class Controller:
             if not ok and rec.hbm in table.hbms and not rec.resident and not action.keep:
                 # the HBM copy was kept on failure: track it again
                 self._insert(rec, now, rec.resident_codec)
-            elif ok and action.reason is Reason.GAP and rec.resident:  # kept: clean
-                rec.gap_copy = rec.copy_for(action.codec)
+            elif ok and rec.resident and not action.keep:  # kept (``keep_if_room``): clean
+                rec.clean_copy = rec.copy_for(action.codec)
         elif action.kind is ActionKind.RESTORE:
             if ok:
                 rec.hidden_s = result.elapsed_s if action.reason is Reason.PREFETCH else 0.0
@@ -340,10 +341,10 @@ class Controller:
                 rec.view.pinned = False
 
     def keep_if_room(self, gid: int, now: float) -> bool:
-        """A gap migration copied the page out, its HBM copy still in place: keep that
-        copy if a load took the page back, or if the room it left is still free (dropping
-        it would only make its return restore it). A kept page is clean (``gap_copy``).
-        True if kept; from here on a load waits for the drop."""
+        """A demotion copied the page out, its HBM copy still in place: keep that copy if
+        a load took the page back, or if the room it left is still free (dropping it would
+        only make its return restore it). A kept page is clean (``clean_copy``). True if
+        kept; from here on a load waits for the drop."""
         table = self.table
         rec = table.pages.get(gid)
         if rec is None:
@@ -357,7 +358,7 @@ class Controller:
         if budget.used + rec.view.size_bytes > budget.capacity:
             return False
         self._insert(rec, now, rec.resident_codec)
-        self.stats["gap_kept"] = self.stats.get("gap_kept", 0) + 1
+        self.stats["kept_in_hbm"] += 1
         return True
 
     # -- tenant erasure -------------------------------------------------------------------------

@@ -243,28 +243,28 @@ class Executor:
         return out
 
     def run(self, actions: list[Action]) -> list[TransferResult]:
-        """Run foreground work and wait; the manager has every result before this returns.
-        Each restore starts as soon as the demotions that make its own room are done (not
-        after every victim of the batch): restores pipeline behind the victims'
-        encode-and-seal instead of queueing behind all of them."""
+        """Run foreground work and wait. Each result reaches the manager as soon as its
+        transfer ends (a load waiting for one of these pages waits for that move alone,
+        not for the whole batch), and all of them before this returns. Each restore starts
+        as soon as the demotions that make its own room are done (not after every victim
+        of the batch): restores pipeline behind the victims' encode-and-seal instead of
+        queueing behind all of them."""
         first = [a for a in actions if a.kind is not ActionKind.RESTORE]
-        futures = [self._pool.submit(self._run, a) for a in first]
+        futures = [self._pool.submit(self._reported, [], a) for a in first]
         by_gid = {a.gid: f for a, f in zip(first, futures)}
-        later = []
         for a in actions:
             if a.kind is ActionKind.RESTORE:
                 deps = [by_gid[g] for g in self.controller.take_victims(a.gid) if g in by_gid]
-                later.append(self._pool.submit(self._after, deps, a))
-        results = [f.result() for f in futures] + [f.result() for f in later]
-        now = time.monotonic()
-        for result in results:
-            self.controller.finished(result, now)
-        return results
+                futures.append(self._pool.submit(self._reported, deps, a))
+        return [f.result() for f in futures]
 
-    def _after(self, deps: list[Future], action: Action) -> TransferResult:
+    def _reported(self, deps: list[Future], action: Action) -> TransferResult:
+        """``action`` once ``deps`` are done, its result handed to the manager at once."""
         for f in deps:
             f.result()
-        return self._run(action)
+        result = self._run(action)
+        self.controller.finished(result, time.monotonic())
+        return result
 
     def _run(self, action: Action) -> TransferResult:
         t0 = time.monotonic()
@@ -323,25 +323,27 @@ class Executor:
             targets.append((int(Tier.NVME), int(Codec.FULL)))
         name = self._pool_for(rec.pool, a.hbm)
         hbm = self.hbms[a.hbm]
-        gap = a.reason is Reason.GAP
-        if gap and targets:  # a gap migration is background work on the link HBM actor -> pool
+        copies: tuple[tuple[int, int], ...] = ()
+        sizes: tuple[int, ...] = ()
+        if targets:
+            gap = a.reason is Reason.GAP  # background work on the link HBM actor -> pool
             link = Link(name, a.hbm, background=True)
             grant = self.credits.acquire(a.session, link, give_up=lambda: self._moot(a.gid),
-                                         tier=Tier(a.tier))
+                                         tier=Tier(a.tier)) if gap else None
             try:
                 receipt = hbm.demote(rec.meta, targets, name, False)
             finally:
-                self.credits.release(link, grant)
-        else:
-            receipt = hbm.demote(rec.meta, targets, name, not a.keep and not gap)
-        # A gap migration drops the HBM copy only now: if the session's tool returned while
-        # the page was moving out, the copy stays (no restore of a page that never left).
-        if gap and not a.keep and not self.controller.keep_if_room(a.gid, time.monotonic()):
+                if gap:
+                    self.credits.release(link, grant)
+            copies, sizes = receipt.copies, receipt.tier_bytes
+        # The HBM copy is dropped only now: a load that wanted the page while it was moving
+        # out took it back (no wait for the copy, no restore of a page that never left).
+        if not a.keep and not self.controller.keep_if_room(a.gid, time.monotonic()):
             hbm.drop(rec.meta.key)
-        for (tier, _codec), n in zip(receipt.copies, receipt.tier_bytes):
+        for (tier, _codec), n in zip(copies, sizes):
             self.traffic.add(rec.meta.tenant, Tier(tier).name.lower(), n)
-        return {"copies": tuple((Tier(t), Codec(c)) for t, c in receipt.copies),
-                "tier_bytes": tuple(receipt.tier_bytes), "pool": name}
+        return {"copies": tuple((Tier(t), Codec(c)) for t, c in copies),
+                "tier_bytes": tuple(sizes), "pool": name}
 
     def _restore(self, a: Action) -> dict[str, Any]:
         rec = self.controller.table.record(a.gid)

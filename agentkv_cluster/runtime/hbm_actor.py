@@ -8,6 +8,7 @@ compressed bytes cross the link to the pool; bytes move by NIXL only.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,8 @@ from store.types import Codec, Tier
 
 if TYPE_CHECKING:
     from agentkv_cluster.runtime.handles import PoolHandle
+
+ALLOC_WAIT_S = 2.0  # how long a page allocation waits for a drop on its way (``_alloc``)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,7 +64,8 @@ class HbmActor:
         self._pages: dict[bytes, int] = {}  # key -> arena page
         self._pools: dict[str, PoolHandle] = {}  # pool name -> handle (see add_pool)
         self._landing: dict[int, str] = {}  # arena page -> owner that reserved it
-        self._lock = threading.Lock()
+        # One lock; waiting on it is for a free arena page (see ``_alloc``).
+        self._lock = threading.Condition(threading.Lock())
 
     # -- identity -----------------------------------------------------------------------------
     def endpoint(self) -> Endpoint:
@@ -96,9 +100,21 @@ class HbmActor:
                           offset=self.arena.page_offset(page), length=length)
 
     def _alloc(self, key: bytes) -> int:
+        """An arena page for ``key``. When none is free this waits (at most
+        ``ALLOC_WAIT_S``) for one: the manager's budget already counts the room a drop on
+        its way will free (a page a load took back, a victim still being copied out)."""
         with self._lock:
             self._release(key)  # first: the old page is room for the new one
-            page = self.arena.alloc()
+            deadline = time.monotonic() + ALLOC_WAIT_S
+            while True:
+                try:
+                    page = self.arena.alloc()
+                    break
+                except ArenaFull:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise
+                self._lock.wait(left)
             self._pages[key] = page
             return page
 
@@ -107,6 +123,7 @@ class HbmActor:
         page = self._pages.pop(key, None)
         if page is not None:
             self.arena.free(page)
+            self._lock.notify_all()
         return page is not None
 
     def _page(self, key: bytes) -> int:
@@ -157,6 +174,7 @@ class HbmActor:
                     self.arena.free(page, scrub=True)
                     n += 1
             free = self.arena.scrub_free()
+            self._lock.notify_all()
         return {"pages": n, "free_zeroed": free, "staging_zeroed": self.mover.scrub_free()}
 
     def arena_holds(self, needles: list[bytes]) -> list[bool]:
@@ -174,6 +192,7 @@ class HbmActor:
                 self.arena.free(page)
             self._pages.clear()
             self._landing.clear()
+            self._lock.notify_all()
             return n
 
     # -- landing pages (one-hop restores) -----------------------------------------------------
@@ -211,6 +230,7 @@ class HbmActor:
             for page in mine:
                 del self._landing[page]
                 self.arena.free(page)
+            self._lock.notify_all()
             return len(mine)
 
     def read(self, key: bytes) -> bytes:

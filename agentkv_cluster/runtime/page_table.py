@@ -219,9 +219,9 @@ class PageTable:
         return rec is not None and rec.meta.tenant in self.erasing
 
     def settled(self, gids: list[int]) -> bool:
-        """No page of ``gids`` moves out of reach: none is being demoted (but for a gap
-        migration's copy out, whose HBM copy a load may take back), arriving ones aside
-        (``arrived``), or one of them is erased (a wait for them is over)."""
+        """No page of ``gids`` moves out of reach: none has its HBM copy being dropped
+        (``moving_out``; one still copied out is ``leaving``, and a load takes it back),
+        arriving ones aside (``arrived``), or one of them is erased (a wait is over)."""
         return self._any_gone(gids) or not any(self.pages[g].moving_out for g in gids)
 
     def arrived(self, gids: list[int]) -> bool:

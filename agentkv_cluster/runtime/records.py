@@ -152,13 +152,13 @@ class PageRecord:
     stored: dict[Tier, int] = field(default_factory=dict)  # bytes of those copies per tier
     pins: int = 0
     busy: bool = False  # a demote or restore is in flight
-    # a gap migration copies it out and its HBM copy stays until the worker decides
+    # a demotion copies it out and its HBM copy stays until the worker decides
     # (``Controller.keep_if_room``): a load may take it back meanwhile, moving nothing
     leaving: bool = False
     hidden_s: float = 0.0  # restore time already spent in a gap (prefetch)
-    # the pool copy its gap migration made while its HBM copy stayed (``keep_if_room``):
-    # until the page is read again, a pressure demotion drops it, moving no bytes
-    gap_copy: Codec | None = None
+    # the pool copy a demotion made while its HBM copy stayed (``keep_if_room``): until
+    # the page is read again, a pressure demotion drops it, moving no bytes
+    clean_copy: Codec | None = None
     # Features of the page's last reuse prediction (eq. 2), until its outcome is known:
     # read again (``access``) or retired unread; the predictor learns from that pair.
     phi: np.ndarray | None = None
@@ -176,13 +176,14 @@ class PageRecord:
 
     @property
     def moving_out(self) -> bool:
-        """A demotion of it is in flight and its HBM copy is not to be had meanwhile (a
-        gap migration's is: ``leaving``)."""
+        """A demotion of it is in flight and its HBM copy is not to be had meanwhile: the
+        worker decided to drop it (until then the page is ``leaving``, and a load takes it
+        back)."""
         return self.busy and not self.resident and not self.leaving
 
 
 class ActionKind(enum.Enum):
-    DEMOTE = "demote"  # copy to the pool (if no copy in that form yet) and drop HBM
+    DEMOTE = "demote"  # copy to the pool (if no copy in that form yet), then drop HBM
     RESTORE = "restore"  # bring a working copy back into HBM
     DELETE = "delete"  # page retired: drop every copy
 

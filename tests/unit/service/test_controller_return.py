@@ -56,24 +56,24 @@ def test_a_gap_migration_keeps_the_hbm_copy_while_its_room_is_still_free() -> No
     assert not ctl.keep_if_room(g1, 0.6)  # its room went to someone: the copy is dropped
     assert not ctl.table.pages[g1].resident
     assert ctl.keep_if_room(g0, 1.0)  # resident: the copy stays, never dropped under it
-    assert ctl.stats["gap_kept"] == 1
+    assert ctl.stats["kept_in_hbm"] == 1
 
 
-def test_a_kept_page_is_clean_a_pressure_demotion_reuses_its_gap_copy() -> None:
+def test_a_kept_page_is_clean_a_pressure_demotion_reuses_its_clean_copy() -> None:
     ctl, (g0, g1) = _session(capacity=2 * MB)
     migration = _migrating(ctl, g0, 0.5)
     assert ctl.keep_if_room(g0, 0.6)
     ctl.finished(done(migration, copies=((Tier.HOST, Codec.INT4),), tier_bytes=(MB // 4,),
                       pool="p"), 0.7)
     rec = ctl.table.pages[g0]
-    assert rec.resident and not rec.busy and rec.gap_copy is Codec.INT4
+    assert rec.resident and not rec.busy and rec.clean_copy is Codec.INT4
     ctl.access([g1], 0.8)  # pinned: g0 is the one page pressure can take
     demotes = admitted(ctl, "c", range(1), 1.0)  # pressure: session a's page gives way
     assert [(a.gid, a.tier, a.codec, a.reason) for a in demotes] == [
         (g0, Tier.HOST, Codec.INT4, Reason.PRESSURE)]  # the copy it has: nothing to move
-    rec.gap_copy = Codec.INT4
+    rec.clean_copy = Codec.INT4
     ctl.access([g0], 2.0)  # read again (restored): its next demotion is decided afresh
-    assert rec.gap_copy is None
+    assert rec.clean_copy is None
 
 
 def test_a_pressure_victim_of_a_session_in_a_tool_is_prefetched_before_its_return() -> None:
@@ -170,3 +170,42 @@ def test_once_the_worker_decided_to_drop_a_load_waits_then_restores() -> None:
                       pool="p"), 0.7)
     _demotes, restores, _lost, _blocked = ctl.access([g0], 1.0)  # ... and restore it
     assert [(r.gid, r.codec) for r in restores] == [(g0, Codec.INT4)]
+
+
+def test_a_load_takes_back_its_page_while_a_pressure_demotion_copies_it_out() -> None:
+    """Another load's room-making picked a/0 and is copying it out; its HBM copy stays
+    until the worker decides. A load of a/0 now takes it back: it neither waits for the
+    copy nor restores the page, and makes room for it instead."""
+    ctl = Controller(make_strategy("lru"))
+    ctl.add_hbm("h", 2 * MB)
+    finish(ctl, admitted(ctl, "a", range(2), 0.0), 0.0)
+    a0, a1 = ctl.table.resolve("t", "a", [b"a/0", b"a/1"])
+    (pressure,) = admitted(ctl, "b", range(1), 1.0)  # LRU: the oldest page gives way
+    rec = ctl.table.pages[a0]
+    assert (pressure.gid, pressure.reason) == (a0, Reason.PRESSURE)
+    assert rec.leaving and not rec.resident and not rec.moving_out
+    assert ctl.table.settled([a0])  # no wait: its bytes are still in HBM
+    demotes, restores, lost, blocked = ctl.access([a0], 2.0)
+    assert (restores, lost, blocked) == ([], [], [])  # nothing moves in
+    assert [d.gid for d in demotes] == [a1]  # its room comes from another page
+    assert rec.resident and rec.pins == 1 and ctl.stats["taken_back"] == 1
+    assert ctl.table.hbms["h"].used <= 2 * MB
+    assert ctl.keep_if_room(a0, 2.1)  # the worker must not drop the copy under the load
+    ctl.finished(done(pressure, copies=((Tier.HOST, Codec.FULL),), tier_bytes=(MB,),
+                      pool="p"), 2.2)
+    assert rec.resident and not rec.busy and rec.clean_copy is Codec.FULL
+
+
+def test_a_pressure_victim_nobody_took_back_is_dropped_and_restored_when_read() -> None:
+    ctl = Controller(make_strategy("lru"))
+    ctl.add_hbm("h", 2 * MB)
+    finish(ctl, admitted(ctl, "a", range(2), 0.0), 0.0)
+    (a0,) = ctl.table.resolve("t", "a", [b"a/0"])
+    (pressure,) = admitted(ctl, "b", range(1), 1.0)
+    assert not ctl.keep_if_room(a0, 1.1)  # its room went to b/0: the copy is dropped
+    assert not ctl.table.settled([a0])  # a load now waits for the drop ...
+    ctl.finished(done(pressure, copies=((Tier.HOST, Codec.FULL),), tier_bytes=(MB,),
+                      pool="p"), 1.2)
+    _demotes, restores, _lost, _blocked = ctl.access([a0], 2.0)  # ... then restores it
+    assert [r.gid for r in restores] == [a0]
+    assert ctl.table.pages[a0].clean_copy is None

@@ -246,27 +246,34 @@ class Executor:
         """Run foreground work and wait. Each result reaches the manager as soon as its
         transfer ends (a load waiting for one of these pages waits for that move alone,
         not for the whole batch), and all of them before this returns. Each restore starts
-        as soon as the demotions that make its own room are done (not after every victim
-        of the batch): restores pipeline behind the victims' encode-and-seal instead of
-        queueing behind all of them."""
-        first = [a for a in actions if a.kind is not ActionKind.RESTORE]
-        futures = [self._pool.submit(self._reported, [], a) for a in first]
-        by_gid = {a.gid: f for a, f in zip(first, futures)}
+        as soon as the demotions that make its own room have copied their pages out (not
+        after every victim of the batch, nor after the victims' drops, which free arena
+        pages an allocation waits for anyway): restores pipeline behind the victims'
+        encode-and-seal instead of queueing behind all of them."""
+        copied = {a.gid: threading.Event() for a in actions if a.kind is not ActionKind.RESTORE}
+        futures = [self._pool.submit(self._reported, [], a, copied[a.gid])
+                   for a in actions if a.kind is not ActionKind.RESTORE]
         for a in actions:
             if a.kind is ActionKind.RESTORE:
-                deps = [by_gid[g] for g in self.controller.take_victims(a.gid) if g in by_gid]
+                deps = [copied[g] for g in self.controller.take_victims(a.gid) if g in copied]
                 futures.append(self._pool.submit(self._reported, deps, a))
         return [f.result() for f in futures]
 
-    def _reported(self, deps: list[Future], action: Action) -> TransferResult:
-        """``action`` once ``deps`` are done, its result handed to the manager at once."""
-        for f in deps:
-            f.result()
-        result = self._run(action)
+    def _reported(self, deps: list[threading.Event], action: Action,
+                  copied: threading.Event | None = None) -> TransferResult:
+        """``action`` once ``deps`` are set, its result handed to the manager at once;
+        ``copied`` is set when a demotion no longer needs its page's bytes."""
+        for event in deps:
+            event.wait()
+        try:
+            result = self._run(action, copied)
+        finally:
+            if copied is not None:
+                copied.set()
         self.controller.finished(result, time.monotonic())
         return result
 
-    def _run(self, action: Action) -> TransferResult:
+    def _run(self, action: Action, copied: threading.Event | None = None) -> TransferResult:
         t0 = time.monotonic()
         fields: dict[str, Any] = {}
         outcome, error = Outcome.FAILED, ""
@@ -274,7 +281,7 @@ class Executor:
             if action.kind is not ActionKind.DELETE and self.controller.table.doomed(action.gid):
                 raise TenantErased("the page's tenant is being erased")
             if action.kind is ActionKind.DEMOTE:
-                fields = self._demote(action)
+                fields = self._demote(action, copied)
             elif action.kind is ActionKind.RESTORE:
                 fields = self._restore(action)
             else:
@@ -308,7 +315,7 @@ class Executor:
             self._told[(hbm, name)] = handles
         return name
 
-    def _demote(self, a: Action) -> dict[str, Any]:
+    def _demote(self, a: Action, copied: threading.Event | None = None) -> dict[str, Any]:
         try:
             rec = self.controller.table.record(a.gid)
         except KeyError:
@@ -339,6 +346,8 @@ class Executor:
         # The HBM copy is dropped only now: a load that wanted the page while it was moving
         # out took it back (no wait for the copy, no restore of a page that never left).
         if not a.keep and not self.controller.keep_if_room(a.gid, time.monotonic()):
+            if copied is not None:  # a restore waiting for this room goes on meanwhile
+                copied.set()
             hbm.drop(rec.meta.key)
         for (tier, _codec), n in zip(copies, sizes):
             self.traffic.add(rec.meta.tenant, Tier(tier).name.lower(), n)

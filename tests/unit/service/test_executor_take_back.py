@@ -13,7 +13,7 @@ import pytest
 from agentkv_cluster.runtime.controller import Controller
 from agentkv_cluster.runtime.executor import Executor, LinkCredits
 from agentkv_cluster.runtime.guard import Guarded
-from agentkv_cluster.runtime.hbm_actor import DemoteReceipt
+from agentkv_cluster.runtime.hbm_actor import DemoteReceipt, RestoreReceipt
 from agentkv_cluster.runtime.records import ActionKind, Outcome, PageMeta, Reason
 from agentkv_cluster.runtime.strategies import make_strategy
 from store.types import Codec, Tier
@@ -26,6 +26,7 @@ class _Hbm:
     def __init__(self) -> None:
         self.calls: list[tuple[str, object]] = []
         self.during: Callable[[PageMeta], None] = lambda meta: None
+        self.dropping: Callable[[bytes], None] = lambda key: None
 
     def add_pool(self, name: str, pool: object) -> None:
         pass
@@ -38,7 +39,15 @@ class _Hbm:
 
     def drop(self, key: bytes) -> bool:
         self.calls.append(("drop", key))
+        self.dropping(key)
         return True
+
+    def reserve(self, n: int, owner: str) -> list:
+        return []  # no landing pages: restores take the two-hop path
+
+    def restore(self, meta: PageMeta, tier: int, codec: int, pool: str) -> RestoreReceipt:
+        self.calls.append(("restore", meta.key))
+        return RestoreReceipt(tier=tier, codec=codec, link_bytes=MB, exact=True)
 
 
 @pytest.fixture
@@ -104,3 +113,35 @@ def test_each_result_reaches_the_manager_when_its_own_transfer_ends() -> None:
         ex.close()
     assert [r.outcome for r in results] == [Outcome.DONE, Outcome.DONE]
     assert seen == [True]
+
+
+def test_a_restore_does_not_wait_for_its_victims_drop() -> None:
+    """The restore goes on once its victim is copied out and the drop decided: the drop
+    only frees an arena page, which an allocation waits for anyway."""
+    ctl = Guarded(Controller(make_strategy("lru")))
+    ctl.add_hbm("h", 2 * MB)
+    hbm = _Hbm()
+    ex = Executor(ctl, {"h": hbm}, {"p": object()}, {"h": "p"}, LinkCredits(4, 2),
+                  landing_pages=0)
+    finish(ctl.manager, admitted(ctl.manager, "a", range(2), 0.0), 0.0)
+    finish(ctl.manager, admitted(ctl.manager, "c", range(1), 1.0), 1.0)  # a/0 pushed out
+    (a0,) = ctl.table.resolve("t", "a", [b"a/0"])
+    demotes, restores, _lost, _blocked = ctl.access([a0], 2.0)
+    assert [r.gid for r in restores] == [a0] and len(demotes) == 1
+    restored_first: list[bool] = []
+
+    def slow_drop(key: bytes) -> None:
+        deadline = time.monotonic() + 2.0
+        while ("restore", ctl.manager.table.pages[a0].meta.key) not in hbm.calls \
+                and time.monotonic() < deadline:
+            time.sleep(0.005)
+        restored_first.append(time.monotonic() < deadline)
+
+    hbm.dropping = slow_drop
+    try:
+        results = ex.run(demotes + restores)
+    finally:
+        ex.close()
+    assert [r.outcome for r in results] == [Outcome.DONE, Outcome.DONE]
+    assert restored_first == [True]
+    assert [c[0] for c in hbm.calls] == ["demote", "drop", "restore"]  # the drop's start

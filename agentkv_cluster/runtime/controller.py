@@ -343,8 +343,8 @@ class Controller:
     def keep_if_room(self, gid: int, now: float) -> bool:
         """A demotion copied the page out, its HBM copy still in place: keep that copy if
         a load took the page back, or if the room it left is still free (dropping it would
-        only make its return restore it). A kept page is clean (``clean_copy``). True if
-        kept; from here on a load waits for the drop."""
+        only make its return restore it). A kept page is clean (``clean_copy``), and no
+        victim until ``finished``. True if kept; else a load now waits for the drop."""
         table = self.table
         rec = table.pages.get(gid)
         if rec is None:
@@ -352,12 +352,11 @@ class Controller:
         rec.leaving = False  # decided: a load that comes now waits for the drop, then restores
         if rec.resident:  # a load took it back while it moved (``access``)
             return True
-        if rec.hbm not in table.hbms:
-            return False
-        budget = table.hbms[rec.hbm]
-        if budget.used + rec.view.size_bytes > budget.capacity:
+        budget = table.hbms.get(rec.hbm)
+        if budget is None or budget.used + rec.view.size_bytes > budget.capacity:
             return False
         self._insert(rec, now, rec.resident_codec)
+        table.set_busy(rec, True)  # still moving: pinned for victim choice
         self.stats["kept_in_hbm"] += 1
         return True
 

@@ -59,6 +59,23 @@ def test_a_gap_migration_keeps_the_hbm_copy_while_its_room_is_still_free() -> No
     assert ctl.stats["kept_in_hbm"] == 1
 
 
+def test_a_kept_page_is_no_victim_until_its_demotion_has_ended() -> None:
+    """Between ``keep_if_room`` and the demotion's result the page is resident again but
+    still moving: a second demotion then would copy it again, and the first one's result
+    would clear the busy flag an erasure waits on while the second still runs."""
+    ctl, (g0, g1) = _session(capacity=2 * MB)
+    migration = _migrating(ctl, g0, 0.5)
+    ctl.access([g1], 0.55)  # pinned: g0 is the one page pressure could take
+    assert ctl.keep_if_room(g0, 0.6)
+    policy = ctl.table.hbms["h"].policy
+    assert policy.select_victims(MB, 0.65) == []
+    assert admitted(ctl, "c", range(1), 0.7) == []  # no room: g0 is not demoted again
+    assert ctl.table.pages[g0].resident and ctl.stats["demotes"] == 1
+    ctl.finished(done(migration, copies=((Tier.HOST, Codec.INT4),), tier_bytes=(MB // 4,),
+                      pool="p"), 0.8)
+    assert policy.select_victims(MB, 0.9) == [g0]  # ended: a victim like any other
+
+
 def test_a_kept_page_is_clean_a_pressure_demotion_reuses_its_clean_copy() -> None:
     ctl, (g0, g1) = _session(capacity=2 * MB)
     migration = _migrating(ctl, g0, 0.5)

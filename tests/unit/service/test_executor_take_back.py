@@ -50,14 +50,21 @@ class _Hbm:
         return RestoreReceipt(tier=tier, codec=codec, link_bytes=MB, exact=True)
 
 
-@pytest.fixture
-def parts():
+def _worker() -> tuple[Guarded, Executor, _Hbm]:
+    """An LRU manager with a 2-page HBM budget full of session a's two pages, and a worker
+    over the recording HBM actor."""
     ctl = Guarded(Controller(make_strategy("lru")))
     ctl.add_hbm("h", 2 * MB)
     hbm = _Hbm()
     ex = Executor(ctl, {"h": hbm}, {"p": object()}, {"h": "p"}, LinkCredits(4, 2),
                   landing_pages=0)
     finish(ctl.manager, admitted(ctl.manager, "a", range(2), 0.0), 0.0)
+    return ctl, ex, hbm
+
+
+@pytest.fixture
+def parts():
+    ctl, ex, hbm = _worker()
     (pressure,) = admitted(ctl.manager, "b", range(1), 1.0)  # LRU: a/0 gives way
     assert (pressure.kind, pressure.reason) == (ActionKind.DEMOTE, Reason.PRESSURE)
     yield ctl, ex, hbm, pressure
@@ -89,12 +96,7 @@ def test_each_result_reaches_the_manager_when_its_own_transfer_ends() -> None:
     """Two victims of one batch: while the first is still being copied out, the second's
     demotion has already been applied (a load waiting for that page waits for it alone,
     not for the whole batch)."""
-    ctl = Guarded(Controller(make_strategy("lru")))
-    ctl.add_hbm("h", 2 * MB)
-    hbm = _Hbm()
-    ex = Executor(ctl, {"h": hbm}, {"p": object()}, {"h": "p"}, LinkCredits(4, 2),
-                  landing_pages=0)
-    finish(ctl.manager, admitted(ctl.manager, "a", range(2), 0.0), 0.0)
+    ctl, ex, hbm = _worker()
     first, second = admitted(ctl.manager, "b", range(2), 1.0)
     other = ctl.manager.table.pages[second.gid]
     seen: list[bool] = []
@@ -118,12 +120,7 @@ def test_each_result_reaches_the_manager_when_its_own_transfer_ends() -> None:
 def test_a_restore_does_not_wait_for_its_victims_drop() -> None:
     """The restore goes on once its victim is copied out and the drop decided: the drop
     only frees an arena page, which an allocation waits for anyway."""
-    ctl = Guarded(Controller(make_strategy("lru")))
-    ctl.add_hbm("h", 2 * MB)
-    hbm = _Hbm()
-    ex = Executor(ctl, {"h": hbm}, {"p": object()}, {"h": "p"}, LinkCredits(4, 2),
-                  landing_pages=0)
-    finish(ctl.manager, admitted(ctl.manager, "a", range(2), 0.0), 0.0)
+    ctl, ex, hbm = _worker()
     finish(ctl.manager, admitted(ctl.manager, "c", range(1), 1.0), 1.0)  # a/0 pushed out
     (a0,) = ctl.table.resolve("t", "a", [b"a/0"])
     demotes, restores, _lost, _blocked = ctl.access([a0], 2.0)

@@ -27,6 +27,7 @@ from agentkv_cluster.runtime.records import (
     LoadReport,
     Outcome,
     PageMeta,
+    RefusedNotFound,
     RequestRefused,
     TenantErased,
     TransferResult,
@@ -186,7 +187,7 @@ class ControllerActor:
                 admitted, demotes = self.controller.admit(
                     tenant, session, [metas[i] for i in pending], time.monotonic())
             except UnknownSession as exc:
-                raise RequestRefused(str(exc)) from None
+                raise RefusedNotFound(str(exc)) from None
             self._check(self.executor.run(demotes))
             try:
                 hbm = self.controller.table.hbm_of(tenant, session)
@@ -232,7 +233,9 @@ class ControllerActor:
         try:
             event = self.controller.events.translate(tenant, session, data)
             actions = self.controller.apply(event, now)
-        except (EventValidationError, UnknownSession) as exc:
+        except (UnknownSession, UnknownPageKey) as exc:
+            raise RefusedNotFound(f"{type(exc).__name__}: {exc}") from None
+        except EventValidationError as exc:
             raise RequestRefused(f"{type(exc).__name__}: {exc}") from None
         self.executor.submit(actions)
         if isinstance(event, TaskEnd):  # the session's task is over: so are its pins
@@ -251,7 +254,9 @@ class ControllerActor:
                 raise TenantErased("the tenant was erased during this load") from None
             if isinstance(exc, RequestRefused):
                 raise
-            raise RequestRefused(f"{type(exc).__name__}: {exc}") from None
+            known = isinstance(exc, (UnknownSession, UnknownPageKey))
+            raise (RefusedNotFound if known else RequestRefused)(
+                f"{type(exc).__name__}: {exc}") from None
         if self._erased_since(tenant, epoch):
             raise TenantErased("the tenant was erased during this load")
         return reports
@@ -264,7 +269,7 @@ class ControllerActor:
         try:
             gids = self.controller.table.resolve(tenant, session, keys)
         except (UnknownSession, UnknownPageKey) as exc:
-            raise RequestRefused(str(exc)) from None
+            raise RefusedNotFound(str(exc)) from None
         self.controller.table.release_held(tenant, session, gids, time.monotonic())
         return len(gids)
 
@@ -272,7 +277,7 @@ class ControllerActor:
         try:
             return self.controller.table.hbm_of(tenant, session)
         except UnknownSession as exc:
-            raise RequestRefused(str(exc)) from None
+            raise RefusedNotFound(str(exc)) from None
 
     # -- prefix sharing --------------------------------------------------------------------
     def lookup(self, tenant: str, session: str, metas: list[PageMeta], namespaces: list[str]

@@ -26,6 +26,7 @@ from agentkv_cluster.runtime.records import (
     PageRecord,
     Reason,
     SessionState,
+    UnknownPageKey,
 )
 from agentkv_cluster.runtime.schedule import MoveSchedule
 from agentkv_cluster.runtime.strategies import Strategy
@@ -67,7 +68,7 @@ class EventPlanner:
             return pid  # left for event_from_dict to reject with a precise message
         gid = self.table.by_pid.get((owner, session, pid))
         if gid is None:
-            raise ev.UnknownReference(f"page {pid} was not stored in session {session!r}")
+            raise UnknownPageKey(f"page {pid} was not stored in session {session!r}")
         return gid
 
     def apply(self, event: ev.Event, now: float) -> list[Action]:

@@ -30,11 +30,16 @@ from agentkv_cluster.api.errors import (
 from agentkv_cluster.api.metrics import ServiceMetrics
 from agentkv_cluster.lifecycle.identity import IdentityError, PageIdentity
 from agentkv_cluster.lifecycle.types import StateType
-from agentkv_cluster.runtime.controller_actor import RequestRefused
 from agentkv_cluster.runtime.handles import ControllerHandle, HbmHandle
 from agentkv_cluster.runtime.mover import Mover
 from agentkv_cluster.runtime.pool_actor import ensure_tenant
-from agentkv_cluster.runtime.records import KvShape, PageMeta, UnknownPageKey
+from agentkv_cluster.runtime.records import (
+    KvShape,
+    PageMeta,
+    RefusedNotFound,
+    RequestRefused,
+    UnknownPageKey,
+)
 from agentkv_cluster.runtime.records import TenantErased as ErasedInController
 from security.blinding import DirectoryBlinder
 from security.errors import AccessDenied as SecurityDenied
@@ -135,11 +140,10 @@ class ServiceFront:
             return method(*args)
         except ErasedInController as exc:
             raise TenantErased(str(exc)) from None
+        except RefusedNotFound as exc:
+            raise NotFound(str(exc)) from None
         except RequestRefused as exc:
-            text = str(exc)
-            if "not open" in text or "not stored" in text:
-                raise NotFound(text) from None
-            raise InvalidArgument(text) from None
+            raise InvalidArgument(str(exc)) from None
 
     # -- sessions and events -----------------------------------------------------------------
     def open_session(self, principal: Principal, session: str) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from agentkv_cluster.runtime.records import (
     LoadPhases,
     LoadReport,
     Outcome,
+    RefusedNotFound,
     RequestRefused,
     TransferResult,
     UnknownPageKey,
@@ -44,7 +45,7 @@ class EngineLoader:
         try:
             gids = self.controller.table.resolve(tenant, session, keys)
         except (UnknownSession, UnknownPageKey) as exc:
-            raise RequestRefused(str(exc)) from None
+            raise RefusedNotFound(str(exc)) from None
         before = {g: self.controller.table.record(g) for g in gids}
         was_resident = {g: r.resident and not r.busy for g, r in before.items()}
         # Wanted for the whole load: background moves of these pages give way (a queued

@@ -20,6 +20,11 @@ class RequestRefused(RuntimeError_):
     """Bad input from the engine or orchestrator; nothing was changed."""
 
 
+class RefusedNotFound(RequestRefused):
+    """Refused because the session is not open here, or a page is not stored in it (the
+    API's ``not_found``)."""
+
+
 class UnknownSession(RuntimeError_, KeyError):
     pass
 

@@ -56,6 +56,28 @@ def test_a_tenant_that_never_opened_a_session_gets_not_found(service, op) -> Non
         assert "newcomer" not in err.value.message
 
 
+def test_what_is_not_there_is_not_found_and_what_is_malformed_is_bad_args(service) -> None:
+    """The controller's refusals reach the API as their class says (``RefusedNotFound`` or
+    ``RequestRefused``), not by the wording of their messages."""
+    with service.client("acme") as client:
+        s = client.open_session("refusals")
+        (key,) = s.store_pages([kv_page(0, "evidence", identity("acme", "refusals", 0))])
+        cases = [
+            ("not_found", lambda: s.release([key + b"-never-stored"])),
+            ("not_found", lambda: s.prepare_load([key + b"-never-stored"])),
+            ("not_found", lambda: s.event("task_start", event_id=1, task_id="t", version=1,
+                                          ts=1.0, prefix_generation=1, prefix_pages=[7])),
+            ("bad_args", lambda: s.event("model_call", event_id=2, task_id="nope", version=2,
+                                         ts=2.0, call_id="m")),
+        ]
+        for code, call in cases:
+            with pytest.raises(RemoteError) as err:
+                call()
+            assert err.value.code == code, err.value
+        s.event("task_start", event_id=3, task_id="t", version=3, ts=3.0, prefix_generation=1,
+                prefix_pages=[0])  # nothing was changed by the refusals
+
+
 def test_an_event_nested_a_thousand_deep_is_bad_args(service) -> None:
     deep: object = 1
     for _ in range(1000):

@@ -19,8 +19,8 @@ import uuid
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from agentkv_cluster.policy.credits import (
     BucketSpec,
@@ -275,18 +275,18 @@ class Executor:
 
     def _run(self, action: Action, copied: threading.Event | None = None) -> TransferResult:
         t0 = time.monotonic()
-        fields: dict[str, Any] = {}
         outcome, error = Outcome.FAILED, ""
         try:
             if action.kind is not ActionKind.DELETE and self.controller.table.doomed(action.gid):
                 raise TenantErased("the page's tenant is being erased")
             if action.kind is ActionKind.DEMOTE:
-                fields = self._demote(action, copied)
+                done = self._demote(action, copied)
             elif action.kind is ActionKind.RESTORE:
-                fields = self._restore(action)
+                done = self._restore(action)
             else:
                 self._delete(action)
-            outcome = Outcome.DONE
+                done = TransferResult(action=action, outcome=Outcome.DONE)
+            return replace(done, elapsed_s=time.monotonic() - t0)
         except Abandoned as exc:  # not an error: the foreground path takes over
             outcome, error = Outcome.ABANDONED, f"Abandoned: {exc}"
         except TenantErased as exc:  # not an error: the erasure cancels the move
@@ -297,7 +297,7 @@ class Executor:
                 outcome = Outcome.ACTOR_GONE
             self.errors.append(f"{action.kind.value} {action.reason.value}: {error[:300]}")
         return TransferResult(action=action, outcome=outcome, error=error,
-                              elapsed_s=time.monotonic() - t0, **fields)
+                              elapsed_s=time.monotonic() - t0)
 
     def _moot(self, gid: int) -> bool:
         """A background move gives way: its page is wanted now, or its tenant erased."""
@@ -315,11 +315,11 @@ class Executor:
             self._told[(hbm, name)] = handles
         return name
 
-    def _demote(self, a: Action, copied: threading.Event | None = None) -> dict[str, Any]:
+    def _demote(self, a: Action, copied: threading.Event | None = None) -> TransferResult:
         try:
             rec = self.controller.table.record(a.gid)
-        except KeyError:
-            return {}  # retired while queued: nothing to keep
+        except KeyError:  # retired while queued: nothing to keep
+            return TransferResult(action=a, outcome=Outcome.DONE)
         targets = []
         # Pages are immutable: a pool copy at least as precise as the one asked for (or as
         # the working copy, when that was restored lossy) already holds all it could.
@@ -351,10 +351,10 @@ class Executor:
             hbm.drop(rec.meta.key)
         for (tier, _codec), n in zip(copies, sizes):
             self.traffic.add(rec.meta.tenant, Tier(tier).name.lower(), n)
-        return {"copies": tuple((Tier(t), Codec(c)) for t, c in copies),
-                "tier_bytes": tuple(sizes), "pool": name}
+        return TransferResult(action=a, outcome=Outcome.DONE, pool=name, tier_bytes=tuple(sizes),
+                              copies=tuple((Tier(t), Codec(c)) for t, c in copies))
 
-    def _restore(self, a: Action) -> dict[str, Any]:
+    def _restore(self, a: Action) -> TransferResult:
         rec = self.controller.table.record(a.gid)
         name = self._pool_for(rec.pool, a.hbm)
         link = Link(name, a.hbm)
@@ -379,7 +379,7 @@ class Executor:
         source = Tier(receipt.tier).name.lower()
         if self.hbm_pool.get(a.hbm) != name:
             source = "remote"
-        return {"source": source, "exact": receipt.exact}
+        return TransferResult(action=a, outcome=Outcome.DONE, source=source, exact=receipt.exact)
 
     def _delete(self, a: Action) -> None:
         """A retired page: drop its HBM copy; its pool copies too unless another HBM shares it."""

@@ -29,13 +29,11 @@ _MAGIC = float(1 << 23)
 def _scale_up(sc: torch.Tensor) -> torch.Tensor:
     """The fp16 scale nearest above ``sc`` (fp32): rounded down, the group's top values
     would be clipped, by up to half an fp16 step of the scale times ``levels`` (in the
-    subnormal range, several quantization steps). Plain arithmetic, so any device."""
+    subnormal range, several quantization steps). For positive fp16, the next value up
+    is the next integer of its bit pattern, subnormal or not."""
     s16 = sc.to(_META_DTYPE)
-    s = s16.float()
-    # one fp16 step up: 2**-24 for subnormals; for a normal s, s * 2**-10 lies between one
-    # step and two, and the sum rounds to the next step (two at most)
-    up = (s + torch.clamp(s * 2.0**-10, min=2.0**-24)).to(_META_DTYPE)
-    return torch.where(s < sc, up, s16)
+    s16.view(torch.int16).add_(s16.float() < sc)
+    return s16
 
 
 def quantize(

@@ -102,7 +102,7 @@ def test_int8_error_is_within_half_a_step_at_any_scale(scale):
     """The fp16 scale had a floor at fp16's smallest normal (2**-14), so every group that
     spans less than 255 * 2**-14 = 0.016 lost levels. INT8 error was then 2.3 % at a span
     of 0.005, against 0.5 %. Nor may rounding a scale to fp16 clip a group's top value.
-    Bound: half a step (the scale rounded up by at most two fp16 steps), plus the fp16
+    Bound: half a step (the scale is rounded up by at most one fp16 step), plus the fp16
     rounding of the group's minimum."""
     k, v = _kv(torch.float32)
     k, v = k * scale, v * scale

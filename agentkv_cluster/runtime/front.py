@@ -286,34 +286,54 @@ class ServiceFront:
 
     def _serve(self, principal: Principal, session: str, hbm: HbmHandle, keys: list[bytes],
                reports: list[Any]) -> list[dict[str, Any]]:
-        """Each page's bytes. A lossy working copy is verified against its FULL reference
-        (fetched from the pool instead of the lossy bytes): that fetch is the verification
-        work of the policy that chose the lossy form, and is reported per page
-        (``verify_ms``, ``verify_bytes``) and in the restore metrics; a lossy page with no
-        reference is served as it is (``exact`` false: the engine verifies at checkpoints
-        or recomputes)."""
-        out = []
-        for key, report in zip(keys, reports):
-            slot = self.mover.take_slot()
-            verify_s, verify_bytes = 0.0, 0
-            try:
-                span = self.mover.slot_span(slot, report.nbytes)
-                exact = report.exact
-                if not exact:
-                    t0 = time.monotonic()
-                    exact = self._call(self.controller.serve_exact, principal.tenant, session,
-                                       key, span)
-                    verify_s = time.monotonic() - t0
-                    verify_bytes = report.nbytes if exact else 0
-                    self.metrics.verify(principal.tenant, exact, verify_s)
-                if not exact or report.exact:
-                    hbm.serve(key, span)
-                data = self.mover.slot_view(slot, report.nbytes).tobytes()
-            finally:
-                self.mover.give_slot(slot)
-            out.append({"key": key, "data": data, "exact": exact,
-                        "verify_ms": verify_s * 1e3, "verify_bytes": verify_bytes})
+        """Each page's bytes, ``STAGE_PAGES`` at a time (``_serve_chunk``)."""
+        out: list[dict[str, Any]] = []
+        for i in range(0, len(keys), STAGE_PAGES):
+            out += self._serve_chunk(principal, session, hbm, keys[i:i + STAGE_PAGES],
+                                     reports[i:i + STAGE_PAGES])
         return out
+
+    def _serve_chunk(self, principal: Principal, session: str, hbm: HbmHandle,
+                     keys: list[bytes], reports: list[Any]) -> list[dict[str, Any]]:
+        """A lossy working copy is verified against its FULL reference (fetched from the
+        pool instead of the lossy bytes): that fetch is the verification work of the
+        policy that chose the lossy form, and is reported per page (``verify_ms``,
+        ``verify_bytes``) and in the restore metrics; a lossy page with no reference is
+        served as it is (``exact`` false: the engine verifies at checkpoints or
+        recomputes). Every other page comes from HBM in one call, its pushes in flight
+        together: the load's pins are held until the engine releases them, so a slow
+        ``complete_load`` keeps other loads waiting for room."""
+        with self._slots:  # all at once under a lock: no hold-and-wait
+            slots = [self.mover.take_slot(timeout_s=60.0) for _ in keys]
+        try:
+            spans = [self.mover.slot_span(s, r.nbytes) for s, r in zip(slots, reports)]
+            exact = [bool(r.exact) for r in reports]
+            verify = [(0.0, 0)] * len(keys)
+            whole = [i for i, r in enumerate(reports) if r.exact]
+            served = hbm.start_serve([keys[i] for i in whole], [spans[i] for i in whole]) \
+                if whole else None
+            try:
+                for i, report in enumerate(reports):
+                    if report.exact:
+                        continue
+                    t0 = time.monotonic()
+                    exact[i] = self._call(self.controller.serve_exact, principal.tenant,
+                                          session, keys[i], spans[i])
+                    verify[i] = (time.monotonic() - t0, report.nbytes if exact[i] else 0)
+                    self.metrics.verify(principal.tenant, exact[i], verify[i][0])
+            finally:
+                if served is not None:  # its pushes land in our slots: wait before reuse
+                    served()
+            unverified = [i for i, r in enumerate(reports) if not r.exact and not exact[i]]
+            if unverified:
+                hbm.serve([keys[i] for i in unverified], [spans[i] for i in unverified])
+            return [{"key": key, "data": self.mover.slot_view(slot, r.nbytes).tobytes(),
+                     "exact": ok, "verify_ms": v_s * 1e3, "verify_bytes": v_bytes}
+                    for key, slot, r, ok, (v_s, v_bytes)
+                    in zip(keys, slots, reports, exact, verify)]
+        finally:
+            for slot in slots:
+                self.mover.give_slot(slot)
 
     def release(self, principal: Principal, session: str, keys: list[bytes]) -> dict[str, Any]:
         return {"released": self._call(self.controller.release, principal.tenant, session,

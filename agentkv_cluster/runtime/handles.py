@@ -208,8 +208,12 @@ class HbmHandle(ActorHandle):
     def span(self, key: bytes) -> RemoteSpan:
         return self._call("span", key)
 
-    def serve(self, key: bytes, dst: RemoteSpan) -> int:
-        return self._call("serve", key, dst)
+    def serve(self, keys: list[bytes], dsts: list[RemoteSpan]) -> int:
+        return self._call("serve", keys, dsts)
+
+    def start_serve(self, keys: list[bytes], dsts: list[RemoteSpan]) -> Callable[[], int]:
+        """``serve`` sent now; the returned function waits for it (or raises what it raised)."""
+        return self._start("serve", keys, dsts)
 
     def drop(self, key: bytes) -> bool:
         return self._call("drop", key)

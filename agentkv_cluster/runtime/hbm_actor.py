@@ -148,10 +148,21 @@ class HbmActor:
         page = self._page(key)
         return self._span(page, self.arena.length(page) or self.spec.page_bytes)
 
-    def serve(self, key: bytes, dst: RemoteSpan) -> int:
-        """Push a resident page into a peer's span (a load back to the engine front)."""
-        page = self._page(key)
-        return self.mover.push(self._whole, self.arena.page_offset(page), dst)
+    def serve(self, keys: list[bytes], dsts: list[RemoteSpan]) -> int:
+        """Push resident pages into a peer's spans (a load back to the engine front), all
+        in flight at once; returns the bytes moved. Raises ``UnknownPageKey`` (nothing
+        pushed) if a page is not resident."""
+        if len(keys) != len(dsts):
+            raise ValueError(f"{len(keys)} keys for {len(dsts)} spans")
+        offsets = [self.arena.page_offset(self._page(key)) for key in keys]
+        jobs: list[int] = []
+        try:
+            for offset, dst in zip(offsets, dsts):
+                jobs.append(self.mover.push_async(self._whole, offset, dst))
+        except BaseException:
+            self.mover.drain(jobs)  # the peer reuses its spans once we answer
+            raise
+        return self.mover.wait_all(jobs)
 
     def drop(self, key: bytes) -> bool:
         with self._lock:

@@ -159,14 +159,19 @@ class Mover:
             return self._submit(TransferOp.WRITE, local, local_offset, span)
 
     def wait_all(self, job_ids: list[int]) -> int:
-        moved = 0
+        """Wait for every job; raises ``MoveError`` for the first that failed, once all
+        ended (none still writes into a buffer its caller frees on the error)."""
+        moved, failed = 0, ""
         with self._xfer:
             for job_id in job_ids:
                 result = self.transport.wait(job_id, timeout_s=60.0)
-                if result.status is not TransferStatus.DONE:
-                    raise MoveError(f"WRITE failed: {result.error}")
-                moved += result.nbytes
+                if result.status is TransferStatus.DONE:
+                    moved += result.nbytes
+                elif not failed:
+                    failed = result.error or result.status.name
         self.bytes_moved += moved
+        if failed:
+            raise MoveError(f"WRITE failed: {failed}")
         return moved
 
     def drain(self, job_ids: list[int]) -> None:

@@ -17,7 +17,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from agentkv_cluster.api.errors import (
@@ -35,6 +35,7 @@ from agentkv_cluster.runtime.mover import Mover
 from agentkv_cluster.runtime.pool_actor import ensure_tenant
 from agentkv_cluster.runtime.records import (
     KvShape,
+    LoadReport,
     PageMeta,
     RefusedNotFound,
     RequestRefused,
@@ -53,6 +54,17 @@ T = TypeVar("T")
 STAGE_PAGES = 4  # pages staged in shared memory per controller call
 ERASED_RECHECK_S = 1.0  # how stale a tenant's erasure mark may be when a token is checked
 MAX_EVENT_DEPTH = 32  # nesting of maps and lists inside one event
+
+
+@dataclass(frozen=True)
+class PreparedLoad:
+    """A ``prepare_load`` whose pages are pinned in ``hbm`` until ``complete_load``."""
+
+    tenant: str
+    session: str
+    hbm: str
+    keys: list[bytes]
+    reports: list[LoadReport]
 
 
 class ServiceFront:
@@ -76,7 +88,7 @@ class ServiceFront:
         # Slots are taken per chunk, all at once under a lock: no hold-and-wait.
         self.mover = Mover(f"front-{id(self):x}", page_bytes, 8 * STAGE_PAGES)
         self._slots = threading.Lock()
-        self._loads: dict[int, tuple[str, str, list[bytes], list[Any]]] = {}
+        self._loads: dict[int, PreparedLoad] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._erased: dict[str, tuple[float | None, float]] = {}  # tenant -> (at, checked)
@@ -113,7 +125,7 @@ class ServiceFront:
         self.blinder.forget(tenant)
         self.grants.forget()  # its grant to publish went with the erasure
         with self._lock:
-            doomed = [i for i, entry in self._loads.items() if entry[0] == tenant]
+            doomed = [i for i, load in self._loads.items() if load.tenant == tenant]
             for load_id in doomed:
                 del self._loads[load_id]
         self.forget_erasure(tenant)
@@ -257,6 +269,9 @@ class ServiceFront:
         return {"length": n, "keys": [m.key for m in metas[:n]], "refused": refused}
 
     def prepare_load(self, principal: Principal, session: str, keys: list[bytes]) -> dict[str, Any]:
+        # Asked before the load pins its pages, not at ``complete_load``: the pins hold
+        # other loads off until the engine releases them, so no call waits in between.
+        hbm = self._call(self.controller.hbm_of, principal.tenant, session)
         reports = self._call(self.controller.load, principal.tenant, session, keys)
         for r in reports:
             self.metrics.restore(principal.tenant, r.source, r.delay_s, r.hidden_s)
@@ -264,7 +279,7 @@ class ServiceFront:
                 self.metrics.transfer(principal.tenant, "hbm", r.nbytes)
         with self._lock:
             load_id = next(self._ids)
-            self._loads[load_id] = (principal.tenant, session, keys, reports)
+            self._loads[load_id] = PreparedLoad(principal.tenant, session, hbm, keys, reports)
         return {"load_id": load_id, "pages": [
             {"key": r.key, "source": r.source, "delay_ms": r.delay_s * 1e3,
              "hidden_ms": r.hidden_s * 1e3, "exact": r.exact, "codec": r.codec.name}
@@ -272,20 +287,19 @@ class ServiceFront:
 
     def complete_load(self, principal: Principal, session: str, load_id: int) -> dict[str, Any]:
         with self._lock:
-            entry = self._loads.get(load_id)
-            if entry is None or entry[:2] != (principal.tenant, session):
+            load = self._loads.get(load_id)
+            if load is None or (load.tenant, load.session) != (principal.tenant, session):
                 raise NotFound("unknown load id")
             del self._loads[load_id]
-        _, _, keys, reports = entry
-        hbm = self.hbms[self._call(self.controller.hbm_of, principal.tenant, session)]
         try:
-            return {"pages": self._serve(principal, session, hbm, keys, reports)}
+            return {"pages": self._serve(principal, session, self.hbms[load.hbm], load.keys,
+                                         load.reports)}
         except UnknownPageKey:
             raise NotFound("a page of this load left HBM (its pin was released, timed out "
                            "or revoked for another tenant): prepare the load again") from None
 
     def _serve(self, principal: Principal, session: str, hbm: HbmHandle, keys: list[bytes],
-               reports: list[Any]) -> list[dict[str, Any]]:
+               reports: list[LoadReport]) -> list[dict[str, Any]]:
         """Each page's bytes, ``STAGE_PAGES`` at a time (``_serve_chunk``)."""
         out: list[dict[str, Any]] = []
         for i in range(0, len(keys), STAGE_PAGES):
@@ -294,7 +308,7 @@ class ServiceFront:
         return out
 
     def _serve_chunk(self, principal: Principal, session: str, hbm: HbmHandle,
-                     keys: list[bytes], reports: list[Any]) -> list[dict[str, Any]]:
+                     keys: list[bytes], reports: list[LoadReport]) -> list[dict[str, Any]]:
         """A lossy working copy is verified against its FULL reference (fetched from the
         pool instead of the lossy bytes): that fetch is the verification work of the
         policy that chose the lossy form, and is reported per page (``verify_ms``,

@@ -23,7 +23,8 @@ from agentkv_cluster.runtime.wiring import PoolShell
 
 PAIRS = [(PoolHandle, PoolShell), (HbmHandle, HbmActor), (ControllerHandle, ControllerActor),
          (DirectoryHandle, DirectoryShell)]
-STARTED = {"start_land": "land"}  # handle methods that send an actor method and return a waiter
+# handle methods that send an actor method and return a waiter
+STARTED = {"start_land": "land", "start_serve": "serve"}
 
 
 def _public(cls: type, stop: type = object) -> dict[str, object]:

@@ -6,16 +6,12 @@ loads waiting for room (seen next to a CPU hog: its median time halved when batc
 from __future__ import annotations
 
 import math
-import shutil
-import tempfile
-from pathlib import Path
 
 import pytest
 
-from agentkv_cluster.config import load_config
 from agentkv_cluster.runtime.front import STAGE_PAGES
-from agentkv_cluster.runtime.service import Service
 from tests.integration.runtime.test_cluster import identity, kv_page
+from tests.support.local_service import local_service
 
 pytestmark = pytest.mark.integration
 
@@ -24,16 +20,9 @@ PAGE = 1 << 17  # kv_page's geometry: 2 layers, 2 heads, 128 tokens, 64 dims, fp
 
 @pytest.fixture(scope="module")
 def service():
-    workdir = Path(tempfile.mkdtemp(prefix="agentkv-complete-"))
-    cfg = load_config(env={}, overrides={
-        "api": {"port": 0},
-        "hbm": {"page_bytes": PAGE, "num_pages": 16},
-        "pool": {"pool_bytes": 32 * PAGE, "slot_bytes": PAGE, "nvme_dir": str(workdir / "nv")},
-    })
-    svc = Service(cfg, workdir=workdir).start(local=True)
-    yield svc
-    svc.stop()
-    shutil.rmtree(workdir, ignore_errors=True)
+    with local_service("agentkv-complete-", page_bytes=PAGE, hbm_pages=16,
+                       pool_bytes=32 * PAGE) as svc:
+        yield svc
 
 
 def _count_serves(service, monkeypatch) -> list[int]:

@@ -4,34 +4,23 @@ record every cross-tenant denial leaves (the service's own audit log, verified).
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
-from pathlib import Path
 
 import pytest
 
 from agentkv_cluster.api.protocol import RemoteError
-from agentkv_cluster.config import load_config
-from agentkv_cluster.runtime.service import Service
 from security.audit import verify_log
 from security.signing import load_verifier
 from tests.integration.runtime.test_cluster import identity, kv_page
+from tests.support.local_service import local_service
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def service():
-    workdir = Path(tempfile.mkdtemp(prefix="agentkv-front-"))
-    cfg = load_config(env={}, overrides={
-        "api": {"port": 0},
-        "hbm": {"page_bytes": 1 << 17, "num_pages": 8},
-        "pool": {"pool_bytes": 4 << 20, "slot_bytes": 1 << 17, "nvme_dir": str(workdir / "nv")},
-    })
-    svc = Service(cfg, workdir=workdir).start(local=True)
-    yield svc
-    svc.stop()
-    shutil.rmtree(workdir, ignore_errors=True)
+    with local_service("agentkv-front-", page_bytes=1 << 17, hbm_pages=8,
+                       pool_bytes=4 << 20) as svc:
+        yield svc
 
 
 def test_lookup_on_a_session_never_opened_is_not_found(service) -> None:

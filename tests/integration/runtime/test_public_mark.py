@@ -7,22 +7,19 @@ with its reason, and the log verifies."""
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
 from agentkv_cluster.api.protocol import RemoteError
 from agentkv_cluster.cli import main
-from agentkv_cluster.config import load_config
 from agentkv_cluster.runtime.service import Service
 from security.audit import verify_log
 from security.keyring import PUBLIC_NAMESPACE
 from security.principals import NO_GRANT, NO_PUBLIC_READ, NO_PUBLISH_ROLE
 from security.signing import load_verifier
 from tests.integration.runtime.test_cluster import identity, kv_page
+from tests.support.local_service import local_service
 
 pytestmark = pytest.mark.integration
 
@@ -32,16 +29,9 @@ PUBLISHER = ("tenant", "admin", "publish")
 
 @pytest.fixture(scope="module")
 def service():
-    workdir = Path(tempfile.mkdtemp(prefix="agentkv-public-"))
-    cfg = load_config(env={}, overrides={
-        "api": {"port": 0},
-        "hbm": {"page_bytes": PAGE, "num_pages": 16},
-        "pool": {"pool_bytes": 8 * PAGE, "slot_bytes": PAGE, "nvme_dir": str(workdir / "nv")},
-    })
-    svc = Service(cfg, workdir=workdir).start(local=True)
-    yield svc
-    svc.stop()
-    shutil.rmtree(workdir, ignore_errors=True)
+    with local_service("agentkv-public-", page_bytes=PAGE, hbm_pages=16,
+                       pool_bytes=8 * PAGE) as svc:
+        yield svc
 
 
 def _cli(service: Service, *args: str) -> int:

@@ -16,7 +16,8 @@ import hashlib
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -58,11 +59,11 @@ MAX_EVENT_DEPTH = 32  # nesting of maps and lists inside one event
 
 @dataclass(frozen=True)
 class PreparedLoad:
-    """A ``prepare_load`` whose pages are pinned in ``hbm`` until ``complete_load``."""
+    """A ``prepare_load`` whose pages stay pinned (each in its report's ``hbm``) until the
+    engine releases them."""
 
     tenant: str
     session: str
-    hbm: str
     keys: list[bytes]
     reports: list[LoadReport]
 
@@ -237,14 +238,21 @@ class ServiceFront:
 
     def _store_chunk(self, principal: Principal, session: str, metas: list[PageMeta],
                      datas: list[bytes]) -> None:
-        with self._slots:
-            slots = [self.mover.take_slot(timeout_s=60.0) for _ in metas]
-        try:
+        with self._staged(len(metas)) as slots:
             spans = []
             for slot, data in zip(slots, datas):
                 self.mover.slot_view(slot, len(data))[:] = memoryview(data)
                 spans.append(self.mover.slot_span(slot, len(data)))
             self._call(self.controller.store, principal.tenant, session, metas, spans)
+
+    @contextmanager
+    def _staged(self, n: int) -> Iterator[list[int]]:
+        """``n`` staging slots, taken all at once under a lock (no hold-and-wait between
+        chunks), given back on exit."""
+        with self._slots:
+            slots = [self.mover.take_slot(timeout_s=60.0) for _ in range(n)]
+        try:
+            yield slots
         finally:
             for slot in slots:
                 self.mover.give_slot(slot)
@@ -269,9 +277,6 @@ class ServiceFront:
         return {"length": n, "keys": [m.key for m in metas[:n]], "refused": refused}
 
     def prepare_load(self, principal: Principal, session: str, keys: list[bytes]) -> dict[str, Any]:
-        # Asked before the load pins its pages, not at ``complete_load``: the pins hold
-        # other loads off until the engine releases them, so no call waits in between.
-        hbm = self._call(self.controller.hbm_of, principal.tenant, session)
         reports = self._call(self.controller.load, principal.tenant, session, keys)
         for r in reports:
             self.metrics.restore(principal.tenant, r.source, r.delay_s, r.hidden_s)
@@ -279,7 +284,7 @@ class ServiceFront:
                 self.metrics.transfer(principal.tenant, "hbm", r.nbytes)
         with self._lock:
             load_id = next(self._ids)
-            self._loads[load_id] = PreparedLoad(principal.tenant, session, hbm, keys, reports)
+            self._loads[load_id] = PreparedLoad(principal.tenant, session, keys, reports)
         return {"load_id": load_id, "pages": [
             {"key": r.key, "source": r.source, "delay_ms": r.delay_s * 1e3,
              "hidden_ms": r.hidden_s * 1e3, "exact": r.exact, "codec": r.codec.name}
@@ -292,23 +297,22 @@ class ServiceFront:
                 raise NotFound("unknown load id")
             del self._loads[load_id]
         try:
-            return {"pages": self._serve(principal, session, self.hbms[load.hbm], load.keys,
-                                         load.reports)}
+            return {"pages": self._serve(principal, session, load.keys, load.reports)}
         except UnknownPageKey:
             raise NotFound("a page of this load left HBM (its pin was released, timed out "
                            "or revoked for another tenant): prepare the load again") from None
 
-    def _serve(self, principal: Principal, session: str, hbm: HbmHandle, keys: list[bytes],
+    def _serve(self, principal: Principal, session: str, keys: list[bytes],
                reports: list[LoadReport]) -> list[dict[str, Any]]:
         """Each page's bytes, ``STAGE_PAGES`` at a time (``_serve_chunk``)."""
         out: list[dict[str, Any]] = []
         for i in range(0, len(keys), STAGE_PAGES):
-            out += self._serve_chunk(principal, session, hbm, keys[i:i + STAGE_PAGES],
+            out += self._serve_chunk(principal, session, keys[i:i + STAGE_PAGES],
                                      reports[i:i + STAGE_PAGES])
         return out
 
-    def _serve_chunk(self, principal: Principal, session: str, hbm: HbmHandle,
-                     keys: list[bytes], reports: list[LoadReport]) -> list[dict[str, Any]]:
+    def _serve_chunk(self, principal: Principal, session: str, keys: list[bytes],
+                     reports: list[LoadReport]) -> list[dict[str, Any]]:
         """A lossy working copy is verified against its FULL reference (fetched from the
         pool instead of the lossy bytes): that fetch is the verification work of the
         policy that chose the lossy form, and is reported per page (``verify_ms``,
@@ -317,9 +321,8 @@ class ServiceFront:
         recomputes). Every other page comes from HBM in one call, its pushes in flight
         together: the load's pins are held until the engine releases them, so a slow
         ``complete_load`` keeps other loads waiting for room."""
-        with self._slots:  # all at once under a lock: no hold-and-wait
-            slots = [self.mover.take_slot(timeout_s=60.0) for _ in keys]
-        try:
+        with self._staged(len(keys)) as slots:
+            hbm = self.hbms[reports[0].hbm]  # a session's pages are pinned in its HBM actor
             spans = [self.mover.slot_span(s, r.nbytes) for s, r in zip(slots, reports)]
             exact = [bool(r.exact) for r in reports]
             verify = [(0.0, 0)] * len(keys)
@@ -345,9 +348,6 @@ class ServiceFront:
                      "exact": ok, "verify_ms": v_s * 1e3, "verify_bytes": v_bytes}
                     for key, slot, r, ok, (v_s, v_bytes)
                     in zip(keys, slots, reports, exact, verify)]
-        finally:
-            for slot in slots:
-                self.mover.give_slot(slot)
 
     def release(self, principal: Principal, session: str, keys: list[bytes]) -> dict[str, Any]:
         return {"released": self._call(self.controller.release, principal.tenant, session,

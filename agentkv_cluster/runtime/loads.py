@@ -146,4 +146,4 @@ class EngineLoader:
             hidden, rec.hidden_s = max(0.0, rec.hidden_s - delay), 0.0
         return LoadReport(key=rec.meta.key, source=source, delay_s=delay, hidden_s=hidden,
                           exact=rec.resident_codec is Codec.FULL, codec=rec.resident_codec,
-                          nbytes=rec.meta.length)
+                          nbytes=rec.meta.length, hbm=rec.hbm)

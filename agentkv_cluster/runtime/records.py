@@ -313,3 +313,4 @@ class LoadReport:
     exact: bool
     codec: Codec
     nbytes: int
+    hbm: str  # the HBM actor the page is pinned in (``complete_load`` reads it there)

@@ -67,6 +67,7 @@ def run(seeds: list[int], sessions: int, turns: int, budget: float) -> dict:
     rows: dict[int, dict[str, dict]] = {}
     delays: dict[str, list[float]] = {p: [] for p in POLICIES}  # every access of every seed
     loads: dict[str, list] = {p: [] for p in POLICIES}  # every load's LoadPhases
+    gave_room = dict.fromkeys(POLICIES, 0)  # prefetches that gave way to a blocked load
     try:
         service.start()
         _warm_up(service, specs[seeds[0]])
@@ -81,6 +82,7 @@ def run(seeds: list[int], sessions: int, turns: int, budget: float) -> dict:
                 stats = service.stats()
                 rows[seed][policy] = summarize(res, stats["traffic"], sessions)
                 loads[policy] += stats["load_phases"]
+                gave_room[policy] += stats["prefetches_gave_room"]
                 delays[policy] += [a.delay_ms for a in res.accesses]
             a, b = rows[seed]["agentkv"], rows[seed]["lru"]
             print(f"seed {seed:3d}: P95 AgentKV {a['p95_ms']:7.1f} ms vs LRU {b['p95_ms']:7.1f}"
@@ -94,6 +96,8 @@ def run(seeds: list[int], sessions: int, turns: int, budget: float) -> dict:
               for p, d in delays.items()}
     return {"seeds": {s: {p: {k: r[p][k] for k in KEYS} for p in r} for s, r in rows.items()},
             "pooled": pooled, "slowest_loads": {p: slowest(ls) for p, ls in loads.items()},
+            "blocked_loads": {p: sum(x.blocked_s > 0 for x in ls) for p, ls in loads.items()},
+            "prefetches_gave_room": gave_room,
             "config": {"sessions": sessions, "turns": turns, "budget": budget,
                        "hbm_capacity_bytes": capacity}}
 
@@ -178,6 +182,10 @@ def main() -> int:
                   f"{row['total_ms']:.0f} ms = settle {row['settle_ms']:.0f} + blocked "
                   f"{row['blocked_ms']:.0f} + transfer {row['transfer_ms']:.0f} + arrival "
                   f"{row['arrival_ms']:.0f} ms (the rest: resolving, reporting)")
+    print("loads blocked for room: " + ", ".join(
+        f"{p} {n}" for p, n in payload["blocked_loads"].items()) + "; prefetches that gave "
+        "their room to one: " + ", ".join(
+        f"{p} {n}" for p, n in payload["prefetches_gave_room"].items()))
     if args.json:
         args.json.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
     if args.png:

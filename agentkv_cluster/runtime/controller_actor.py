@@ -15,9 +15,10 @@ from typing import Any
 from agentkv_cluster.lifecycle.events import EventValidationError, TaskEnd
 from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.runtime.controller import Controller, HbmFull
-from agentkv_cluster.runtime.executor import Executor, LinkCredits
+from agentkv_cluster.runtime.executor import Executor
 from agentkv_cluster.runtime.guard import Guarded
 from agentkv_cluster.runtime.handles import ActorGone, HbmHandle, PoolHandle
+from agentkv_cluster.runtime.link_credits import LinkCredits
 from agentkv_cluster.runtime.loads import EngineLoader
 from agentkv_cluster.runtime.mover import RemoteSpan
 from agentkv_cluster.runtime.records import (
@@ -387,6 +388,7 @@ class ControllerActor:
                                   in dict(self.executor.credits.max_in_flight).items()},
                 "credit_waits": _wait_labels(self.executor.credits.waits[-10000:]),
                 "load_phases": list(self.loader.phases),
+                "prefetches_gave_room": self.executor.gave_room,
                 "errors": list(self.executor.errors)}
 
 

@@ -1,14 +1,12 @@
 """Carries the controller's actions out on the actors, under link credits.
 
-Restores take one credit of their link (pool -> HBM actor) from a ``CreditManager``
-(the pure policy object, count-based here: one credit = one transfer in flight),
-so a restore storm waits in the delay queue, served round-robin over sessions.
-
-Two credit classes share each link: foreground (an engine waits: on-demand restores)
-and background (gap migrations, prefetches). Background work is admitted only while no
-foreground transfer waits on the link, and a background move whose page an engine now
-waits for leaves the background queue at once: a prefetch is promoted to foreground, a
-gap migration is abandoned (the page stays in HBM).
+The transfer worker: foreground work (an engine waits) on its own threads, background
+work (gap migrations, prefetches, refills, deletions) on others, each transfer under a
+credit of its link (``link_credits.py``) and landing through reserved arena pages
+(``landing.py``). A background move gives way to the foreground: one whose page an engine
+now waits for leaves the background queue at once (a prefetch is promoted to foreground,
+a gap migration is abandoned and the page stays in HBM), and a prefetch that holds HBM
+room but has no credit yet gives that room back to a load blocked for room there.
 """
 
 from __future__ import annotations
@@ -17,23 +15,16 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from agentkv_cluster.policy.credits import (
-    BucketSpec,
-    CreditConfig,
-    CreditGrant,
-    CreditManager,
-    CreditOutcome,
-    CreditRequest,
-    Resource,
-)
 from agentkv_cluster.runtime.guard import Guarded
 from agentkv_cluster.runtime.handles import ActorGone
 from agentkv_cluster.runtime.landing import LandingPages
+from agentkv_cluster.runtime.link_credits import Abandoned, LinkCredits
 from agentkv_cluster.runtime.records import (
     Action,
     ActionKind,
@@ -47,109 +38,6 @@ from store.types import Codec, Tier
 
 if TYPE_CHECKING:
     from agentkv_cluster.runtime.handles import HbmHandle, PoolHandle
-
-
-class Abandoned(Exception):
-    """A background move gave way: the engine needs its page now."""
-
-
-class LinkCredits:
-    """Blocking front of ``CreditManager``: at most ``per_link`` transfers per link at once."""
-
-    def __init__(self, per_link: int, per_session: int, enabled: bool = True) -> None:
-        self.per_link, self.per_session, self.enabled = per_link, per_session, enabled
-        self._managers: dict[Link, CreditManager] = {}  # one per link and credit class
-        self._granted: dict[tuple[Link, int], CreditGrant] = {}  # tickets are per link
-        self._cv = threading.Condition()
-        self.in_flight: Counter[Link] = Counter()
-        self.waiting: Counter[Link] = Counter()  # foreground requests queued per link
-        self.max_in_flight: Counter[Link] = Counter()
-        self.waits: list[tuple[Tier, float]] = []  # (destination tier, seconds waited)
-
-    def _manager(self, link: Link) -> CreditManager:
-        mgr = self._managers.get(link)
-        if mgr is None:
-            # Background work (prefetch) gets its own, narrower class of the link so it never
-            # queues an engine's on-demand restore behind it.
-            cap = max(1, self.per_link // 4) if link.background else self.per_link
-            mgr = CreditManager(CreditConfig(
-                buckets={(Resource.LINK, str(link)): BucketSpec(capacity=cap)},
-                # work-conserving: one session's load may use the whole link while no
-                # other session waits for it (the per-session cap shares, never idles)
-                session={Resource.LINK: BucketSpec(capacity=self.per_session, borrow=True)}))
-            self._managers[link] = mgr
-        return mgr
-
-    def acquire(self, session: str, link: Link, timeout_s: float = 60.0,
-                give_up: Callable[[], bool] | None = None, tier: Tier = Tier.HBM
-                ) -> CreditGrant | None:
-        """Block for one credit of ``link`` (a move into ``tier``, for the wait metrics);
-        a background request (``link.background``) raises ``Abandoned`` as soon as
-        ``give_up()`` says its page is wanted."""
-        t0 = time.monotonic()
-        with self._cv:
-            if self.enabled:
-                grant = self._wait_grant(session, link, t0, timeout_s, give_up)
-            else:
-                grant = None
-            self.in_flight[link] += 1
-            self.max_in_flight[link] = max(self.max_in_flight[link], self.in_flight[link])
-            self.waits.append((tier, time.monotonic() - t0))
-            return grant
-
-    def _wait_grant(self, session: str, link: Link, t0: float, timeout_s: float,
-                    give_up: Callable[[], bool] | None) -> CreditGrant:
-        background, fg = link.background, link.foreground
-        if not background:
-            self.waiting[fg] += 1
-        try:
-            # Foreground first: background is not even queued while an engine's restore
-            # waits for this link or the link is full of foreground transfers.
-            while background and (self.waiting[fg] or self.in_flight[fg] >= self.per_link):
-                self._tick(link, t0, timeout_s, give_up)
-            mgr = self._manager(link)
-            grant = mgr.acquire(CreditRequest(session=session, resource=Resource.LINK,
-                                              amount=1, link=str(link)), t0)
-            while grant.outcome is CreditOutcome.DELAYED:
-                got = self._granted.pop((link, grant.ticket), None)
-                if got is not None:
-                    return got
-                try:
-                    self._tick(link, t0, timeout_s, give_up)
-                except (Abandoned, TimeoutError):
-                    got = self._granted.pop((link, grant.ticket), None)
-                    if got is None:
-                        mgr.cancel(grant.ticket)
-                    else:  # granted while we woke up: hand the credit straight back
-                        mgr.release(got, time.monotonic())
-                        self._poll(link, mgr)
-                    raise
-                self._poll(link, mgr)
-            return grant
-        finally:
-            if not background:
-                self.waiting[fg] -= 1
-                self._cv.notify_all()
-
-    def _tick(self, link: Link, t0: float, timeout_s: float,
-              give_up: Callable[[], bool] | None) -> None:
-        if give_up is not None and give_up():
-            raise Abandoned(f"{link}: the page is wanted in the foreground")
-        if not self._cv.wait(min(0.02, timeout_s)) and time.monotonic() - t0 > timeout_s:
-            raise TimeoutError(f"no credit on {link} after {timeout_s} s")
-
-    def _poll(self, link: Link, mgr: CreditManager) -> None:
-        for g in mgr.poll(time.monotonic()):
-            self._granted[(link, g.ticket)] = g
-
-    def release(self, link: Link, grant: CreditGrant | None) -> None:
-        with self._cv:
-            self.in_flight[link] -= 1
-            if grant is not None:
-                mgr = self._managers[link]
-                mgr.release(grant, time.monotonic())
-                self._poll(link, mgr)
-            self._cv.notify_all()
 
 
 @dataclass(slots=True)
@@ -188,6 +76,8 @@ class Executor:
         self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="agentkv-exec")
         self._bg = ThreadPoolExecutor(max_workers=32, thread_name_prefix="agentkv-bg")
         self._queued: dict[int, tuple[Future, Action]] = {}  # gid -> background, not started
+        self._starving: Counter[str] = Counter()  # HBM actor -> loads blocked for room there
+        self.gave_room = 0  # prefetches that gave their HBM room to a blocked load (stats)
         # (hbm, pool) -> the handles the HBM actor was last given
         self._told: dict[tuple[str, str], tuple[HbmHandle, PoolHandle]] = {}
         self._lock = threading.Lock()
@@ -221,15 +111,37 @@ class Executor:
         yet (no thread, no credit) give way at once, and the manager hears so now (a
         queued prefetch leaves the page to the engine's own restore; a queued migration
         leaves it in HBM). Returns how many gave way."""
+        wanted = set(gids)
+        return self._abandon(lambda a: a.gid in wanted, "wanted before it started")
+
+    @contextmanager
+    def room_wanted(self, hbms: set[str]) -> Iterator[int]:
+        """A load waits for room on ``hbms`` (blocked, all or nothing): while it waits,
+        prefetches into them that hold their room but have no credit yet give it back
+        (queued ones at once, waiting ones as soon as they look; see ``_restore``). A
+        prefetch is a guess and the load is not. Yields how many queued ones gave way."""
+        with self._lock:
+            self._starving.update(hbms)
+        try:
+            self.credits.wake()
+            given = self._abandon(lambda a: a.reason is Reason.PREFETCH and a.hbm in hbms
+                                  and not self.controller.table.wanted(a.gid),
+                                  "its room is wanted by a load")
+            with self._lock:
+                self.gave_room += given
+            yield given
+        finally:
+            with self._lock:
+                self._starving.subtract(hbms)
+
+    def _abandon(self, match: Callable[[Action], bool], why: str) -> int:
         given_up = []
         with self._lock:
-            for gid in gids:
-                entry = self._queued.get(gid)
-                if entry is not None and entry[0].cancel():
+            for gid, (future, action) in list(self._queued.items()):
+                if match(action) and future.cancel():
                     del self._queued[gid]
-                    given_up.append(TransferResult(
-                        action=entry[1], outcome=Outcome.ABANDONED,
-                        error="Abandoned: wanted before it started", elapsed_s=0.0))
+                    given_up.append(TransferResult(action=action, outcome=Outcome.ABANDONED,
+                                                   error=f"Abandoned: {why}", elapsed_s=0.0))
         now = time.monotonic()
         for result in given_up:
             self.controller.finished(result, now)
@@ -361,13 +273,18 @@ class Executor:
         if a.reason is Reason.PREFETCH:
             try:
                 background = link.as_background()
-                grant = self.credits.acquire(a.session, background,
-                                             give_up=lambda: self._moot(a.gid))
+                grant = self.credits.acquire(
+                    a.session, background,
+                    give_up=lambda: self._moot(a.gid) or self._starving[a.hbm] > 0)
                 link = background
-            except Abandoned:  # the engine waits for this page: promote to foreground
+            except Abandoned:
                 if self.controller.table.doomed(a.gid):
                     raise TenantErased("the page's tenant is being erased") from None
-                grant = self.credits.acquire(a.session, link)
+                if not self.controller.table.wanted(a.gid):  # a load is blocked for room
+                    with self._lock:  # on its HBM actor: give the room back
+                        self.gave_room += 1
+                    raise
+                grant = self.credits.acquire(a.session, link)  # wanted: promote to foreground
         else:
             grant = self.credits.acquire(a.session, link)
         try:

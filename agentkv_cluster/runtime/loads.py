@@ -118,7 +118,9 @@ class EngineLoader:
             if time.monotonic() > deadline:
                 raise RequestRefused("HBM is full of pinned pages; release some and retry")
             t = time.monotonic()
-            self.controller.wait_changed(seen, 0.05)  # a pin dropped or a move ended
+            short = {self.controller.table.record(g).hbm for g in blocked}
+            with self.executor.room_wanted(short):  # prefetches there give their room back
+                self.controller.wait_changed(seen, 0.05)  # a pin dropped or a move ended
             phases.blocked_s += time.monotonic() - t
             waited_for_room = True
         self.check(results)

@@ -1,18 +1,21 @@
 """The transfer worker's two lanes: an engine's work never waits for a thread behind
-background moves, and a background move an engine wants before it started gives way at
-once (pure: no Ray, no bytes; the actions here need no actor)."""
+background moves, a background move an engine wants before it started gives way at once,
+and a prefetch without its credit yet gives its HBM room to a load blocked for room there
+(pure: no Ray, no bytes; the actions here need no actor)."""
 
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from agentkv_cluster.runtime.controller import Controller
-from agentkv_cluster.runtime.executor import Executor, LinkCredits
+from agentkv_cluster.runtime.executor import Executor
 from agentkv_cluster.runtime.guard import Guarded
-from agentkv_cluster.runtime.records import Action, ActionKind, Outcome, Reason
+from agentkv_cluster.runtime.link_credits import LinkCredits
+from agentkv_cluster.runtime.records import Action, ActionKind, Link, Outcome, Reason
 from agentkv_cluster.runtime.strategies import make_strategy
 from store.types import Codec, Tier
 from tests.unit.service.test_controller import MB, admitted
@@ -80,3 +83,70 @@ def test_a_started_background_move_is_not_cancelled(parts) -> None:
     ex._bg.shutdown(wait=True)
     (result,) = ex.get_finished()
     assert result.outcome is Outcome.FAILED
+
+
+class _Actor:
+    """Stands in for the HBM actor and the pool: a prefetch that gives way never gets as
+    far as moving bytes (one that did would fail here, with no actor behind it)."""
+
+    def add_pool(self, name: str, pool: object) -> None:
+        pass
+
+
+def _prefetching(ctl: Guarded) -> tuple[int, Action]:
+    """A page in the pool whose prefetch is due: ``Controller.due`` gave it its HBM room."""
+    admitted(ctl, "a", range(1), 0.0)
+    (gid,) = ctl.table.resolve("t", "a", [b"a/0"])
+    rec = ctl.manager.table.pages[gid]
+    ctl.table.evict(rec, tracked=True)
+    rec.copies = {Codec.FULL: Tier.HOST}
+    ctl.schedule.push(Action(kind=ActionKind.RESTORE, gid=gid, hbm="h", tier=Tier.HOST,
+                             codec=Codec.FULL, start_at=1.0, reason=Reason.PREFETCH,
+                             session="a"), at=1.0)
+    (prefetch,) = ctl.due(1.0)
+    assert prefetch.reason is Reason.PREFETCH and rec.resident and rec.busy  # room taken
+    return gid, prefetch
+
+
+def test_a_queued_prefetch_gives_its_room_to_a_load_blocked_on_its_hbm(parts) -> None:
+    ctl, ex = parts
+    gid, prefetch = _prefetching(ctl)
+    ex.submit([prefetch])  # queued: the one background thread is taken
+    with ex.room_wanted({"elsewhere"}) as given:
+        assert given == 0  # a load blocked on another HBM actor takes nothing from it
+    with ex.room_wanted({"h"}) as given:
+        assert given == 1
+    rec = ctl.manager.table.pages[gid]
+    assert not rec.resident and not rec.busy and ctl.manager.table.hbms["h"].used == 0
+    assert rec.copies == {Codec.FULL: Tier.HOST}  # the pool copy is where it was
+    assert ex.get_finished() == []  # the manager heard it directly
+
+
+def test_a_prefetch_waiting_for_its_credit_gives_its_room_to_a_blocked_load() -> None:
+    ctl = Guarded(Controller(make_strategy("agentkv")))
+    ctl.add_hbm("h", 4 * MB)
+    credits = LinkCredits(1, 2)
+    ex = Executor(ctl, {"h": _Actor()}, {"p": _Actor()}, {"h": "p"}, credits,
+                  landing_pages=0)
+    try:
+        fg = credits.acquire("s", Link("p", "h"))  # the link is busy with an engine's restore
+        gid, prefetch = _prefetching(ctl)
+        ex.submit([prefetch])
+        deadline = time.monotonic() + 5.0
+        while ex._queued and time.monotonic() < deadline:  # started: waits for its credit
+            time.sleep(0.01)
+        time.sleep(0.1)
+        assert ex.get_finished() == [] and ctl.manager.table.pages[gid].resident
+        with ex.room_wanted({"h"}):
+            results: list = []
+            while not results and time.monotonic() < deadline:
+                time.sleep(0.01)
+                results = ex.get_finished()
+        (result,) = results
+        assert result.outcome is Outcome.ABANDONED, result.error
+        ctl.finished(result, 2.0)  # what the controller actor's loop does with it
+        assert not ctl.manager.table.pages[gid].resident
+        assert ctl.manager.table.hbms["h"].used == 0
+        credits.release(Link("p", "h"), fg)
+    finally:
+        ex.close()

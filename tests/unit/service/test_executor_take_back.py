@@ -11,9 +11,10 @@ from collections.abc import Callable
 import pytest
 
 from agentkv_cluster.runtime.controller import Controller
-from agentkv_cluster.runtime.executor import Executor, LinkCredits
+from agentkv_cluster.runtime.executor import Executor
 from agentkv_cluster.runtime.guard import Guarded
 from agentkv_cluster.runtime.hbm_actor import DemoteReceipt, RestoreReceipt
+from agentkv_cluster.runtime.link_credits import LinkCredits
 from agentkv_cluster.runtime.records import ActionKind, Outcome, PageMeta, Reason
 from agentkv_cluster.runtime.strategies import make_strategy
 from store.types import Codec, Tier

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from agentkv_cluster.policy.credits import CreditGrant
-from agentkv_cluster.runtime.executor import LinkCredits
+from agentkv_cluster.runtime.link_credits import LinkCredits
 from agentkv_cluster.runtime.records import Link
 
 

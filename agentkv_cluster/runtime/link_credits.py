@@ -1,0 +1,143 @@
+"""Link credits: how many transfers each link (pool -> HBM actor) carries at once.
+
+Restores take one credit of their link from a ``CreditManager`` (the pure policy object,
+count-based here: one credit = one transfer in flight), so a restore storm waits in the
+delay queue, served round-robin over sessions.
+
+Two credit classes share each link: foreground (an engine waits: on-demand restores)
+and background (gap migrations, prefetches). Background work is admitted only while no
+foreground transfer waits on the link, and a background request gives way (``Abandoned``)
+as soon as its ``give_up`` says so: the transfer worker (``executor.py``) then promotes a
+prefetch whose page an engine waits for, abandons a gap migration (the page stays in
+HBM), and hands a prefetch's HBM room back to a load blocked for room.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+
+from agentkv_cluster.policy.credits import (
+    BucketSpec,
+    CreditConfig,
+    CreditGrant,
+    CreditManager,
+    CreditOutcome,
+    CreditRequest,
+    Resource,
+)
+from agentkv_cluster.runtime.records import Link
+from store.types import Tier
+
+
+class Abandoned(Exception):
+    """A background move gave way: the engine needs its page now, or (a prefetch) a load
+    needs the room it holds."""
+
+
+class LinkCredits:
+    """Blocking front of ``CreditManager``: at most ``per_link`` transfers per link at once."""
+
+    def __init__(self, per_link: int, per_session: int, enabled: bool = True) -> None:
+        self.per_link, self.per_session, self.enabled = per_link, per_session, enabled
+        self._managers: dict[Link, CreditManager] = {}  # one per link and credit class
+        self._granted: dict[tuple[Link, int], CreditGrant] = {}  # tickets are per link
+        self._cv = threading.Condition()
+        self.in_flight: Counter[Link] = Counter()
+        self.waiting: Counter[Link] = Counter()  # foreground requests queued per link
+        self.max_in_flight: Counter[Link] = Counter()
+        self.waits: list[tuple[Tier, float]] = []  # (destination tier, seconds waited)
+
+    def _manager(self, link: Link) -> CreditManager:
+        mgr = self._managers.get(link)
+        if mgr is None:
+            # Background work (prefetch) gets its own, narrower class of the link so it never
+            # queues an engine's on-demand restore behind it.
+            cap = max(1, self.per_link // 4) if link.background else self.per_link
+            mgr = CreditManager(CreditConfig(
+                buckets={(Resource.LINK, str(link)): BucketSpec(capacity=cap)},
+                # work-conserving: one session's load may use the whole link while no
+                # other session waits for it (the per-session cap shares, never idles)
+                session={Resource.LINK: BucketSpec(capacity=self.per_session, borrow=True)}))
+            self._managers[link] = mgr
+        return mgr
+
+    def acquire(self, session: str, link: Link, timeout_s: float = 60.0,
+                give_up: Callable[[], bool] | None = None, tier: Tier = Tier.HBM
+                ) -> CreditGrant | None:
+        """Block for one credit of ``link`` (a move into ``tier``, for the wait metrics);
+        a background request (``link.background``) raises ``Abandoned`` as soon as
+        ``give_up()`` says its page is wanted."""
+        t0 = time.monotonic()
+        with self._cv:
+            if self.enabled:
+                grant = self._wait_grant(session, link, t0, timeout_s, give_up)
+            else:
+                grant = None
+            self.in_flight[link] += 1
+            self.max_in_flight[link] = max(self.max_in_flight[link], self.in_flight[link])
+            self.waits.append((tier, time.monotonic() - t0))
+            return grant
+
+    def _wait_grant(self, session: str, link: Link, t0: float, timeout_s: float,
+                    give_up: Callable[[], bool] | None) -> CreditGrant:
+        background, fg = link.background, link.foreground
+        if background and give_up is not None and give_up():
+            raise Abandoned(f"{link}: gave way before it queued")
+        if not background:
+            self.waiting[fg] += 1
+        try:
+            # Foreground first: background is not even queued while an engine's restore
+            # waits for this link or the link is full of foreground transfers.
+            while background and (self.waiting[fg] or self.in_flight[fg] >= self.per_link):
+                self._tick(link, t0, timeout_s, give_up)
+            mgr = self._manager(link)
+            grant = mgr.acquire(CreditRequest(session=session, resource=Resource.LINK,
+                                              amount=1, link=str(link)), t0)
+            while grant.outcome is CreditOutcome.DELAYED:
+                got = self._granted.pop((link, grant.ticket), None)
+                if got is not None:
+                    return got
+                try:
+                    self._tick(link, t0, timeout_s, give_up)
+                except (Abandoned, TimeoutError):
+                    got = self._granted.pop((link, grant.ticket), None)
+                    if got is None:
+                        mgr.cancel(grant.ticket)
+                    else:  # granted while we woke up: hand the credit straight back
+                        mgr.release(got, time.monotonic())
+                        self._poll(link, mgr)
+                    raise
+                self._poll(link, mgr)
+            return grant
+        finally:
+            if not background:
+                self.waiting[fg] -= 1
+                self._cv.notify_all()
+
+    def _tick(self, link: Link, t0: float, timeout_s: float,
+              give_up: Callable[[], bool] | None) -> None:
+        if give_up is not None and give_up():
+            raise Abandoned(f"{link}: gave way while it waited")
+        if not self._cv.wait(min(0.02, timeout_s)) and time.monotonic() - t0 > timeout_s:
+            raise TimeoutError(f"no credit on {link} after {timeout_s} s")
+
+    def _poll(self, link: Link, mgr: CreditManager) -> None:
+        for g in mgr.poll(time.monotonic()):
+            self._granted[(link, g.ticket)] = g
+
+    def wake(self) -> None:
+        """Every waiting request looks again now whether it should give way."""
+        with self._cv:
+            self._cv.notify_all()
+
+    def release(self, link: Link, grant: CreditGrant | None) -> None:
+        with self._cv:
+            self.in_flight[link] -= 1
+            if grant is not None:
+                mgr = self._managers[link]
+                mgr.release(grant, time.monotonic())
+                self._poll(link, mgr)
+            self._cv.notify_all()

@@ -21,8 +21,7 @@ from agentkv_cluster.runtime.pool_records import (
     ChunkOpener,
     SealRejected,
     StoredCopy,
-    copy_of,
-    read_header,
+    read_entry,
     seal_record,
     sealed_total,
 )
@@ -99,25 +98,26 @@ class PoolActor:
         """Index every record found on the host segment and the NVMe shard."""
         for slot, _version, _length in list(self.host.slots()):
             try:
-                header = read_header(self.chunked, self.host.read(slot), Tier.HOST)
+                entry = read_entry(self.chunked, self.host.read(slot), Tier.HOST, slot)
             except (SlotEmpty, TornRead, ValueError):
                 self.host.free(slot)
                 continue
-            self._adopt(header, Tier.HOST, slot)
+            self._adopt(*entry)
         for nkey in list(self.nvme.keys()):  # a snapshot: bad records leave the index
             data = self.nvme.get(nkey)
             if data is Lookup.MISS:
                 continue
             try:
-                header = read_header(self.chunked, data, Tier.NVME)
+                entry = read_entry(self.chunked, data, Tier.NVME, -1)
             except ValueError:  # an erased tenant's record (key shredded) or not a record:
                 self.nvme.delete(nkey)  # it can never be served, so it leaves the shard
                 continue
-            self._adopt(header, Tier.NVME, -1)
+            self._adopt(*entry)
 
-    def _adopt(self, h: dict[str, Any], tier: Tier, slot: int) -> None:
-        self._index[(h["k"], Codec(h["c"]))] = copy_of(h, tier, slot)
-        self._dir_gens[h["ns"]] = max(self._dir_gens.get(h["ns"], 0), h["dg"])
+    def _adopt(self, key: bytes, codec: Codec, copy: StoredCopy) -> None:
+        self._index[(key, codec)] = copy
+        self._dir_gens[copy.namespace] = max(self._dir_gens.get(copy.namespace, 0),
+                                             copy.dir_gen)
 
     def republish(self) -> int:
         """Re-insert every local copy into the directory (after Redis lost its data)."""

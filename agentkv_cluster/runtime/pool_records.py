@@ -111,21 +111,11 @@ def seal_record(sealer: ChunkedSealer, out: Any, key: bytes, codec: Codec, copy:
     return sealer.seal_into(out, plain, binding_of(copy, digest), app_header(key, codec, copy))
 
 
-def copy_of(h: dict[str, Any], tier: Tier, slot: int) -> StoredCopy:
-    """The index entry a record's header describes."""
-    codec = Codec(h["c"])
-    version = h.get("v", 1)
-    nkey = slot_identity(h["k"], codec) if version == 2 else legacy_nvme_key(h["k"], codec)
-    return StoredCopy(tier=tier, slot=slot, loc=h["loc"], seal_gen=h["sg"], dir_gen=h["dg"],
-                      nbytes=h["n"], namespace=h["ns"], full=h.get("fl", h["n"]),
-                      state_type=h.get("st", "temp_reasoning"), shape=h.get("sh"),
-                      nkey=nkey, version=version)
-
-
-def read_header(sealer: ChunkedSealer, record: bytes | memoryview, tier: Tier
-                ) -> dict[str, Any]:
-    """The index entry of a record in either format; ValueError if it is not one (or, for
-    version 2, does not open under a live key: an erased tenant's records)."""
+def read_entry(sealer: ChunkedSealer, record: bytes | memoryview, tier: Tier, slot: int
+               ) -> tuple[bytes, Codec, StoredCopy]:
+    """The page key, form and index entry of a record in either format; ValueError if it
+    is not one (a header missing a field, or holding one of the wrong type, included) or,
+    for version 2, does not open under a live key: an erased tenant's records."""
     if is_chunked(record):
         try:
             meta = sealer.read_meta(record, int(tier))
@@ -134,9 +124,24 @@ def read_header(sealer: ChunkedSealer, record: bytes | memoryview, tier: Tier
         header = msgpack.unpackb(meta.app, raw=False)
         if not isinstance(header, dict) or header.get("ns") != meta.tenant:
             raise ValueError("record meta is not an index entry")
-        header["v"] = 2
-        return header
-    return parse(record)[0]
+        version = 2
+    else:
+        header, version = parse(record)[0], 1
+    try:
+        key, codec = header["k"], Codec(header["c"])
+        nkey = slot_identity(key, codec) if version == 2 else legacy_nvme_key(key, codec)
+        copy = StoredCopy(tier=tier, slot=slot, loc=header["loc"], seal_gen=header["sg"],
+                          dir_gen=header["dg"], nbytes=header["n"], namespace=header["ns"],
+                          full=header.get("fl", header["n"]),
+                          state_type=header.get("st", "temp_reasoning"),
+                          shape=header.get("sh"), nkey=nkey, version=version)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"record header is not an index entry: {exc!r}") from None
+    ints = (copy.loc, copy.seal_gen, copy.dir_gen, copy.nbytes, copy.full)
+    if not (isinstance(key, bytes) and isinstance(copy.namespace, str)
+            and all(isinstance(v, int) for v in ints)):
+        raise ValueError("record header is not an index entry: a field of the wrong type")
+    return key, codec, copy
 
 
 def parse(record: bytes | memoryview) -> tuple[dict[str, Any], memoryview]:

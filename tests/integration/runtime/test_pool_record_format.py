@@ -1,12 +1,15 @@
 """Pool record formats (real NIXL, /dev/shm, NVMe files, AES-GCM; no Ray): version-2 records
 show neither the tenant nor the page key nor its exact length on any tier, a restarted index
 finds them again through the keyring, and version-1 records written by the old code are
-still restored byte-identical."""
+still restored byte-identical, and a record whose header is no index entry is dropped at a
+rebuild instead of stopping it."""
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
+import msgpack
 import numpy as np
 import pytest
 
@@ -103,3 +106,31 @@ def test_version_1_records_are_still_read(service):
     pool.store_from(_meta(b"n" * 32), Tier.NVME, Codec.FULL, front.slot_span(0, PAGE))
     assert actor.nvme.locate(b"n" * 32 + b"\0")[0] is Lookup.MISS
     assert actor._index[(b"n" * 32, Codec.FULL)].version == 2
+
+
+@pytest.mark.parametrize("header", [
+    {"ns": "acme", "c": 0, "loc": 1, "sg": 1, "dg": 1, "n": 8},  # no page key
+    {"k": b"k" * 32, "ns": "acme", "c": 0, "loc": 1, "sg": 1, "dg": 1, "n": "8"},  # a str size
+    {"k": b"k" * 32, "ns": "acme", "c": 99, "loc": 1, "sg": 1, "dg": 1, "n": 8},  # no codec
+    {"k": "k", "ns": 7, "c": 0, "loc": 1, "sg": 1, "dg": [], "n": 8},  # wrong types
+])
+def test_a_record_whose_header_is_no_index_entry_leaves_at_a_rebuild(service, header):
+    """A version-1 header is plaintext msgpack: a damaged one is dropped when a restarted
+    actor rebuilds its index (as a record that does not parse is), and the records around
+    it are still found; it must not stop the pool actor from starting."""
+    hbm, pool, front, _ = service
+    actor = pool.target
+    good = b"G" * 32
+    data = _page(front, 6)
+    pool.store_from(_meta(good), Tier.HOST, Codec.FULL, front.slot_span(0, PAGE))
+    packed = msgpack.packb(header)
+    bad = b"AKVR" + struct.pack(">I", len(packed)) + packed + bytes(64)
+    slot = actor.host.alloc()
+    actor.host.write(slot, bad)
+    actor.nvme.put(b"b" * 33, bad, 1)
+    actor._index.clear()
+    actor._rebuild()
+    assert list(actor._index) == [(good, Codec.FULL)]
+    assert actor.nvme.locate(b"b" * 33)[0] is Lookup.MISS  # it can never be served
+    assert slot not in [s for s, _v, _n in actor.host.slots()]
+    assert _restored(hbm, pool, good, Tier.HOST) == data

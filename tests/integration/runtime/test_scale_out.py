@@ -38,8 +38,12 @@ def test_a_node_that_joins_later_gets_an_hbm_actor_that_serves(cluster, caplog):
         first = Episode(svc, "acme", "before")  # the first two actors each get a session
         second = Episode(svc, "acme", "before-2")
         cluster.add_node(**NODE)
+        # The service places the actor in its topology, then tells the controller (one
+        # more actor call): wait for both.
         deadline = time.monotonic() + 60
-        while "node2-hbm0" not in svc.topo.hbms and time.monotonic() < deadline:
+        while time.monotonic() < deadline and (
+                "node2-hbm0" not in svc.topo.hbms
+                or "node2-hbm0" not in svc.topo.controller.topology()["hbms"]):
             time.sleep(0.5)
         assert sorted(svc.topo.hbms) == ["node0-hbm0", "node1-hbm0", "node2-hbm0"]
         assert svc.topo.controller.topology()["hbms"] == sorted(svc.topo.hbms)

@@ -124,15 +124,19 @@ class Executor:
             self._starving.update(hbms)
         try:
             self.credits.wake()
-            given = self._abandon(lambda a: a.reason is Reason.PREFETCH and a.hbm in hbms
-                                  and not self.controller.table.wanted(a.gid),
-                                  "its room is wanted by a load")
+            given = self._abandon(self._gives_room, "its room is wanted by a load")
             with self._lock:
                 self.gave_room += given
             yield given
         finally:
             with self._lock:
                 self._starving.subtract(hbms)
+
+    def _gives_room(self, a: Action) -> bool:
+        """A prefetch gives its HBM room back: a load is blocked for room on its HBM actor
+        and no engine waits for its page (a wanted page's prefetch is promoted instead)."""
+        return (a.reason is Reason.PREFETCH and self._starving[a.hbm] > 0
+                and not self.controller.table.wanted(a.gid))
 
     def _abandon(self, match: Callable[[Action], bool], why: str) -> int:
         given_up = []
@@ -275,13 +279,13 @@ class Executor:
                 background = link.as_background()
                 grant = self.credits.acquire(
                     a.session, background,
-                    give_up=lambda: self._moot(a.gid) or self._starving[a.hbm] > 0)
+                    give_up=lambda: self._moot(a.gid) or self._gives_room(a))
                 link = background
             except Abandoned:
                 if self.controller.table.doomed(a.gid):
                     raise TenantErased("the page's tenant is being erased") from None
-                if not self.controller.table.wanted(a.gid):  # a load is blocked for room
-                    with self._lock:  # on its HBM actor: give the room back
+                if not self.controller.table.wanted(a.gid):  # it gave its room to a load
+                    with self._lock:
                         self.gave_room += 1
                     raise
                 grant = self.credits.acquire(a.session, link)  # wanted: promote to foreground

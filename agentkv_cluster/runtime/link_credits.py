@@ -69,7 +69,7 @@ class LinkCredits:
                 ) -> CreditGrant | None:
         """Block for one credit of ``link`` (a move into ``tier``, for the wait metrics);
         a background request (``link.background``) raises ``Abandoned`` as soon as
-        ``give_up()`` says its page is wanted."""
+        ``give_up()`` says so (before it queues, and each time it wakes)."""
         t0 = time.monotonic()
         with self._cv:
             if self.enabled:

@@ -162,7 +162,7 @@ class ControllerActor:
         got = self.pools[rec.pool].restore_into(rec.meta, Codec.FULL, dst)
         # The verification fetch of a lossy restore is traffic of the policy that chose the
         # lossy form: counted like any other move (tier "verify").
-        self.executor.traffic.add(rec.meta.tenant, "verify", int(got["nbytes"]))
+        self.executor.traffic.add(rec.meta.tenant, "verify", got.nbytes)
         return True
 
     def close(self) -> None:

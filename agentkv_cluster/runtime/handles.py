@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Self
 if TYPE_CHECKING:
     from agentkv_cluster.runtime.hbm_actor import DemoteReceipt, RestoreReceipt
     from agentkv_cluster.runtime.mover import Endpoint, RemoteSpan
+    from agentkv_cluster.runtime.pool_actor import PoolReceipt
     from agentkv_cluster.runtime.records import AuditSummary, LoadReport, PageMeta
     from agentkv_cluster.runtime.strategies import Learned
     from store.directory.base import DirectoryEntry
@@ -147,13 +148,13 @@ class PoolHandle(ActorHandle):
         return self._call("holds", key)
 
     def store_from(self, meta: PageMeta, tier: Tier, codec: Codec, src: RemoteSpan
-                   ) -> dict[str, int]:
+                   ) -> PoolReceipt:
         return self._call("store_from", meta, tier, codec, src)
 
-    def restore_into(self, meta: PageMeta, codec: Codec, dst: RemoteSpan) -> dict[str, int]:
+    def restore_into(self, meta: PageMeta, codec: Codec, dst: RemoteSpan) -> PoolReceipt:
         return self._call("restore_into", meta, codec, dst)
 
-    def restore_to(self, key: bytes, digest: bytes, codec: int, dst: tuple) -> dict[str, int]:
+    def restore_to(self, key: bytes, digest: bytes, codec: int, dst: tuple) -> PoolReceipt:
         return self._call("restore_to", key, digest, codec, dst)
 
     def probe_link(self, dst: RemoteSpan) -> int:

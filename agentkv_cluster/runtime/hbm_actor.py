@@ -269,7 +269,7 @@ class HbmActor:
             finally:
                 self.mover.give_slot(slot)
             link += n
-            copies.append((int(receipt["tier"]), int(codec)))
+            copies.append((int(receipt.tier), int(codec)))
             sizes.append(n)
         if drop:
             self.drop(meta.key)
@@ -293,15 +293,15 @@ class HbmActor:
                     span = self.mover.slot_span(slot, self.mover.slot_bytes)
                     got = handle.restore_to(meta.key, meta.digest, int(codec), span.wire())
                     dst = self.arena.view(page)[: meta.length].numpy()
-                    decode_into(self.mover.slot_view(slot, got["nbytes"]), meta.shape, dst)
+                    decode_into(self.mover.slot_view(slot, got.nbytes), meta.shape, dst)
                 finally:
                     self.mover.give_slot(slot)
         except Exception:
             self.drop(meta.key)
             raise
         self.arena.mark_written(page, meta.length)
-        return RestoreReceipt(tier=int(got["tier"]), codec=int(codec),
-                              link_bytes=int(got["nbytes"]), exact=Codec(codec) is Codec.FULL)
+        return RestoreReceipt(tier=int(got.tier), codec=int(codec), link_bytes=got.nbytes,
+                              exact=Codec(codec) is Codec.FULL)
 
     def close(self) -> None:
         self.mover.close()

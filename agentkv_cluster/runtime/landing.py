@@ -69,8 +69,8 @@ class LandingPages:
             raise
         landed()
         self.one_hop += 1
-        return RestoreReceipt(tier=int(got["tier"]), codec=int(codec),
-                              link_bytes=int(got["nbytes"]), exact=True)
+        return RestoreReceipt(tier=int(got.tier), codec=int(codec), link_bytes=got.nbytes,
+                              exact=True)
 
     def release(self) -> None:
         """Give every stocked page back (the executor is closing)."""

@@ -47,6 +47,15 @@ class PageMissing(Exception):
 
 
 @dataclass(frozen=True, kw_only=True)
+class PoolReceipt:
+    """What a store or restore moved: the tier that holds (or held) the copy and the
+    plaintext bytes of its codec's form that crossed the link."""
+
+    tier: Tier
+    nbytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class PoolSpec:
     name: str  # unique per node; also the directory's ``node``
     host_slot_bytes: int
@@ -181,7 +190,8 @@ class PoolActor:
             size_bucket=size_bucket(copy.nbytes), generation=copy.dir_gen)
 
     # -- data path ------------------------------------------------------------------------------
-    def store_from(self, meta: PageMeta, tier: Tier, codec: Codec, src: RemoteSpan) -> dict[str, int]:
+    def store_from(self, meta: PageMeta, tier: Tier, codec: Codec, src: RemoteSpan
+                   ) -> PoolReceipt:
         """Pull an encoded page from ``src``, seal it, store it on ``tier`` (HOST spills to NVMe)."""
         slot = self.mover.take_slot()
         try:
@@ -192,7 +202,7 @@ class PoolActor:
         finally:
             self.mover.give_slot(slot)
 
-    def _store(self, meta: PageMeta, tier: Tier, codec: Codec, plain: Any) -> dict[str, int]:
+    def _store(self, meta: PageMeta, tier: Tier, codec: Codec, plain: Any) -> PoolReceipt:
         ns_dir = self.blinder.namespace(meta.namespace)
         dir_gen = self._dir_generation(ns_dir)
         # Random, not a counter: a tenant reading its own locations must not learn how many
@@ -219,7 +229,7 @@ class PoolActor:
                 self.nvme.put(copy.nkey, self._record_buf[:size], 0)
             self._index[(meta.key, codec)] = copy
             self._publish(lambda: self.directory.put(self._entry(meta.key, codec, copy)))
-            return {"tier": int(where), "nbytes": len(plain)}
+            return PoolReceipt(tier=where, nbytes=len(plain))
         raise PageMissing("unreachable: NVMe always accepts or raises")  # pragma: no cover
 
     def _seal_into_slot(self, meta: PageMeta, codec: Codec, copy: StoredCopy, plain: Any
@@ -233,12 +243,12 @@ class PoolActor:
             raise
         self.host.commit(copy.slot, size)
 
-    def restore_into(self, meta: PageMeta, codec: Codec, dst: RemoteSpan) -> dict[str, int]:
+    def restore_into(self, meta: PageMeta, codec: Codec, dst: RemoteSpan) -> PoolReceipt:
         """Open the (key, codec) copy, on whichever tier holds it, and push its plaintext
         into ``dst``."""
         return self.restore_to(meta.key, meta.digest, int(codec), dst.wire())
 
-    def restore_to(self, key: bytes, digest: bytes, codec: int, dst: tuple) -> dict[str, int]:
+    def restore_to(self, key: bytes, digest: bytes, codec: int, dst: tuple) -> PoolReceipt:
         """``restore_into`` in plain values (``RemoteSpan.wire()``): Ray passes those without
         pickling, a few hundred microseconds less per call on the restore path."""
         want, span = Codec(codec), RemoteSpan.from_wire(dst)
@@ -252,7 +262,7 @@ class PoolActor:
                     if copy.tier is not Tier.HOST:  # read into the shared scratch: stay locked
                         self.opener.open_and_push(digest, copy,
                                                   self._read_nvme(key, want), slot, span)
-                        return {"tier": int(copy.tier), "nbytes": copy.nbytes}
+                        return PoolReceipt(tier=copy.tier, nbytes=copy.nbytes)
                     try:
                         record, seq = self.host.view(copy.slot)
                     except (SlotEmpty, TornRead):
@@ -261,7 +271,7 @@ class PoolActor:
                 # store that frees and reuses the slot meanwhile moves its seqlock.
                 if self.opener.open_and_push(digest, copy, record, slot, span,
                                              lambda s=copy.slot, q=seq: self.host.unchanged(s, q)):
-                    return {"tier": int(copy.tier), "nbytes": copy.nbytes}
+                    return PoolReceipt(tier=copy.tier, nbytes=copy.nbytes)
                 with self._lock:
                     self.torn += 1
             raise PageMissing("host copy kept changing while it was read")

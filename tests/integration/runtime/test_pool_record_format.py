@@ -57,8 +57,8 @@ def test_version_2_records_name_nothing_and_survive_a_rebuild(service):
     pages = {}
     for key, tier, seed in ((host_key, Tier.HOST, 1), (nvme_key, Tier.NVME, 2)):
         pages[key] = _page(front, seed)
-        assert pool.store_from(_meta(key), tier, Codec.FULL, front.slot_span(0, PAGE))["tier"] \
-            == int(tier)
+        assert pool.store_from(_meta(key), tier, Codec.FULL, front.slot_span(0, PAGE)).tier \
+            is tier
     host_copy = actor._index[(host_key, Codec.FULL)]
     nvme_copy = actor._index[(nvme_key, Codec.FULL)]
     assert actor.host.stats().used_bytes == record_size(PAGE) == record_size(3 * MIB + 1)

@@ -13,7 +13,7 @@ import pytest
 
 from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.runtime.mover import MoveError, Mover
-from agentkv_cluster.runtime.pool_actor import PageMissing, PoolActor, SealRejected
+from agentkv_cluster.runtime.pool_actor import PageMissing, PoolActor, PoolReceipt, SealRejected
 from agentkv_cluster.runtime.records import PageMeta
 from store.types import Codec, Tier
 from tests.support.local_topology import local_topology
@@ -54,13 +54,12 @@ def _store(pool, front: Mover, slot: int, tier: Tier) -> dict[str, int]:
 def test_chunked_page_restores_byte_identical(service, tier):
     hbm, pool, front = service
     pages = _pages(front)
-    assert _store(pool, front, 1, tier) == {"tier": int(tier), "nbytes": PAGE}
+    assert _store(pool, front, 1, tier) == PoolReceipt(tier=tier, nbytes=PAGE)
     receipt = hbm.restore(_meta(), int(tier), int(Codec.FULL), pool)
     assert (receipt.tier, receipt.link_bytes, receipt.exact) == (int(tier), PAGE, True)
     assert hbm.read(b"k" * 32)[:PAGE] == pages[1]
     span = hbm.span(b"k" * 32)  # the controller's entry point, into the same arena page
-    assert pool.restore_into(_meta(), Codec.FULL, span) == {"tier": int(tier),
-                                                                  "nbytes": PAGE}
+    assert pool.restore_into(_meta(), Codec.FULL, span) == PoolReceipt(tier=tier, nbytes=PAGE)
     assert hbm.read(b"k" * 32)[:PAGE] == pages[1]
     assert {k: pool.stats()[k] for k in ("rejects", "torn")} == {"rejects": 0, "torn": 0}
 

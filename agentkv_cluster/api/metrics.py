@@ -118,8 +118,11 @@ class ServiceMetrics:
         self.transfer_bytes = Counter(
             "agentkv_transfer_bytes", "Bytes moved into a tier", ["tenant", "tier"], registry=r)
         self.pages_by_codec = Counter(
-            "agentkv_pages_compressed", "Pages written per compression level",
-            ["tenant", "codec"], registry=r)
+            "agentkv_pages_compressed", "Page copies written to the pool tiers, per "
+            "compression level", ["tenant", "codec"], registry=r)
+        self.prefetch_gave_room = Counter(
+            "agentkv_prefetch_gave_room", "Prefetches that handed their HBM room back to an "
+            "engine load blocked for room (the page stays in the pool)", registry=r)
         self.verification_rejects = Counter(
             "agentkv_verification_rejects", "Restores rejected by verification or seal",
             ["pool"], registry=r)
@@ -203,8 +206,11 @@ class ServiceMetrics:
     def transfer(self, tenant: str, tier: str, nbytes: int) -> None:
         self.transfer_bytes.labels(tenant=self.tenant(tenant), tier=tier).inc(nbytes)
 
-    def stored(self, tenant: str, codec: str) -> None:
-        self.pages_by_codec.labels(tenant=self.tenant(tenant), codec=codec).inc()
+    def stored(self, tenant: str, codec: str, pages: int = 1) -> None:
+        self.pages_by_codec.labels(tenant=self.tenant(tenant), codec=codec).inc(pages)
+
+    def gave_room(self, n: int) -> None:
+        self.prefetch_gave_room.inc(n)
 
     def reject(self, pool: str, n: int = 1) -> None:
         """Restores a pool refused: failed seal (AES-GCM tag) or digest check."""

@@ -362,7 +362,9 @@ class ControllerActor:
         phases = [unexported.popleft() for _ in range(len(unexported))]
         return {"cursor": end, "waits": _wait_labels(waits[max(cursor, end - 10000):end]),
                 "phases": phases, "hbm_used": hbm,
-                "recompute": dict(self.loader.recompute_tokens), "traffic": traffic}
+                "recompute": dict(self.loader.recompute_tokens), "traffic": traffic,
+                "codecs": dict(self.executor.traffic.by_tenant_codec),
+                "gave_room": self.executor.gave_room}
 
     def learned(self) -> Learned | None:
         """What this controller's strategy learned (for its successor)."""

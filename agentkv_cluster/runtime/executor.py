@@ -42,14 +42,21 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class TierTraffic:
-    """Bytes that crossed each link, by destination tier (the demo's "bytes per tier")."""
+    """Bytes that crossed each link, by destination tier (the demo's "bytes per tier"), and
+    pool copies written per codec."""
 
     by_tier: Counter[str] = field(default_factory=Counter)
     by_tenant_tier: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
+    by_tenant_codec: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
 
     def add(self, tenant: str, tier: str, n: int) -> None:
         self.by_tier[tier] += n
         self.by_tenant_tier[(tenant, tier)] += n
+
+    def stored(self, tenant: str, tier: Tier, codec: Codec, n: int) -> None:
+        """One copy of ``n`` bytes written to a pool tier in ``codec``'s form."""
+        self.add(tenant, tier.name.lower(), n)
+        self.by_tenant_codec[(tenant, codec.name.lower())] += 1
 
 
 class Executor:
@@ -265,8 +272,8 @@ class Executor:
             if copied is not None:  # a restore waiting for this room goes on meanwhile
                 copied.set()
             hbm.drop(rec.meta.key)
-        for (tier, _codec), n in zip(copies, sizes):
-            self.traffic.add(rec.meta.tenant, Tier(tier).name.lower(), n)
+        for (tier, codec), n in zip(copies, sizes):
+            self.traffic.stored(rec.meta.tenant, Tier(tier), Codec(codec), n)
         return TransferResult(action=a, outcome=Outcome.DONE, pool=name, tier_bytes=tuple(sizes),
                               copies=tuple((Tier(t), Codec(c)) for t, c in copies))
 

@@ -247,7 +247,8 @@ class Service:
 
 class MetricsFeed:
     """On each scrape, pulls the figures that live in the actors into the service's metrics:
-    credit waits, per-tier occupancy, recompute tokens and bytes written to pool tiers."""
+    credit waits, load phases, per-tier occupancy, recompute tokens, bytes and copies per
+    codec written to pool tiers, and prefetches that gave their room to a blocked load."""
 
     def __init__(self, service: Service) -> None:
         self.service = service
@@ -271,6 +272,9 @@ class MetricsFeed:
             m.recompute(tenant, self._delta(("recompute", tenant), tokens))
         for (tenant, tier), nbytes in got["traffic"].items():
             m.transfer(tenant, tier, self._delta(("traffic", tenant, tier), nbytes))
+        for (tenant, codec), pages in got["codecs"].items():
+            m.stored(tenant, codec, self._delta(("codecs", tenant, codec), pages))
+        m.gave_room(self._delta("gave_room", got["gave_room"]))
         host = nvme = 0
         for pool in list(topo.pools.values()):
             try:

@@ -17,6 +17,7 @@ from agentkv_cluster.api.protocol import RemoteError
 from agentkv_cluster.config import load_config
 from agentkv_cluster.runtime.directory_glue import RedisSpec, probe
 from agentkv_cluster.runtime.service import Service
+from store.types import Codec
 from tests.integration.runtime.test_cluster import identity, kv_page
 from tests.support.redis_proc import RedisProcess
 
@@ -99,6 +100,19 @@ def test_credit_waits_occupancy_and_pool_bytes_are_exported(service) -> None:
                      and ("tenant", service.metrics.tenant("acme")) in labels
                      and dict(labels)["tier"] in ("host", "nvme"))
     assert pool_bytes >= PAGE
+    # Each copy the demotions wrote to a pool tier, by the codec the policy chose for it.
+    copies = {dict(labels)["codec"]: v - before.get((n, labels), 0)
+              for (n, labels), v in after.items() if n == "agentkv_pages_compressed_total"
+              and ("tenant", service.metrics.tenant("acme")) in labels}
+    assert sum(copies.values()) >= 3 and set(copies) <= {c.name.lower() for c in Codec}
+
+
+def test_prefetches_that_gave_room_are_counted(service) -> None:
+    executor = service.topo.controller.target.executor  # local mode: the actor itself
+    before = scrape(service).get(("agentkv_prefetch_gave_room_total", ()), 0)
+    executor.gave_room += 2  # what Executor.room_wanted counts when a prefetch gives way
+    after = scrape(service)[("agentkv_prefetch_gave_room_total", ())]
+    assert after - before == 2
 
 
 def test_recompute_tokens_count_pages_lost_for_good(service) -> None:

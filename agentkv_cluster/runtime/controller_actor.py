@@ -24,6 +24,7 @@ from agentkv_cluster.runtime.mover import RemoteSpan
 from agentkv_cluster.runtime.records import (
     ActionKind,
     AuditSummary,
+    ControllerErased,
     KvShape,
     LoadReport,
     Outcome,
@@ -323,7 +324,7 @@ class ControllerActor:
         """An erasure that could not start (no keys): the tenant's calls work again."""
         self.controller.table.end_erase(tenant)
 
-    def erase_tenant(self, tenant: str) -> dict[str, int]:
+    def erase_tenant(self, tenant: str) -> ControllerErased:
         """Tenant erasure across the controller and every HBM actor, as one step: refuse
         the tenant's calls, cancel its moves (loads in flight fail with ``TenantErased``),
         forget its pages, pins and sessions, then have each HBM actor zero the tenant's
@@ -331,15 +332,12 @@ class ControllerActor:
         if an HBM actor could not be reached (the caller records the tier as failed)."""
         try:
             gone = self.controller.forget_tenant(tenant)
-            done = {"pages": gone.pages, "sessions": gone.sessions, "pins": gone.pins,
-                    "cancelled": gone.cancelled, "straggling": gone.straggling,
-                    "hbm_pages": 0, "hbm_free_zeroed": 0, "hbm_actors": 0}
-            for name, handle in list(self.hbms.items()):
-                got = handle.purge(gone.keys.get(name, []))
-                done["hbm_pages"] += got["pages"]
-                done["hbm_free_zeroed"] += got["free_zeroed"]
-                done["hbm_actors"] += 1
-            return done
+            purged = [handle.purge(gone.keys.get(name, []))
+                      for name, handle in list(self.hbms.items())]
+            return ControllerErased(forgotten=replace(gone, keys={}),
+                                    hbm_pages=sum(p.pages for p in purged),
+                                    hbm_free_zeroed=sum(p.free_zeroed for p in purged),
+                                    hbm_actors=len(purged))
         finally:
             self.controller.table.end_erase(tenant)
 

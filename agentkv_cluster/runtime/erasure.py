@@ -29,6 +29,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,16 @@ _MARK_RE = re.compile(r"(?P<ns>[a-z0-9_][a-z0-9_-]*)\.erased\.(?P<ms>\d{13})")
 # Tier names in receipt order; each maps to a count in the purge report.
 TIERS = ("front", "controller", "sessions", "pins", "hbm", "hbm-scrub", "host", "host-scrub",
          "nvme", "nvme-scrub", "redis-user")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PurgeReport:
+    """Steps 1-3 of one erasure: each ``TIERS`` name's count (-1 where it failed), why each
+    failed tier failed, and the erased keys (for the directory step)."""
+
+    counts: dict[str, int]
+    failed: dict[str, str]
+    keys: list[bytes]
 
 
 class ClusterErasure:
@@ -98,7 +109,7 @@ class ClusterErasure:
                 self.enforced[tenant] = at
             return receipt
 
-    def purge(self, tenant: str) -> dict[str, Any]:
+    def purge(self, tenant: str) -> PurgeReport:
         """Steps 1-3 of the module doc: each tier's count (-1 where it failed, with the
         reason in ``failed``) and the erased keys. Every tier is tried."""
         counts: dict[str, int] = {}
@@ -116,21 +127,22 @@ class ClusterErasure:
                     counts[name] = -1
                     failed[name] = f"{type(exc).__name__}: {exc}"[:200]
 
-        step(("front",), lambda: {"front": self.front.forget_tenant(tenant)["loads"]}
-             if self.front is not None else {"front": 0})
+        step(("front",), lambda: {"front": self.front.forget_tenant(tenant)
+                                  if self.front is not None else 0})
         step(("controller", "sessions", "pins", "hbm", "hbm-scrub"),
              lambda: self._controller(tenant))
         step(("host", "host-scrub", "nvme", "nvme-scrub"), lambda: self._pools(tenant, keys))
         step(("redis-user",), lambda: {"redis-user": self.users.remove(tenant)
                                        if self.users is not None else 0})
-        return {"counts": counts, "failed": failed, "keys": sorted(keys)}
+        return PurgeReport(counts=counts, failed=failed, keys=sorted(keys))
 
     def _controller(self, tenant: str) -> dict[str, int]:
         got = self.topo.controller.options(timeout_s=120.0).erase_tenant(tenant)
-        if got["straggling"]:
-            raise RuntimeError(f"{got['straggling']} transfer(s) did not end in time")
-        return {"controller": got["pages"], "sessions": got["sessions"], "pins": got["pins"],
-                "hbm": got["hbm_pages"], "hbm-scrub": got["hbm_free_zeroed"]}
+        gone = got.forgotten
+        if gone.straggling:
+            raise RuntimeError(f"{gone.straggling} transfer(s) did not end in time")
+        return {"controller": gone.pages, "sessions": gone.sessions, "pins": gone.pins,
+                "hbm": got.hbm_pages, "hbm-scrub": got.hbm_free_zeroed}
 
     def _pools(self, tenant: str, keys: set[bytes]) -> dict[str, int]:
         out = {"host": 0, "host-scrub": 0, "nvme": 0, "nvme-scrub": 0}
@@ -141,11 +153,11 @@ class ClusterErasure:
             except ActorGone:
                 gone.append(name)  # the other pools are still purged
                 continue
-            keys.update(got["keys"])
-            out["host"] += got["host"]
-            out["nvme"] += got["nvme"]
-            out["host-scrub"] += got["host_free_zeroed"]
-            out["nvme-scrub"] += got["nvme_dead_zeroed"]
+            keys.update(got.keys)
+            out["host"] += got.host
+            out["nvme"] += got.nvme
+            out["host-scrub"] += got.host_free_zeroed
+            out["nvme-scrub"] += got.nvme_dead_zeroed
         if gone:
             raise RuntimeError(f"pool(s) {', '.join(gone)} unreachable")
         return out
@@ -182,8 +194,8 @@ class ClusterErasure:
                 self.enforced[tenant] = at
                 self.audit.append("erasure.enforced", {
                     "tenant": tenant, "erased_at": at,
-                    "counts": [[t, report["counts"][t]] for t in TIERS],
-                    "failed_tiers": sorted(report["failed"])}, time.time())
+                    "counts": [[t, report.counts[t]] for t in TIERS],
+                    "failed_tiers": sorted(report.failed)}, time.time())
             done.append(tenant)
         return done
 
@@ -221,23 +233,23 @@ def _marks(keys_dir: Path) -> dict[str, float]:
 class _LazyPurge:
     """Runs the purge once, when the first tier asks for its count."""
 
-    def __init__(self, run: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, run: Callable[[], PurgeReport]) -> None:
         self._run = run
-        self._report: dict[str, Any] | None = None
+        self._report: PurgeReport | None = None
 
-    def _get(self) -> dict[str, Any]:
+    def _get(self) -> PurgeReport:
         if self._report is None:
             self._report = self._run()
         return self._report
 
     def count(self, tier: str) -> int:
         report = self._get()
-        if tier in report["failed"]:
-            raise RuntimeError(report["failed"][tier])
-        return report["counts"][tier]
+        if tier in report.failed:
+            raise RuntimeError(report.failed[tier])
+        return report.counts[tier]
 
     def keys(self) -> list[bytes]:
-        return self._get()["keys"]
+        return self._get().keys
 
 
 class ErasureWatcher:

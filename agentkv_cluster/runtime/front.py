@@ -117,7 +117,7 @@ class ServiceFront:
         """Re-read ``tenant``'s erasure mark on the next request (it was just erased here)."""
         self._erased.pop(tenant, None)
 
-    def forget_tenant(self, tenant: str) -> dict[str, int]:
+    def forget_tenant(self, tenant: str) -> int:
         """Tenant erasure in this process: drop the tenant's cached keys and blinding
         secret (a tenant created again under the name gets new ones, so its keys match
         nothing of the old one), its prepared loads, and zero the free staging slots.
@@ -130,7 +130,8 @@ class ServiceFront:
             for load_id in doomed:
                 del self._loads[load_id]
         self.forget_erasure(tenant)
-        return {"loads": len(doomed), "staging_zeroed": self.mover.scrub_free()}
+        self.mover.scrub_free()
+        return len(doomed)
 
     def _erased_at(self, tenant: str) -> float | None:
         """The tenant's erasure time, re-read at most every ``ERASED_RECHECK_S`` (every

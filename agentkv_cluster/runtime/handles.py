@@ -23,7 +23,14 @@ if TYPE_CHECKING:
     from agentkv_cluster.runtime.hbm_actor import DemoteReceipt, RestoreReceipt
     from agentkv_cluster.runtime.mover import Endpoint, RemoteSpan
     from agentkv_cluster.runtime.pool_actor import PoolReceipt
-    from agentkv_cluster.runtime.records import AuditSummary, LoadReport, PageMeta
+    from agentkv_cluster.runtime.records import (
+        AuditSummary,
+        ControllerErased,
+        HbmPurged,
+        LoadReport,
+        PageMeta,
+        PoolPurged,
+    )
     from agentkv_cluster.runtime.strategies import Learned
     from store.directory.base import DirectoryEntry
     from store.types import Codec, Lookup, Tier
@@ -169,7 +176,7 @@ class PoolHandle(ActorHandle):
     def erase_tenant(self, tenant: str, tier: int) -> list[bytes]:
         return self._call("erase_tenant", tenant, tier)
 
-    def purge_tenant(self, tenant: str) -> dict[str, Any]:
+    def purge_tenant(self, tenant: str) -> PoolPurged:
         return self._call("purge_tenant", tenant)
 
     def tenants_held(self) -> list[str]:
@@ -222,7 +229,7 @@ class HbmHandle(ActorHandle):
     def erase(self, keys: list[bytes]) -> int:
         return self._call("erase", keys)
 
-    def purge(self, keys: list[bytes]) -> dict[str, int]:
+    def purge(self, keys: list[bytes]) -> HbmPurged:
         return self._call("purge", keys)
 
     def arena_holds(self, needles: list[bytes]) -> list[bool]:
@@ -316,7 +323,7 @@ class ControllerHandle(ActorHandle):
     def thaw_tenant(self, tenant: str) -> None:
         self._call("thaw_tenant", tenant)
 
-    def erase_tenant(self, tenant: str) -> dict[str, int]:
+    def erase_tenant(self, tenant: str) -> ControllerErased:
         return self._call("erase_tenant", tenant)
 
     def republish(self) -> int:

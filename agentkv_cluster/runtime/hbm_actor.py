@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agentkv_cluster.runtime.mover import Endpoint, Mover, RemoteSpan
-from agentkv_cluster.runtime.records import PageMeta, UnknownPageKey
+from agentkv_cluster.runtime.records import HbmPurged, PageMeta, UnknownPageKey
 from store.codecs.pages import decode_into, encode_page
 from store.hbm import ArenaFull, HbmArena, PageTooLarge
 from store.types import Codec, Tier
@@ -170,9 +170,9 @@ class HbmActor:
 
     def erase(self, keys: list[bytes]) -> int:
         """Tenant erasure: ``purge`` these pages; returns how many were held here."""
-        return self.purge(keys)["pages"]
+        return self.purge(keys).pages
 
-    def purge(self, keys: list[bytes]) -> dict[str, int]:
+    def purge(self, keys: list[bytes]) -> HbmPurged:
         """Tenant erasure: free and zero these pages (not just release them), zero every
         free page (pages dropped earlier, the tenant's among them, keep their bytes until
         reused) and every free staging slot (the last page encoded there). Reserved landing
@@ -186,7 +186,7 @@ class HbmActor:
                     n += 1
             free = self.arena.scrub_free()
             self._lock.notify_all()
-        return {"pages": n, "free_zeroed": free, "staging_zeroed": self.mover.scrub_free()}
+        return HbmPurged(pages=n, free_zeroed=free, staging_zeroed=self.mover.scrub_free())
 
     def arena_holds(self, needles: list[bytes]) -> list[bool]:
         """Test and audit helper: which of ``needles`` occur anywhere in the arena (every

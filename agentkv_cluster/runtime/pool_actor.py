@@ -25,7 +25,7 @@ from agentkv_cluster.runtime.pool_records import (
     seal_record,
     sealed_total,
 )
-from agentkv_cluster.runtime.records import PageMeta
+from agentkv_cluster.runtime.records import PageMeta, PoolPurged
 from security.blinding import DirectoryBlinder, size_bucket
 from security.chunked import ChunkedSealer
 from security.errors import KeyExists, KeyUnavailable
@@ -324,7 +324,7 @@ class PoolActor:
                 self._shred_copy(key, codec)
             return [k for k, _ in doomed]
 
-    def purge_tenant(self, tenant: str) -> dict[str, Any]:
+    def purge_tenant(self, tenant: str) -> PoolPurged:
         """Tenant erasure on this node: forget the tenant's cached keys (a tenant created
         again under the name gets new ones), overwrite and drop every copy of its pages
         (host slots zeroed, NVMe payloads zeroed in place before the tombstone), then zero
@@ -336,10 +336,10 @@ class PoolActor:
         with self._lock:
             host = self.erase_tenant(tenant, int(Tier.HOST))
             nvme = self.erase_tenant(tenant, int(Tier.NVME))
-            return {"host": len(host), "nvme": len(nvme), "keys": sorted(set(host + nvme)),
-                    "host_free_zeroed": self.host.scrub_free(),
-                    "nvme_dead_zeroed": self.nvme.shred_dead(),
-                    "staging_zeroed": self.mover.scrub_free()}
+            return PoolPurged(keys=tuple(sorted(set(host + nvme))), host=len(host),
+                              nvme=len(nvme), host_free_zeroed=self.host.scrub_free(),
+                              nvme_dead_zeroed=self.nvme.shred_dead(),
+                              staging_zeroed=self.mover.scrub_free())
 
     def tenants_held(self) -> list[str]:
         """The namespaces this pool holds copies of (recovered records included)."""

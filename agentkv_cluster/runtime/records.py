@@ -52,6 +52,38 @@ class TenantForgotten:
 
 
 @dataclass(frozen=True, kw_only=True)
+class HbmPurged:
+    """What an HBM actor overwrote for a tenant erasure (``HbmActor.purge``)."""
+
+    pages: int  # the tenant's pages, freed and zeroed
+    free_zeroed: int  # free arena pages zeroed (a dropped page keeps its bytes until reused)
+    staging_zeroed: int  # free staging slots zeroed
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolPurged:
+    """What a pool actor overwrote for a tenant erasure (``PoolActor.purge_tenant``)."""
+
+    keys: tuple[bytes, ...]  # the tenant's pages it held copies of (for the directory)
+    host: int  # copies in host-pool slots, zeroed and freed
+    nvme: int  # copies in the NVMe shard, zeroed in place, then tombstoned
+    host_free_zeroed: int  # free host slots zeroed
+    nvme_dead_zeroed: int  # dead NVMe records zeroed
+    staging_zeroed: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ControllerErased:
+    """The controller's part of a tenant erasure (``ControllerActor.erase_tenant``): what
+    it forgot, and what its HBM actors overwrote, summed over them."""
+
+    forgotten: TenantForgotten
+    hbm_pages: int
+    hbm_free_zeroed: int
+    hbm_actors: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class KvShape:
     """Geometry of a KV page: K then V, each [layers, kv_heads, tokens, head_dim]."""
 

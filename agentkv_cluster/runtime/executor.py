@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -118,8 +118,7 @@ class Executor:
         yet (no thread, no credit) give way at once, and the manager hears so now (a
         queued prefetch leaves the page to the engine's own restore; a queued migration
         leaves it in HBM). Returns how many gave way."""
-        wanted = set(gids)
-        return self._abandon(lambda a: a.gid in wanted, "wanted before it started")
+        return self._abandon(lambda a: True, "wanted before it started", gids)
 
     @contextmanager
     def room_wanted(self, hbms: set[str]) -> Iterator[int]:
@@ -145,11 +144,14 @@ class Executor:
         return (a.reason is Reason.PREFETCH and self._starving[a.hbm] > 0
                 and not self.controller.table.wanted(a.gid))
 
-    def _abandon(self, match: Callable[[Action], bool], why: str) -> int:
+    def _abandon(self, match: Callable[[Action], bool], why: str,
+                 gids: Iterable[int] | None = None) -> int:
+        """Queued background moves (of ``gids``, or all) that ``match`` give way."""
         given_up = []
         with self._lock:
-            for gid, (future, action) in list(self._queued.items()):
-                if match(action) and future.cancel():
+            for gid in set(self._queued if gids is None else gids):
+                future, action = self._queued.get(gid, (None, None))
+                if action is not None and match(action) and future.cancel():
                     del self._queued[gid]
                     given_up.append(TransferResult(action=action, outcome=Outcome.ABANDONED,
                                                    error=f"Abandoned: {why}", elapsed_s=0.0))

@@ -13,7 +13,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from agentkv_cluster.lifecycle.events import EventValidationError, TaskEnd
-from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.runtime.controller import Controller, HbmFull
 from agentkv_cluster.runtime.executor import Executor
 from agentkv_cluster.runtime.guard import Guarded
@@ -25,8 +24,8 @@ from agentkv_cluster.runtime.records import (
     ActionKind,
     AuditSummary,
     ControllerErased,
-    KvShape,
     LoadReport,
+    MetricsSince,
     Outcome,
     PageMeta,
     RefusedNotFound,
@@ -160,7 +159,8 @@ class ControllerActor:
         rec = self.controller.table.record(gid)
         if Codec.FULL not in rec.copies or rec.pool not in self.pools:
             return False
-        got = self.pools[rec.pool].restore_into(rec.meta, Codec.FULL, dst)
+        got = self.pools[rec.pool].restore_to(rec.meta.key, rec.meta.digest, int(Codec.FULL),
+                                              dst.wire())
         # The verification fetch of a lossy restore is traffic of the policy that chose the
         # lossy form: counted like any other move (tier "verify").
         self.executor.traffic.add(rec.meta.tenant, "verify", got.nbytes)
@@ -305,12 +305,10 @@ class ControllerActor:
         if lookup is not Lookup.HIT or entry.node not in self.pools:
             return False
         held = self.pools[entry.node].holds(meta.key)
-        if not held:
+        if held is None:
             return False
-        copies = {Codec(c): Tier(t) for t, c in held["copies"]}
-        sh = held["shape"]
-        meta = replace(meta, length=held["length"], state_type=StateType(held["state_type"]),
-                       shape=None if sh is None else KvShape.from_dims(sh[:4], sh[4]))
+        copies = {codec: tier for tier, codec in held.copies}
+        meta = replace(meta, length=held.length, state_type=held.state_type, shape=held.shape)
         self.controller.admit(tenant, session, [meta], time.monotonic(),
                               copies={meta.key: copies}, pool=entry.node)
         return True
@@ -345,10 +343,10 @@ class ControllerActor:
     def republish(self) -> int:
         return sum(int(p.republish()) for p in self.pools.values())
 
-    def metrics_since(self, cursor: int) -> dict[str, Any]:
+    def metrics_since(self, cursor: int) -> MetricsSince:
         """What the metrics exporter needs: credit waits after ``cursor`` (at most 10,000;
         the counters restart with fresh credits), the phases of loads since the last call,
-        HBM bytes in use, and cumulative recompute tokens and pool-tier bytes per tenant."""
+        HBM bytes in use, and the cumulative counts per tenant."""
         waits = self.executor.credits.waits
         end = len(waits)
         if cursor > end:  # set_credits started fresh counters
@@ -358,11 +356,11 @@ class ControllerActor:
                    if k[1] != "hbm"}  # bytes into HBM are counted by the API front
         unexported = self.loader.unexported
         phases = [unexported.popleft() for _ in range(len(unexported))]
-        return {"cursor": end, "waits": _wait_labels(waits[max(cursor, end - 10000):end]),
-                "phases": phases, "hbm_used": hbm,
-                "recompute": dict(self.loader.recompute_tokens), "traffic": traffic,
-                "codecs": dict(self.executor.traffic.by_tenant_codec),
-                "gave_room": self.executor.gave_room}
+        return MetricsSince(cursor=end, waits=_wait_labels(waits[max(cursor, end - 10000):end]),
+                            phases=phases, hbm_used=hbm,
+                            recompute=dict(self.loader.recompute_tokens), traffic=traffic,
+                            codecs=dict(self.executor.traffic.by_tenant_codec),
+                            gave_room=self.executor.gave_room)
 
     def learned(self) -> Learned | None:
         """What this controller's strategy learned (for its successor)."""

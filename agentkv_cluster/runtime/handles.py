@@ -28,7 +28,9 @@ if TYPE_CHECKING:
         ControllerErased,
         HbmPurged,
         LoadReport,
+        MetricsSince,
         PageMeta,
+        PoolHolding,
         PoolPurged,
     )
     from agentkv_cluster.runtime.strategies import Learned
@@ -151,15 +153,12 @@ class PoolHandle(ActorHandle):
     def stats(self) -> dict[str, Any]:
         return self._call("stats")
 
-    def holds(self, key: bytes) -> dict[str, Any]:
+    def holds(self, key: bytes) -> PoolHolding | None:
         return self._call("holds", key)
 
     def store_from(self, meta: PageMeta, tier: Tier, codec: Codec, src: RemoteSpan
                    ) -> PoolReceipt:
         return self._call("store_from", meta, tier, codec, src)
-
-    def restore_into(self, meta: PageMeta, codec: Codec, dst: RemoteSpan) -> PoolReceipt:
-        return self._call("restore_into", meta, codec, dst)
 
     def restore_to(self, key: bytes, digest: bytes, codec: int, dst: tuple) -> PoolReceipt:
         return self._call("restore_to", key, digest, codec, dst)
@@ -329,7 +328,7 @@ class ControllerHandle(ActorHandle):
     def republish(self) -> int:
         return self._call("republish")
 
-    def metrics_since(self, cursor: int) -> dict[str, Any]:
+    def metrics_since(self, cursor: int) -> MetricsSince:
         return self._call("metrics_since", cursor)
 
     def drain_audit(self) -> list[AuditSummary]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentkv_cluster.api.errors import TenantNotProvisioned
+from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.runtime.mover import Endpoint, Mover, RemoteSpan
 from agentkv_cluster.runtime.pool_records import (
     ChunkOpener,
@@ -25,7 +26,7 @@ from agentkv_cluster.runtime.pool_records import (
     seal_record,
     sealed_total,
 )
-from agentkv_cluster.runtime.records import PageMeta, PoolPurged
+from agentkv_cluster.runtime.records import KvShape, PageMeta, PoolHolding, PoolPurged
 from security.blinding import DirectoryBlinder, size_bucket
 from security.chunked import ChunkedSealer
 from security.errors import KeyExists, KeyUnavailable
@@ -158,15 +159,16 @@ class PoolActor:
                 "nvme_live_bytes": nv.live_bytes, "rejects": self.opener.rejects,
                 "torn": self.torn}
 
-    def holds(self, key: bytes) -> dict[str, Any]:
-        """What this pool keeps of a page: its copies and the page's geometry."""
+    def holds(self, key: bytes) -> PoolHolding | None:
+        """What this pool keeps of a page (None: nothing)."""
         with self._lock:
-            found = [(codec, c) for (k, codec), c in self._index.items() if k == key]
-            if not found:
-                return {}
-            c = found[0][1]
-            return {"copies": [(int(x.tier), int(codec)) for codec, x in found],
-                    "length": c.full, "state_type": c.state_type, "shape": c.shape}
+            found = [(c, x) for c in Codec if (x := self._index.get((key, c))) is not None]
+        if not found:
+            return None
+        sh = found[0][1].shape
+        return PoolHolding(copies=tuple((x.tier, c) for c, x in found), length=found[0][1].full,
+                           state_type=StateType(found[0][1].state_type),
+                           shape=None if sh is None else KvShape.from_dims(sh[:4], sh[4]))
 
     # -- directory ------------------------------------------------------------------------------
     def _dir_generation(self, ns: str) -> int:
@@ -243,13 +245,9 @@ class PoolActor:
             raise
         self.host.commit(copy.slot, size)
 
-    def restore_into(self, meta: PageMeta, codec: Codec, dst: RemoteSpan) -> PoolReceipt:
-        """Open the (key, codec) copy, on whichever tier holds it, and push its plaintext
-        into ``dst``."""
-        return self.restore_to(meta.key, meta.digest, int(codec), dst.wire())
-
     def restore_to(self, key: bytes, digest: bytes, codec: int, dst: tuple) -> PoolReceipt:
-        """``restore_into`` in plain values (``RemoteSpan.wire()``): Ray passes those without
+        """Open the (key, codec) copy, on whichever tier holds it, and push its plaintext
+        into ``dst`` (``RemoteSpan.wire()``). Plain values: Ray passes those without
         pickling, a few hundred microseconds less per call on the restore path."""
         want, span = Codec(codec), RemoteSpan.from_wire(dst)
         slot = self.mover.take_slot()

@@ -52,6 +52,18 @@ class TenantForgotten:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PoolHolding:
+    """What a pool keeps of one page (``PoolActor.holds``): its copies, and the page's
+    geometry read back from the copies' records (a page found through the directory is
+    adopted with them)."""
+
+    copies: tuple[tuple[Tier, Codec], ...]
+    length: int  # the FULL page's bytes
+    state_type: StateType
+    shape: KvShape | None
+
+
+@dataclass(frozen=True, kw_only=True)
 class HbmPurged:
     """What an HBM actor overwrote for a tenant erasure (``HbmActor.purge``)."""
 
@@ -332,6 +344,21 @@ class LoadPhases:
     def seconds(self) -> tuple[float, ...]:
         """The phases' seconds in ``PHASES`` order."""
         return (self.settle_s, self.blocked_s, self.transfer_s, self.arrival_s, self.total_s)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricsSince:
+    """What the metrics exporter pulls from the controller on each scrape
+    (``ControllerActor.metrics_since``): new entries, then cumulative counts."""
+
+    cursor: int  # pass it to the next call
+    waits: list[tuple[str, float]]  # credit waits since the last cursor: (tier label, s)
+    phases: list[LoadPhases]  # engine loads since the last call
+    hbm_used: int  # bytes of HBM in use now
+    recompute: dict[str, int]  # tenant -> tokens lost for good
+    traffic: dict[tuple[str, str], int]  # (tenant, pool tier) -> bytes moved into it
+    codecs: dict[tuple[str, str], int]  # (tenant, codec) -> pool copies written
+    gave_room: int  # prefetches that gave their HBM room to a blocked load
 
 
 @dataclass(frozen=True, kw_only=True)

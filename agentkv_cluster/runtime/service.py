@@ -262,19 +262,19 @@ class MetricsFeed:
         if topo.controller is not self._controller:  # use_policy: counters start again
             self._controller, self._cursor, self._last = topo.controller, 0, {}
         got = topo.controller.options(timeout_s=5.0).metrics_since(self._cursor)
-        self._cursor = got["cursor"]
-        for tier, seconds in got["waits"]:
+        self._cursor = got.cursor
+        for tier, seconds in got.waits:
             m.waited(tier, seconds)  # restores into HBM; gap migrations into host / NVMe
-        for phases in got["phases"]:
+        for phases in got.phases:
             m.loaded(phases)
-        m.set_occupancy("hbm", got["hbm_used"])
-        for tenant, tokens in got["recompute"].items():
+        m.set_occupancy("hbm", got.hbm_used)
+        for tenant, tokens in got.recompute.items():
             m.recompute(tenant, self._delta(("recompute", tenant), tokens))
-        for (tenant, tier), nbytes in got["traffic"].items():
+        for (tenant, tier), nbytes in got.traffic.items():
             m.transfer(tenant, tier, self._delta(("traffic", tenant, tier), nbytes))
-        for (tenant, codec), pages in got["codecs"].items():
+        for (tenant, codec), pages in got.codecs.items():
             m.stored(tenant, codec, self._delta(("codecs", tenant, codec), pages))
-        m.gave_room(self._delta("gave_room", got["gave_room"]))
+        m.gave_room(self._delta("gave_room", got.gave_room))
         host = nvme = 0
         for pool in list(topo.pools.values()):
             try:

@@ -55,8 +55,9 @@ def _tiers_holding(svc: Service, keys: list[bytes]) -> dict[str, int]:
     for key in keys:
         held["hbm"] += sum(key in r for r in resident)
         for pool in topo.pools.values():
-            for tier, _codec in pool.holds(key).get("copies", []):
-                held["nvme" if tier == 2 else "host"] += 1
+            holding = pool.holds(key)
+            for tier, _codec in holding.copies if holding is not None else ():
+                held[tier.name.lower()] += 1
     return held
 
 

@@ -59,7 +59,8 @@ def test_chunked_page_restores_byte_identical(service, tier):
     assert (receipt.tier, receipt.link_bytes, receipt.exact) == (int(tier), PAGE, True)
     assert hbm.read(b"k" * 32)[:PAGE] == pages[1]
     span = hbm.span(b"k" * 32)  # the controller's entry point, into the same arena page
-    assert pool.restore_into(_meta(), Codec.FULL, span) == PoolReceipt(tier=tier, nbytes=PAGE)
+    assert pool.restore_to(b"k" * 32, b"d" * 32, int(Codec.FULL), span.wire()) \
+        == PoolReceipt(tier=tier, nbytes=PAGE)
     assert hbm.read(b"k" * 32)[:PAGE] == pages[1]
     assert {k: pool.stats()[k] for k in ("rejects", "torn")} == {"rejects": 0, "torn": 0}
 
@@ -168,6 +169,7 @@ def test_a_restarted_pool_drops_the_nvme_records_of_an_erased_tenant(service):
     try:
         assert list(again.nvme.keys()) == []
         with pytest.raises(PageMissing):
-            again.restore_into(_meta(), Codec.FULL, front.slot_span(0, PAGE))
+            again.restore_to(b"k" * 32, b"d" * 32, int(Codec.FULL),
+                             front.slot_span(0, PAGE).wire())
     finally:
         again.close()

@@ -19,10 +19,11 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
+from agentkv_cluster.runtime.records import PoolReceipt
+
 if TYPE_CHECKING:
     from agentkv_cluster.runtime.hbm_actor import DemoteReceipt, RestoreReceipt
     from agentkv_cluster.runtime.mover import Endpoint, RemoteSpan
-    from agentkv_cluster.runtime.pool_actor import PoolReceipt
     from agentkv_cluster.runtime.records import (
         AuditSummary,
         ControllerErased,
@@ -158,10 +159,10 @@ class PoolHandle(ActorHandle):
 
     def store_from(self, meta: PageMeta, tier: Tier, codec: Codec, src: RemoteSpan
                    ) -> PoolReceipt:
-        return self._call("store_from", meta, tier, codec, src)
+        return PoolReceipt.from_wire(self._call("store_from", meta, tier, codec, src))
 
     def restore_to(self, key: bytes, digest: bytes, codec: int, dst: tuple) -> PoolReceipt:
-        return self._call("restore_to", key, digest, codec, dst)
+        return PoolReceipt.from_wire(self._call("restore_to", key, digest, codec, dst))
 
     def probe_link(self, dst: RemoteSpan) -> int:
         return self._call("probe_link", dst)

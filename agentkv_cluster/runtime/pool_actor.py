@@ -26,7 +26,13 @@ from agentkv_cluster.runtime.pool_records import (
     seal_record,
     sealed_total,
 )
-from agentkv_cluster.runtime.records import KvShape, PageMeta, PoolHolding, PoolPurged
+from agentkv_cluster.runtime.records import (
+    KvShape,
+    PageMeta,
+    PoolHolding,
+    PoolPurged,
+    PoolReceipt,
+)
 from security.blinding import DirectoryBlinder, size_bucket
 from security.chunked import ChunkedSealer
 from security.errors import KeyExists, KeyUnavailable
@@ -45,15 +51,6 @@ _TORN_RETRIES = 3
 
 class PageMissing(Exception):
     """The pool holds no readable copy of that page in that form."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class PoolReceipt:
-    """What a store or restore moved: the tier that holds (or held) the copy and the
-    plaintext bytes of its codec's form that crossed the link."""
-
-    tier: Tier
-    nbytes: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -193,14 +190,14 @@ class PoolActor:
 
     # -- data path ------------------------------------------------------------------------------
     def store_from(self, meta: PageMeta, tier: Tier, codec: Codec, src: RemoteSpan
-                   ) -> PoolReceipt:
+                   ) -> tuple[int, int]:
         """Pull an encoded page from ``src``, seal it, store it on ``tier`` (HOST spills to NVMe)."""
         slot = self.mover.take_slot()
         try:
             self.mover.pull(src, self.mover.staging_region, slot * self.mover.slot_bytes)
             plain = self.mover.slot_view(slot, src.length)
             with self._lock:
-                return self._store(meta, tier, codec, plain)
+                return self._store(meta, tier, codec, plain).wire()
         finally:
             self.mover.give_slot(slot)
 
@@ -245,7 +242,7 @@ class PoolActor:
             raise
         self.host.commit(copy.slot, size)
 
-    def restore_to(self, key: bytes, digest: bytes, codec: int, dst: tuple) -> PoolReceipt:
+    def restore_to(self, key: bytes, digest: bytes, codec: int, dst: tuple) -> tuple[int, int]:
         """Open the (key, codec) copy, on whichever tier holds it, and push its plaintext
         into ``dst`` (``RemoteSpan.wire()``). Plain values: Ray passes those without
         pickling, a few hundred microseconds less per call on the restore path."""
@@ -260,7 +257,7 @@ class PoolActor:
                     if copy.tier is not Tier.HOST:  # read into the shared scratch: stay locked
                         self.opener.open_and_push(digest, copy,
                                                   self._read_nvme(key, want), slot, span)
-                        return PoolReceipt(tier=copy.tier, nbytes=copy.nbytes)
+                        return PoolReceipt(tier=copy.tier, nbytes=copy.nbytes).wire()
                     try:
                         record, seq = self.host.view(copy.slot)
                     except (SlotEmpty, TornRead):
@@ -269,7 +266,7 @@ class PoolActor:
                 # store that frees and reuses the slot meanwhile moves its seqlock.
                 if self.opener.open_and_push(digest, copy, record, slot, span,
                                              lambda s=copy.slot, q=seq: self.host.unchanged(s, q)):
-                    return PoolReceipt(tier=copy.tier, nbytes=copy.nbytes)
+                    return PoolReceipt(tier=copy.tier, nbytes=copy.nbytes).wire()
                 with self._lock:
                     self.torn += 1
             raise PageMissing("host copy kept changing while it was read")

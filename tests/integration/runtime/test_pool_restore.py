@@ -13,8 +13,8 @@ import pytest
 
 from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.runtime.mover import MoveError, Mover
-from agentkv_cluster.runtime.pool_actor import PageMissing, PoolActor, PoolReceipt, SealRejected
-from agentkv_cluster.runtime.records import PageMeta
+from agentkv_cluster.runtime.pool_actor import PageMissing, PoolActor, SealRejected
+from agentkv_cluster.runtime.records import PageMeta, PoolReceipt
 from store.types import Codec, Tier
 from tests.support.local_topology import local_topology
 

@@ -117,8 +117,11 @@ class Executor:
         """An engine waits for ``gids``: background moves of them that have not started
         yet (no thread, no credit) give way at once, and the manager hears so now (a
         queued prefetch leaves the page to the engine's own restore; a queued migration
-        leaves it in HBM). Returns how many gave way."""
-        return self._abandon(lambda a: True, "wanted before it started", gids)
+        leaves it in HBM). Those waiting for their credit look now: a migration gives way,
+        a prefetch is promoted to the foreground. Returns how many gave way."""
+        given = self._abandon(lambda a: True, "wanted before it started", gids)
+        self.credits.wake()
+        return given
 
     @contextmanager
     def room_wanted(self, hbms: set[str]) -> Iterator[int]:

@@ -38,7 +38,12 @@ class Abandoned(Exception):
 
 
 class LinkCredits:
-    """Blocking front of ``CreditManager``: at most ``per_link`` transfers per link at once."""
+    """Blocking front of ``CreditManager``: at most ``per_link`` transfers per link at once.
+
+    A waiting request looks again whenever a credit is released or ``wake`` is called (a
+    load wants its page, or its room), and every ``poll_s`` besides (credit pacing)."""
+
+    poll_s = 0.02
 
     def __init__(self, per_link: int, per_session: int, enabled: bool = True) -> None:
         self.per_link, self.per_session, self.enabled = per_link, per_session, enabled
@@ -121,7 +126,7 @@ class LinkCredits:
               give_up: Callable[[], bool] | None) -> None:
         if give_up is not None and give_up():
             raise Abandoned(f"{link}: gave way while it waited")
-        if not self._cv.wait(min(0.02, timeout_s)) and time.monotonic() - t0 > timeout_s:
+        if not self._cv.wait(min(self.poll_s, timeout_s)) and time.monotonic() - t0 > timeout_s:
             raise TimeoutError(f"no credit on {link} after {timeout_s} s")
 
     def _poll(self, link: Link, mgr: CreditManager) -> None:

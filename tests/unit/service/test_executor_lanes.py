@@ -150,3 +150,32 @@ def test_a_prefetch_waiting_for_its_credit_gives_its_room_to_a_blocked_load() ->
         credits.release(Link("p", "h"), fg)
     finally:
         ex.close()
+
+
+def test_a_prefetch_waiting_for_its_credit_is_promoted_as_soon_as_a_load_wants_it() -> None:
+    """The load's ``abandon_queued`` wakes the credit waiters: the prefetch sees that its
+    page is wanted at once, not at the next credit poll (made an hour long here)."""
+    ctl = Guarded(Controller(make_strategy("agentkv")))
+    ctl.add_hbm("h", 4 * MB)
+    credits = LinkCredits(1, 2)
+    credits.poll_s = 3600.0
+    ex = Executor(ctl, {"h": _Actor()}, {"p": _Actor()}, {"h": "p"}, credits,
+                  landing_pages=0)
+    fg_link = Link("p", "h")
+    try:
+        fg = credits.acquire("s", fg_link)  # the link is busy with an engine's restore
+        gid, prefetch = _prefetching(ctl)
+        ex.submit([prefetch])
+        deadline = time.monotonic() + 5.0
+        while ex._queued and time.monotonic() < deadline:  # started: waits for its credit
+            time.sleep(0.01)
+        time.sleep(0.1)
+        assert credits.waiting[fg_link] == 0  # still a background request
+        ctl.table.want([gid], 1)  # what ``EngineLoader.load`` does first
+        assert ex.abandon_queued([gid]) == 0  # it had started: not handed back, promoted
+        while credits.waiting[fg_link] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert credits.waiting[fg_link] == 1, "the wanted prefetch slept until the next poll"
+        credits.release(fg_link, fg)
+    finally:
+        ex.close()

@@ -14,6 +14,8 @@ from typing import Any
 
 from agentkv_cluster.lifecycle.events import EventValidationError, TaskEnd
 from agentkv_cluster.runtime.controller import Controller, HbmFull
+from agentkv_cluster.runtime.directory_glue import held_elsewhere
+from agentkv_cluster.runtime.event_planner import AuditSummary
 from agentkv_cluster.runtime.executor import Executor
 from agentkv_cluster.runtime.guard import Guarded
 from agentkv_cluster.runtime.handles import ActorGone, HbmHandle, PoolHandle
@@ -22,12 +24,12 @@ from agentkv_cluster.runtime.loads import EngineLoader
 from agentkv_cluster.runtime.mover import RemoteSpan
 from agentkv_cluster.runtime.records import (
     ActionKind,
-    AuditSummary,
     ControllerErased,
     LoadReport,
     MetricsSince,
     Outcome,
     PageMeta,
+    PoolHolding,
     RefusedNotFound,
     RequestRefused,
     TenantErased,
@@ -36,7 +38,7 @@ from agentkv_cluster.runtime.records import (
     UnknownSession,
 )
 from agentkv_cluster.runtime.strategies import Learned, make_strategy
-from store.types import Codec, Lookup, Tier
+from store.types import Codec, Tier
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -285,33 +287,30 @@ class ControllerActor:
     def lookup(self, tenant: str, session: str, metas: list[PageMeta], namespaces: list[str]
                ) -> int:
         """Length of the leading run of ``metas`` the cluster holds: in this session's HBM,
-        or found through the directory on any pool (then adopted with its copies)."""
+        or found through the directory on any pool (then adopted with its copies). From
+        the first page not held here on, the rest are looked up at once: one directory
+        read per namespace and one ``holds_many`` per pool, not a round trip each."""
         hbm = self.hbm_of(tenant, session)
-        n = 0
-        for meta, ns in zip(metas, namespaces):
-            if self._known(meta, hbm) or self._adopt(tenant, session, meta, ns):
-                n += 1
+        elsewhere: dict[int, tuple[str, PoolHolding]] | None = None
+        for n, meta in enumerate(metas):
+            if self._known(meta, hbm):
                 continue
-            break
-        return n
+            if elsewhere is None:
+                elsewhere = held_elsewhere(self.directory, self.pools, metas[n:], namespaces[n:],
+                                           n)
+            found = elsewhere.get(n)
+            if found is None:
+                return n
+            node, held = found
+            copies = {codec: tier for tier, codec in held.copies}
+            meta = replace(meta, length=held.length, state_type=held.state_type,
+                           shape=held.shape)
+            self.controller.admit(tenant, session, [meta], time.monotonic(),
+                                  copies={meta.key: copies}, pool=node)
+        return len(metas)
 
     def _known(self, meta: PageMeta, hbm: str) -> bool:
         return self.controller.table.share(meta, hbm)
-
-    def _adopt(self, tenant: str, session: str, meta: PageMeta, ns: str) -> bool:
-        if self.directory is None:
-            return False
-        lookup, entry = self.directory.get(ns, meta.key)
-        if lookup is not Lookup.HIT or entry.node not in self.pools:
-            return False
-        held = self.pools[entry.node].holds(meta.key)
-        if held is None:
-            return False
-        copies = {codec: tier for tier, codec in held.copies}
-        meta = replace(meta, length=held.length, state_type=held.state_type, shape=held.shape)
-        self.controller.admit(tenant, session, [meta], time.monotonic(),
-                              copies={meta.key: copies}, pool=entry.node)
-        return True
 
     # -- tenant erasure ------------------------------------------------------------------------
     def freeze_tenant(self, tenant: str) -> None:

@@ -16,7 +16,13 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from store.types import Lookup
+
+if TYPE_CHECKING:
+    from agentkv_cluster.runtime.handles import PoolHandle
+    from agentkv_cluster.runtime.records import PageMeta, PoolHolding
 
 log = logging.getLogger(__name__)
 
@@ -247,6 +253,29 @@ class DirectoryShell:
 
     def restore(self, entries: list[Any]) -> None:
         self.inner.restore(entries)
+
+
+def held_elsewhere(directory: Any, pools: dict[str, PoolHandle], metas: Sequence[PageMeta],
+                   namespaces: Sequence[str], first: int = 0
+                   ) -> dict[int, tuple[str, PoolHolding]]:
+    """Cross-node prefix sharing: for each page of ``metas`` (numbered from ``first``) that
+    the directory places on one of ``pools`` and that pool still holds, the pool's name and
+    what it holds. One directory read per namespace and one ``holds_many`` per pool."""
+    if directory is None:
+        return {}
+    by_ns: dict[str, list[int]] = {}
+    for i, ns in enumerate(namespaces):
+        by_ns.setdefault(ns, []).append(i)
+    by_node: dict[str, list[int]] = {}
+    for ns, idx in by_ns.items():
+        for i, (lookup, entry) in zip(idx, directory.get_many(ns, [metas[i].key for i in idx])):
+            if lookup is Lookup.HIT and entry.node in pools:
+                by_node.setdefault(entry.node, []).append(i)
+    out: dict[int, tuple[str, PoolHolding]] = {}
+    for node, idx in by_node.items():
+        held = pools[node].holds_many([metas[i].key for i in idx])
+        out.update((first + i, (node, h)) for i, h in zip(idx, held) if h is not None)
+    return out
 
 
 def probe(directory: Any, timeout_s: float = 2.0) -> tuple[bool, str]:

@@ -12,6 +12,7 @@ refilled before the tool's predicted return. Pure: no Ray, no I/O, time passed i
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 from agentkv_cluster.lifecycle import events as ev
@@ -22,7 +23,7 @@ from agentkv_cluster.runtime.page_table import PageTable
 from agentkv_cluster.runtime.records import (
     Action,
     ActionKind,
-    AuditSummary,
+    PageMeta,
     PageRecord,
     Reason,
     SessionState,
@@ -37,6 +38,34 @@ from store.types import Codec, Tier
 GAP_WATERMARK = 0.75
 AUDIT_BACKLOG = 100_000  # retired-page summaries kept until the service drains them
 _PAGE_LIST_FIELDS = ("prefix_pages", "input_pages", "consumes", "supersedes", "pages")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuditSummary:
+    """What a retired page of an audited type leaves behind (paper §5.2): an irreversible
+    summary and content hash; the KV bytes themselves are deleted."""
+
+    tenant: str
+    session: str
+    identity_digest: bytes  # PageIdentity.digest(): which state this was
+    state_type: StateType
+    tokens: int
+    content_hash: bytes  # BLAKE2b-128 of the bytes, as stored
+    retired_at: float
+
+    @classmethod
+    def of(cls, meta: PageMeta, state_type: StateType, now: float) -> AuditSummary:
+        """``state_type``: the page's type when it retired (events may have changed it)."""
+        return cls(tenant=meta.tenant, session=meta.session, identity_digest=meta.digest,
+                   state_type=state_type, tokens=meta.tokens,
+                   content_hash=meta.content_hash, retired_at=now)
+
+    def record(self) -> dict[str, object]:
+        """The audit log's entry (JSON-safe)."""
+        return {"tenant": self.tenant, "session": self.session,
+                "identity": self.identity_digest.hex(), "type": self.state_type.value,
+                "tokens": self.tokens, "content_hash": self.content_hash.hex(),
+                "retired_at": self.retired_at}
 
 
 class EventPlanner:

@@ -19,19 +19,18 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
-from agentkv_cluster.runtime.records import PoolReceipt
+from agentkv_cluster.runtime.records import PoolHolding, PoolReceipt
 
 if TYPE_CHECKING:
+    from agentkv_cluster.runtime.event_planner import AuditSummary
     from agentkv_cluster.runtime.hbm_actor import DemoteReceipt, RestoreReceipt
     from agentkv_cluster.runtime.mover import Endpoint, RemoteSpan
     from agentkv_cluster.runtime.records import (
-        AuditSummary,
         ControllerErased,
         HbmPurged,
         LoadReport,
         MetricsSince,
         PageMeta,
-        PoolHolding,
         PoolPurged,
     )
     from agentkv_cluster.runtime.strategies import Learned
@@ -154,8 +153,9 @@ class PoolHandle(ActorHandle):
     def stats(self) -> dict[str, Any]:
         return self._call("stats")
 
-    def holds(self, key: bytes) -> PoolHolding | None:
-        return self._call("holds", key)
+    def holds_many(self, keys: list[bytes]) -> list[PoolHolding | None]:
+        return [None if w is None else PoolHolding.from_wire(w)
+                for w in self._call("holds_many", keys)]
 
     def store_from(self, meta: PageMeta, tier: Tier, codec: Codec, src: RemoteSpan
                    ) -> PoolReceipt:

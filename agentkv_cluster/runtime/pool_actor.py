@@ -156,16 +156,21 @@ class PoolActor:
                 "nvme_live_bytes": nv.live_bytes, "rejects": self.opener.rejects,
                 "torn": self.torn}
 
-    def holds(self, key: bytes) -> PoolHolding | None:
-        """What this pool keeps of a page (None: nothing)."""
+    def holds_many(self, keys: list[bytes]) -> list[tuple | None]:
+        """What this pool keeps of each page (None: nothing), as ``PoolHolding.wire()``."""
+        out: list[tuple | None] = []
         with self._lock:
-            found = [(c, x) for c in Codec if (x := self._index.get((key, c))) is not None]
-        if not found:
-            return None
-        sh = found[0][1].shape
-        return PoolHolding(copies=tuple((x.tier, c) for c, x in found), length=found[0][1].full,
-                           state_type=StateType(found[0][1].state_type),
-                           shape=None if sh is None else KvShape.from_dims(sh[:4], sh[4]))
+            for key in keys:
+                found = [(c, x) for c in Codec if (x := self._index.get((key, c))) is not None]
+                out.append(None if not found else self._holding(found))
+        return out
+
+    @staticmethod
+    def _holding(found: list[tuple[Codec, StoredCopy]]) -> tuple:
+        first = found[0][1]
+        return PoolHolding(copies=tuple((x.tier, c) for c, x in found), length=first.full,
+                           state_type=StateType(first.state_type),
+                           shape=KvShape.from_stored(first.shape)).wire()
 
     # -- directory ------------------------------------------------------------------------------
     def _dir_generation(self, ns: str) -> int:
@@ -213,7 +218,7 @@ class PoolActor:
                           seal_gen=self.keyring.current_generation(meta.namespace),
                           namespace=meta.namespace, full=meta.length,
                           state_type=meta.state_type.value,
-                          shape=None if shape is None else [*shape.dims(), shape.dtype])
+                          shape=None if shape is None else shape.stored())
         for where in ((Tier.HOST, Tier.NVME) if tier is Tier.HOST else (Tier.NVME,)):
             copy.tier = where
             if where is Tier.HOST:  # reserve -> seal in place -> commit: no record buffer

@@ -81,6 +81,17 @@ class PoolHolding:
     state_type: StateType
     shape: KvShape | None
 
+    def wire(self) -> tuple:
+        """Plain values for Ray's msgpack path, as ``PoolReceipt.wire``."""
+        return (tuple((int(t), int(c)) for t, c in self.copies), self.length,
+                self.state_type.value, None if self.shape is None else self.shape.stored())
+
+    @classmethod
+    def from_wire(cls, wire: Sequence) -> PoolHolding:
+        copies, length, state_type, shape = wire
+        return cls(copies=tuple((Tier(t), Codec(c)) for t, c in copies), length=int(length),
+                   state_type=StateType(state_type), shape=KvShape.from_stored(shape))
+
 
 @dataclass(frozen=True, kw_only=True)
 class HbmPurged:
@@ -137,6 +148,14 @@ class KvShape:
         return cls(layers=dims[0], kv_heads=dims[1], tokens=dims[2], head_dim=dims[3],
                    dtype=dtype)
 
+    def stored(self) -> list:
+        """[layers, kv_heads, tokens, head_dim, dtype]: as pool records keep it."""
+        return [*self.dims(), self.dtype]
+
+    @classmethod
+    def from_stored(cls, stored: Sequence | None) -> KvShape | None:
+        return None if stored is None else cls.from_dims(list(stored[:4]), str(stored[4]))
+
 
 @dataclass(frozen=True, kw_only=True)
 class PageMeta:
@@ -153,34 +172,6 @@ class PageMeta:
     tokens: int
     shape: KvShape | None = None  # None: opaque bytes, only Codec.FULL applies
     content_hash: bytes = b""  # BLAKE2b-128 of the page's bytes (for the audit summary)
-
-
-@dataclass(frozen=True, kw_only=True)
-class AuditSummary:
-    """What a retired page of an audited type leaves behind (paper §5.2): an irreversible
-    summary and content hash; the KV bytes themselves are deleted."""
-
-    tenant: str
-    session: str
-    identity_digest: bytes  # PageIdentity.digest(): which state this was
-    state_type: StateType
-    tokens: int
-    content_hash: bytes  # BLAKE2b-128 of the bytes, as stored
-    retired_at: float
-
-    @classmethod
-    def of(cls, meta: PageMeta, state_type: StateType, now: float) -> AuditSummary:
-        """``state_type``: the page's type when it retired (events may have changed it)."""
-        return cls(tenant=meta.tenant, session=meta.session, identity_digest=meta.digest,
-                   state_type=state_type, tokens=meta.tokens,
-                   content_hash=meta.content_hash, retired_at=now)
-
-    def record(self) -> dict[str, object]:
-        """The audit log's entry (JSON-safe)."""
-        return {"tenant": self.tenant, "session": self.session,
-                "identity": self.identity_digest.hex(), "type": self.state_type.value,
-                "tokens": self.tokens, "content_hash": self.content_hash.hex(),
-                "retired_at": self.retired_at}
 
 
 class HbmFull(Exception):

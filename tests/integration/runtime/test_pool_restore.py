@@ -8,13 +8,14 @@ from __future__ import annotations
 import threading
 import time
 
+import msgpack
 import numpy as np
 import pytest
 
 from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.runtime.mover import MoveError, Mover
 from agentkv_cluster.runtime.pool_actor import PageMissing, PoolActor, SealRejected
-from agentkv_cluster.runtime.records import PageMeta, PoolReceipt
+from agentkv_cluster.runtime.records import KvShape, PageMeta, PoolHolding, PoolReceipt
 from store.types import Codec, Tier
 from tests.support.local_topology import local_topology
 
@@ -173,3 +174,24 @@ def test_a_restarted_pool_drops_the_nvme_records_of_an_erased_tenant(service):
                              front.slot_span(0, PAGE).wire())
     finally:
         again.close()
+
+
+@pytest.mark.parametrize("tier", [Tier.HOST, Tier.NVME])
+def test_holds_many_answers_each_page_in_plain_values(service, tier):
+    _hbm, pool, front = service
+    _pages(front)
+    _store(pool, front, 0, tier)
+    missing = b"m" * 32
+    wire = pool.target.holds_many([b"k" * 32, missing])
+    msgpack.packb(wire)  # the actor's answer travels as plain values, not a pickled class
+    assert pool.holds_many([b"k" * 32, missing]) == [
+        PoolHolding(copies=((tier, Codec.FULL),), length=PAGE, state_type=StateType.EVIDENCE,
+                    shape=None), None]
+
+
+def test_a_pool_holding_keeps_its_kv_shape_through_the_wire():
+    shape = KvShape(layers=2, kv_heads=4, tokens=16, head_dim=64, dtype="bfloat16")
+    held = PoolHolding(copies=((Tier.HOST, Codec.INT8), (Tier.NVME, Codec.FULL)), length=4096,
+                       state_type=StateType.FIXED_PREFIX, shape=shape)
+    assert PoolHolding.from_wire(msgpack.unpackb(msgpack.packb(held.wire()))) == held
+    assert KvShape.from_stored(shape.stored()) == shape and KvShape.from_stored(None) is None

@@ -24,11 +24,10 @@ from typing import TYPE_CHECKING
 from agentkv_cluster.runtime.guard import Guarded
 from agentkv_cluster.runtime.handles import ActorGone
 from agentkv_cluster.runtime.landing import LandingPages
-from agentkv_cluster.runtime.link_credits import Abandoned, LinkCredits
+from agentkv_cluster.runtime.link_credits import Abandoned, Link, LinkCredits
 from agentkv_cluster.runtime.records import (
     Action,
     ActionKind,
-    Link,
     Outcome,
     Reason,
     TenantErased,

@@ -19,11 +19,15 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
-from agentkv_cluster.runtime.records import PoolHolding, PoolReceipt
+from agentkv_cluster.runtime.records import (
+    DemoteReceipt,
+    PoolHolding,
+    PoolReceipt,
+    RestoreReceipt,
+)
 
 if TYPE_CHECKING:
     from agentkv_cluster.runtime.event_planner import AuditSummary
-    from agentkv_cluster.runtime.hbm_actor import DemoteReceipt, RestoreReceipt
     from agentkv_cluster.runtime.mover import Endpoint, RemoteSpan
     from agentkv_cluster.runtime.records import (
         ControllerErased,
@@ -257,11 +261,11 @@ class HbmHandle(ActorHandle):
 
     def demote(self, meta: PageMeta, targets: list[tuple[int, int]], pool: PoolHandle | str,
                drop: bool = True) -> DemoteReceipt:
-        return self._call("demote", meta, targets, pool, drop)
+        return DemoteReceipt.from_wire(self._call("demote", meta, targets, pool, drop))
 
     def restore(self, meta: PageMeta, tier: int, codec: int, pool: PoolHandle | str
                 ) -> RestoreReceipt:
-        return self._call("restore", meta, tier, codec, pool)
+        return RestoreReceipt.from_wire(self._call("restore", meta, tier, codec, pool))
 
     def close(self) -> None:
         self._call("close")

@@ -13,7 +13,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agentkv_cluster.runtime.mover import Endpoint, Mover, RemoteSpan
-from agentkv_cluster.runtime.records import HbmPurged, PageMeta, UnknownPageKey
+from agentkv_cluster.runtime.records import (
+    DemoteReceipt,
+    HbmPurged,
+    PageMeta,
+    RestoreReceipt,
+    UnknownPageKey,
+)
 from store.codecs.pages import decode_into, encode_page
 from store.hbm import ArenaFull, HbmArena, PageTooLarge
 from store.types import Codec, Tier
@@ -34,22 +40,6 @@ class HbmSpec:
     # Arena pages beyond ``num_pages`` that the controller's executor may hold as landing
     # pages for one-hop restores (see ``reserve``); the HBM budget never counts them.
     landing_pages: int = 8
-
-
-@dataclass(frozen=True, kw_only=True)
-class DemoteReceipt:
-    copies: tuple[tuple[int, int], ...]  # (tier, codec) now held by the pool
-    tier_bytes: tuple[int, ...]  # bytes written to each of those copies' tiers
-    link_bytes: int  # bytes that crossed the link
-    pool: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class RestoreReceipt:
-    tier: int
-    codec: int
-    link_bytes: int
-    exact: bool
 
 
 class HbmActor:
@@ -251,9 +241,9 @@ class HbmActor:
 
     # -- tier moves ---------------------------------------------------------------------------
     def demote(self, meta: PageMeta, targets: list[tuple[int, int]], pool: PoolHandle | str,
-               drop: bool = True) -> DemoteReceipt:
+               drop: bool = True) -> tuple:
         """Encode the page for each (tier, codec) target, let ``pool`` (a handle or the name
-        of one given to ``add_pool``) pull and seal it."""
+        of one given to ``add_pool``) pull and seal it. Answers ``DemoteReceipt.wire()``."""
         handle = self._pool(pool)
         page = self._page(meta.key)
         raw = self.arena.view(page)[: meta.length].numpy()
@@ -274,11 +264,12 @@ class HbmActor:
         if drop:
             self.drop(meta.key)
         return DemoteReceipt(copies=tuple(copies), tier_bytes=tuple(sizes), link_bytes=link,
-                             pool=handle.name)
+                             pool=handle.name).wire()
 
     def restore(self, meta: PageMeta, tier: int, codec: int, pool: PoolHandle | str
-                ) -> RestoreReceipt:
-        """Have ``pool`` push the sealed-then-opened form into staging, decode into the arena."""
+                ) -> tuple[int, int, int, bool]:
+        """Have ``pool`` push the sealed-then-opened form into staging, decode into the
+        arena. Answers ``RestoreReceipt.wire()``."""
         handle = self._pool(pool)
         if meta.length > self.spec.page_bytes:  # a push would run into the next arena page
             raise PageTooLarge(f"a {meta.length} B page does not fit {self.spec.page_bytes} B")
@@ -301,7 +292,7 @@ class HbmActor:
             raise
         self.arena.mark_written(page, meta.length)
         return RestoreReceipt(tier=int(got.tier), codec=int(codec), link_bytes=got.nbytes,
-                              exact=Codec(codec) is Codec.FULL)
+                              exact=Codec(codec) is Codec.FULL).wire()
 
     def close(self) -> None:
         self.mover.close()

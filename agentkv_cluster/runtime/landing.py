@@ -18,8 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from agentkv_cluster.runtime.hbm_actor import RestoreReceipt
-from agentkv_cluster.runtime.records import PageMeta
+from agentkv_cluster.runtime.records import PageMeta, RestoreReceipt
 from store.hbm import PageTooLarge
 from store.types import Codec
 

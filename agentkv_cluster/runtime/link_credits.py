@@ -18,6 +18,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from agentkv_cluster.policy.credits import (
     BucketSpec,
@@ -28,8 +29,36 @@ from agentkv_cluster.policy.credits import (
     CreditRequest,
     Resource,
 )
-from agentkv_cluster.runtime.records import Link
 from store.types import Tier
+
+_BACKGROUND_SUFFIX = "/bg"  # the label form metrics and logs have always shown
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """The link between pool ``pool`` and HBM actor ``hbm`` (moves in both directions share
+    its credits), in one of two credit classes: foreground (an engine waits: on-demand
+    restores) or background (gap migrations, prefetches). The two classes are separate
+    credit buckets of the same link.
+
+    ``str(link)`` is the label metrics and logs show: ``"pool>hbm"``, plus ``"/bg"`` for
+    the background class."""
+
+    pool: str
+    hbm: str
+    background: bool = False
+
+    @property
+    def foreground(self) -> Link:
+        """The foreground class of the same link."""
+        return Link(self.pool, self.hbm) if self.background else self
+
+    def as_background(self) -> Link:
+        """The background class of the same link."""
+        return self if self.background else Link(self.pool, self.hbm, background=True)
+
+    def __str__(self) -> str:
+        return f"{self.pool}>{self.hbm}{_BACKGROUND_SUFFIX if self.background else ''}"
 
 
 class Abandoned(Exception):

@@ -71,6 +71,43 @@ class PoolReceipt:
 
 
 @dataclass(frozen=True, kw_only=True)
+class DemoteReceipt:
+    """What an HBM actor's demotion stored (``HbmActor.demote``); sent as ``wire()``."""
+
+    copies: tuple[tuple[int, int], ...]  # (tier, codec) now held by the pool
+    tier_bytes: tuple[int, ...]  # bytes written to each of those copies' tiers
+    link_bytes: int  # bytes that crossed the link
+    pool: str
+
+    def wire(self) -> tuple:
+        return self.copies, self.tier_bytes, self.link_bytes, self.pool
+
+    @classmethod
+    def from_wire(cls, wire: Sequence) -> DemoteReceipt:
+        copies, sizes, link, pool = wire
+        return cls(copies=tuple((int(t), int(c)) for t, c in copies),
+                   tier_bytes=tuple(int(n) for n in sizes), link_bytes=int(link), pool=pool)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RestoreReceipt:
+    """What an HBM actor's restore brought in (``HbmActor.restore``); sent as ``wire()``."""
+
+    tier: int
+    codec: int
+    link_bytes: int
+    exact: bool
+
+    def wire(self) -> tuple[int, int, int, bool]:
+        return self.tier, self.codec, self.link_bytes, self.exact
+
+    @classmethod
+    def from_wire(cls, wire: Sequence) -> RestoreReceipt:
+        return cls(tier=int(wire[0]), codec=int(wire[1]), link_bytes=int(wire[2]),
+                   exact=bool(wire[3]))
+
+
+@dataclass(frozen=True, kw_only=True)
 class PoolHolding:
     """What a pool keeps of one page (``PoolActor.holds``): its copies, and the page's
     geometry read back from the copies' records (a page found through the directory is
@@ -283,36 +320,6 @@ class Outcome(enum.Enum):
     ABANDONED = "abandoned"  # a background move gave way: an engine needs the page now
     ERASED = "erased"  # the page's tenant is being erased: the move was cancelled
     ACTOR_GONE = "actor_gone"  # an HBM or pool actor the move needed died
-
-
-_BACKGROUND_SUFFIX = "/bg"  # the label form metrics and logs have always shown
-
-
-@dataclass(frozen=True, slots=True)
-class Link:
-    """The link between pool ``pool`` and HBM actor ``hbm`` (moves in both directions share
-    its credits), in one of two credit classes: foreground (an engine waits: on-demand
-    restores) or background (gap migrations, prefetches). The two classes are separate
-    credit buckets of the same link.
-
-    ``str(link)`` is the label metrics and logs show: ``"pool>hbm"``, plus ``"/bg"`` for
-    the background class."""
-
-    pool: str
-    hbm: str
-    background: bool = False
-
-    @property
-    def foreground(self) -> Link:
-        """The foreground class of the same link."""
-        return Link(self.pool, self.hbm) if self.background else self
-
-    def as_background(self) -> Link:
-        """The background class of the same link."""
-        return self if self.background else Link(self.pool, self.hbm, background=True)
-
-    def __str__(self) -> str:
-        return f"{self.pool}>{self.hbm}{_BACKGROUND_SUFFIX if self.background else ''}"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -54,8 +54,8 @@ def _tiers_holding(svc: Service, keys: list[bytes]) -> dict[str, int]:
     resident = [set(h.keys()) for h in topo.hbms.values()]  # per HBM actor
     for key in keys:
         held["hbm"] += sum(key in r for r in resident)
-        for pool in topo.pools.values():
-            holding = pool.holds(key)
+    for pool in topo.pools.values():
+        for holding in pool.holds_many(keys):
             for tier, _codec in holding.copies if holding is not None else ():
                 held[tier.name.lower()] += 1
     return held

@@ -15,7 +15,7 @@ import pytest
 
 from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.runtime.pool_records import StoredCopy, build_record_v1, slot_identity
-from agentkv_cluster.runtime.records import PageMeta
+from agentkv_cluster.runtime.records import PageMeta, RestoreReceipt
 from security.chunked import record_size
 from store.host_pool import SHM_DIR
 from store.types import Codec, Lookup, Tier
@@ -45,7 +45,7 @@ def _page(front, seed: int) -> bytes:
 
 
 def _restored(hbm, pool, key: bytes, tier: Tier) -> bytes:
-    receipt = hbm.restore(_meta(key), int(tier), int(Codec.FULL), pool)
+    receipt = RestoreReceipt.from_wire(hbm.restore(_meta(key), int(tier), int(Codec.FULL), pool))
     assert receipt.exact
     return hbm.read(key)[:PAGE]
 

@@ -15,7 +15,14 @@ import pytest
 from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.runtime.mover import MoveError, Mover
 from agentkv_cluster.runtime.pool_actor import PageMissing, PoolActor, SealRejected
-from agentkv_cluster.runtime.records import KvShape, PageMeta, PoolHolding, PoolReceipt
+from agentkv_cluster.runtime.records import (
+    DemoteReceipt,
+    KvShape,
+    PageMeta,
+    PoolHolding,
+    PoolReceipt,
+    RestoreReceipt,
+)
 from store.types import Codec, Tier
 from tests.support.local_topology import local_topology
 
@@ -56,7 +63,9 @@ def test_chunked_page_restores_byte_identical(service, tier):
     hbm, pool, front = service
     pages = _pages(front)
     assert _store(pool, front, 1, tier) == PoolReceipt(tier=tier, nbytes=PAGE)
-    receipt = hbm.restore(_meta(), int(tier), int(Codec.FULL), pool)
+    wire = hbm.restore(_meta(), int(tier), int(Codec.FULL), pool)
+    msgpack.packb(wire)  # the actor answers plain values; its handle types them
+    receipt = RestoreReceipt.from_wire(wire)
     assert (receipt.tier, receipt.link_bytes, receipt.exact) == (int(tier), PAGE, True)
     assert hbm.read(b"k" * 32)[:PAGE] == pages[1]
     span = hbm.span(b"k" * 32)  # the controller's entry point, into the same arena page
@@ -150,10 +159,14 @@ def test_moves_may_name_a_pool_handed_over_once(service):
     with pytest.raises(KeyError):  # a name the HBM actor was never given
         hbm.restore(_meta(), int(Tier.HOST), int(Codec.FULL), "node0")
     hbm.add_pool("node0", pool)
-    receipt = hbm.restore(_meta(), int(Tier.HOST), int(Codec.FULL), "node0")
+    receipt = RestoreReceipt.from_wire(
+        hbm.restore(_meta(), int(Tier.HOST), int(Codec.FULL), "node0"))
     assert receipt.exact and hbm.read(b"k" * 32)[:PAGE] == pages[0]
-    demoted = hbm.demote(_meta(), [(int(Tier.NVME), int(Codec.FULL))], "node0", False)
+    wire = hbm.demote(_meta(), [(int(Tier.NVME), int(Codec.FULL))], "node0", False)
+    msgpack.packb(wire)
+    demoted = DemoteReceipt.from_wire(wire)
     assert demoted.copies == ((int(Tier.NVME), int(Codec.FULL)),)
+    assert (demoted.tier_bytes, demoted.link_bytes, demoted.pool) == ((PAGE,), PAGE, "node0")
 
 
 def test_a_restarted_pool_drops_the_nvme_records_of_an_erased_tenant(service):

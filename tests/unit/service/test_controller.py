@@ -8,11 +8,10 @@ import time
 from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.runtime.controller import Controller
 from agentkv_cluster.runtime.guard import Guarded
-from agentkv_cluster.runtime.link_credits import LinkCredits
+from agentkv_cluster.runtime.link_credits import Link, LinkCredits
 from agentkv_cluster.runtime.records import (
     Action,
     ActionKind,
-    Link,
     Outcome,
     PageMeta,
     TransferResult,

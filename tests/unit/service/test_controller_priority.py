@@ -10,8 +10,8 @@ import pytest
 
 from agentkv_cluster.runtime.controller import Controller
 from agentkv_cluster.runtime.guard import Guarded
-from agentkv_cluster.runtime.link_credits import Abandoned, LinkCredits
-from agentkv_cluster.runtime.records import Action, ActionKind, Link, Reason
+from agentkv_cluster.runtime.link_credits import Abandoned, Link, LinkCredits
+from agentkv_cluster.runtime.records import Action, ActionKind, Reason
 from agentkv_cluster.runtime.strategies import make_strategy
 from store.types import Codec, Tier
 from tests.unit.service.test_controller import MB, admitted, done, finish

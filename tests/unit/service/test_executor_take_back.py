@@ -13,9 +13,15 @@ import pytest
 from agentkv_cluster.runtime.controller import Controller
 from agentkv_cluster.runtime.executor import Executor
 from agentkv_cluster.runtime.guard import Guarded
-from agentkv_cluster.runtime.hbm_actor import DemoteReceipt, RestoreReceipt
 from agentkv_cluster.runtime.link_credits import LinkCredits
-from agentkv_cluster.runtime.records import ActionKind, Outcome, PageMeta, Reason
+from agentkv_cluster.runtime.records import (
+    ActionKind,
+    DemoteReceipt,
+    Outcome,
+    PageMeta,
+    Reason,
+    RestoreReceipt,
+)
 from agentkv_cluster.runtime.strategies import make_strategy
 from store.types import Codec, Tier
 from tests.unit.service.test_controller import MB, admitted, finish

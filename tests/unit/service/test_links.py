@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from agentkv_cluster.policy.credits import CreditGrant
-from agentkv_cluster.runtime.link_credits import LinkCredits
-from agentkv_cluster.runtime.records import Link
+from agentkv_cluster.runtime.link_credits import Link, LinkCredits
 
 
 def test_a_link_labels_itself_as_metrics_and_logs_always_showed_it() -> None:

@@ -328,7 +328,7 @@ class ControllerActor:
         pages, its free pages and free staging slots. Returns what was done; raises
         if an HBM actor could not be reached (the caller records the tier as failed)."""
         try:
-            gone = self.controller.forget_tenant(tenant)
+            gone = self.controller.forget_tenant(tenant, wake=self.executor.credits.wake)
             purged = [handle.purge(gone.keys.get(name, []))
                       for name, handle in list(self.hbms.items())]
             return ControllerErased(forgotten=replace(gone, keys={}),

@@ -74,13 +74,20 @@ class Guarded:
             self.cv.wait_for(lambda: table.changes != seen, timeout_s)
             return table.changes
 
-    def forget_tenant(self, tenant: str, wait_s: float = 30.0) -> TenantForgotten:
+    def forget_tenant(self, tenant: str, wait_s: float = 30.0,
+                      wake: Callable[[], None] = lambda: None) -> TenantForgotten:
         """Erase ``tenant`` from the manager: refuse its calls and cancel its moves, wait
-        (at most ``wait_s``) for its transfers in flight, then drop everything of it."""
+        (at most ``wait_s``) for its transfers in flight, then drop everything of it.
+        ``wake`` runs once the moves are cancelled: the transfer worker's moves waiting for
+        a link credit look now and give up (``LinkCredits.wake``). It runs outside the
+        lock, since a credit waiter reads the page table under it while holding the
+        credits' own lock."""
+        m = self.manager
         with self.cv:
-            m = self.manager
             cancelled = m.begin_forget(tenant)
             self.cv.notify_all()  # loads waiting for its pages fail now
+        wake()
+        with self.cv:  # its calls are refused from here on: nothing of it starts meanwhile
             self.cv.wait_for(lambda: not m.table.tenant_moving(tenant), wait_s)
             gone = m.forget_tenant(tenant, cancelled)
             self.cv.notify_all()

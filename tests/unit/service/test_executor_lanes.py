@@ -179,3 +179,46 @@ def test_a_prefetch_waiting_for_its_credit_is_promoted_as_soon_as_a_load_wants_i
         credits.release(fg_link, fg)
     finally:
         ex.close()
+
+
+@pytest.mark.parametrize("wakes", [True, False])
+def test_an_erasure_wakes_its_tenants_moves_waiting_for_a_credit(wakes: bool) -> None:
+    """``Guarded.forget_tenant`` wakes the credit waiters once the tenant's moves are
+    cancelled: its prefetch waiting for a credit gives up at once and the erasure finds no
+    transfer of it in flight. Without the wake (the credit poll made an hour long here)
+    the prefetch sleeps on, and the erasure gives up waiting for it (``straggling``)."""
+    ctl = Guarded(Controller(make_strategy("agentkv")))
+    ctl.add_hbm("h", 4 * MB)
+    credits = LinkCredits(1, 2)
+    credits.poll_s = 3600.0
+    ex = Executor(ctl, {"h": _Actor()}, {"p": _Actor()}, {"h": "p"}, credits,
+                  landing_pages=0)
+    fg_link = Link("p", "h")
+    stop = threading.Event()
+
+    def controller_loop() -> None:  # what the controller actor's loop does with results
+        while not stop.is_set():
+            for result in ex.get_finished():
+                ctl.finished(result, time.monotonic())
+            time.sleep(0.005)
+
+    loop = threading.Thread(target=controller_loop, daemon=True)
+    loop.start()
+    try:
+        fg = credits.acquire("s", fg_link)  # the link is busy with an engine's restore
+        _gid, prefetch = _prefetching(ctl)
+        ex.submit([prefetch])
+        deadline = time.monotonic() + 5.0
+        while ex._queued and time.monotonic() < deadline:  # started: waits for its credit
+            time.sleep(0.01)
+        time.sleep(0.1)
+        assert ctl.manager.table.tenant_moving("t")
+        gone = ctl.forget_tenant("t", wait_s=2.0, wake=credits.wake if wakes else lambda: None)
+        assert gone.pages == 1
+        assert gone.straggling == (0 if wakes else 1)
+        credits.release(fg_link, fg)
+    finally:
+        stop.set()
+        credits.wake()
+        loop.join(5.0)
+        ex.close()

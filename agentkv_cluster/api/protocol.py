@@ -182,10 +182,15 @@ def arg(args: dict[str, Any], name: str, kind: type | tuple[type, ...], *,
     return value
 
 
-def bytes_list(args: dict[str, Any], name: str, *, max_items: int = 4096) -> list[bytes]:
+def bytes_list(args: dict[str, Any], name: str, *, max_items: int = 4096,
+               distinct: bool = False) -> list[bytes]:
+    """``args[name]``: a list of at most ``max_items`` bytes, each at most once if
+    ``distinct`` (page keys of one load or release: a page named twice is a client bug)."""
     items = arg(args, name, list)
     if len(items) > max_items:
         raise ProtocolError(ErrorCode.BAD_ARGS, f"{name!r} holds more than {max_items} items")
     if not all(isinstance(x, bytes) for x in items):
         raise ProtocolError(ErrorCode.BAD_ARGS, f"{name!r} must be a list of bytes")
+    if distinct and len(set(items)) != len(items):
+        raise ProtocolError(ErrorCode.BAD_ARGS, f"{name!r} names an item more than once")
     return items

@@ -93,11 +93,11 @@ def _dispatch(backend: ServiceBackend, principal: Any, op: str, args: dict[str, 
     if op == "lookup_prefix":
         return backend.lookup_prefix(principal, session, p.bytes_list(args, "identities"))
     if op == "prepare_load":
-        return backend.prepare_load(principal, session, p.bytes_list(args, "keys"))
+        return backend.prepare_load(principal, session, p.bytes_list(args, "keys", distinct=True))
     if op == "complete_load":
         return backend.complete_load(principal, session, p.arg(args, "load_id", int))
     if op == "release":
-        return backend.release(principal, session, p.bytes_list(args, "keys"))
+        return backend.release(principal, session, p.bytes_list(args, "keys", distinct=True))
     raise p.ProtocolError(p.ErrorCode.UNKNOWN_OP, f"unknown op {op[:64]!r}")
 
 

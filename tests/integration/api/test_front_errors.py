@@ -67,6 +67,21 @@ def test_what_is_not_there_is_not_found_and_what_is_malformed_is_bad_args(servic
                 prefix_pages=[0])  # nothing was changed by the refusals
 
 
+def test_a_load_or_release_that_names_a_page_twice_is_bad_args(service) -> None:
+    """A page named twice in one load (or release) is a client bug: refused whole, and the
+    page stays as it was (loadable once, released once)."""
+    with service.client("acme") as client:
+        s = client.open_session("twice")
+        (key,) = s.store_pages([kv_page(0, "evidence", identity("acme", "twice", 0))])
+        for call in (lambda: s.prepare_load([key, key]), lambda: s.release([key, key])):
+            with pytest.raises(RemoteError) as err:
+                call()
+            assert err.value.code == "bad_args" and "more than once" in err.value.message
+        (data,) = s.load([key])
+        assert data == kv_page(0, "evidence", identity("acme", "twice", 0))["data"]
+        assert s.release([key]) == 1
+
+
 def test_an_event_nested_a_thousand_deep_is_bad_args(service) -> None:
     deep: object = 1
     for _ in range(1000):

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import pytest
 
@@ -122,10 +125,27 @@ def test_a_queued_prefetch_gives_its_room_to_a_load_blocked_on_its_hbm(parts) ->
     assert ex.get_finished() == []  # the manager heard it directly
 
 
-def test_a_prefetch_waiting_for_its_credit_gives_its_room_to_a_blocked_load() -> None:
+@dataclass
+class _Waiting:
+    """A prefetch started and waiting for its credit: an engine's restore holds the link."""
+
+    ctl: Guarded
+    ex: Executor
+    credits: LinkCredits
+    gid: int
+    deadline: float
+
+    @property
+    def link(self) -> Link:
+        return Link("p", "h")
+
+
+@contextmanager
+def _prefetch_waiting_for_credit(poll_s: float = LinkCredits.poll_s) -> Iterator[_Waiting]:
     ctl = Guarded(Controller(make_strategy("agentkv")))
     ctl.add_hbm("h", 4 * MB)
     credits = LinkCredits(1, 2)
+    credits.poll_s = poll_s
     ex = Executor(ctl, {"h": _Actor()}, {"p": _Actor()}, {"h": "p"}, credits,
                   landing_pages=0)
     try:
@@ -136,10 +156,19 @@ def test_a_prefetch_waiting_for_its_credit_gives_its_room_to_a_blocked_load() ->
         while ex._queued and time.monotonic() < deadline:  # started: waits for its credit
             time.sleep(0.01)
         time.sleep(0.1)
+        yield _Waiting(ctl, ex, credits, gid, deadline)
+        credits.release(Link("p", "h"), fg)
+    finally:
+        ex.close()
+
+
+def test_a_prefetch_waiting_for_its_credit_gives_its_room_to_a_blocked_load() -> None:
+    with _prefetch_waiting_for_credit() as w:
+        ctl, ex, gid = w.ctl, w.ex, w.gid
         assert ex.get_finished() == [] and ctl.manager.table.pages[gid].resident
         with ex.room_wanted({"h"}):
             results: list = []
-            while not results and time.monotonic() < deadline:
+            while not results and time.monotonic() < w.deadline:
                 time.sleep(0.01)
                 results = ex.get_finished()
         (result,) = results
@@ -147,38 +176,18 @@ def test_a_prefetch_waiting_for_its_credit_gives_its_room_to_a_blocked_load() ->
         ctl.finished(result, 2.0)  # what the controller actor's loop does with it
         assert not ctl.manager.table.pages[gid].resident
         assert ctl.manager.table.hbms["h"].used == 0
-        credits.release(Link("p", "h"), fg)
-    finally:
-        ex.close()
 
 
 def test_a_prefetch_waiting_for_its_credit_is_promoted_as_soon_as_a_load_wants_it() -> None:
     """The load's ``abandon_queued`` wakes the credit waiters: the prefetch sees that its
     page is wanted at once, not at the next credit poll (made an hour long here)."""
-    ctl = Guarded(Controller(make_strategy("agentkv")))
-    ctl.add_hbm("h", 4 * MB)
-    credits = LinkCredits(1, 2)
-    credits.poll_s = 3600.0
-    ex = Executor(ctl, {"h": _Actor()}, {"p": _Actor()}, {"h": "p"}, credits,
-                  landing_pages=0)
-    fg_link = Link("p", "h")
-    try:
-        fg = credits.acquire("s", fg_link)  # the link is busy with an engine's restore
-        gid, prefetch = _prefetching(ctl)
-        ex.submit([prefetch])
-        deadline = time.monotonic() + 5.0
-        while ex._queued and time.monotonic() < deadline:  # started: waits for its credit
+    with _prefetch_waiting_for_credit(poll_s=3600.0) as w:
+        assert w.credits.waiting[w.link] == 0  # still a background request
+        w.ctl.table.want([w.gid], 1)  # what ``EngineLoader.load`` does first
+        assert w.ex.abandon_queued([w.gid]) == 0  # it had started: not handed back, promoted
+        while w.credits.waiting[w.link] == 0 and time.monotonic() < w.deadline:
             time.sleep(0.01)
-        time.sleep(0.1)
-        assert credits.waiting[fg_link] == 0  # still a background request
-        ctl.table.want([gid], 1)  # what ``EngineLoader.load`` does first
-        assert ex.abandon_queued([gid]) == 0  # it had started: not handed back, promoted
-        while credits.waiting[fg_link] == 0 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert credits.waiting[fg_link] == 1, "the wanted prefetch slept until the next poll"
-        credits.release(fg_link, fg)
-    finally:
-        ex.close()
+        assert w.credits.waiting[w.link] == 1, "the wanted prefetch slept until the next poll"
 
 
 @pytest.mark.parametrize("wakes", [True, False])
@@ -187,38 +196,23 @@ def test_an_erasure_wakes_its_tenants_moves_waiting_for_a_credit(wakes: bool) ->
     cancelled: its prefetch waiting for a credit gives up at once and the erasure finds no
     transfer of it in flight. Without the wake (the credit poll made an hour long here)
     the prefetch sleeps on, and the erasure gives up waiting for it (``straggling``)."""
-    ctl = Guarded(Controller(make_strategy("agentkv")))
-    ctl.add_hbm("h", 4 * MB)
-    credits = LinkCredits(1, 2)
-    credits.poll_s = 3600.0
-    ex = Executor(ctl, {"h": _Actor()}, {"p": _Actor()}, {"h": "p"}, credits,
-                  landing_pages=0)
-    fg_link = Link("p", "h")
     stop = threading.Event()
+    with _prefetch_waiting_for_credit(poll_s=3600.0) as w:
 
-    def controller_loop() -> None:  # what the controller actor's loop does with results
-        while not stop.is_set():
-            for result in ex.get_finished():
-                ctl.finished(result, time.monotonic())
-            time.sleep(0.005)
+        def controller_loop() -> None:  # what the controller actor's loop does with results
+            while not stop.is_set():
+                for result in w.ex.get_finished():
+                    w.ctl.finished(result, time.monotonic())
+                time.sleep(0.005)
 
-    loop = threading.Thread(target=controller_loop, daemon=True)
-    loop.start()
-    try:
-        fg = credits.acquire("s", fg_link)  # the link is busy with an engine's restore
-        _gid, prefetch = _prefetching(ctl)
-        ex.submit([prefetch])
-        deadline = time.monotonic() + 5.0
-        while ex._queued and time.monotonic() < deadline:  # started: waits for its credit
-            time.sleep(0.01)
-        time.sleep(0.1)
-        assert ctl.manager.table.tenant_moving("t")
-        gone = ctl.forget_tenant("t", wait_s=2.0, wake=credits.wake if wakes else lambda: None)
-        assert gone.pages == 1
-        assert gone.straggling == (0 if wakes else 1)
-        credits.release(fg_link, fg)
-    finally:
-        stop.set()
-        credits.wake()
-        loop.join(5.0)
-        ex.close()
+        loop = threading.Thread(target=controller_loop, daemon=True)
+        loop.start()
+        try:
+            assert w.ctl.manager.table.tenant_moving("t")
+            gone = w.ctl.forget_tenant("t", wait_s=2.0,
+                                       wake=w.credits.wake if wakes else lambda: None)
+            assert gone.pages == 1
+            assert gone.straggling == (0 if wakes else 1)
+        finally:
+            stop.set()
+            loop.join(5.0)

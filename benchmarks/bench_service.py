@@ -63,8 +63,8 @@ def bench_restore(reps: int, pages: int = 4, inflight: int = 4) -> dict[str, flo
     from agentkv_cluster.runtime import wiring
     from agentkv_cluster.runtime.landing import LandingPages
     from agentkv_cluster.runtime.mover import Mover
-    from agentkv_cluster.runtime.pool_actor import ensure_tenant
     from agentkv_cluster.runtime.records import PageMeta
+    from agentkv_cluster.runtime.tenants import ensure_tenant
     from store.types import Codec, Tier
 
     workdir = Path(tempfile.mkdtemp(prefix="agentkv-bench-"))

@@ -255,6 +255,58 @@ class DirectoryShell:
         self.inner.restore(entries)
 
 
+class PoolPublisher:
+    """A pool's writes to the directory: best effort, and never made under the pool's lock
+    (each is a round trip to Redis or the directory actor, several milliseconds on a busy
+    node). The pool's own index is the truth for its copies; the directory is the shared
+    hint that ``PoolActor.republish`` refills after an outage (``stale``)."""
+
+    def __init__(self, directory: Any) -> None:
+        self.directory = directory
+        self.stale = False  # a write failed: the directory misses some of this pool's copies
+        self._seen: dict[str, int] = {}  # blinded namespace -> highest generation it had here
+        self._repair = threading.Lock()
+
+    def saw(self, namespace: str, generation: int) -> None:
+        """A copy of ``namespace`` carries ``generation`` (found on the tiers at start-up)."""
+        self._seen[namespace] = max(self._seen.get(namespace, 0), generation)
+
+    def generation(self, namespace: str) -> int:
+        """The generation a new entry of ``namespace`` carries. Read on every store, so an
+        emptied directory is noticed by the next one; never lower than one this pool has
+        used (an emptied directory is advanced back). The first store of a namespace opens
+        its generation, once per pool however many stores race to it."""
+        try:
+            gen = self.directory.current_generation(namespace)
+            if gen == 0 or gen < self._seen.get(namespace, 0):
+                with self._repair:
+                    gen = self._repaired(namespace)
+        except Exception:  # noqa: BLE001 - directory unreachable: keep the last known one
+            self.stale = True
+            gen = max(1, self._seen.get(namespace, 1))
+        self.saw(namespace, gen)
+        return gen
+
+    def _repaired(self, namespace: str) -> int:
+        gen, seen = self.directory.current_generation(namespace), self._seen.get(namespace, 0)
+        if gen < seen:  # an emptied Redis: never go backwards
+            self.directory.advance_generation(namespace, seen)
+            return seen
+        return self.directory.open_generation(namespace) if gen == 0 else gen
+
+    def put(self, entry: Any) -> None:
+        self._publish(lambda: self.directory.put(entry))
+
+    def delete(self, namespace: str, key: bytes) -> None:
+        self._publish(lambda: self.directory.delete(namespace, key))
+
+    def _publish(self, write: Callable[[], Any]) -> None:
+        try:
+            write()
+        except Exception:  # noqa: BLE001 - Redis down, actor gone: the data path goes on
+            self.stale = True
+
+
 def held_elsewhere(directory: Any, pools: dict[str, PoolHandle], metas: Sequence[PageMeta],
                    namespaces: Sequence[str], first: int = 0
                    ) -> dict[int, tuple[str, PoolHolding]]:

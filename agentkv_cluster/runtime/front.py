@@ -33,7 +33,6 @@ from agentkv_cluster.lifecycle.identity import IdentityError, PageIdentity
 from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.runtime.handles import ControllerHandle, HbmHandle
 from agentkv_cluster.runtime.mover import Mover
-from agentkv_cluster.runtime.pool_actor import ensure_tenant
 from agentkv_cluster.runtime.records import (
     KvShape,
     LoadReport,
@@ -43,6 +42,7 @@ from agentkv_cluster.runtime.records import (
     UnknownPageKey,
 )
 from agentkv_cluster.runtime.records import TenantErased as ErasedInController
+from agentkv_cluster.runtime.tenants import ensure_tenant
 from security.blinding import DirectoryBlinder
 from security.errors import AccessDenied as SecurityDenied
 from security.errors import InvalidToken, KeyUnavailable

@@ -12,18 +12,19 @@ from __future__ import annotations
 
 import secrets
 import threading
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
-from agentkv_cluster.api.errors import TenantNotProvisioned
 from agentkv_cluster.lifecycle.types import StateType
+from agentkv_cluster.runtime.directory_glue import PoolPublisher
 from agentkv_cluster.runtime.mover import Endpoint, Mover, RemoteSpan
 from agentkv_cluster.runtime.pool_records import (
     ChunkOpener,
+    RecordSealer,
     SealRejected,
     StoredCopy,
     read_entry,
-    seal_record,
     sealed_total,
 )
 from agentkv_cluster.runtime.records import (
@@ -35,7 +36,7 @@ from agentkv_cluster.runtime.records import (
 )
 from security.blinding import DirectoryBlinder, size_bucket
 from security.chunked import ChunkedSealer
-from security.errors import KeyExists, KeyUnavailable
+from security.errors import KeyUnavailable
 from security.keyring import FileKeySource, TenantKeyring
 from security.sealing import TenantSealer
 from store.buffers import aligned_buffer
@@ -51,6 +52,15 @@ _TORN_RETRIES = 3
 
 class PageMissing(Exception):
     """The pool holds no readable copy of that page in that form."""
+
+
+@dataclass(slots=True)
+class _Storing:
+    """A store between its start and its commit: a delete or an erasure of its page meanwhile
+    cancels it (the copy is scrubbed instead of kept)."""
+
+    namespace: str
+    cancelled: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,6 +82,7 @@ class PoolActor:
         self.spec = spec
         self.name = spec.name
         self.directory = directory
+        self.publisher = PoolPublisher(directory)  # its writes, never under the lock
         self.keyring = TenantKeyring(FileKeySource(spec.keys_dir))
         self.sealer = TenantSealer(self.keyring)
         self.blinder = DirectoryBlinder(self.keyring)
@@ -81,15 +92,15 @@ class PoolActor:
         # One pre-faulted read buffer: sealed records are read into it, never into fresh
         # allocations (first-touch memory runs at ~0.7 GB/s here).
         self._scratch = aligned_buffer(self.host.slot_bytes)
-        self._record_buf = aligned_buffer(self.host.slot_bytes)  # NVMe records sealed here
         self.chunked = ChunkedSealer(self.keyring)
+        self.records = RecordSealer(self.chunked, self.host.slot_bytes)
         self.nvme = NvmeShard(spec.nvme_dir, NvmeShardConfig(max_bytes=spec.nvme_bytes))
         self._index: dict[tuple[bytes, Codec], StoredCopy] = {}
         self._lock = threading.RLock()
-        self._dir_gens: dict[str, int] = {}
+        self._storing: dict[tuple[bytes, Codec], _Storing] = {}
+        self._stored = threading.Condition(self._lock)  # a store of some page committed
         self.opener = ChunkOpener(self.sealer, self.chunked, self.mover, spec.name)
         self.torn = 0  # restores that found their host copy rewritten mid-read and retried
-        self.directory_stale = False
         self._rebuild()
 
     # -- start-up and recovery ---------------------------------------------------------------
@@ -123,21 +134,22 @@ class PoolActor:
 
     def _adopt(self, key: bytes, codec: Codec, copy: StoredCopy) -> None:
         self._index[(key, codec)] = copy
-        self._dir_gens[copy.namespace] = max(self._dir_gens.get(copy.namespace, 0),
-                                             copy.dir_gen)
+        with suppress(KeyUnavailable):  # a legacy record of an erased tenant: no namespace
+            self.publisher.saw(self.blinder.namespace(copy.namespace), copy.dir_gen)
 
     def republish(self) -> int:
         """Re-insert every local copy into the directory (after Redis lost its data)."""
         with self._lock:
-            entries = {}
-            for (key, codec), copy in self._index.items():
-                ns = self.blinder.namespace(copy.namespace)
-                if self.directory.current_generation(ns) < copy.dir_gen:
-                    self.directory.advance_generation(ns, copy.dir_gen)
-                entries[(ns, key)] = self._entry(key, codec, copy)
-            self.directory.restore(list(entries.values()))
-            self.directory_stale = False
-            return len(entries)
+            held = list(self._index.items())
+        directory, entries = self.directory, {}
+        for (key, codec), copy in held:
+            ns = self.blinder.namespace(copy.namespace)
+            if directory.current_generation(ns) < copy.dir_gen:
+                directory.advance_generation(ns, copy.dir_gen)
+            entries[(ns, key)] = self._entry(key, codec, copy)
+        directory.restore(list(entries.values()))
+        self.publisher.stale = False
+        return len(entries)
 
     # -- identity -------------------------------------------------------------------------------
     def endpoint(self) -> Endpoint:
@@ -172,21 +184,6 @@ class PoolActor:
                            state_type=StateType(first.state_type),
                            shape=KvShape.from_stored(first.shape)).wire()
 
-    # -- directory ------------------------------------------------------------------------------
-    def _dir_generation(self, ns: str) -> int:
-        try:
-            gen = self.directory.current_generation(ns)
-            if gen < self._dir_gens.get(ns, 0):  # an emptied Redis: never go backwards
-                self.directory.advance_generation(ns, self._dir_gens[ns])
-                gen = self._dir_gens[ns]
-            elif gen == 0:
-                gen = self.directory.open_generation(ns)
-        except Exception:  # noqa: BLE001 - directory unreachable: keep the last known one
-            self.directory_stale = True
-            gen = max(1, self._dir_gens.get(ns, 1))
-        self._dir_gens[ns] = gen
-        return gen
-
     def _entry(self, key: bytes, codec: Codec, copy: StoredCopy) -> DirectoryEntry:
         return DirectoryEntry(
             key=key, tenant_ns=self.blinder.namespace(copy.namespace), tier=copy.tier,
@@ -200,52 +197,70 @@ class PoolActor:
         slot = self.mover.take_slot()
         try:
             self.mover.pull(src, self.mover.staging_region, slot * self.mover.slot_bytes)
-            plain = self.mover.slot_view(slot, src.length)
-            with self._lock:
-                return self._store(meta, tier, codec, plain).wire()
+            return self._store(meta, tier, codec, self.mover.slot_view(slot, src.length)).wire()
         finally:
             self.mover.give_slot(slot)
 
     def _store(self, meta: PageMeta, tier: Tier, codec: Codec, plain: Any) -> PoolReceipt:
+        """Seal ``plain`` into a new copy of the page. Only the index and the slot bookkeeping
+        run under the pool's lock: the directory round trips and the sealing run outside
+        it, so stores of different pages (a load's victims, gap migrations, other HBM
+        actors') overlap instead of queueing behind one another. Stores of one page in one
+        form still run one at a time."""
         ns_dir = self.blinder.namespace(meta.namespace)
-        dir_gen = self._dir_generation(ns_dir)
+        shape = meta.shape
         # Random, not a counter: a tenant reading its own locations must not learn how many
         # pages other tenants stored in between (loc * 4096 + chunk must fit 64 bits).
-        loc = secrets.randbits(52)
-        self.delete_copy(meta.key, codec)
-        shape = meta.shape
-        copy = StoredCopy(tier=Tier.NVME, slot=-1, loc=loc, dir_gen=dir_gen, nbytes=len(plain),
+        copy = StoredCopy(tier=Tier.NVME, slot=-1, loc=secrets.randbits(52),
+                          dir_gen=self.publisher.generation(ns_dir), nbytes=len(plain),
                           seal_gen=self.keyring.current_generation(meta.namespace),
                           namespace=meta.namespace, full=meta.length,
                           state_type=meta.state_type.value,
                           shape=None if shape is None else shape.stored())
-        for where in ((Tier.HOST, Tier.NVME) if tier is Tier.HOST else (Tier.NVME,)):
-            copy.tier = where
-            if where is Tier.HOST:  # reserve -> seal in place -> commit: no record buffer
-                try:
-                    copy.slot = self.host.alloc()
-                except PoolFull:
-                    continue  # spill to NVMe
-                self._seal_into_slot(meta, codec, copy, plain)
-            else:  # the record's length says only its size class; no generation in clear
-                size = seal_record(self.chunked, self._record_buf, meta.key, codec, copy,
-                                   meta.digest, plain)
-                self.nvme.put(copy.nkey, self._record_buf[:size], 0)
-            self._index[(meta.key, codec)] = copy
-            self._publish(lambda: self.directory.put(self._entry(meta.key, codec, copy)))
-            return PoolReceipt(tier=where, nbytes=len(plain))
-        raise PageMissing("unreachable: NVMe always accepts or raises")  # pragma: no cover
-
-    def _seal_into_slot(self, meta: PageMeta, codec: Codec, copy: StoredCopy, plain: Any
-                        ) -> None:
-        view = self.host.reserve(copy.slot, self.host.slot_bytes)
+        storing = self._begin_store(meta.key, codec, meta.namespace)
         try:
-            size = seal_record(self.chunked, view, meta.key, codec, copy, meta.digest, plain)
+            with self._lock:
+                if tier is Tier.HOST:
+                    with suppress(PoolFull):  # full: spill to NVMe
+                        copy.slot, copy.tier = self.host.alloc(), Tier.HOST
+            if copy.tier is Tier.HOST:
+                self.records.into_slot(self.host, meta.key, codec, copy, meta.digest, plain)
+            else:
+                self.records.to_nvme(self.nvme, meta.key, codec, copy, meta.digest, plain)
         except BaseException:
-            self.host.abort(copy.slot)
-            self.host.free(copy.slot)
+            with self._lock:
+                self._end_store(meta.key, codec)
+                if copy.tier is Tier.HOST:
+                    self.host.free(copy.slot)
             raise
-        self.host.commit(copy.slot, size)
+        with self._lock:
+            self._end_store(meta.key, codec)
+            if storing.cancelled:  # deleted or erased while it was sealed: keep nothing
+                self._discard(copy, scrub=True)
+                plain[:] = 0  # the staging slot held its plaintext
+                raise PageMissing("the page was deleted or its tenant erased while stored")
+            self._index[(meta.key, codec)] = copy
+        self.publisher.put(self._entry(meta.key, codec, copy))
+        with self._lock:  # deleted between its commit and its entry: drop the entry again
+            deleted = (meta.key, codec) not in self._index
+        if deleted:
+            self.publisher.delete(ns_dir, meta.key)
+        return PoolReceipt(tier=copy.tier, nbytes=len(plain))
+
+    def _begin_store(self, key: bytes, codec: Codec, namespace: str) -> _Storing:
+        """Wait for a store of the same copy in flight, drop the old copy, and mark this
+        one as in flight (``delete_copy`` and ``erase_tenant`` cancel it)."""
+        with self._lock:
+            while (key, codec) in self._storing:
+                self._stored.wait()
+            self.delete_copy(key, codec)
+            storing = self._storing[(key, codec)] = _Storing(namespace)
+            return storing
+
+    def _end_store(self, key: bytes, codec: Codec) -> None:
+        with self._lock:
+            del self._storing[(key, codec)]
+            self._stored.notify_all()
 
     def restore_to(self, key: bytes, digest: bytes, codec: int, dst: tuple) -> tuple[int, int]:
         """Open the (key, codec) copy, on whichever tier holds it, and push its plaintext
@@ -294,30 +309,39 @@ class PoolActor:
             self.mover.give_slot(slot)
 
     def delete_copy(self, key: bytes, codec: Codec) -> bool:
+        """Drop the page's copy in ``codec`` (a store of it in flight keeps nothing)."""
         with self._lock:
+            if (storing := self._storing.get((key, codec))) is not None:
+                storing.cancelled = True
             copy = self._index.pop((key, codec), None)
-            if copy is None:
-                return False
-            if copy.tier is Tier.HOST:
-                self.host.free(copy.slot)
-            else:
-                self.nvme.delete(copy.nkey)
-            return True
+            if copy is not None:
+                self._discard(copy)
+            return copy is not None
 
     def delete(self, key: bytes, namespace: str) -> int:
         """Drop every copy of a page and its directory entry; returns copies removed."""
         with self._lock:
             gone = sum(self.delete_copy(key, c) for c in Codec)
-            if gone:
-                ns = self.blinder.namespace(namespace)
-                self._publish(lambda: self.directory.delete(ns, key))
-            return gone
+        if gone:
+            self.publisher.delete(self.blinder.namespace(namespace), key)
+        return gone
+
+    def _discard(self, copy: StoredCopy, scrub: bool = False) -> None:
+        """Release a copy's bytes (``scrub``: overwrite them too). Under the lock."""
+        if copy.tier is Tier.HOST:
+            self.host.free(copy.slot, scrub=scrub)
+        elif scrub:
+            self.nvme.shred(copy.nkey)
+        else:
+            self.nvme.delete(copy.nkey)
 
     def erase_tenant(self, tenant: str, tier: int) -> list[bytes]:
         """Tenant erasure: drop and scrub every copy of ``tenant``'s own pages held in
         ``tier``; returns their keys (the caller removes the directory entries: by then
         the blinded namespace can no longer be derived here). See ``purge_tenant``."""
         with self._lock:
+            for storing in self._storing.values():  # stores in flight keep nothing
+                storing.cancelled |= storing.namespace == tenant
             doomed = [(k, codec) for (k, codec), c in self._index.items()
                       if c.namespace == tenant and c.tier is Tier(tier)]
             for key, codec in doomed:
@@ -349,21 +373,9 @@ class PoolActor:
     def _shred_copy(self, key: bytes, codec: Codec) -> bool:
         """``delete_copy`` that overwrites the bytes, not only releases them (erasure)."""
         copy = self._index.pop((key, codec), None)
-        if copy is None:
-            return False
-        if copy.tier is Tier.HOST:
-            self.host.free(copy.slot, scrub=True)
-        else:
-            self.nvme.shred(copy.nkey)
-        return True
-
-    def _publish(self, write: Any) -> None:
-        """Directory writes are best effort: the pool's own index is the truth for its
-        copies, and ``republish`` refills a directory that lost them."""
-        try:
-            write()
-        except Exception:  # noqa: BLE001 - Redis down, actor gone: the data path goes on
-            self.directory_stale = True
+        if copy is not None:
+            self._discard(copy, scrub=True)
+        return copy is not None
 
     def reset(self) -> int:
         """Drop every copy (a new controller takes over; directory entries go with them)."""
@@ -380,21 +392,4 @@ class PoolActor:
         self.mover.close()
 
 
-def ensure_tenant(keys_dir: str, tenant: str) -> None:
-    """Create the tenant's keys on first use (idempotent across racing processes).
-
-    Raises ``TenantNotProvisioned`` when they cannot be created: in Kubernetes the key
-    directory is a read-only Secret and tenants are provisioned by the operator.
-    """
-    try:
-        keyring = TenantKeyring(FileKeySource(keys_dir))
-        if keyring.generations(tenant):
-            return
-        keyring.create_tenant(tenant)
-    except KeyExists:
-        pass
-    except (OSError, KeyUnavailable):
-        raise TenantNotProvisioned(tenant) from None
-
-
-__all__ = ["PageMissing", "PoolActor", "PoolSpec", "SealRejected", "ensure_tenant"]
+__all__ = ["PageMissing", "PoolActor", "PoolSpec", "SealRejected"]

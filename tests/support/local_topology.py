@@ -11,7 +11,7 @@ from typing import Any
 from agentkv_cluster.config import load_config
 from agentkv_cluster.runtime import wiring
 from agentkv_cluster.runtime.mover import Mover
-from agentkv_cluster.runtime.pool_actor import ensure_tenant
+from agentkv_cluster.runtime.tenants import ensure_tenant
 
 
 @contextmanager

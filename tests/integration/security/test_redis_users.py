@@ -8,8 +8,8 @@ import json
 import pytest
 import redis
 
-from agentkv_cluster.runtime.pool_actor import ensure_tenant
 from agentkv_cluster.runtime.redis_users import TenantRedisUsers
+from agentkv_cluster.runtime.tenants import ensure_tenant
 from security.blinding import DirectoryBlinder
 from security.keyring import FileKeySource, TenantKeyring
 from tests.support.redis_proc import RedisProcess

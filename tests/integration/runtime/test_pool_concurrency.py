@@ -1,0 +1,121 @@
+"""Stores into one pool overlap (real NIXL, real /dev/shm, real AES-GCM; the actors in this
+process): only the pool's index and slot bookkeeping are under its lock, so a store never
+waits for another store's directory round trip or sealing; and a page deleted, or a
+tenant erased, while its store is in flight keeps no copy (the copy is scrubbed)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+from agentkv_cluster.lifecycle.types import StateType
+from agentkv_cluster.runtime.pool_actor import PageMissing
+from agentkv_cluster.runtime.pool_records import StoredCopy
+from agentkv_cluster.runtime.records import PageMeta, PoolReceipt
+from store.types import Codec, Tier
+from tests.support.local_topology import local_topology
+
+pytestmark = pytest.mark.integration
+MIB = 1 << 20
+PAGE = MIB + 77
+WAIT_S = 10.0  # a store that should finish at once; one that waits would wait forever
+
+
+@pytest.fixture
+def pool(tmp_path):
+    with local_topology(tmp_path, hbm_page=2 * MIB, hbm_pages=2, pool_bytes=8 * MIB,
+                        front_bytes=PAGE, front_slots=2) as (topo, front):
+        rng = np.random.default_rng(3)
+        for slot in (0, 1):
+            front.slot_view(slot, PAGE)[:] = rng.integers(1, 256, PAGE, dtype=np.uint8)
+        yield topo.pools["node0"], front
+
+
+def _meta(name: bytes) -> PageMeta:
+    return PageMeta(key=name * 32, digest=b"d" * 32, tenant="acme", namespace="acme",
+                    session="s", page_id=0, state_type=StateType.EVIDENCE, length=PAGE,
+                    tokens=1)
+
+
+class _Held:
+    """Wraps one of the pool's collaborators: ``method`` blocks (for page ``key``) until
+    ``release`` is set; ``entered`` says the call got that far."""
+
+    def __init__(self, inner: Any, method: str, key: bytes) -> None:
+        self.inner, self.method, self.key = inner, method, key
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.slots: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if name != self.method:
+            return attr
+
+        def held(*args: Any) -> Any:
+            keys = [a if isinstance(a, bytes) else getattr(a, "key", None) for a in args]
+            if self.key in keys:
+                self.slots += [a.slot for a in args if isinstance(a, StoredCopy)]
+                self.entered.set()
+                assert self.release.wait(WAIT_S), "never released"
+            return attr(*args)
+
+        return held
+
+
+def _store_in_thread(pool, front, slot: int, name: bytes) -> tuple[threading.Thread, list]:
+    out: list = []
+
+    def run() -> None:
+        try:
+            out.append(pool.store_from(_meta(name), Tier.HOST, Codec.FULL,
+                                       front.slot_span(slot, PAGE)))
+        except Exception as exc:  # noqa: BLE001 - the test reads it
+            out.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def test_a_store_does_not_wait_for_another_stores_directory_write(pool) -> None:
+    handle, front = pool
+    actor = handle.target
+    held = _Held(actor.publisher.directory, "put", b"a" * 32)
+    actor.publisher.directory = held
+    first, first_out = _store_in_thread(handle, front, 0, b"a")
+    assert held.entered.wait(WAIT_S)  # page a is sealed and committed, its entry not written
+    second, second_out = _store_in_thread(handle, front, 1, b"b")
+    second.join(WAIT_S)
+    finished_while_held = not second.is_alive()
+    held.release.set()
+    first.join(WAIT_S)
+    assert finished_while_held, "the second store waited for the first's directory write"
+    assert first_out == second_out == [PoolReceipt(tier=Tier.HOST, nbytes=PAGE)]
+    assert [h is not None for h in handle.holds_many([b"a" * 32, b"b" * 32])] == [True, True]
+
+
+@pytest.mark.parametrize("how", ["delete", "erase"])
+def test_a_page_deleted_or_erased_while_stored_keeps_no_copy(pool, how: str) -> None:
+    handle, front = pool
+    actor = handle.target
+    free_before = actor.host.stats().free_slots
+    held = _Held(actor.records, "into_slot", b"a" * 32)
+    actor.records = held
+    thread, out = _store_in_thread(handle, front, 0, b"a")
+    assert held.entered.wait(WAIT_S)  # in flight: slot allocated, not yet sealed
+    if how == "delete":
+        assert handle.delete(b"a" * 32, "acme") == 0  # nothing committed yet
+    else:
+        actor.purge_tenant("acme")
+    held.release.set()
+    thread.join(WAIT_S)
+    (result,) = out
+    assert isinstance(result, PageMissing), result
+    assert handle.holds_many([b"a" * 32]) == [None]
+    assert actor.host.stats().free_slots == free_before
+    (slot,) = held.slots
+    at = actor.host.slot_offset(slot)
+    assert not actor.host.buffer[at:at + actor.host.slot_bytes].any()  # scrubbed

@@ -206,7 +206,7 @@ class PoolActor:
         run under the pool's lock: the directory round trips and the sealing run outside
         it, so stores of different pages (a load's victims, gap migrations, other HBM
         actors') overlap instead of queueing behind one another. Stores of one page in one
-        form still run one at a time."""
+        form still run one at a time, and a restore of that copy waits for its store."""
         ns_dir = self.blinder.namespace(meta.namespace)
         shape = meta.shape
         # Random, not a counter: a tenant reading its own locations must not learn how many
@@ -271,6 +271,8 @@ class PoolActor:
         try:
             for _ in range(_TORN_RETRIES):
                 with self._lock:
+                    while (key, want) in self._storing:  # being stored again: read the new one
+                        self._stored.wait()
                     copy = self._index.get((key, want))
                     if copy is None:
                         raise PageMissing(f"no {want.name} copy of that page in {self.name}")

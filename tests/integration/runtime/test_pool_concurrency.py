@@ -119,3 +119,39 @@ def test_a_page_deleted_or_erased_while_stored_keeps_no_copy(pool, how: str) -> 
     (slot,) = held.slots
     at = actor.host.slot_offset(slot)
     assert not actor.host.buffer[at:at + actor.host.slot_bytes].any()  # scrubbed
+
+
+def test_a_restore_of_a_copy_being_stored_again_waits_and_reads_the_new_one(pool) -> None:
+    """The store drops the old copy when it starts; a restore of that copy meanwhile
+    waits for the new one instead of failing with ``PageMissing``."""
+    handle, front = pool
+    actor = handle.target
+    first = front.slot_view(0, PAGE).tobytes()
+    assert handle.store_from(_meta(b"a"), Tier.HOST, Codec.FULL,
+                             front.slot_span(0, PAGE)).tier is Tier.HOST
+    held = _Held(actor.records, "into_slot", b"a" * 32)
+    actor.records = held
+    storing, stored = _store_in_thread(handle, front, 1, b"a")  # the page, stored again
+    assert held.entered.wait(WAIT_S)
+    second = front.slot_view(1, PAGE).tobytes()
+    assert second != first
+    restored: list = []
+
+    def restore() -> None:
+        try:
+            restored.append(actor.restore_to(b"a" * 32, b"d" * 32, int(Codec.FULL),
+                                             front.slot_span(0, PAGE).wire()))
+        except Exception as exc:  # noqa: BLE001 - the test reads it
+            restored.append(exc)
+
+    reader = threading.Thread(target=restore, daemon=True)
+    reader.start()
+    reader.join(0.5)
+    waited = reader.is_alive()  # a restore that did not wait has failed by now
+    held.release.set()
+    storing.join(WAIT_S)
+    reader.join(WAIT_S)
+    assert waited, restored
+    assert stored == [PoolReceipt(tier=Tier.HOST, nbytes=PAGE)]
+    assert restored == [(int(Tier.HOST), PAGE)]
+    assert front.slot_view(0, PAGE).tobytes() == second

@@ -264,7 +264,9 @@ class PoolPublisher:
     def __init__(self, directory: Any) -> None:
         self.directory = directory
         self.stale = False  # a write failed: the directory misses some of this pool's copies
+        self.reads = 0  # generation reads made (tests, stats)
         self._seen: dict[str, int] = {}  # blinded namespace -> highest generation it had here
+        self._current: dict[str, int] = {}  # blinded namespace -> generation new entries carry
         self._repair = threading.Lock()
 
     def saw(self, namespace: str, generation: int) -> None:
@@ -272,15 +274,22 @@ class PoolPublisher:
         self._seen[namespace] = max(self._seen.get(namespace, 0), generation)
 
     def generation(self, namespace: str) -> int:
-        """The generation a new entry of ``namespace`` carries. Read on every store, so an
-        emptied directory is noticed by the next one; never lower than one this pool has
-        used (an emptied directory is advanced back). The first store of a namespace opens
-        its generation, once per pool however many stores race to it."""
+        """The generation a new entry of ``namespace`` carries, never lower than one this
+        pool has used (an emptied directory is advanced back). The first store of a
+        namespace reads it (and opens it, once per pool however many stores race to it);
+        later stores reuse it without a round trip. Only pools open or advance generations,
+        and never backwards, so it stays valid until the directory refuses an entry for its
+        generation (emptied, or sealed by an operator): ``put`` then reads it again."""
+        gen = self._current.get(namespace)
+        if gen is not None:
+            return gen
         try:
+            self.reads += 1
             gen = self.directory.current_generation(namespace)
             if gen == 0 or gen < self._seen.get(namespace, 0):
                 with self._repair:
                     gen = self._repaired(namespace)
+            self._current[namespace] = gen
         except Exception:  # noqa: BLE001 - directory unreachable: keep the last known one
             self.stale = True
             gen = max(1, self._seen.get(namespace, 1))
@@ -295,7 +304,21 @@ class PoolPublisher:
         return self.directory.open_generation(namespace) if gen == 0 else gen
 
     def put(self, entry: Any) -> None:
-        self._publish(lambda: self.directory.put(entry))
+        """Publish ``entry``. Refused for its generation, the generation is read (and
+        repaired) again and the entry retried if it still carries the current one; one
+        that does not (sealed meanwhile) stays unpublished, like a write in an outage."""
+        from store.directory.base import GenerationRegression, ReadOnlyGeneration, UnknownGeneration
+
+        try:
+            self.directory.put(entry)
+        except (UnknownGeneration, ReadOnlyGeneration, GenerationRegression):
+            self._current.pop(entry.tenant_ns, None)
+            if self.generation(entry.tenant_ns) != entry.generation:
+                self.stale = True
+                return
+            self._publish(lambda: self.directory.put(entry))
+        except Exception:  # noqa: BLE001 - Redis down, actor gone: the data path goes on
+            self.stale = True
 
     def delete(self, namespace: str, key: bytes) -> None:
         self._publish(lambda: self.directory.delete(namespace, key))

@@ -1,11 +1,10 @@
 """Cluster memory-pool actor: one per node, fronting that node's host pool and NVMe shard.
 
-Pages arrive already in their codec's form (the HBM actor compresses), are sealed
-with the tenant's key on the way in and opened on the way out, and every copy is
-published in the directory. Each stored record carries a small plaintext header
-(key, namespace, codec, location id; no tenant data) so a restarted actor rebuilds
-its index from the host-pool segment and the NVMe shard, and can repopulate an
-emptied directory. Generations are read back from the records and never lowered.
+Pages arrive already in their codec's form (the HBM actor compresses), are sealed with
+the tenant's key on the way in and opened on the way out, and every copy is published
+in the directory. A restarted actor rebuilds its index by opening the records' sealed
+meta blocks (``pool_records``), and can repopulate an emptied directory; generations
+are read back from the records and never lowered.
 """
 
 from __future__ import annotations
@@ -16,21 +15,20 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
-from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.runtime.directory_glue import PoolPublisher
 from agentkv_cluster.runtime.mover import Endpoint, Mover, RemoteSpan
 from agentkv_cluster.runtime.pool_records import (
     ChunkOpener,
+    RecordBuffers,
     RecordSealer,
     SealRejected,
     StoredCopy,
+    holding_of,
     read_entry,
     sealed_total,
 )
 from agentkv_cluster.runtime.records import (
-    KvShape,
     PageMeta,
-    PoolHolding,
     PoolPurged,
     PoolReceipt,
 )
@@ -39,7 +37,6 @@ from security.chunked import ChunkedSealer
 from security.errors import KeyUnavailable
 from security.keyring import FileKeySource, TenantKeyring
 from security.sealing import TenantSealer
-from store.buffers import aligned_buffer
 from store.directory import DirectoryEntry
 from store.host_pool import HostPool, PoolFull, SlotEmpty, TornRead
 from store.nvme import NvmeShard, NvmeShardConfig
@@ -89,11 +86,9 @@ class PoolActor:
         self.mover = Mover(f"pool-{spec.name}-{secrets.token_hex(3)}",
                            sealed_total(spec.host_slot_bytes) + 4096, spec.staging_slots)
         self.host = self._open_host()
-        # One pre-faulted read buffer: sealed records are read into it, never into fresh
-        # allocations (first-touch memory runs at ~0.7 GB/s here).
-        self._scratch = aligned_buffer(self.host.slot_bytes)
+        self.buffers = RecordBuffers(self.host.slot_bytes)  # NVMe records, both ways
         self.chunked = ChunkedSealer(self.keyring)
-        self.records = RecordSealer(self.chunked, self.host.slot_bytes)
+        self.records = RecordSealer(self.chunked, self.buffers)
         self.nvme = NvmeShard(spec.nvme_dir, NvmeShardConfig(max_bytes=spec.nvme_bytes))
         self._index: dict[tuple[bytes, Codec], StoredCopy] = {}
         self._lock = threading.RLock()
@@ -174,15 +169,8 @@ class PoolActor:
         with self._lock:
             for key in keys:
                 found = [(c, x) for c in Codec if (x := self._index.get((key, c))) is not None]
-                out.append(None if not found else self._holding(found))
+                out.append(None if not found else holding_of(found).wire())
         return out
-
-    @staticmethod
-    def _holding(found: list[tuple[Codec, StoredCopy]]) -> tuple:
-        first = found[0][1]
-        return PoolHolding(copies=tuple((x.tier, c) for c, x in found), length=first.full,
-                           state_type=StateType(first.state_type),
-                           shape=KvShape.from_stored(first.shape)).wire()
 
     def _entry(self, key: bytes, codec: Codec, copy: StoredCopy) -> DirectoryEntry:
         return DirectoryEntry(
@@ -276,31 +264,46 @@ class PoolActor:
                     copy = self._index.get((key, want))
                     if copy is None:
                         raise PageMissing(f"no {want.name} copy of that page in {self.name}")
-                    if copy.tier is not Tier.HOST:  # read into the shared scratch: stay locked
-                        self.opener.open_and_push(digest, copy,
-                                                  self._read_nvme(key, want), slot, span)
-                        return PoolReceipt(tier=copy.tier, nbytes=copy.nbytes).wire()
-                    try:
-                        record, seq = self.host.view(copy.slot)
-                    except (SlotEmpty, TornRead):
-                        raise PageMissing("host copy vanished") from None
-                # Opened outside the lock (concurrent restores do not queue behind it); a
-                # store that frees and reuses the slot meanwhile moves its seqlock.
-                if self.opener.open_and_push(digest, copy, record, slot, span,
-                                             lambda s=copy.slot, q=seq: self.host.unchanged(s, q)):
+                    if copy.tier is Tier.HOST:
+                        try:
+                            record, seq = self.host.view(copy.slot)
+                        except (SlotEmpty, TornRead):
+                            raise PageMissing("host copy vanished") from None
+                # Opened outside the lock, so restores do not queue behind one another or
+                # behind stores: a host copy is read in place (a store that frees and reuses
+                # its slot meanwhile moves the slot's seqlock), an NVMe copy into a buffer of
+                # this restore's own.
+                if copy.tier is Tier.HOST:
+                    done = self.opener.open_and_push(
+                        digest, copy, record, slot, span,
+                        lambda s=copy.slot, q=seq: self.host.unchanged(s, q))
+                else:
+                    done = self._restore_nvme(key, want, digest, copy, slot, span)
+                if done:
                     return PoolReceipt(tier=copy.tier, nbytes=copy.nbytes).wire()
                 with self._lock:
                     self.torn += 1
-            raise PageMissing("host copy kept changing while it was read")
+            raise PageMissing("the copy kept changing while it was read")
         finally:
             self.mover.give_slot(slot)
 
-    def _read_nvme(self, key: bytes, codec: Codec) -> memoryview:
-        data = self.nvme.get(self._index[(key, codec)].nkey, out=self._scratch)
-        if data is Lookup.MISS:
-            del self._index[(key, codec)]
-            raise PageMissing("NVMe copy failed its checksum")
-        return data
+    def _restore_nvme(self, key: bytes, codec: Codec, digest: bytes, copy: StoredCopy,
+                      slot: int, span: RemoteSpan) -> bool:
+        """Read ``copy`` from the shard, open it into staging ``slot`` and push it to
+        ``span``; False when the copy was dropped or replaced meanwhile (the caller starts
+        over), and nothing of it is pushed then."""
+        def current() -> bool:
+            return self._index.get((key, codec)) is copy
+
+        with self.buffers.take() as buf:
+            data = self.nvme.get(copy.nkey, out=buf)
+            if data is Lookup.MISS:
+                with self._lock:
+                    if not current():
+                        return False
+                    del self._index[(key, codec)]
+                raise PageMissing("NVMe copy failed its checksum")
+            return self.opener.open_and_push(digest, copy, data, slot, span, current)
 
     def probe_link(self, dst: RemoteSpan) -> int:
         """Raw NIXL push of ``dst.length`` staging bytes (link check, benchmark baseline)."""

@@ -25,15 +25,18 @@ from __future__ import annotations
 import hashlib
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass
 from queue import Empty, SimpleQueue
 from typing import Any
 
 import msgpack
 
+from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.runtime.mover import MoveError, Mover, RemoteSpan
+from agentkv_cluster.runtime.records import KvShape, PoolHolding
 from security.chunked import Binding, ChunkedSealer, default_threads, is_chunked, record_size
 from security.errors import InvalidSeal
 from security.sealing import TenantSealer, sealed_size
@@ -105,16 +108,36 @@ def binding_of(copy: StoredCopy, digest: bytes) -> Binding:
                    slot_id=copy.nkey, digest=digest, location=copy.loc)
 
 
+class RecordBuffers:
+    """Pre-faulted record-sized buffers that stores seal NVMe records into and restores read
+    them into (first-touch memory runs at ~0.7 GB/s here). Each caller takes its own, so
+    stores and restores of different pages run at once; a buffer goes back for reuse."""
+
+    def __init__(self, record_bytes: int) -> None:
+        self.record_bytes = record_bytes
+        self._free: SimpleQueue[Any] = SimpleQueue()
+        self._free.put(aligned_buffer(record_bytes))  # one faulted in up front
+
+    @contextmanager
+    def take(self) -> Iterator[Any]:
+        try:
+            buf = self._free.get_nowait()
+        except Empty:
+            buf = aligned_buffer(self.record_bytes)
+        try:
+            yield buf
+        finally:
+            self._free.put(buf)
+
+
 class RecordSealer:
     """The write side of ``ChunkOpener``: seals a page as a version-2 record straight into a
     reserved host-pool slot (reserve -> seal in place -> commit), or into a record buffer
-    for the NVMe shard. Many stores may seal at once: each takes its own buffer from a few
-    kept pre-faulted (first-touch memory runs at ~0.7 GB/s here)."""
+    for the NVMe shard. Many stores may seal at once, each into its own buffer."""
 
-    def __init__(self, sealer: ChunkedSealer, record_bytes: int) -> None:
+    def __init__(self, sealer: ChunkedSealer, buffers: RecordBuffers) -> None:
         self.sealer = sealer
-        self.record_bytes = record_bytes
-        self._buffers: SimpleQueue[Any] = SimpleQueue()
+        self.buffers = buffers
 
     def seal(self, out: Any, key: bytes, codec: Codec, copy: StoredCopy, digest: bytes,
              plain: Any) -> int:
@@ -139,15 +162,17 @@ class RecordSealer:
                 plain: Any) -> None:
         """Seal into a record buffer and write it to ``nvme`` under ``copy.nkey``. The
         record's length says only its size class; no generation in clear."""
-        try:
-            buf = self._buffers.get_nowait()
-        except Empty:
-            buf = aligned_buffer(self.record_bytes)
-        try:
+        with self.buffers.take() as buf:
             size = self.seal(buf, key, codec, copy, digest, plain)
             nvme.put(copy.nkey, buf[:size], 0)
-        finally:
-            self._buffers.put(buf)
+
+
+def holding_of(found: list[tuple[Codec, StoredCopy]]) -> PoolHolding:
+    """What a pool holds of one page, from its copies (at least one) by codec."""
+    first = found[0][1]
+    return PoolHolding(copies=tuple((x.tier, c) for c, x in found), length=first.full,
+                       state_type=StateType(first.state_type),
+                       shape=KvShape.from_stored(first.shape))
 
 
 def read_entry(sealer: ChunkedSealer, record: bytes | memoryview, tier: Tier, slot: int

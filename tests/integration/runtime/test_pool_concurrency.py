@@ -1,7 +1,9 @@
-"""Stores into one pool overlap (real NIXL, real /dev/shm, real AES-GCM; the actors in this
-process): only the pool's index and slot bookkeeping are under its lock, so a store never
-waits for another store's directory round trip or sealing; and a page deleted, or a
-tenant erased, while its store is in flight keeps no copy (the copy is scrubbed)."""
+"""Stores and restores in one pool overlap (real NIXL, real /dev/shm, real AES-GCM, a real
+NVMe shard; the actors in this process): only the pool's index and slot bookkeeping are
+under its lock, so a store never waits for another store's directory round trip or
+sealing, nor for an NVMe restore's read; a page deleted, or a tenant erased, while its
+store or its NVMe restore is in flight keeps no copy and pushes nothing; and stores read
+the directory's generation once per namespace."""
 
 from __future__ import annotations
 
@@ -54,30 +56,40 @@ class _Held:
         if name != self.method:
             return attr
 
-        def held(*args: Any) -> Any:
+        def held(*args: Any, **kwargs: Any) -> Any:
             keys = [a if isinstance(a, bytes) else getattr(a, "key", None) for a in args]
             if self.key in keys:
                 self.slots += [a.slot for a in args if isinstance(a, StoredCopy)]
                 self.entered.set()
                 assert self.release.wait(WAIT_S), "never released"
-            return attr(*args)
+            return attr(*args, **kwargs)
 
         return held
 
 
-def _store_in_thread(pool, front, slot: int, name: bytes) -> tuple[threading.Thread, list]:
+def _in_thread(call: Any) -> tuple[threading.Thread, list]:
+    """Run ``call`` in a thread; the list gets its result or its exception."""
     out: list = []
 
     def run() -> None:
         try:
-            out.append(pool.store_from(_meta(name), Tier.HOST, Codec.FULL,
-                                       front.slot_span(slot, PAGE)))
+            out.append(call())
         except Exception as exc:  # noqa: BLE001 - the test reads it
             out.append(exc)
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread, out
+
+
+def _store_in_thread(pool, front, slot: int, name: bytes) -> tuple[threading.Thread, list]:
+    return _in_thread(lambda: pool.store_from(_meta(name), Tier.HOST, Codec.FULL,
+                                              front.slot_span(slot, PAGE)))
+
+
+def _restore_in_thread(actor, front, slot: int, name: bytes) -> tuple[threading.Thread, list]:
+    return _in_thread(lambda: actor.restore_to(name * 32, b"d" * 32, int(Codec.FULL),
+                                               front.slot_span(slot, PAGE).wire()))
 
 
 def test_a_store_does_not_wait_for_another_stores_directory_write(pool) -> None:
@@ -135,17 +147,7 @@ def test_a_restore_of_a_copy_being_stored_again_waits_and_reads_the_new_one(pool
     assert held.entered.wait(WAIT_S)
     second = front.slot_view(1, PAGE).tobytes()
     assert second != first
-    restored: list = []
-
-    def restore() -> None:
-        try:
-            restored.append(actor.restore_to(b"a" * 32, b"d" * 32, int(Codec.FULL),
-                                             front.slot_span(0, PAGE).wire()))
-        except Exception as exc:  # noqa: BLE001 - the test reads it
-            restored.append(exc)
-
-    reader = threading.Thread(target=restore, daemon=True)
-    reader.start()
+    reader, restored = _restore_in_thread(actor, front, 0, b"a")
     reader.join(0.5)
     waited = reader.is_alive()  # a restore that did not wait has failed by now
     held.release.set()
@@ -155,3 +157,81 @@ def test_a_restore_of_a_copy_being_stored_again_waits_and_reads_the_new_one(pool
     assert stored == [PoolReceipt(tier=Tier.HOST, nbytes=PAGE)]
     assert restored == [(int(Tier.HOST), PAGE)]
     assert front.slot_view(0, PAGE).tobytes() == second
+
+
+def _on_nvme(handle, front, name: bytes) -> bytes:
+    """Store page ``name`` from front slot 0 on NVMe; returns its bytes."""
+    assert handle.store_from(_meta(name), Tier.NVME, Codec.FULL,
+                             front.slot_span(0, PAGE)).tier is Tier.NVME
+    return front.slot_view(0, PAGE).tobytes()
+
+
+def test_an_nvme_restore_does_not_hold_the_pool_lock(pool) -> None:
+    """The record is read into a buffer of the restore's own, outside the lock: a store
+    of another page goes on while the read is held."""
+    handle, front = pool
+    actor = handle.target
+    data = _on_nvme(handle, front, b"a")
+    held = _Held(actor.nvme, "get", actor._index[(b"a" * 32, Codec.FULL)].nkey)
+    actor.nvme = held
+    reader, restored = _restore_in_thread(actor, front, 1, b"a")
+    assert held.entered.wait(WAIT_S)
+    storing, stored = _store_in_thread(handle, front, 0, b"b")
+    storing.join(WAIT_S)
+    finished_while_held = not storing.is_alive()
+    held.release.set()
+    reader.join(WAIT_S)
+    storing.join(WAIT_S)
+    assert finished_while_held, "a store waited for an NVMe restore's read"
+    assert stored == [PoolReceipt(tier=Tier.HOST, nbytes=PAGE)]
+    assert restored == [(int(Tier.NVME), PAGE)]
+    assert front.slot_view(1, PAGE).tobytes() == data
+
+
+def test_an_nvme_copy_deleted_while_read_is_not_pushed(pool) -> None:
+    """A restore whose NVMe copy is deleted during its read starts over, finds no copy
+    and says so; the destination never sees a byte, and no other copy is dropped."""
+    handle, front = pool
+    actor = handle.target
+    _on_nvme(handle, front, b"a")
+    front.slot_view(1, PAGE)[:] = 0
+    held = _Held(actor.nvme, "get", actor._index[(b"a" * 32, Codec.FULL)].nkey)
+    actor.nvme = held
+    reader, restored = _restore_in_thread(actor, front, 1, b"a")
+    assert held.entered.wait(WAIT_S)
+    deleted, gone = _in_thread(lambda: handle.delete(b"a" * 32, "acme"))
+    deleted.join(WAIT_S)
+    finished_while_held = not deleted.is_alive()
+    held.release.set()
+    reader.join(WAIT_S)
+    deleted.join(WAIT_S)
+    assert finished_while_held, "a delete waited for an NVMe restore's read"
+    assert gone == [1]
+    (result,) = restored
+    assert isinstance(result, PageMissing), result
+    assert not front.slot_view(1, PAGE).any()
+    assert actor.stats()["rejects"] == 0
+
+
+def test_stores_read_the_generation_once_and_repair_an_emptied_directory(pool) -> None:
+    """The generation a namespace's entries carry is read by its first store only; an
+    emptied directory refuses the next entry, which is advanced back and published."""
+    from store.directory import EmbeddedDirectory
+    from store.types import Lookup
+
+    handle, front = pool
+    actor = handle.target
+    publisher = actor.publisher
+    for name in (b"a", b"b", b"c"):
+        handle.store_from(_meta(name), Tier.HOST, Codec.FULL, front.slot_span(0, PAGE))
+    assert publisher.reads == 1
+    shell = publisher.directory.target
+    ns = actor.blinder.namespace("acme")
+    gen = shell.current_generation(ns)
+    assert gen >= 1
+    shell.inner = EmbeddedDirectory()  # the directory lost everything
+    handle.store_from(_meta(b"d"), Tier.HOST, Codec.FULL, front.slot_span(0, PAGE))
+    assert not publisher.stale
+    assert shell.current_generation(ns) == gen
+    lookup, entry = shell.get(ns, b"d" * 32)
+    assert lookup is Lookup.HIT and entry.generation == gen

@@ -68,10 +68,8 @@ def encode_page(raw: np.ndarray, length: int, shape: KvGeometry | None, codec: C
 
 
 def decode_into(src: np.ndarray, shape: KvGeometry | None, dst: np.ndarray) -> None:
-    """Decode an encoded page in ``src`` into full-precision bytes in ``dst``."""
+    """Decode an encoded page in ``src`` into full-precision bytes in ``dst``: straight
+    into its K and V views, with no tensors allocated for them and no copy after."""
     if shape is None:
         raise UnsupportedCodec("a page without KV geometry has no lossy form")
-    k, v = decode_kv(EncodedKV.from_bytes(src))
-    half = shape.nbytes() // 2
-    dst[:half] = k.contiguous().view(torch.uint8).reshape(-1).numpy()
-    dst[half: 2 * half] = v.contiguous().view(torch.uint8).reshape(-1).numpy()
+    decode_kv(EncodedKV.from_bytes(src), out=_kv_views(dst, shape))

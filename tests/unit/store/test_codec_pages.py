@@ -54,6 +54,22 @@ def test_lossy_forms_are_smaller_and_decode_close_to_the_page(codec, tolerance):
     assert back.tobytes() != raw.tobytes()  # lossy: the control that the codec ran
 
 
+@pytest.mark.parametrize("codec", [Codec.INT8, Codec.INT4])
+def test_a_page_decodes_in_place_into_its_span_of_a_larger_buffer(codec):
+    """The HBM actor decodes into the page's span of its arena: the bytes match a
+    stand-alone decode and nothing beside the span is written."""
+    shape = Geometry()
+    raw = _page(shape)
+    out = np.zeros(2 * raw.size, np.uint8)
+    n = encode_page(raw, raw.size, shape, codec, out)
+    alone = np.zeros(raw.size, np.uint8)
+    decode_into(out[:n], shape, alone)
+    arena = np.full(raw.size + 8192, 0xAB, np.uint8)
+    decode_into(out[:n], shape, arena[4096:4096 + raw.size])
+    assert arena[4096:4096 + raw.size].tobytes() == alone.tobytes()
+    assert (arena[:4096] == 0xAB).all() and (arena[4096 + raw.size:] == 0xAB).all()
+
+
 def test_a_page_without_geometry_or_an_unused_codec_is_refused():
     raw = _page(Geometry())
     out = np.zeros(raw.size, np.uint8)

@@ -166,22 +166,32 @@ def _on_nvme(handle, front, name: bytes) -> bytes:
     return front.slot_view(0, PAGE).tobytes()
 
 
-def test_an_nvme_restore_does_not_hold_the_pool_lock(pool) -> None:
-    """The record is read into a buffer of the restore's own, outside the lock: a store
-    of another page goes on while the read is held."""
-    handle, front = pool
+def _beside_a_held_nvme_read(handle, front, call: Any) -> tuple[list, bool, list]:
+    """Restore NVMe page a into front slot 1 with its shard read held, and run ``call``
+    meanwhile. Returns the restore's outcome, whether ``call`` finished while the read
+    was held, and its outcome."""
     actor = handle.target
-    data = _on_nvme(handle, front, b"a")
     held = _Held(actor.nvme, "get", actor._index[(b"a" * 32, Codec.FULL)].nkey)
     actor.nvme = held
     reader, restored = _restore_in_thread(actor, front, 1, b"a")
     assert held.entered.wait(WAIT_S)
-    storing, stored = _store_in_thread(handle, front, 0, b"b")
-    storing.join(WAIT_S)
-    finished_while_held = not storing.is_alive()
+    other, out = _in_thread(call)
+    other.join(WAIT_S)
+    finished_while_held = not other.is_alive()
     held.release.set()
     reader.join(WAIT_S)
-    storing.join(WAIT_S)
+    other.join(WAIT_S)
+    return restored, finished_while_held, out
+
+
+def test_an_nvme_restore_does_not_hold_the_pool_lock(pool) -> None:
+    """The record is read into a buffer of the restore's own, outside the lock: a store
+    of another page goes on while the read is held."""
+    handle, front = pool
+    data = _on_nvme(handle, front, b"a")
+    restored, finished_while_held, stored = _beside_a_held_nvme_read(
+        handle, front, lambda: handle.store_from(_meta(b"b"), Tier.HOST, Codec.FULL,
+                                                 front.slot_span(0, PAGE)))
     assert finished_while_held, "a store waited for an NVMe restore's read"
     assert stored == [PoolReceipt(tier=Tier.HOST, nbytes=PAGE)]
     assert restored == [(int(Tier.NVME), PAGE)]
@@ -192,25 +202,16 @@ def test_an_nvme_copy_deleted_while_read_is_not_pushed(pool) -> None:
     """A restore whose NVMe copy is deleted during its read starts over, finds no copy
     and says so; the destination never sees a byte, and no other copy is dropped."""
     handle, front = pool
-    actor = handle.target
     _on_nvme(handle, front, b"a")
     front.slot_view(1, PAGE)[:] = 0
-    held = _Held(actor.nvme, "get", actor._index[(b"a" * 32, Codec.FULL)].nkey)
-    actor.nvme = held
-    reader, restored = _restore_in_thread(actor, front, 1, b"a")
-    assert held.entered.wait(WAIT_S)
-    deleted, gone = _in_thread(lambda: handle.delete(b"a" * 32, "acme"))
-    deleted.join(WAIT_S)
-    finished_while_held = not deleted.is_alive()
-    held.release.set()
-    reader.join(WAIT_S)
-    deleted.join(WAIT_S)
+    restored, finished_while_held, gone = _beside_a_held_nvme_read(
+        handle, front, lambda: handle.delete(b"a" * 32, "acme"))
     assert finished_while_held, "a delete waited for an NVMe restore's read"
     assert gone == [1]
     (result,) = restored
     assert isinstance(result, PageMissing), result
     assert not front.slot_view(1, PAGE).any()
-    assert actor.stats()["rejects"] == 0
+    assert handle.target.stats()["rejects"] == 0
 
 
 def test_stores_read_the_generation_once_and_repair_an_emptied_directory(pool) -> None:

@@ -1,10 +1,9 @@
 """Cluster memory-pool actor: one per node, fronting that node's host pool and NVMe shard.
 
-Pages arrive already in their codec's form (the HBM actor compresses), are sealed with
-the tenant's key on the way in and opened on the way out, and every copy is published
-in the directory. A restarted actor rebuilds its index by opening the records' sealed
-meta blocks (``pool_records``), and can repopulate an emptied directory; generations
-are read back from the records and never lowered.
+Pages arrive already in their codec's form (the HBM actor compresses), are sealed with the tenant's
+key on the way in and opened on the way out, and every copy is published in the directory. A
+restarted actor rebuilds its index from the records' sealed meta blocks (``pool_records``) and can
+refill an emptied directory; generations are read back from the records, never lowered.
 """
 
 from __future__ import annotations
@@ -223,11 +222,13 @@ class PoolActor:
             raise
         with self._lock:
             self._end_store(meta.key, codec)
-            if storing.cancelled:  # deleted or erased while it was sealed: keep nothing
+            if not storing.cancelled:
+                self._index[(meta.key, codec)] = copy
+            else:  # deleted or erased while it was sealed: keep nothing
                 self._discard(copy, scrub=True)
-                plain[:] = 0  # the staging slot held its plaintext
-                raise PageMissing("the page was deleted or its tenant erased while stored")
-            self._index[(meta.key, codec)] = copy
+        if storing.cancelled:
+            plain[:] = 0  # the staging slot held its plaintext (zeroed outside the lock)
+            raise PageMissing("the page was deleted or its tenant erased while stored")
         self.publisher.put(self._entry(meta.key, codec, copy))
         with self._lock:  # deleted between its commit and its entry: drop the entry again
             deleted = (meta.key, codec) not in self._index
@@ -245,10 +246,9 @@ class PoolActor:
             storing = self._storing[(key, codec)] = _Storing(namespace)
             return storing
 
-    def _end_store(self, key: bytes, codec: Codec) -> None:
-        with self._lock:
-            del self._storing[(key, codec)]
-            self._stored.notify_all()
+    def _end_store(self, key: bytes, codec: Codec) -> None:  # under the lock
+        del self._storing[(key, codec)]
+        self._stored.notify_all()
 
     def restore_to(self, key: bytes, digest: bytes, codec: int, dst: tuple) -> tuple[int, int]:
         """Open the (key, codec) copy, on whichever tier holds it, and push its plaintext

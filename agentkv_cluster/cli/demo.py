@@ -14,6 +14,7 @@ import shutil
 import tempfile
 import time
 from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,16 @@ def _table(figures: dict[str, dict[str, Any]]) -> Any:
     return table
 
 
+def _ratio_line(r: dict[str, float]) -> str:
+    """The P95 ratio with its interval, and what the interval says."""
+    verdict = ("this run cannot tell the two apart at P95" if r["low"] <= 1.0 <= r["high"]
+               else "AgentKV faster at P95" if r["high"] < 1.0 else "AgentKV slower at P95")
+    return (f"P95 ratio AgentKV/LRU {r['ratio']:.2f} ({100 * r['level']:.0f} % bootstrap "
+            f"interval over sessions {r['low']:.2f}-{r['high']:.2f}): {verdict}; the sessions "
+            f"of one run share the machine, so seeds give a wider, truer interval "
+            f"(benchmarks/bench_demo_seeds.py)")
+
+
 def _warm_up(service: Any, spec: Any) -> None:
     """Untimed, before any measured run:
 
@@ -151,11 +162,23 @@ def round_order(rounds: int) -> list[str]:
     return order
 
 
+def by_session(accesses: list[Any], run: str, sessions: int) -> list[list[float]]:
+    """The delays (ms) of each session ``0..sessions-1`` of ``run``, in session order: the
+    units ``pooled_ratio`` resamples, paired across policies (session j of a policy's
+    round r replays the same episode as session j of the other's round r)."""
+    out: list[list[float]] = [[] for _ in range(sessions)]
+    for a in accesses:
+        name, _, index = a.session.rpartition("-s")
+        if name == run and index.isdigit() and int(index) < sessions:
+            out[int(index)].append(a.delay_ms)
+    return out
+
+
 def run_demo(spec: Any, budget: float, progress: Any | None = None,
              rounds: int = 3) -> dict[str, Any]:
     """Both policies, same workload, one service, ``rounds`` runs each (pooled); returns
     the JSON payload."""
-    from agentkv_cluster.api.workload import Results, run_workload, summarize
+    from agentkv_cluster.api.workload import Results, pooled_ratio, run_workload, summarize
     from agentkv_cluster.runtime.service import Service
 
     # The demo always starts its own Ray: never join one another process left running.
@@ -166,6 +189,7 @@ def run_demo(spec: Any, budget: float, progress: Any | None = None,
     service = Service(_config(workdir), workdir=workdir, policy=POLICIES[0],
                       hbm_capacity=capacity)
     pooled = {p: Results() for p in POLICIES}
+    units: dict[str, list[list[float]]] = {p: [] for p in POLICIES}  # per (round, session)
     traffic: dict[str, Counter[str]] = {p: Counter() for p in POLICIES}
     tasks = {p: progress.add_task(f"{p:8s}", total=spec.resumes() * rounds)
              for p in POLICIES} if progress else {}
@@ -181,13 +205,15 @@ def run_demo(spec: Any, budget: float, progress: Any | None = None,
                 raise CliError(f"{policy}: {len(results.errors)} session(s) failed: "
                                f"{results.errors[0]}")
             pooled[policy].accesses += results.accesses
+            units[policy] += by_session(results.accesses, f"{policy}{i}", spec.sessions)
             traffic[policy].update(service.stats()["traffic"])
     finally:
         service.stop(shutdown_ray=True)
         shutil.rmtree(workdir, ignore_errors=True)
     figures = {p: summarize(pooled[p], dict(traffic[p]), spec.sessions * rounds)
                for p in POLICIES}
-    return {"policies": figures, "config": {
+    ratio = pooled_ratio(units["agentkv"], units["lru"])
+    return {"policies": figures, "p95_ratio": asdict(ratio), "config": {
         "sessions": spec.sessions, "turns": spec.turns, "seed": spec.seed, "rounds": rounds,
         "order": round_order(rounds), "hbm_budget": budget, "hbm_capacity_bytes": capacity,
         "working_set_bytes": working_set}}
@@ -228,6 +254,7 @@ def run(args: argparse.Namespace) -> int:
                   f"bytes moved: {a['transfer_mb_per_batch']:.2f} vs "
                   f"{b['transfer_mb_per_batch']:.2f} MB per session "
                   f"({time.monotonic() - t0:.0f} s)")
+    console.print(_ratio_line(payload["p95_ratio"]), soft_wrap=True)
     if args.json:
         args.json.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
     return 0

@@ -79,3 +79,7 @@ def test_default_demo_moves_fewer_bytes_with_agentkv_and_reports_p95(tmp_path: P
     print(f"demo AgentKV vs LRU: {summary}")
     assert a["transfer_mb_per_batch"] < lru["transfer_mb_per_batch"], summary
     assert a["byte_hit_pct"] > 0 and a["hidden_pct"] > 0, summary  # its prefetches land
+    ratio = payload["p95_ratio"]  # printed with its interval over the paired sessions
+    assert ratio["ratio"] == pytest.approx(a["p95_ms"] / lru["p95_ms"], rel=1e-6)
+    assert ratio["low"] <= ratio["ratio"] <= ratio["high"] and ratio["level"] == 0.9
+    assert f"interval over sessions {ratio['low']:.2f}-{ratio['high']:.2f}" in proc.stdout

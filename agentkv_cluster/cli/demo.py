@@ -16,9 +16,12 @@ import time
 from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentkv_cluster.cli import CliError, ProgressLines, check_writable_file
+
+if TYPE_CHECKING:
+    from agentkv_cluster.api.compare import RatioInterval
 
 POLICIES = ("agentkv", "lru")
 DEMO_PAGE_BYTES = 1 << 20  # one HBM arena page
@@ -111,12 +114,13 @@ def _table(figures: dict[str, dict[str, Any]]) -> Any:
     return table
 
 
-def _ratio_line(r: dict[str, float]) -> str:
+def _ratio_line(r: RatioInterval) -> str:
     """The P95 ratio with its interval, and what the interval says."""
-    verdict = ("this run cannot tell the two apart at P95" if r["low"] <= 1.0 <= r["high"]
-               else "AgentKV faster at P95" if r["high"] < 1.0 else "AgentKV slower at P95")
-    return (f"P95 ratio AgentKV/LRU {r['ratio']:.2f} ({100 * r['level']:.0f} % bootstrap "
-            f"interval over sessions {r['low']:.2f}-{r['high']:.2f}): {verdict}; the sessions "
+    reading = r.reading()
+    verdict = (f"this run {reading} at P95" if reading.startswith("cannot")
+               else f"AgentKV {reading} at P95")
+    return (f"P95 ratio AgentKV/LRU {r.ratio:.2f} ({100 * r.level:.0f} % bootstrap "
+            f"interval over sessions {r.low:.2f}-{r.high:.2f}): {verdict}; the sessions "
             f"of one run share the machine, so seeds give a wider, truer interval "
             f"(benchmarks/bench_demo_seeds.py)")
 
@@ -178,7 +182,8 @@ def run_demo(spec: Any, budget: float, progress: Any | None = None,
              rounds: int = 3) -> dict[str, Any]:
     """Both policies, same workload, one service, ``rounds`` runs each (pooled); returns
     the JSON payload."""
-    from agentkv_cluster.api.workload import Results, pooled_ratio, run_workload, summarize
+    from agentkv_cluster.api.compare import pooled_ratio
+    from agentkv_cluster.api.workload import Results, run_workload, summarize
     from agentkv_cluster.runtime.service import Service
 
     # The demo always starts its own Ray: never join one another process left running.
@@ -237,6 +242,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from agentkv_cluster.api.compare import RatioInterval
+
     spec = _spec(args)
     check_writable_file(args.json, "--json")
     console = Console(width=max(110, Console().width))  # the table needs ~105 columns
@@ -254,7 +261,7 @@ def run(args: argparse.Namespace) -> int:
                   f"bytes moved: {a['transfer_mb_per_batch']:.2f} vs "
                   f"{b['transfer_mb_per_batch']:.2f} MB per session "
                   f"({time.monotonic() - t0:.0f} s)")
-    console.print(_ratio_line(payload["p95_ratio"]), soft_wrap=True)
+    console.print(_ratio_line(RatioInterval(**payload["p95_ratio"])), soft_wrap=True)
     if args.json:
         args.json.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
     return 0

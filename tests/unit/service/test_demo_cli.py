@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from agentkv_cluster.api.compare import RatioInterval
 from agentkv_cluster.api.workload import Access
 from agentkv_cluster.cli import main
 from agentkv_cluster.cli.demo import _ratio_line, by_session, round_order
@@ -41,5 +42,5 @@ def test_a_runs_delays_are_grouped_per_session_in_session_order() -> None:
                                                     (0.5, 0.9, "AgentKV faster"),
                                                     (1.1, 1.6, "AgentKV slower")])
 def test_the_ratio_line_says_what_its_interval_shows(low: float, high: float, says: str) -> None:
-    line = _ratio_line({"ratio": (low + high) / 2, "low": low, "high": high, "level": 0.9})
+    line = _ratio_line(RatioInterval(ratio=(low + high) / 2, low=low, high=high, level=0.9))
     assert says in line and f"{low:.2f}-{high:.2f}" in line

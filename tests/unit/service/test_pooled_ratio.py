@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agentkv_cluster.api.workload import pooled_ratio
+from agentkv_cluster.api.compare import pooled_ratio
 
 
 def _seeds(rng: np.random.Generator, scale: float, n: int = 10) -> list[list[float]]:

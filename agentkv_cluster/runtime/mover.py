@@ -130,6 +130,11 @@ class Mover:
         with self._xfer:
             self._peer(endpoint)
 
+    def knows(self, agent: str) -> bool:
+        """Whether ``agent`` was introduced (transfers with it can be wired up)."""
+        with self._xfer:
+            return agent in self._peers
+
     def _peer(self, endpoint: Endpoint) -> None:
         if endpoint.agent == self.transport.name or endpoint.agent in self._peers:
             return

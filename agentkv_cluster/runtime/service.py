@@ -147,11 +147,8 @@ class Service:
             spec = replace(wiring.controller_spec(self.cfg, policy, self.credits),
                            learned=self._learned.get(policy))
             topo.controller = wiring.spawn_controller(spec, topo.directory)
-            capacity = self.hbm_capacity or self.cfg.hbm.page_bytes * self.cfg.hbm.num_pages
-            for name, handle in topo.pools.items():
-                topo.controller.add_pool(name, handle)
-            for name, handle in topo.hbms.items():
-                topo.controller.add_hbm(name, handle, capacity, topo.hbm_pool[name])
+            wiring.announce(topo, list(topo.pools), list(topo.hbms),
+                            wiring.capacity_of(self.cfg, self.hbm_capacity))
             self.front.controller = topo.controller
 
     @property

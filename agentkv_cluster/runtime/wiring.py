@@ -9,6 +9,7 @@ objects in this process for tests and tools that need no Ray.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import os
@@ -165,8 +166,9 @@ def deploy(cfg: AgentKvConfig, workdir: Path | None = None, *, policy: str | Non
     controller = spawn_controller(controller_spec(cfg, policy, credits), directory)
     topo = Topology(controller=controller, directory=directory, workdir=workdir)
     nodes = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: n["NodeID"])
-    place(cfg, topo, nodes, hbm_capacity)
+    place(cfg, topo, nodes)
     connect(topo)
+    announce(topo, list(topo.pools), list(topo.hbms), capacity_of(cfg, hbm_capacity))
     return topo
 
 
@@ -227,12 +229,26 @@ def _name_node(topo: Topology, node: dict[str, Any], cluster: list[dict[str, Any
     return name
 
 
+def capacity_of(cfg: AgentKvConfig, hbm_capacity: int | None = None) -> int:
+    """The bytes the controller may place on one HBM actor (default: its whole arena)."""
+    return hbm_capacity or cfg.hbm.page_bytes * cfg.hbm.num_pages
+
+
+def announce(topo: Topology, pools: list[str], hbms: list[str], capacity: int) -> None:
+    """Hand actors to the controller, which then places sessions and copies on them: only
+    once they are wired, so nothing it sends them can reach an agent they have not met."""
+    for name in pools:
+        topo.controller.add_pool(name, topo.pools[name])
+    for name in hbms:
+        topo.controller.add_hbm(name, topo.hbms[name], capacity, topo.hbm_pool[name])
+
+
 def place(cfg: AgentKvConfig, topo: Topology, nodes: list[dict[str, Any]],
-          hbm_capacity: int | None = None, cluster: list[dict[str, Any]] | None = None
-          ) -> list[str]:
+          cluster: list[dict[str, Any]] | None = None) -> list[str]:
     """Pool actors on the pool nodes, then HBM actors per GPU / hbm_slot on every node;
     returns the names of the new HBM actors. ``nodes`` are new to ``topo`` (all of them
     at deploy time, those that joined later afterwards; ``cluster``: every live node).
+    The controller learns of them from ``announce``, once they are wired.
 
     An HBM actor uses the pool on its own node when there is one (shared-memory hops),
     else the pools round-robin, so pool load spreads across the pool nodes.
@@ -243,11 +259,9 @@ def place(cfg: AgentKvConfig, topo: Topology, nodes: list[dict[str, Any]],
     for node in pool_nodes(nodes, cluster):
         pool = topo.node_names[node["NodeID"]]
         spawn_pool(topo, pool_spec(cfg, pool, topo.workdir), node["NodeID"])
-        topo.controller.add_pool(pool, topo.pools[pool])
     live = {n["NodeID"] for n in cluster}
     by_node = {node: pool for pool, node in topo.pool_node.items() if node in live}
     pools = sorted(by_node.values())  # never a pool whose node is gone
-    capacity = hbm_capacity or cfg.hbm.page_bytes * cfg.hbm.num_pages
     added = []
     for node in nodes:
         kind, count = _hbm_slots(node, cfg.hbm.resource)
@@ -258,7 +272,6 @@ def place(cfg: AgentKvConfig, topo: Topology, nodes: list[dict[str, Any]],
             name = f"{topo.node_names[node['NodeID']]}-hbm{g}"
             topo.hbms[name] = spawn_hbm(cfg, name, node["NodeID"], kind)
             topo.hbm_pool[name], topo.hbm_node[name] = pool, node["NodeID"]
-            topo.controller.add_hbm(name, topo.hbms[name], capacity, pool)
             added.append(name)
     return added
 
@@ -266,8 +279,9 @@ def place(cfg: AgentKvConfig, topo: Topology, nodes: list[dict[str, Any]],
 def join_new_nodes(cfg: AgentKvConfig, topo: Topology, front: Any | None = None,
                    hbm_capacity: int | None = None) -> list[str]:
     """Place actors on Ray nodes that joined after ``deploy`` (GPU workers scaled up, a pool
-    pod replaced) and wire them to the rest; returns the new actors' names (pools, then
-    HBM actors). Dead nodes are the health watcher's business; a node is placed once."""
+    pod replaced), wire them to the rest, then announce them; returns the new actors' names
+    (pools, then HBM actors). A node is placed once; an actor that dies while it is wired
+    is skipped, and dead actors are the health watcher's business."""
     cluster = [n for n in _ray().nodes() if n.get("Alive")]
     new = sorted((n for n in cluster if n["NodeID"] not in topo.node_names),
                  key=lambda n: n["NodeID"])
@@ -275,33 +289,42 @@ def join_new_nodes(cfg: AgentKvConfig, topo: Topology, front: Any | None = None,
     if not new or not (pool_nodes(new, cluster) or live & set(topo.pool_node.values())):
         return []  # nothing new, or no live pool to pair with yet: looked at again later
     before, before_hbms = dict(topo.pools), dict(topo.hbms)
+    failed: Exception | None = None
     try:
-        added = place(cfg, topo, new, hbm_capacity, cluster)
-    except Exception:
+        place(cfg, topo, new, cluster)
+    except Exception as exc:  # noqa: BLE001 - re-raised below, once what it made is wired
+        failed = exc
+    made_pools = [p for p, h in topo.pools.items() if before.get(p) is not h]
+    added = [h for h, handle in topo.hbms.items() if before_hbms.get(h) is not handle]
+    if failed is not None:
         # Nodes that got no actor are looked at again on the next poll (e.g. the dead
         # pool they replace still held its actor name).
-        made = {topo.pool_node[p] for p, h in topo.pools.items() if before.get(p) is not h}
-        made |= {topo.hbm_node[h] for h, handle in topo.hbms.items()
-                 if before_hbms.get(h) is not handle}
+        made = {topo.pool_node[p] for p in made_pools} | {topo.hbm_node[h] for h in added}
         for node in new:
             if node["NodeID"] not in made:
                 topo.node_names.pop(node["NodeID"], None)
-        raise
-    pools = {p: h for p, h in topo.pools.items() if topo.pool_node.get(p) in live}
-    fresh = [p for p, h in pools.items() if before.get(p) is not h]  # new or replacing one
-    for name in added:  # the new HBM actors with every live pool and the front
-        for pool in pools.values():
-            introduce(topo.hbms[name], pool)
-        if front is not None:
-            introduce(topo.hbms[name], front)
+        if not made:
+            raise failed
+    fresh = [p for p in made_pools if topo.pool_node[p] in live]  # new or replacing one
     for pool_name in fresh:  # new pools with the HBM actors from before
-        for name, hbm in topo.hbms.items():
-            if name not in added and hbm.alive(5.0):
-                try:
-                    introduce(hbm, pools[pool_name])
-                except ActorGone:
-                    continue  # died after the check (its node left): the watcher forgets it
+        for hbm in before_hbms.values():
+            if hbm.alive(5.0):
+                _meet(hbm, topo.pools[pool_name])
+    pools = [h for p, h in topo.pools.items() if topo.pool_node.get(p) in live]
+    for name in added:  # the new HBM actors with every live pool and the front
+        for other in [*pools, *([] if front is None else [front])]:
+            _meet(topo.hbms[name], other)
+    announce(topo, fresh, added, capacity_of(cfg, hbm_capacity))
+    if failed is not None:
+        raise failed
     return fresh + added
+
+
+def _meet(a: Any, b: Any) -> None:
+    """``introduce``, unless one of the two died meanwhile (its node left): the
+    controller's watcher forgets a dead actor, announced or not."""
+    with contextlib.suppress(ActorGone):
+        introduce(a, b)
 
 
 def introduce(a: Any, b: Any) -> None:
@@ -362,8 +385,6 @@ def deploy_local(cfg: AgentKvConfig, workdir: Path, *, policy: str | None = None
     hbm = HbmActor(hbm_spec(cfg, "node0-hbm0"))
     topo.hbms["node0-hbm0"] = HbmHandle.local(hbm, "node0-hbm0")
     topo.hbm_pool["node0-hbm0"] = "node0"
-    controller.add_pool("node0", topo.pools["node0"])
-    controller.add_hbm("node0-hbm0", topo.hbms["node0-hbm0"],
-                       hbm_capacity or cfg.hbm.page_bytes * cfg.hbm.num_pages, "node0")
     connect(topo)
+    announce(topo, ["node0"], ["node0-hbm0"], capacity_of(cfg, hbm_capacity))
     return topo

@@ -75,7 +75,7 @@ def test_a_join_that_placed_nothing_is_tried_again(monkeypatch) -> None:
     joined = [{"NodeID": "a", "Alive": True, "NodeManagerHostname": "vm", "Resources": {}}]
     monkeypatch.setattr(wiring, "_ray", lambda: SimpleNamespace(nodes=lambda: joined))
 
-    def refused(cfg, topo, nodes, capacity, cluster):  # e.g. the dead pool's name is held
+    def refused(cfg, topo, nodes, cluster):  # e.g. the dead pool's name is held
         for n in nodes:
             topo.node_names[n["NodeID"]] = "node0"
         raise ValueError("actor name akv-pool-node0 is taken")
@@ -85,6 +85,39 @@ def test_a_join_that_placed_nothing_is_tried_again(monkeypatch) -> None:
     with pytest.raises(ValueError):
         wiring.join_new_nodes(None, topo)
     assert topo.node_names == {}  # not marked placed: the next poll tries it again
+
+
+def test_a_join_that_failed_half_way_wires_and_announces_what_it_made(monkeypatch) -> None:
+    joined = [{"NodeID": "a", "Alive": True, "NodeManagerHostname": "vm", "Resources": {}}]
+    monkeypatch.setattr(wiring, "_ray", lambda: SimpleNamespace(nodes=lambda: joined))
+
+    def half(cfg, topo, nodes, cluster):  # the pool is made, then its HBM actor is refused
+        topo.node_names["a"] = "node9"
+        topo.pools["node9"], topo.pool_node["node9"] = Peer("node9"), "a"
+        raise ValueError("actor name akv-node9-hbm0 is taken")
+
+    met, announced = [], []
+    monkeypatch.setattr(wiring, "place", half)
+    monkeypatch.setattr(wiring, "introduce", lambda a, b: met.append((a.name, b.name)))
+    controller = SimpleNamespace(add_pool=lambda name, handle: announced.append(name),
+                                 add_hbm=lambda *args: announced.append(args[0]))
+    topo = wiring.Topology(controller=controller, directory=None,
+                           hbms={"node0-hbm0": Peer("node0-hbm0")})
+    with pytest.raises(ValueError, match="is taken"):
+        wiring.join_new_nodes(load_config(env={}), topo)
+    assert met == [("node0-hbm0", "node9")]  # the new pool met the HBM actor from before
+    assert announced == ["node9"]  # and the controller heard of it, once wired
+    assert topo.node_names == {"a": "node9"}  # placed: not tried again
+
+
+class Peer:
+    """What the join asks of an actor handle besides introductions."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def alive(self, timeout_s: float = 10.0) -> bool:
+        return True
 
 
 def test_pool_only_on_akv_pool_node_and_hbm_uses_it(cluster) -> None:

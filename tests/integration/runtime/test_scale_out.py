@@ -4,6 +4,7 @@ Real two-then-three-node Ray cluster on one machine, real NIXL, embedded directo
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from agentkv_cluster.config import load_config
+from agentkv_cluster.runtime import wiring
 from agentkv_cluster.runtime.service import Service
 from tests.integration.runtime.test_cluster import Episode, identity, kv_page
 from tests.support.ray_cluster import NODE, ray_cluster
@@ -47,6 +49,8 @@ def test_a_node_that_joins_later_gets_an_hbm_actor_that_serves(cluster, caplog):
             time.sleep(0.5)
         assert sorted(svc.topo.hbms) == ["node0-hbm0", "node1-hbm0", "node2-hbm0"]
         assert svc.topo.controller.topology()["hbms"] == sorted(svc.topo.hbms)
+        # The controller hears of the actor only once it is wired: the front has met it.
+        assert svc.front.mover.knows(svc.topo.hbms["node2-hbm0"].endpoint().agent)
         assert "node2" in svc.topo.pools  # no node advertises akv_pool: every node has one
         joined = Episode(svc, "acme", "after")  # the least loaded actor: the new one
         placed = joined.s.client.call("open_session", {"session": joined.session})["hbm"]
@@ -73,5 +77,50 @@ def test_a_node_that_joins_later_gets_an_hbm_actor_that_serves(cluster, caplog):
         later.client.close()
         failed = [r for r in caplog.records if "joined nodes failed" in r.getMessage()]
         assert failed == []  # every join wired its actors completely, dead ones skipped
+    finally:
+        svc.stop()
+
+
+def test_an_actor_whose_node_dies_while_it_is_wired_is_skipped(cluster, caplog, monkeypatch):
+    """The new node's HBM actor dies between meeting the pools and meeting the front (its
+    node left mid-join): the join still finishes (the new pool is wired and announced),
+    the controller's watcher forgets the dead actor, and sessions keep being served."""
+    workdir = Path(tempfile.mkdtemp(prefix="agentkv-join-"))
+    cfg = load_config(env={}, overrides={
+        "api": {"port": 0}, "ray": {"address": cluster.address},
+        "hbm": {"page_bytes": 1 << 17, "num_pages": 16},
+        "pool": {"pool_bytes": 8 << 20, "slot_bytes": 1 << 17, "nvme_dir": str(workdir / "nv")},
+    })
+    caplog.set_level(logging.INFO, logger="agentkv_cluster.runtime.service")
+    svc = Service(cfg, workdir=workdir, policy="agentkv").start()
+    meet = wiring.introduce
+
+    def dies_before_the_front(a, b):
+        if b is svc.front and getattr(a, "name", "") == "node2-hbm0":
+            a.kill()
+        meet(a, b)
+
+    monkeypatch.setattr(wiring, "introduce", dies_before_the_front)
+    try:
+        cluster.add_node(**NODE)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(
+                "placed actors on joined nodes" in r.getMessage() for r in caplog.records):
+            time.sleep(0.5)
+        placed = [r.getMessage() for r in caplog.records if "placed actors" in r.getMessage()]
+        assert placed == ["placed actors on joined nodes: node2, node2-hbm0"]
+        assert "node2" in svc.topo.controller.topology()["pools"]
+        while time.monotonic() < deadline and \
+                "node2-hbm0" in svc.topo.controller.topology()["hbms"]:
+            time.sleep(0.5)
+        assert svc.topo.controller.topology()["hbms"] == ["node0-hbm0", "node1-hbm0"]
+        ep = Episode(svc, "acme", "after")
+        hbm = ep.s.client.call("open_session", {"session": ep.session})["hbm"]
+        assert hbm in ("node0-hbm0", "node1-hbm0")
+        pages = [kv_page(i, "evidence", identity("acme", "after", 128 * i)) for i in range(2)]
+        ep.store(*pages)
+        assert [p["data"] for p in ep.load([0, 1])[1]] == [p["data"] for p in pages]
+        ep.client.close()
+        assert not [r for r in caplog.records if "joined nodes failed" in r.getMessage()]
     finally:
         svc.stop()

@@ -66,9 +66,11 @@ def test_a_node_that_joins_later_gets_an_hbm_actor_that_serves(cluster, caplog):
         cluster.remove_node(next(n for n in cluster.list_all_nodes() if not n.head))
         cluster.add_node(**NODE)
         deadline = time.monotonic() + 60
-        while "node3-hbm0" not in svc.topo.hbms and time.monotonic() < deadline:
+        while "node3-hbm0" not in svc.topo.controller.topology()["hbms"] \
+                and time.monotonic() < deadline:
             time.sleep(0.5)
         assert "node3-hbm0" in svc.topo.hbms and "node3" in svc.topo.pools
+        assert "node3" in svc.topo.controller.topology()["pools"]
         later = Episode(svc, "acme", "later")
         later.s.client.call("open_session", {"session": later.session})
         pages = [kv_page(i, "evidence", identity("acme", "later", 128 * i)) for i in range(2)]

@@ -130,7 +130,7 @@ def verdict(payload: dict) -> dict:
     interval = pooled_ratio(by_seed["agentkv"], by_seed["lru"])
     return {"seeds": len(seeds), "p95_wins": p95_wins, "fewer_bytes": fewer_bytes,
             "median_p95_ratio": ratio, "pooled_p95_ms": {p: pooled[p]["p95_ms"] for p in pooled},
-            "pooled_p95_ratio": {**asdict(interval), "reading": interval.reading()}}
+            "pooled_p95_ratio": {**asdict(interval), "reading": interval.reading().name}}
 
 
 def plot(payload: dict, path: Path, title: str) -> None:
@@ -189,7 +189,7 @@ def main() -> int:
     print(f"pooled P95 ratio AgentKV/LRU {ci['ratio']:.2f}, {100 * ci['level']:.0f} % bootstrap "
           f"interval over seeds {ci['low']:.2f}-{ci['high']:.2f}"
           + (" (holds 1: these runs cannot tell the two apart at P95)"
-             if ci["reading"].startswith("cannot") else ""))
+             if ci["reading"] == "UNCLEAR" else ""))
     for policy, row in payload["slowest_loads"].items():
         if row:
             print(f"slowest {row['loads']} of {row['of']} loads, {policy}: mean total "

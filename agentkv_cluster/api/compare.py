@@ -8,8 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 
 import numpy as np
+
+
+class Reading(Enum):
+    """What a ratio's interval shows about the first policy; the value is how it reads."""
+
+    FASTER = "faster"
+    SLOWER = "slower"
+    UNCLEAR = "cannot tell the two apart"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -21,11 +30,11 @@ class RatioInterval:
     high: float
     level: float
 
-    def reading(self) -> str:
+    def reading(self) -> Reading:
         """What the interval shows: the first policy faster, slower, or neither."""
         if self.low <= 1.0 <= self.high:
-            return "cannot tell the two apart"
-        return "faster" if self.high < 1.0 else "slower"
+            return Reading.UNCLEAR
+        return Reading.FASTER if self.high < 1.0 else Reading.SLOWER
 
 
 def pooled_ratio(ours: Sequence[Sequence[float]], theirs: Sequence[Sequence[float]], *,

@@ -116,9 +116,11 @@ def _table(figures: dict[str, dict[str, Any]]) -> Any:
 
 def _ratio_line(r: RatioInterval) -> str:
     """The P95 ratio with its interval, and what the interval says."""
+    from agentkv_cluster.api.compare import Reading
+
     reading = r.reading()
-    verdict = (f"this run {reading} at P95" if reading.startswith("cannot")
-               else f"AgentKV {reading} at P95")
+    verdict = (f"this run {reading.value} at P95" if reading is Reading.UNCLEAR
+               else f"AgentKV {reading.value} at P95")
     return (f"P95 ratio AgentKV/LRU {r.ratio:.2f} ({100 * r.level:.0f} % bootstrap "
             f"interval over sessions {r.low:.2f}-{r.high:.2f}): {verdict}; the sessions "
             f"of one run share the machine, so seeds give a wider, truer interval "

@@ -244,10 +244,10 @@ def announce(topo: Topology, pools: list[str], hbms: list[str], capacity: int) -
 
 
 def place(cfg: AgentKvConfig, topo: Topology, nodes: list[dict[str, Any]],
-          cluster: list[dict[str, Any]] | None = None) -> list[str]:
-    """Pool actors on the pool nodes, then HBM actors per GPU / hbm_slot on every node;
-    returns the names of the new HBM actors. ``nodes`` are new to ``topo`` (all of them
-    at deploy time, those that joined later afterwards; ``cluster``: every live node).
+          cluster: list[dict[str, Any]] | None = None) -> None:
+    """Pool actors on the pool nodes, then HBM actors per GPU / hbm_slot on every node,
+    recorded in ``topo``. ``nodes`` are new to ``topo`` (all of them at deploy time, those
+    that joined later afterwards; ``cluster``: every live node).
     The controller learns of them from ``announce``, once they are wired.
 
     An HBM actor uses the pool on its own node when there is one (shared-memory hops),
@@ -262,7 +262,6 @@ def place(cfg: AgentKvConfig, topo: Topology, nodes: list[dict[str, Any]],
     live = {n["NodeID"] for n in cluster}
     by_node = {node: pool for pool, node in topo.pool_node.items() if node in live}
     pools = sorted(by_node.values())  # never a pool whose node is gone
-    added = []
     for node in nodes:
         kind, count = _hbm_slots(node, cfg.hbm.resource)
         for g in range(count):
@@ -272,8 +271,6 @@ def place(cfg: AgentKvConfig, topo: Topology, nodes: list[dict[str, Any]],
             name = f"{topo.node_names[node['NodeID']]}-hbm{g}"
             topo.hbms[name] = spawn_hbm(cfg, name, node["NodeID"], kind)
             topo.hbm_pool[name], topo.hbm_node[name] = pool, node["NodeID"]
-            added.append(name)
-    return added
 
 
 def join_new_nodes(cfg: AgentKvConfig, topo: Topology, front: Any | None = None,

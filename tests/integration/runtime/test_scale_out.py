@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agentkv_cluster.config import load_config
+from agentkv_cluster.config import AgentKvConfig, load_config
 from agentkv_cluster.runtime import wiring
 from agentkv_cluster.runtime.service import Service
 from tests.integration.runtime.test_cluster import Episode, identity, kv_page
@@ -27,13 +27,18 @@ def cluster():
         yield c
 
 
-def test_a_node_that_joins_later_gets_an_hbm_actor_that_serves(cluster, caplog):
+def joinable(cluster) -> tuple[Path, AgentKvConfig]:
+    """A fresh work folder and a small service config on ``cluster``."""
     workdir = Path(tempfile.mkdtemp(prefix="agentkv-join-"))
-    cfg = load_config(env={}, overrides={
+    return workdir, load_config(env={}, overrides={
         "api": {"port": 0}, "ray": {"address": cluster.address},
         "hbm": {"page_bytes": 1 << 17, "num_pages": 16},
         "pool": {"pool_bytes": 8 << 20, "slot_bytes": 1 << 17, "nvme_dir": str(workdir / "nv")},
     })
+
+
+def test_a_node_that_joins_later_gets_an_hbm_actor_that_serves(cluster, caplog):
+    workdir, cfg = joinable(cluster)
     svc = Service(cfg, workdir=workdir, policy="agentkv").start()
     try:
         assert sorted(svc.topo.hbms) == ["node0-hbm0", "node1-hbm0"]
@@ -87,20 +92,15 @@ def test_an_actor_whose_node_dies_while_it_is_wired_is_skipped(cluster, caplog, 
     """The new node's HBM actor dies between meeting the pools and meeting the front (its
     node left mid-join): the join still finishes (the new pool is wired and announced),
     the controller's watcher forgets the dead actor, and sessions keep being served."""
-    workdir = Path(tempfile.mkdtemp(prefix="agentkv-join-"))
-    cfg = load_config(env={}, overrides={
-        "api": {"port": 0}, "ray": {"address": cluster.address},
-        "hbm": {"page_bytes": 1 << 17, "num_pages": 16},
-        "pool": {"pool_bytes": 8 << 20, "slot_bytes": 1 << 17, "nvme_dir": str(workdir / "nv")},
-    })
+    workdir, cfg = joinable(cluster)
     caplog.set_level(logging.INFO, logger="agentkv_cluster.runtime.service")
     svc = Service(cfg, workdir=workdir, policy="agentkv").start()
-    meet = wiring.introduce
+    introduce = wiring.introduce
 
     def dies_before_the_front(a, b):
         if b is svc.front and getattr(a, "name", "") == "node2-hbm0":
             a.kill()
-        meet(a, b)
+        introduce(a, b)
 
     monkeypatch.setattr(wiring, "introduce", dies_before_the_front)
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agentkv_cluster.api.compare import pooled_ratio
+from agentkv_cluster.api.compare import Reading, pooled_ratio
 
 
 def _seeds(rng: np.random.Generator, scale: float, n: int = 10) -> list[list[float]]:
@@ -24,12 +24,15 @@ def test_policies_drawn_alike_get_an_interval_holding_one() -> None:
     rng = np.random.default_rng(11)
     got = pooled_ratio(_seeds(rng, 100.0), _seeds(rng, 100.0))
     assert got.low < 1.0 < got.high
+    assert got.reading() is Reading.UNCLEAR
 
 
 def test_a_clearly_faster_policy_gets_an_interval_below_one() -> None:
     rng = np.random.default_rng(12)
     got = pooled_ratio(_seeds(rng, 40.0), _seeds(rng, 100.0))
     assert got.high < 1.0 and got.ratio < 0.6
+    assert got.reading() is Reading.FASTER
+    assert pooled_ratio(_seeds(rng, 100.0), _seeds(rng, 40.0)).reading() is Reading.SLOWER
 
 
 def test_one_slow_seed_widens_the_interval() -> None:

@@ -94,7 +94,9 @@ def test_idle_and_partial_frames_neither_lock_out_nor_bloat_the_server(service) 
                 sock.close()
     print(f"\nserved in {stressed:.3f} s under load ({calm:.3f} s calm); server grew by "
           f"{grown / 2**20:.1f} MiB (bound {PreAuthLimits().bound_bytes() / 2**20:.0f} MiB)")
-    assert stressed < 1.0, (stressed, calm)
+    # Locked out, a client would be served only once idle connections time out (idle_s);
+    # a bound near the calm time fails on a loaded box when the stressed server stalls.
+    assert stressed < PreAuthLimits().idle_s / 2, (stressed, calm)
     bound = PreAuthLimits().bound_bytes()  # the documented bound, 80 MiB
     assert grown < bound, grown
     assert PARTIAL * SENT > bound  # without the limits the partial frames alone exceed it

@@ -246,9 +246,11 @@ def test_killing_hbm_actor_and_node_loses_only_uncopied_pages(service, cluster) 
     # a whole node goes: pages whose only copies lived there are refused, never wrong
     worker = next(n for n in cluster.list_all_nodes() if not n.head)
     pools_before = len(service.topo.controller.topology()["pools"])
-    cluster.remove_node(worker)
-    deadline = time.monotonic() + 60
-    while len(service.topo.controller.topology()["pools"]) >= pools_before:
+    lost = {h for h, node in service.topo.hbm_node.items() if node == worker.node_id}
+    cluster.remove_node(worker)  # which worker goes is Ray's pick: wait until the
+    deadline = time.monotonic() + 60  # controller forgot its pool and its HBM actors
+    while (len((topo := service.topo.controller.topology())["pools"]) >= pools_before
+           or lost & set(topo["hbms"])):
         assert time.monotonic() < deadline
         time.sleep(0.5)
     survivor = Episode(service, "acme", "after-node")

@@ -47,7 +47,7 @@ def test_a_node_that_joins_later_gets_an_hbm_actor_that_serves(cluster, caplog):
         cluster.add_node(**NODE)
         # The service places the actor in its topology, then tells the controller (one
         # more actor call): wait for both.
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180  # Ray workers start (torch, NIXL) on a busy box
         while time.monotonic() < deadline and (
                 "node2-hbm0" not in svc.topo.hbms
                 or "node2-hbm0" not in svc.topo.controller.topology()["hbms"]):
@@ -70,7 +70,7 @@ def test_a_node_that_joins_later_gets_an_hbm_actor_that_serves(cluster, caplog):
         # live pools only, and serves.
         cluster.remove_node(next(n for n in cluster.list_all_nodes() if not n.head))
         cluster.add_node(**NODE)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180  # Ray workers start (torch, NIXL) on a busy box
         while "node3-hbm0" not in svc.topo.controller.topology()["hbms"] \
                 and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -105,7 +105,7 @@ def test_an_actor_whose_node_dies_while_it_is_wired_is_skipped(cluster, caplog, 
     monkeypatch.setattr(wiring, "introduce", dies_before_the_front)
     try:
         cluster.add_node(**NODE)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180  # Ray workers start (torch, NIXL) on a busy box
         while time.monotonic() < deadline and not any(
                 "placed actors on joined nodes" in r.getMessage() for r in caplog.records):
             time.sleep(0.5)

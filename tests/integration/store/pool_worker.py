@@ -14,7 +14,9 @@ version it will get, and the rest is filled with 0xAA (odd versions) or 0x55
 from __future__ import annotations
 
 import json
+import signal
 import sys
+import threading
 import time
 
 import numpy as np
@@ -40,13 +42,17 @@ def check(buf: np.ndarray, version: int) -> bool:
 
 
 def writer(name: str, seconds: float, slots: list[int]) -> None:
+    """Rewrite ``slots`` for ``seconds``, or until SIGTERM (a test stops it once its
+    reader is done, so the two overlap however slowly the reader started)."""
     pool = HostPool.attach(name, writer=True)
     versions = {s: v for s, v, _ in pool.slots()}
     pages = make_pages(pool.slot_bytes)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     print("ready", flush=True)
     deadline = time.monotonic() + seconds
     writes = 0
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not stop.is_set():
         for slot in slots:
             nxt = versions.get(slot, 0) + 1
             page = pages[nxt & 1]

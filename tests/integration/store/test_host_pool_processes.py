@@ -54,10 +54,11 @@ def _wait_ready(proc: subprocess.Popen) -> None:
 
 def test_reader_process_never_sees_a_torn_page_while_writer_rewrites(pool_name):
     _seed(pool_name, slots=2)
-    writer = _spawn("writer", pool_name, "3", "0", "1")
+    writer = _spawn("writer", pool_name, "120", "0", "1")
     _wait_ready(writer)
     reader = _spawn("reader", pool_name, "2.5", "0", "1")
     seen = _result(reader)
+    writer.send_signal(signal.SIGTERM)  # it wrote for the reader's whole run
     wrote = _result(writer)
     assert seen["bad"] == 0
     assert seen["good"] > 50 and seen["distinct_versions"] > 10

@@ -3,6 +3,7 @@ confirms afterwards never holds a mix of two versions, and the check does catch 
 
 from __future__ import annotations
 
+import signal
 import time
 
 import numpy as np
@@ -27,14 +28,14 @@ def _consistent(page: np.ndarray) -> bool:
 
 def test_confirmed_views_are_never_torn_and_rewrites_are_caught(pool_name):
     _seed(pool_name, slots=2, slot_bytes=1 << 20)
-    writer = _spawn("writer", pool_name, "12", "0", "1")
+    writer = _spawn("writer", pool_name, "120", "0", "1")  # until SIGTERM below
     _wait_ready(writer)
     reader = HostPool.attach(pool_name)
     counts = {"confirmed": 0, "mixed": 0, "caught": 0, "caught_mixed": 0}
     try:
         # Sample until both kinds were seen often enough (how many views survive a rewrite
         # depends on the machine's load), within the writer's lifetime.
-        deadline = time.monotonic() + 10.0
+        deadline = time.monotonic() + 60.0
         while time.monotonic() < deadline and not (
                 counts["confirmed"] > 20 and counts["caught_mixed"] > 0):
             for slot in (0, 1):
@@ -53,6 +54,7 @@ def test_confirmed_views_are_never_torn_and_rewrites_are_caught(pool_name):
                     counts["caught_mixed"] += not ok
     finally:
         reader.close()
+        writer.send_signal(signal.SIGTERM)
     assert _result(writer)["writes"] > 100
     assert counts["mixed"] == 0, counts
     assert counts["confirmed"] > 20, counts

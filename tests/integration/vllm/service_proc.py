@@ -2,7 +2,8 @@
 
     python -m tests.integration.vllm.service_proc WORKDIR SECRET_HEX
 
-Writes ``WORKDIR/address`` ("host:port") once it listens. Pages up to 8 MiB: one vLLM
+Writes ``WORKDIR/address`` ("host:port") once it listens, and ``WORKDIR/pages`` (how many
+pages it holds) every 0.2 s, so a test can wait for the engine's asynchronous saves. Pages up to 8 MiB: one vLLM
 CPU block of SmolLM2-135M at float32 is 30 layers x 128 tokens x 3 heads x 128 x 4 B.
 """
 
@@ -25,10 +26,18 @@ def main(workdir: str, secret_hex: str) -> None:
     })
     svc = Service(cfg, workdir=wd, token_secret=bytes.fromhex(secret_hex)).start(local=True)
     host, port = svc.address
-    (wd / "address.tmp").write_text(f"{host}:{port}")
-    (wd / "address.tmp").rename(wd / "address")
+    _publish(wd / "pages", str(svc.stats()["pages"]))
+    _publish(wd / "address", f"{host}:{port}")
     while True:
-        time.sleep(3600)
+        time.sleep(0.2)
+        _publish(wd / "pages", str(svc.stats()["pages"]))
+
+
+def _publish(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole (a reader never sees half of it)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.rename(path)
 
 
 if __name__ == "__main__":

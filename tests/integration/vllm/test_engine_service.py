@@ -42,7 +42,7 @@ def service(tmp_path_factory):
             proc.kill()
             pytest.fail(f"service did not start: {(workdir / 'service.log').read_text()[-2000:]}")
         time.sleep(0.2)
-    yield proc, (workdir / "address").read_text(), secret
+    yield proc, workdir, secret
     if proc.poll() is None:
         proc.kill()
     proc.wait(10)
@@ -50,10 +50,12 @@ def service(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(service):
-    _, address, _ = service
-    llm = start_engine({"backend": "service", "service_address": address,
-                        "service_timeout_s": 5.0, "retry_after_s": 2.0,
-                        "lookup_timeout_s": 5.0})
+    _, workdir, _ = service
+    # Timeouts far above a call's time on a loaded box: one slow call marks the service
+    # down (or a lookup a miss), and the restore test would then see a recompute.
+    llm = start_engine({"backend": "service", "service_address": (workdir / "address").read_text(),
+                        "service_timeout_s": 30.0, "retry_after_s": 2.0,
+                        "lookup_timeout_s": 30.0})
     yield llm
     llm.llm_engine.engine_core.shutdown()
     del llm
@@ -65,12 +67,27 @@ def _token(secret: bytes, tenant: str) -> str:
     return TokenIssuer(secret).issue(tenant, subject="agent", now=time.time())
 
 
+def _wait_saved(workdir, blocks: int, timeout_s: float = 120.0) -> None:
+    """Saves are asynchronous (a background writer in the worker, one page per block, in
+    order): wait until the service holds ``blocks`` pages and its count stops moving."""
+    deadline = time.monotonic() + timeout_s
+    seen, since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        pages = int((workdir / "pages").read_text())
+        if pages != seen:
+            seen, since = pages, time.monotonic()
+        elif pages >= blocks and time.monotonic() - since >= 1.0:
+            return
+        time.sleep(0.1)
+    pytest.fail(f"the service holds {seen} pages, {blocks} saves expected")
+
+
 def test_restore_through_the_service_is_token_exact(service, engine):
-    _, _, secret = service
+    _, workdir, secret = service
     text = prompt(11)
     hints = {"session": "agent-s1", "token": _token(secret, "acme")}
     first = generate(engine, text, hints, max_tokens=12)
-    time.sleep(2.0)  # saves are asynchronous (a background writer in the worker)
+    _wait_saved(workdir, (len(first.prompt_token_ids) - 1) // BLOCK)
     assert engine.reset_prefix_cache()
     again = generate(engine, text, hints, max_tokens=12)
     assert list(again.outputs[0].token_ids) == list(first.outputs[0].token_ids)

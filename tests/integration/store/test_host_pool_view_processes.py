@@ -55,7 +55,7 @@ def test_confirmed_views_are_never_torn_and_rewrites_are_caught(pool_name):
     finally:
         reader.close()
         writer.send_signal(signal.SIGTERM)
-    assert _result(writer)["writes"] > 100
+    assert _result(writer)["writes"] > 0  # stopped once the reader saw enough (below)
     assert counts["mixed"] == 0, counts
     assert counts["confirmed"] > 20, counts
     # Control: the writer really did rewrite slots under open views, and some of those

@@ -152,7 +152,15 @@ class SessionClient:
         return self._call("prepare_load", keys=keys)
 
     def complete_load(self, load_id: int) -> dict[str, Any]:
-        return self._call("complete_load", load_id=load_id)
+        """The load's pages, in as many replies as the frame limit needs (``start`` and
+        ``next``: docs/protocol.md)."""
+        pages: list[dict[str, Any]] = []
+        start: int | None = 0
+        while start is not None:
+            reply = self._call("complete_load", load_id=load_id, start=start)
+            pages += reply["pages"]
+            start = reply.get("next")
+        return {"pages": pages}
 
     def load(self, keys: list[bytes]) -> list[bytes]:
         """prepare + complete in one go; returns page bytes in ``keys`` order."""

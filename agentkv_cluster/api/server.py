@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agentkv_cluster.api import protocol as p
-from agentkv_cluster.api.errors import ServiceError
+from agentkv_cluster.api.errors import ServiceError, TenantErased
 from agentkv_cluster.config import ApiConfig
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,8 @@ class ServiceBackend(Protocol):
     def store_pages(self, principal: Any, session: str, pages: list[dict[str, Any]]) -> dict[str, Any]: ...
     def lookup_prefix(self, principal: Any, session: str, identities: list[bytes]) -> dict[str, Any]: ...
     def prepare_load(self, principal: Any, session: str, keys: list[bytes]) -> dict[str, Any]: ...
-    def complete_load(self, principal: Any, session: str, load_id: int) -> dict[str, Any]: ...
+    def complete_load(self, principal: Any, session: str, load_id: int,
+                      start: int | None = None) -> dict[str, Any]: ...
     def release(self, principal: Any, session: str, keys: list[bytes]) -> dict[str, Any]: ...
 
 
@@ -95,7 +96,8 @@ def _dispatch(backend: ServiceBackend, principal: Any, op: str, args: dict[str, 
     if op == "prepare_load":
         return backend.prepare_load(principal, session, p.bytes_list(args, "keys", distinct=True))
     if op == "complete_load":
-        return backend.complete_load(principal, session, p.arg(args, "load_id", int))
+        return backend.complete_load(principal, session, p.arg(args, "load_id", int),
+                                     p.arg(args, "start", int, optional=True))
     if op == "release":
         return backend.release(principal, session, p.bytes_list(args, "keys", distinct=True))
     raise p.ProtocolError(p.ErrorCode.UNKNOWN_OP, f"unknown op {op[:64]!r}")
@@ -319,7 +321,7 @@ class ApiServer:
                 try:
                     self._authenticate(req.auth)
                     self._promote(conn)
-                except p.ProtocolError:
+                except (p.ProtocolError, TenantErased):
                     pass  # hello answers anyway; the connection stays unauthenticated
             return {"server": "agentkv", "versions": sorted(p.SUPPORTED_VERSIONS),
                     "max_frame_bytes": self.config.max_frame_bytes,
@@ -340,6 +342,8 @@ class ApiServer:
             return None
         try:
             return self.authenticator(token)
+        except TenantErased:  # a valid token whose tenant is being erased: retry later
+            raise
         except Exception:  # noqa: BLE001 - any verifier failure means "not authenticated"
             raise p.ProtocolError(p.ErrorCode.UNAUTHENTICATED, "invalid auth token") from None
 

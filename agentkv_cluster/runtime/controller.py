@@ -1,14 +1,11 @@
-"""The page manager: decides what moves between tiers, and when.
-
-``Controller`` holds no Ray, no threads, no locks, no waits and reads no clock (``now``
-is passed in). Over the page table (``runtime/page_table.py``: pages, sessions, HBM
-budgets, pins) it turns engine calls into ``Action`` lists (demote, restore, delete)
-with one eviction policy per HBM actor and a ``Strategy`` (LRU baseline or AgentKV);
-orchestrator events go through the event planner (``runtime/event_planner.py``) and
-moves planned for later wait in the schedule (``runtime/schedule.py``). The executor
-carries the actions out and reports back a ``TransferResult`` through ``finished``. The
-controller actor serialises calls and does all waiting (``runtime/guard.py``).
-"""
+"""The page manager: decides what moves between tiers, and when. No Ray, threads, locks,
+waits or clock reads (``now`` is passed in). Over the page table (``runtime/page_table.py``)
+it turns engine calls into ``Action`` lists (demote, restore, delete) with one eviction
+policy per HBM actor and a ``Strategy`` (LRU baseline or AgentKV); events go through the
+event planner (``runtime/event_planner.py``), moves planned for later wait in the schedule
+(``runtime/schedule.py``). The executor carries actions out and reports each
+``TransferResult`` to ``finished``; the controller actor serialises calls and does all
+waiting (``runtime/guard.py``)."""
 
 from __future__ import annotations
 
@@ -23,6 +20,7 @@ from agentkv_cluster.runtime.records import (
     Action,
     ActionKind,
     HbmFull,
+    PageConflict,
     PageMeta,
     PageRecord,
     Reason,
@@ -75,9 +73,16 @@ class Controller:
 
         Returns [(gid, needs_bytes)] and the demotions that must run first; ``needs_bytes``
         is None when pinned pages leave no room right now (the caller retries). Never
-        raises half way: victims already chosen always come back as actions."""
+        raises half way: a ``PageConflict`` (an identity held with another size) refuses
+        all first, and victims already chosen always come back as actions."""
         table = self.table
         state = table.session(owner, session)
+        sizes: dict[bytes, int] = {}  # an identity already stored keeps its first copy
+        for meta in metas:
+            rec = table.pages.get(table.by_key.get((meta.key, state.hbm), 0))
+            if sizes.setdefault(meta.key, rec.meta.length if rec else meta.length) != meta.length:
+                raise PageConflict(f"page {meta.page_id}: its identity is stored with "
+                                   f"{sizes[meta.key]} bytes, this page has {meta.length}")
         out: list[tuple[int, bool]] = []
         actions: list[Action] = []
         for meta in metas:
@@ -125,11 +130,10 @@ class Controller:
 
     def access(self, gids: list[int], now: float) -> AccessPlan:
         """The engine needs ``gids`` in HBM: pin them. Returns (demotions, restores, lost,
-        blocked): ``lost`` pages have no copy left (re-prefill), ``blocked`` ones found no
-        room now: pinned pages fill the HBM, or they cannot all fit (all or nothing, see
-        ``PageTable.short_hbms``). A page being demoted with its HBM copy still in place
-        (``PageRecord.leaving``) is taken back, moving nothing; the caller waits first while
-        the copy of any of them is being dropped (``PageTable.settled``)."""
+        blocked): ``lost`` have no copy left (re-prefill), ``blocked`` found no room now
+        (pinned pages fill the HBM, or all cannot fit: ``PageTable.short_hbms``). A page
+        being demoted with its HBM copy in place (``PageRecord.leaving``) is taken back,
+        moving nothing; the caller first waits out drops (``PageTable.settled``)."""
         table = self.table
         table.check_alive(gids)
         # Demanded now: scheduled migrations and prefetches of these pages are moot.
@@ -337,8 +341,7 @@ class Controller:
                 rec.hidden_s = result.elapsed_s if action.reason is Reason.PREFETCH else 0.0
             elif rec.resident and rec.hbm in table.hbms:
                 table.evict(rec, tracked=True)
-                rec.pins = 0
-                rec.view.pinned = False
+                rec.pins, rec.view.pinned = 0, False
 
     def keep_if_room(self, gid: int, now: float) -> bool:
         """A demotion copied the page out, its HBM copy still in place: keep that copy if
@@ -362,11 +365,9 @@ class Controller:
 
     # -- tenant erasure -------------------------------------------------------------------------
     def begin_forget(self, tenant: str) -> int:
-        """Tenant erasure, first half: refuse every call of ``tenant`` from now on (until
-        ``end_erase``) and cancel its scheduled moves; queued transfers give up (see
-        ``PageTable.doomed``). Returns how many scheduled moves were cancelled. The caller
-        then waits until ``tenant_moving`` is false (transfers in flight end) and calls
-        ``forget_tenant``."""
+        """Tenant erasure, first half: refuse ``tenant``'s calls (until ``end_erase``), cancel
+        its scheduled moves (returns how many; queued transfers give up: ``PageTable.doomed``).
+        The caller waits until ``tenant_moving`` is false, then calls ``forget_tenant``."""
         self.table.begin_erase(tenant)
         gids = [g for g, r in self.table.pages.items() if r.meta.tenant == tenant]
         return self.schedule.cancel(gids, kinds=(ActionKind.DEMOTE, ActionKind.RESTORE))

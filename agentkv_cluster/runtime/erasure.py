@@ -19,12 +19,18 @@ Only then is the receipt signed; it lists each tier with its count (-1 and the t
 in ``failed_tiers`` when a tier could not finish). ``ErasureWatcher`` runs steps 1-3
 for an erasure made by another process (``agentkv tenant erase`` on the key directory
 while the service runs) and records what it did in the audit log.
+
+``ErasureGate`` is what the API front knows of erasures. It sees a tenant's erasure mark
+as soon as the key directory changes: a token issued before the erasure is void, and one
+issued after it is refused (``tenant_erased``, retry) until this service has purged what
+the erased tenant left, so the name starts again empty and never reads the old pages.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import threading
 import time
@@ -33,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agentkv_cluster.api.errors import TenantErased, Unauthenticated
 from agentkv_cluster.runtime.directory_glue import open_directory
 from agentkv_cluster.runtime.handles import ActorGone
 from security.audit import AuditLog
@@ -40,6 +47,7 @@ from security.blinding import DirectoryBlinder
 from security.erasure import Eraser, ErasureReceipt
 from security.errors import KeyUnavailable
 from security.keyring import FileKeySource, TenantKeyring
+from security.principals import Principal
 from security.signing import Signer
 from store.types import Lookup
 
@@ -49,6 +57,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 WATCH_POLL_S = 1.0  # how soon an erasure made by another process is enforced here
+ERASED_RECHECK_S = 1.0  # marks are re-read this often even if the key directory looks unchanged
 _MARK_RE = re.compile(r"(?P<ns>[a-z0-9_][a-z0-9_-]*)\.erased\.(?P<ms>\d{13})")
 
 # Tier names in receipt order; each maps to a count in the purge report.
@@ -64,6 +73,65 @@ class PurgeReport:
     counts: dict[str, int]
     failed: dict[str, str]
     keys: list[bytes]
+
+
+class ErasureGate:
+    """Erasure marks as the API front checks them on every request (thread-safe)."""
+
+    def __init__(self, keyring: TenantKeyring, keys_dir: str) -> None:
+        self.keyring = keyring
+        self.keys_dir = keys_dir
+        self.on_pending: Callable[[], None] = lambda: None  # the watcher's wake-up
+        self._marks: dict[str, tuple[float | None, float, int]] = {}  # (at, checked, stamp)
+        self._enforced: dict[str, float] = {}  # tenant -> the mark this service enforced
+        self._lock = threading.Lock()
+
+    def check(self, principal: Principal) -> None:
+        """Refuse a token issued before its tenant's erasure (``Unauthenticated``), and one
+        issued after it while the purge here has not finished (``TenantErased``)."""
+        tenant = principal.tenant
+        at = self.erased_at(tenant)
+        if at is None:
+            return
+        if principal.issued <= at:
+            raise Unauthenticated(f"token predates the erasure of tenant {tenant}")
+        with self._lock:
+            pending = self._enforced.get(tenant, 0.0) < at
+        if pending:
+            self.on_pending()
+            raise TenantErased(f"tenant {tenant} was erased and its purge is still running "
+                               "here; retry in a moment (it then starts again, empty)")
+
+    def erased_at(self, tenant: str) -> float | None:
+        """The tenant's latest erasure mark, re-read whenever the key directory changed
+        (a mark is a file there) and at least every ``ERASED_RECHECK_S``."""
+        now = time.monotonic()
+        try:
+            stamp = os.stat(self.keys_dir).st_mtime_ns
+        except OSError:
+            stamp = -1
+        with self._lock:
+            hit = self._marks.get(tenant)
+        if hit is not None and hit[2] == stamp and now - hit[1] < ERASED_RECHECK_S:
+            return hit[0]
+        try:
+            at = self.keyring.erased_at(tenant)
+        except (OSError, KeyUnavailable):  # no key directory: nothing was ever erased here
+            at = None
+        with self._lock:
+            self._marks[tenant] = (at, now, stamp)
+        return at
+
+    def forget(self, tenant: str) -> None:
+        """Re-read ``tenant``'s mark on its next request."""
+        with self._lock:
+            self._marks.pop(tenant, None)
+
+    def enforced(self, tenant: str, at: float) -> None:
+        """This service purged what ``tenant`` left at its erasure of ``at``."""
+        with self._lock:
+            self._enforced[tenant] = max(at, self._enforced.get(tenant, 0.0))
+            self._marks.pop(tenant, None)
 
 
 class ClusterErasure:
@@ -101,13 +169,20 @@ class ClusterErasure:
                 receipt = eraser.erase_tenant(tenant, time.time())
             finally:
                 if self.front is not None:
-                    self.front.forget_erasure(tenant)
+                    self.front.erasures.forget(tenant)
                 with contextlib.suppress(ActorGone):  # (a finished purge thawed it already)
                     self.topo.controller.thaw_tenant(tenant)
             at = keyring.erased_at(tenant)
             if at is not None:
-                self.enforced[tenant] = at
+                self._enforced(tenant, at)
             return receipt
+
+    def _enforced(self, tenant: str, at: float) -> None:
+        """What ``tenant`` left at its erasure of ``at`` is purged here: new tokens of the
+        name are served from now on."""
+        self.enforced[tenant] = at
+        if self.front is not None:
+            self.front.erasures.enforced(tenant, at)
 
     def purge(self, tenant: str) -> PurgeReport:
         """Steps 1-3 of the module doc: each tier's count (-1 where it failed, with the
@@ -191,7 +266,7 @@ class ClusterErasure:
                 if self.enforced.get(tenant, 0.0) >= at:
                     continue
                 report = self.purge(tenant)
-                self.enforced[tenant] = at
+                self._enforced(tenant, at)
                 self.audit.append("erasure.enforced", {
                     "tenant": tenant, "erased_at": at,
                     "counts": [[t, report.counts[t]] for t in TIERS],
@@ -213,7 +288,9 @@ class ClusterErasure:
             except ActorGone:
                 continue
         stale = {t: at for t, at in marks.items() if t in held and not keyring.has_keys(t)}
-        self.enforced.update({t: at for t, at in marks.items() if t not in stale})
+        for tenant, at in marks.items():
+            if tenant not in stale:
+                self._enforced(tenant, at)
         return self.enforce_new_marks() if stale else []
 
 
@@ -258,6 +335,7 @@ class ErasureWatcher:
     def __init__(self, erasure: ClusterErasure, stop: threading.Event) -> None:
         self.erasure = erasure
         self._stop = stop
+        self._wake = threading.Event()
         erasure.remember_marks()
         self._thread = threading.Thread(target=self._run, name="agentkv-erasures", daemon=True)
 
@@ -265,8 +343,16 @@ class ErasureWatcher:
         self._thread.start()
         return self
 
+    def wake(self) -> None:
+        """Look for new marks now (a request met one not yet enforced)."""
+        self._wake.set()
+
     def _run(self) -> None:
-        while not self._stop.wait(WATCH_POLL_S):
+        while not self._stop.is_set():
+            self._wake.wait(WATCH_POLL_S)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.erasure.reconcile_users()
                 if self.erasure.enforce_new_marks():  # tenant names stay out of the logs
@@ -275,5 +361,7 @@ class ErasureWatcher:
                 log.exception("enforcing an erasure failed")
 
     def join(self, timeout_s: float) -> None:
+        """After the stop event is set: the thread ends now, not at its next look."""
+        self._wake.set()
         if self._thread.is_alive():
             self._thread.join(timeout_s)

@@ -13,12 +13,11 @@ pulls them, so they never pass through the Ray object store.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from agentkv_cluster.api.errors import (
@@ -31,7 +30,9 @@ from agentkv_cluster.api.errors import (
 from agentkv_cluster.api.metrics import ServiceMetrics
 from agentkv_cluster.lifecycle.identity import IdentityError, PageIdentity
 from agentkv_cluster.lifecycle.types import StateType
+from agentkv_cluster.runtime.erasure import ERASED_RECHECK_S, ErasureGate
 from agentkv_cluster.runtime.handles import ControllerHandle, HbmHandle
+from agentkv_cluster.runtime.loads import LOAD_TTL_S, PreparedLoad, PreparedLoads
 from agentkv_cluster.runtime.mover import Mover
 from agentkv_cluster.runtime.records import (
     KvShape,
@@ -53,19 +54,9 @@ from store.types import KV_DTYPE_NAMES
 
 T = TypeVar("T")
 STAGE_PAGES = 4  # pages staged in shared memory per controller call
-ERASED_RECHECK_S = 1.0  # how stale a tenant's erasure mark may be when a token is checked
 MAX_EVENT_DEPTH = 32  # nesting of maps and lists inside one event
-
-
-@dataclass(frozen=True)
-class PreparedLoad:
-    """A ``prepare_load`` whose pages stay pinned (each in its report's ``hbm``) until the
-    engine releases them."""
-
-    tenant: str
-    session: str
-    keys: list[bytes]
-    reports: list[LoadReport]
+REPLY_SLACK = 64 << 10  # of a reply frame, beside its pages' bytes (msgpack, the envelope)
+REPLY_PER_PAGE = 256  # a page's map in a reply, beside its bytes
 
 
 class ServiceFront:
@@ -73,14 +64,18 @@ class ServiceFront:
 
     def __init__(self, controller: ControllerHandle, hbms: dict[str, HbmHandle], keys_dir: str,
                  issuer: TokenIssuer, metrics: ServiceMetrics, page_bytes: int,
-                 on_denied: DenialHook | None = None) -> None:
+                 on_denied: DenialHook | None = None, max_reply_bytes: int = 64 << 20
+                 ) -> None:
+        """``max_reply_bytes``: the wire's frame limit; ``complete_load`` pages by it."""
         self.controller = controller
         self.hbms = hbms
         self.keys_dir = keys_dir
         self.issuer = issuer
         self.metrics = metrics
         self.page_bytes = page_bytes
+        self.max_reply_bytes = max_reply_bytes
         self.keyring = TenantKeyring(FileKeySource(keys_dir))
+        self.erasures = ErasureGate(self.keyring, keys_dir)
         self.blinder = DirectoryBlinder(self.keyring)
         # Publishing into PUBLIC needs the operator's grant; a grant or revocation shows
         # within ERASED_RECHECK_S.
@@ -89,10 +84,7 @@ class ServiceFront:
         # Slots are taken per chunk, all at once under a lock: no hold-and-wait.
         self.mover = Mover(f"front-{id(self):x}", page_bytes, 8 * STAGE_PAGES)
         self._slots = threading.Lock()
-        self._loads: dict[int, PreparedLoad] = {}
-        self._ids = itertools.count(1)
-        self._lock = threading.Lock()
-        self._erased: dict[str, tuple[float | None, float]] = {}  # tenant -> (at, checked)
+        self.loads = PreparedLoads()
 
     def endpoint(self) -> Any:
         return self.mover.endpoint()
@@ -103,19 +95,14 @@ class ServiceFront:
     # -- auth ----------------------------------------------------------------------------------
     def authenticate(self, token: str) -> Principal:
         """The token's principal; a token issued before its tenant was erased is void, so
-        it can neither reach what is left nor provision the tenant's keys again."""
+        it can neither reach what is left nor provision the tenant's keys again, and one
+        issued after waits until the erased tenant's purge here ends (``ErasureGate``)."""
         try:
             principal = self.issuer.verify(token, time.time())
         except InvalidToken as exc:
             raise Unauthenticated(str(exc)) from None
-        erased = self._erased_at(principal.tenant)
-        if erased is not None and principal.issued <= erased:
-            raise Unauthenticated(f"token predates the erasure of tenant {principal.tenant}")
+        self.erasures.check(principal)
         return principal
-
-    def forget_erasure(self, tenant: str) -> None:
-        """Re-read ``tenant``'s erasure mark on the next request (it was just erased here)."""
-        self._erased.pop(tenant, None)
 
     def forget_tenant(self, tenant: str) -> int:
         """Tenant erasure in this process: drop the tenant's cached keys and blinding
@@ -125,27 +112,10 @@ class ServiceFront:
         self.keyring.forget(tenant)
         self.blinder.forget(tenant)
         self.grants.forget()  # its grant to publish went with the erasure
-        with self._lock:
-            doomed = [i for i, load in self._loads.items() if load.tenant == tenant]
-            for load_id in doomed:
-                del self._loads[load_id]
-        self.forget_erasure(tenant)
+        doomed = self.loads.forget_tenant(tenant)
+        self.erasures.forget(tenant)
         self.mover.scrub_free()
-        return len(doomed)
-
-    def _erased_at(self, tenant: str) -> float | None:
-        """The tenant's erasure time, re-read at most every ``ERASED_RECHECK_S`` (every
-        request authenticates; an erasure by another process shows within that time)."""
-        now = time.monotonic()
-        hit = self._erased.get(tenant)
-        if hit is not None and now - hit[1] < ERASED_RECHECK_S:
-            return hit[0]
-        try:
-            at = self.keyring.erased_at(tenant)
-        except (OSError, KeyUnavailable):  # no key directory: nothing was ever erased here
-            at = None
-        self._erased[tenant] = (at, now)
-        return at
+        return doomed
 
     def _call(self, method: Callable[..., T], *args: Any) -> T:
         """``method`` (a ``ControllerHandle`` method) with the controller's refusals as the
@@ -165,8 +135,8 @@ class ServiceFront:
             raise InvalidArgument("session must be 1..256 characters")
         # Read fresh, not cached: a request that authenticated just before an erasure
         # must not provision the tenant's keys again.
-        self.forget_erasure(principal.tenant)
-        erased = self._erased_at(principal.tenant)
+        self.erasures.forget(principal.tenant)
+        erased = self.erasures.erased_at(principal.tenant)
         if erased is not None and principal.issued <= erased:
             raise TenantErased(f"tenant {principal.tenant} was erased after this token "
                                "was issued")
@@ -283,25 +253,45 @@ class ServiceFront:
             self.metrics.restore(principal.tenant, r.source, r.delay_s, r.hidden_s)
             if r.source != "hbm":
                 self.metrics.transfer(principal.tenant, "hbm", r.nbytes)
-        with self._lock:
-            load_id = next(self._ids)
-            self._loads[load_id] = PreparedLoad(principal.tenant, session, keys, reports)
+        load_id = self.loads.add(PreparedLoad(principal.tenant, session, keys, reports,
+                                              at=time.monotonic()))
         return {"load_id": load_id, "pages": [
             {"key": r.key, "source": r.source, "delay_ms": r.delay_s * 1e3,
              "hidden_ms": r.hidden_s * 1e3, "exact": r.exact, "codec": r.codec.name}
             for r in reports]}
 
-    def complete_load(self, principal: Principal, session: str, load_id: int) -> dict[str, Any]:
-        with self._lock:
-            load = self._loads.get(load_id)
-            if load is None or (load.tenant, load.session) != (principal.tenant, session):
-                raise NotFound("unknown load id")
-            del self._loads[load_id]
+    def complete_load(self, principal: Principal, session: str, load_id: int,
+                      start: int | None = None) -> dict[str, Any]:
+        """The load's pages; with ``start``, those from ``start`` that fit one reply, and
+        ``next`` (the first page left, or None once all were served)."""
+        load = self.loads.get(load_id, principal.tenant, session, time.monotonic())
+        if load is None:
+            raise NotFound("unknown load id (completed, released, or prepared over "
+                           f"{LOAD_TTL_S:.0f} s ago)")
+        n = len(load.keys)
+        if start is not None and not 0 <= start <= n:
+            raise InvalidArgument(f"start must be 0..{n}")
+        first = start or 0
+        end, size = first, 0
+        while end < n and (end == first or size + load.reports[end].nbytes
+                           <= self.max_reply_bytes - REPLY_SLACK - REPLY_PER_PAGE * (end - first)):
+            size += load.reports[end].nbytes
+            end += 1
+        if start is None and end < n:  # kept: the caller pages it
+            raise InvalidArgument(f"this load's {n} pages do not fit one reply of "
+                                  f"{self.max_reply_bytes} bytes: call complete_load with "
+                                  "start=0, then with each reply's next")
+        if end == n and not self.loads.take(load_id):
+            raise NotFound("unknown load id (completed by another call)")
         try:
-            return {"pages": self._serve(principal, session, load.keys, load.reports)}
+            pages = self._serve(principal, session, load.keys[first:end],
+                                load.reports[first:end])
         except UnknownPageKey:
+            self.loads.take(load_id)
             raise NotFound("a page of this load left HBM (its pin was released, timed out "
                            "or revoked for another tenant): prepare the load again") from None
+        return {"pages": pages} if start is None else \
+            {"pages": pages, "next": end if end < n else None}
 
     def _serve(self, principal: Principal, session: str, keys: list[bytes],
                reports: list[LoadReport]) -> list[dict[str, Any]]:
@@ -351,8 +341,9 @@ class ServiceFront:
                     in zip(keys, slots, reports, exact, verify)]
 
     def release(self, principal: Principal, session: str, keys: list[bytes]) -> dict[str, Any]:
-        return {"released": self._call(self.controller.release, principal.tenant, session,
-                                       keys)}
+        released = self._call(self.controller.release, principal.tenant, session, keys)
+        self.loads.released(principal.tenant, session, keys)
+        return {"released": released}
 
     def ready(self) -> tuple[bool, str]:
         ok = self.controller.alive(5.0)

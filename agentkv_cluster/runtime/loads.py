@@ -5,13 +5,21 @@
 the demotions and restores the page manager planned, retries once when an actor died
 mid-restore, and reports per page where the bytes came from and how long the engine
 waited. Pages with no copy left are refused (the engine re-prefills) and counted.
+
+``PreparedLoads`` is the API front's half: each prepared load until ``complete_load``
+has served all its pages, the engine released them, its time ran out (``LOAD_TTL_S``),
+or its tenant holds too many (``MAX_PREPARED_KEYS``), so loads never completed cannot
+grow the front without bound.
 """
 
 from __future__ import annotations
 
+import itertools
+import threading
 import time
-from collections import deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from agentkv_cluster.runtime.executor import Executor
 from agentkv_cluster.runtime.guard import LOAD_WAIT_S, Guarded
@@ -149,3 +157,97 @@ class EngineLoader:
         return LoadReport(key=rec.meta.key, source=source, delay_s=delay, hidden_s=hidden,
                           exact=rec.resident_codec is Codec.FULL, codec=rec.resident_codec,
                           nbytes=rec.meta.length, hbm=rec.hbm)
+
+
+LOAD_TTL_S = 60.0  # a prepared load not completed by then is forgotten (its pins went at 30 s)
+MAX_PREPARED_KEYS = 1 << 16  # pages in one tenant's prepared loads at once (oldest forgotten)
+
+
+@dataclass(frozen=True)
+class PreparedLoad:
+    """A ``prepare_load`` whose pages stay pinned (each in its report's ``hbm``) until the
+    engine releases them."""
+
+    tenant: str
+    session: str
+    keys: list[bytes]
+    reports: list[LoadReport]
+    at: float = 0.0  # when it was prepared (monotonic)
+
+
+class PreparedLoads:
+    """The front's prepared loads by id (thread-safe)."""
+
+    def __init__(self, ttl_s: float = LOAD_TTL_S, max_keys: int = MAX_PREPARED_KEYS) -> None:
+        self.ttl_s, self.max_keys = ttl_s, max_keys
+        self._loads: OrderedDict[int, PreparedLoad] = OrderedDict()  # oldest first
+        self._keys: Counter[str] = Counter()  # tenant -> pages in its prepared loads
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._loads)
+
+    def add(self, load: PreparedLoad) -> int:
+        """Keep ``load``; returns its id. Expired loads go, and the tenant's oldest while
+        its loads hold more than ``max_keys`` pages."""
+        with self._lock:
+            while self._loads:
+                oldest = next(iter(self._loads))
+                if load.at - self._loads[oldest].at < self.ttl_s:
+                    break
+                self._drop(oldest)
+            self._keys[load.tenant] += len(load.keys)
+            load_id = next(self._ids)
+            self._loads[load_id] = load
+            if self._keys[load.tenant] > self.max_keys:
+                mine = [i for i, old in self._loads.items() if old.tenant == load.tenant]
+                for old_id in mine[:-1]:
+                    self._drop(old_id)
+                    if self._keys[load.tenant] <= self.max_keys:
+                        break
+            return load_id
+
+    def get(self, load_id: int, tenant: str, session: str, now: float) -> PreparedLoad | None:
+        """The load, if it is this session's and has not expired."""
+        with self._lock:
+            load = self._loads.get(load_id)
+            if load is None or (load.tenant, load.session) != (tenant, session):
+                return None
+            if now - load.at >= self.ttl_s:
+                self._drop(load_id)
+                return None
+            return load
+
+    def take(self, load_id: int) -> bool:
+        """Forget a load (served, or failed); False if it was gone already."""
+        with self._lock:
+            return self._drop(load_id)
+
+    def released(self, tenant: str, session: str, keys: list[bytes]) -> int:
+        """The engine released ``keys``: loads of the session with no page left pinned by
+        them go. Returns how many."""
+        gone = set(keys)
+        with self._lock:
+            dead = [i for i, load in self._loads.items()
+                    if (load.tenant, load.session) == (tenant, session)
+                    and gone.issuperset(load.keys)]
+            for load_id in dead:
+                self._drop(load_id)
+        return len(dead)
+
+    def forget_tenant(self, tenant: str) -> int:
+        with self._lock:
+            dead = [i for i, load in self._loads.items() if load.tenant == tenant]
+            for load_id in dead:
+                self._drop(load_id)
+        return len(dead)
+
+    def _drop(self, load_id: int) -> bool:
+        load = self._loads.pop(load_id, None)
+        if load is None:
+            return False
+        self._keys[load.tenant] -= len(load.keys)
+        if self._keys[load.tenant] <= 0:
+            del self._keys[load.tenant]
+        return True

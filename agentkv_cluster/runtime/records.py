@@ -26,12 +26,17 @@ class RefusedNotFound(RequestRefused):
     API's ``not_found``)."""
 
 
+class PageConflict(RequestRefused):
+    """A page's identity is stored already with another size or shape (an identity names
+    one page's content: a store of it again keeps the first copy)."""
+
+
 class UnknownSession(RuntimeError_, KeyError):
-    pass
+    __str__ = RuntimeError_.__str__  # the message as written (KeyError quotes it)
 
 
 class UnknownPageKey(RuntimeError_, KeyError):
-    pass
+    __str__ = RuntimeError_.__str__
 
 
 class TenantErased(RuntimeError_):

@@ -82,7 +82,8 @@ class Service:
                               checkpoint_every=1)
         self.front = ServiceFront(self.topo.controller, self.topo.hbms, self.keys_dir,
                                   self.issuer, self.metrics, self.cfg.hbm.page_bytes,
-                                  on_denied=denial_recorder(self.audit, time.time))
+                                  on_denied=denial_recorder(self.audit, time.time),
+                                  max_reply_bytes=self.cfg.api.max_frame_bytes)
         wiring.connect(self.topo, self.front)
         if self.cfg.directory.redis_url:  # each tenant gets its own confined Redis user
             self.redis_users = TenantRedisUsers(self.cfg.directory.redis_url, self.keys_dir,
@@ -91,6 +92,7 @@ class Service:
         self.erasure = ClusterErasure(self.topo, self.front, self.keys_dir, self.audit, signer,
                                       self.redis_users)
         self._watcher = ErasureWatcher(self.erasure, self._stop).start()
+        self.front.erasures.on_pending = self._watcher.wake  # a request met a new mark
         self._auditor = threading.Thread(target=self._audit_loop, name="agentkv-audit",
                                          daemon=True)
         self._auditor.start()

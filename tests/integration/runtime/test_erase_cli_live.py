@@ -115,3 +115,46 @@ def test_a_tenant_erased_while_the_service_was_down_is_gone_after_the_restart(
             assert fresh.open_session("d1").lookup_prefix(ids)["length"] == 0
     finally:
         second.stop()
+
+
+def test_right_after_a_cli_erasure_no_token_reads_the_old_pages(service, monkeypatch) -> None:
+    """Until the service has purged an erasure made by the CLI, a token issued before it is
+    void at once (the front sees the mark as soon as the key directory changes) and one
+    issued after it is refused with ``tenant_erased``; then the name starts again empty.
+    The purge is held back here, so the window it used to leave (about a second, in which
+    a new token found the old page through the front's cached blinding secret and read
+    its plaintext, and a load prepared before the erasure completed) is wide open."""
+    tenant = "acme-window"
+    old = service.client(tenant)
+    s = old.open_session("w1")
+    page = kv_page(0, "evidence", identity(tenant, "w1", 0))
+    key = s.store_pages([page])[0]
+    prepared = s.prepare_load([key])["load_id"]
+    monkeypatch.setattr(service.erasure, "enforce_new_marks", list)  # purge held back
+    log = service.workdir / "audit.log"
+    assert main(["tenant", "erase", tenant, "--keys-dir", service.keys_dir, "--audit-log",
+                 str(log), "--signing-key", str(service.workdir / "audit.key")]) == 0
+    with pytest.raises(RemoteError) as err:  # the old token: void now, not within a second
+        s.complete_load(prepared)
+    assert err.value.code == "unauthenticated"
+    old.close()
+    time.sleep(0.01)  # a token issued after the erasure mark
+    with service.client(tenant) as fresh:
+        ident = identity(tenant, "w1", 0).pack()
+        for op, args in (("open_session", {"session": "w1"}),
+                         ("lookup_prefix", {"session": "w1", "identities": [ident]}),
+                         ("complete_load", {"session": "w1", "load_id": prepared})):
+            with pytest.raises(RemoteError) as err:
+                fresh.call(op, args)
+            assert err.value.code == "tenant_erased" and "retry" in err.value.message, op
+    monkeypatch.undo()  # the purge runs: the refused request woke the watcher
+    deadline = time.monotonic() + 10
+    while service.erasure.enforced.get(tenant) is None:
+        assert time.monotonic() < deadline, "the service did not enforce the erasure"
+        time.sleep(0.05)
+    with service.client(tenant) as fresh:
+        again = fresh.open_session("w1")
+        assert again.lookup_prefix([identity(tenant, "w1", 0).pack()])["length"] == 0
+        with pytest.raises(RemoteError) as err:
+            again.complete_load(prepared)
+        assert err.value.code == "not_found"

@@ -9,6 +9,7 @@ the dotted field it is about, so an operator can fix the right line.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import typing
@@ -191,29 +192,61 @@ def _is_size(section: str, name: str) -> bool:
     return name.endswith("_bytes") or name == "object_store_memory"
 
 
-def _positive(name: str, value: float) -> None:
-    if value <= 0:
-        raise ConfigError(name, f"must be > 0, got {value!r}")
+# What a request frame carries beside one page's bytes (msgpack envelope: op, token, keys,
+# digests); the same allowance the front keeps in its reply frames (runtime.front.REPLY_SLACK).
+FRAME_ENVELOPE_BYTES = 64 << 10
+
+# The lowest value of each numeric setting: (bound, whether the bound itself is allowed).
+# Every number in the tree must also be finite, checked once for all in validate() (NaN
+# compares false with everything, so a bound alone would let it through).
+_BOUNDS: dict[str, tuple[int, bool]] = {
+    **{name: (0, False) for name in (
+        "api.read_timeout_s", "api.max_connections", "api.workers", "metrics.top_tenants",
+        "pool.pool_bytes", "pool.slot_bytes", "pool.nvme_bytes", "hbm.page_bytes",
+        "hbm.num_pages", "credits.per_link", "credits.per_session", "credits.max_wait_s",
+        "controller.tick_s", "ray.object_store_memory", "directory.retry_max_s")},
+    "api.max_frame_bytes": (1024, True),
+    "hbm.landing_pages": (0, True),
+    "ray.num_cpus": (0, True),  # unset: Ray's default
+}
+
+
+def _numbers(cfg: AgentKvConfig) -> dict[str, float]:
+    """Every numeric setting that is set: dotted name -> value (booleans are not numbers)."""
+    out: dict[str, float] = {}
+    for section in _SECTIONS:
+        part = getattr(cfg, section)
+        for f in dataclasses.fields(part):
+            value = getattr(part, f.name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                out[f"{section}.{f.name}"] = value
+    return out
+
+
+def _check_number(name: str, value: float) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(name, f"must be a finite number, got {value!r}")
+    bound = _BOUNDS.get(name)
+    if bound is not None and (value < bound[0] or (value == bound[0] and not bound[1])):
+        raise ConfigError(name, f"must be {'>=' if bound[1] else '>'} {bound[0]}, got {value!r}")
 
 
 def validate(cfg: AgentKvConfig) -> AgentKvConfig:
     """Range checks across the tree; returns ``cfg`` unchanged when valid."""
     if cfg.role not in ROLES:
         raise ConfigError("role", f"must be one of {ROLES}, got {cfg.role!r}")
+    for name, value in _numbers(cfg).items():
+        _check_number(name, value)
     for name, port in (("api.port", cfg.api.port), ("metrics.port", cfg.metrics.port)):
         if not 0 <= port <= 65535:  # 0 asks the OS for a free port
             raise ConfigError(name, f"must be 0..65535, got {port}")
-    if cfg.api.max_frame_bytes < 1024:
-        raise ConfigError("api.max_frame_bytes", "must be >= 1024")
-    for name in ("api.read_timeout_s", "api.max_connections", "api.workers", "metrics.top_tenants",
-                 "pool.pool_bytes", "pool.slot_bytes", "pool.nvme_bytes", "hbm.page_bytes",
-                 "hbm.num_pages", "credits.per_link", "credits.per_session",
-                 "credits.max_wait_s", "controller.tick_s", "ray.object_store_memory",
-                 "directory.retry_max_s"):
-        section, attr = name.split(".")
-        _positive(name, getattr(getattr(cfg, section), attr))
-    if cfg.hbm.landing_pages < 0:
-        raise ConfigError("hbm.landing_pages", f"must be >= 0, got {cfg.hbm.landing_pages}")
+    frame, page = cfg.api.max_frame_bytes, cfg.hbm.page_bytes
+    if page + FRAME_ENVELOPE_BYTES > frame:  # a store of a full page would be refused
+        raise ConfigError("hbm.page_bytes", (
+            f"a full page ({page} B) plus the request envelope ({FRAME_ENVELOPE_BYTES} B) "
+            f"must fit one wire frame, but api.max_frame_bytes is {frame} B: lower "
+            f"hbm.page_bytes to at most {frame - FRAME_ENVELOPE_BYTES} B or raise "
+            f"api.max_frame_bytes to at least {page + FRAME_ENVELOPE_BYTES} B"))
     if cfg.pool.slot_bytes > cfg.pool.pool_bytes:
         raise ConfigError("pool.slot_bytes", "must not exceed pool.pool_bytes")
     if cfg.controller.policy not in POLICIES:

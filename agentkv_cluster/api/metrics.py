@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 
 OTHER = "other"
 RESTORE_SOURCES = ("hbm", "host", "nvme", "remote", "recompute")
+ERASURE_RESULTS = ("ok", "failed")  # agentkv_erasures{result}: no tenant label, never removed
 DELAY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 REQUEST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
                    10, 30)
@@ -166,6 +167,8 @@ class ServiceMetrics:
         self.erasures = Counter(
             "agentkv_erasures", "Tenant erasures run by the service, by result (failed: keys "
             "destroyed but a tier's pages could not be deleted)", ["result"], registry=r)
+        for result in ERASURE_RESULTS:  # both series from 0: increase() sees the first failure
+            self.erasures.labels(result=result)
         self._tenant_metrics = (self.restore_delay, self.hidden_fraction,
                                 self.restore_hidden_seconds, self.restore_seconds,
                                 self.transfer_bytes, self.pages_by_codec, self.recompute_tokens,

@@ -43,6 +43,8 @@ SCHEMA_CASES = [
     ("NVMe shard smaller than a page", {"pool": {"nvme": {"bytes": 1 << 20}}},
      "/pool/nvme/bytes"),
     ("page size not a power of two", {"service": {"pageBytes": 3 << 20}}, "/service/pageBytes"),
+    ("64 MiB page: no frame room for its envelope", {"service": {"pageBytes": 64 << 20}},
+     "/service/pageBytes"),
     ("per-pod keys on a multi-node cluster",
      {"security": {"tenantKeys": {"source": "ephemeral"}}}, "/security/tenantKeys/source"),
     ("ACL namespace the directory cannot have",
@@ -56,6 +58,16 @@ SCHEMA_CASES = [
 TEMPLATE_CASES = [
     ("no node hosts a pool", {"pool": {"enabled": False}}, "/pool/enabled"),
     ("no HBM page actor", {"gpuWorkers": {"enabled": False}}, "/gpuWorkers/enabled"),
+    ("page over the frame limit", {"service": {"maxFrameBytes": 1 << 20}}, "/service/pageBytes"),
+    ("page plus envelope over the frame limit",
+     {"service": {"pageBytes": 32 << 20, "maxFrameBytes": (32 << 20) + (64 << 10) - 1}},
+     "/service/pageBytes"),
+    ("head pool's NVMe shard over its emptyDir",
+     {"head": {"hostPool": True, "resources": {"requests": {"memory": "32Gi"},
+                                               "limits": {"memory": "32Gi"}}}},
+     "/head/scratchBytes"),
+    ("GPU worker pool's NVMe shard over its emptyDir", {"gpuWorkers": {"hostPool": True}},
+     "/gpuWorkers/scratchBytes"),
 ]
 
 

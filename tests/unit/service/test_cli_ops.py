@@ -58,7 +58,9 @@ def test_sizes_accept_units(text: str, nbytes: int) -> None:
     args = build_parser().parse_args(["serve", "--nvme-bytes", text, "--pool-bytes", "64GiB"])
     cfg = config_from_args(args)
     assert (cfg.pool.nvme_bytes, cfg.pool.pool_bytes) == (nbytes, 64 << 30)
-    assert load_config(env={"AGENTKV_HBM_PAGE_BYTES": text}).hbm.page_bytes == nbytes
+    frame = str(max(64 << 20, 2 * nbytes))  # a page must fit one wire frame
+    assert load_config(env={"AGENTKV_HBM_PAGE_BYTES": text,
+                            "AGENTKV_API_MAX_FRAME_BYTES": frame}).hbm.page_bytes == nbytes
 
 
 @pytest.mark.parametrize("text", ["16GB!", "GiB", "1.5", "12XB", "-4GiB"])

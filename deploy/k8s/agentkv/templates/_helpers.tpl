@@ -237,3 +237,15 @@ topologySpreadConstraints:
 {{- fail (printf "values: at '/%s/resources/limits/memory': /dev/shm needs %s (host pool + object store + headroom) but the memory limit is %v; the pod would be OOM-killed once the pool fills. Raise the limit or shrink the pool" .name (include "agentkv.mib" .shm) .limit) -}}
 {{- end -}}
 {{- end -}}
+
+{{/* Fail rendering when a pod hosts a pool (hostPool) whose NVMe shard may grow past the
+     pod's NVMe emptyDir: every pool gets the same quota (pool.nvme.bytes, the pool pods'
+     PVC size), and the kubelet evicts a pod whose emptyDir outgrows its sizeLimit.
+     Argument: dict "name" <values key> "group" <group values> "root" $. */}}
+{{- define "agentkv.checkScratch" -}}
+{{- $shard := int64 .root.Values.pool.nvme.bytes -}}
+{{- $scratch := int64 .group.scratchBytes -}}
+{{- if and .group.hostPool (gt $shard $scratch) -}}
+{{- fail (printf "values: at '/%s/scratchBytes': the pool on this pod keeps an NVMe shard of up to pool.nvme.bytes (%d) but its NVMe emptyDir holds %d; the kubelet would evict the pod once the shard outgrows it. Raise %s.scratchBytes to at least %d or lower pool.nvme.bytes" .name $shard $scratch .name $shard) -}}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,101 @@
+"""The chart's alerts against the series the service really exports: promtool's rule unit
+tests fed with what a ServiceMetrics scrape shows before and after the event."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from agentkv_cluster.api.metrics import ServiceMetrics
+from tests.integration.deploy import chart
+
+pytestmark = pytest.mark.integration
+
+RULES = {"monitoring": {"prometheusRule": {"enabled": True}}}
+
+
+def _promtool() -> str:
+    tool = shutil.which("promtool")
+    if tool is None:
+        pytest.skip("promtool is absent (Debian package `prometheus`; scripts/test.sh installs "
+                    "it when run as root)")
+    return tool
+
+
+def _rules(tmp_path) -> tuple[str, dict[str, dict]]:
+    (rule,) = [d for path, text in chart.render_values(RULES).items()
+               if not path.endswith("NOTES.txt") for d in yaml.safe_load_all(text)
+               if d and d["kind"] == "PrometheusRule"]
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    return str(path), {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
+
+
+def _sample(m: ServiceMetrics, name: str, **labels: str) -> str:
+    """The sample's value as promtool writes it; `_` (no sample) when the series is absent."""
+    text = m.exposition().decode()
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name and s.labels == labels:
+                return f"{s.value:g}"
+    return "_"
+
+
+def _promtool_test(tmp_path, rules: str, series: list[dict], checks: list[dict]) -> None:
+    tests = {"rule_files": [rules], "evaluation_interval": "30s", "tests": [
+        {"interval": "30s", "input_series": series, "alert_rule_test": checks}]}
+    path = tmp_path / "tests.yaml"
+    path.write_text(yaml.safe_dump(tests))
+    done = subprocess.run([_promtool(), "test", "rules", str(path)], capture_output=True,
+                          text=True, check=False, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_erasure_failed_fires_on_the_first_failure_of_a_fresh_service(tmp_path):
+    _promtool()  # skip before rendering when it is absent
+    rules, alerts = _rules(tmp_path)
+    m = ServiceMetrics()
+    before = _sample(m, "agentkv_erasures_total", result="failed")
+    m.erased("acme", failed=True)
+    after = _sample(m, "agentkv_erasures_total", result="failed")
+    assert after == "1"
+    # 10 minutes of scrapes of the fresh service, then an hour after its first failure.
+    series = [{"series": 'agentkv_erasures_total{job="agentkv",result="failed"}',
+               "values": f"{before}x20 {after}x120"}]
+    notes = alerts["AgentKVErasureFailed"]["annotations"]
+    _promtool_test(tmp_path, rules, series, [
+        {"eval_time": "5m", "alertname": "AgentKVErasureFailed", "exp_alerts": []},
+        {"eval_time": "15m", "alertname": "AgentKVErasureFailed", "exp_alerts": [
+            {"exp_labels": {"job": "agentkv", "severity": "critical"},
+             "exp_annotations": notes}]}])
+
+
+def test_verification_rejects_alert_keeps_the_pool_it_tells_to_investigate(tmp_path):
+    rules, alerts = _rules(tmp_path)
+    rule = alerts["AgentKVVerificationRejects"]
+    (grouping,) = re.findall(r"sum by \(([^)]*)\)", rule["expr"])
+    assert "pool" in [label.strip() for label in grouping.split(",")]
+    notes = {k: v.replace("{{ $labels.pool }}", "pool-3")
+             for k, v in rule["annotations"].items()}
+    assert "pool-3" in notes["description"]
+    m = ServiceMetrics()
+    m.reject("pool-3", 0)  # what the service's refresh does for each pool it sees
+    before = _sample(m, "agentkv_verification_rejects_total", pool="pool-3")
+    m.reject("pool-3", 2)
+    after = _sample(m, "agentkv_verification_rejects_total", pool="pool-3")
+    series = [
+        {"series": 'agentkv_verification_rejects_total{job="agentkv",pool="pool-3"}',
+         "values": f"{before}x20 {after}x40"},
+        {"series": 'agentkv_verification_rejects_total{job="agentkv",pool="pool-0"}',
+         "values": "0x60"},
+    ]
+    _promtool_test(tmp_path, rules, series, [
+        {"eval_time": "5m", "alertname": "AgentKVVerificationRejects", "exp_alerts": []},
+        {"eval_time": "12m", "alertname": "AgentKVVerificationRejects", "exp_alerts": [
+            {"exp_labels": {"job": "agentkv", "pool": "pool-3", "severity": "critical"},
+             "exp_annotations": notes}]}])

@@ -24,7 +24,15 @@ from pathlib import Path
 
 from security.errors import AuditLogError
 from security.principals import Principal
-from security.signing import Signer, Verifier, atomic_write, canonical_json, fingerprint
+from security.signing import (
+    NonFiniteNumber,
+    Signer,
+    Verifier,
+    atomic_write,
+    canonical_json,
+    fingerprint,
+    loads_finite,
+)
 
 GENESIS = "0" * 64
 CHECKPOINT = "checkpoint"
@@ -83,15 +91,27 @@ class AuditLog:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
         self._end = -1  # file size after our last write; -1: chain state not read yet
         try:
-            with self._exclusive():
-                pass  # read under the lock: no other writer is halfway through a line
+            with self._exclusive():  # read under the lock: no writer is halfway through a line
+                self._check_signer()
         except BaseException:
             os.close(self._fd)
             raise
         self._own_time = self._time  # this writer's clock may not go back past the chain
 
+    def _check_signer(self) -> None:
+        """Refuse to extend a log that another key signs: ``verify_log`` takes one public
+        key, so from the first record signed with a second key on, the log would verify
+        under neither (one wrong ``--signing-key`` broke the evidence chain for good)."""
+        mine = fingerprint(self.signer.public_raw())
+        if self._seq and (self._key not in (None, mine) or not _head_signed_by(
+                self.path, Verifier(self.signer.public_raw()))):
+            raise AuditLogError(f"{self.path} is signed with another key (checkpoint key "
+                                f"{self._key or 'unknown'}, this writer's is {mine}): refusing "
+                                "to append; use the log's signing key, or start a new log")
+
     def _recover(self) -> tuple[int, str, float, int]:
         seq, prev, last_time, since = 0, GENESIS, float("-inf"), 0
+        self._key: str | None = None  # the key id of the last checkpoint
         if not self.path.exists():
             return seq, prev, last_time, since
         for lineno, rec in _read_records(self.path):
@@ -100,6 +120,8 @@ class AuditLog:
                 raise AuditLogError(f"{self.path}: chain broken at line {lineno}; refusing to append")
             seq, prev, last_time = seq + 1, rec["hash"], rec["time"]
             since = 0 if rec["kind"] == CHECKPOINT else since + 1
+            if rec["kind"] == CHECKPOINT and isinstance(rec["data"], dict):
+                self._key = rec["data"].get("key")
         return seq, prev, last_time, since
 
     @contextlib.contextmanager
@@ -189,7 +211,10 @@ def _read_records(path: Path) -> Iterable[tuple[int, dict | str]]:
     with open(path, "rb") as fh:
         for lineno, raw in enumerate(fh, 1):
             try:
-                rec = json.loads(raw)
+                rec = loads_finite(raw)
+            except NonFiniteNumber:  # no hash covers it: canonical JSON cannot hold it
+                yield lineno, f"line {lineno}: record holds a non-finite number (edited)"
+                continue
             except ValueError:
                 yield lineno, f"line {lineno}: not a JSON record (edited or cut)"
                 continue
@@ -198,6 +223,17 @@ def _read_records(path: Path) -> Iterable[tuple[int, dict | str]]:
                 yield lineno, f"line {lineno}: record has the wrong shape"
                 continue
             yield lineno, rec
+
+
+def _head_signed_by(path: Path, verifier: Verifier) -> bool:
+    """Whether the head file's signature verifies under ``verifier`` (a missing or
+    malformed head file is ``verify_log``'s finding, not a sign of another key)."""
+    try:
+        head = json.loads(head_path(path).read_bytes())
+        sig, count, top = bytes.fromhex(head["sig"]), int(head["count"]), str(head["head"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return True
+    return verifier.verify(sig, _checkpoint_message(count, top))
 
 
 def _check_checkpoint(rec: dict, seq: int, prev: str, verifier: Verifier) -> str | None:

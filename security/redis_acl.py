@@ -1,4 +1,5 @@
-"""Per-tenant Redis ACL users limited to ``akv:{<ns>}:*``.
+"""Per-tenant Redis ACL users limited to ``<prefix>:{<ns>}:*`` (the directory's key
+prefix, ``akv`` by default).
 
 The braces are literal, as in the store's Redis directory layout: a Redis
 Cluster hash tag keeps a namespace's keys in one slot, and the ACL glob matches
@@ -39,21 +40,23 @@ class TenantAclUser:
     username: str
     password: str = ""  # plaintext, handed to the tenant's service process once
     namespace: str
+    prefix: str = "akv"  # the directory's key prefix (``directory.prefix``)
 
     @property
     def key_pattern(self) -> str:
-        return f"akv:{{{self.namespace}}}:*"
+        return f"{self.prefix}:{{{self.namespace}}}:*"
 
 
-def make_user(namespace: str, *, username: str | None = None, password: str | None = None) -> TenantAclUser:
+def make_user(namespace: str, *, username: str | None = None, password: str | None = None,
+              prefix: str = "akv") -> TenantAclUser:
     """A user for one directory namespace with a fresh random password by default."""
-    if not _NS_RE.fullmatch(namespace):
-        raise InvalidName(f"invalid directory namespace: {namespace!r:.70}")
+    if not _NS_RE.fullmatch(namespace) or not _NS_RE.fullmatch(prefix):
+        raise InvalidName(f"invalid directory namespace: {namespace!r:.70}:{prefix!r:.70}")
     username = username or f"akv-{namespace}"
     if not _USER_RE.fullmatch(username):
         raise InvalidName(f"invalid ACL user name: {username!r:.70}")
     return TenantAclUser(username=username, password=password or secrets.token_urlsafe(32),
-                         namespace=namespace)
+                         namespace=namespace, prefix=prefix)
 
 
 def acl_rules(user: TenantAclUser) -> list[str]:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import math
 import os
 from pathlib import Path
 
@@ -11,6 +13,7 @@ from security._primitives import Signer, Verifier
 from security.errors import InvalidSigningKey
 
 __all__ = [
+    "NonFiniteNumber",
     "Signer",
     "Verifier",
     "atomic_write",
@@ -18,14 +21,36 @@ __all__ = [
     "fingerprint",
     "load_signer",
     "load_verifier",
+    "loads_finite",
     "write_keypair",
 ]
+
+
+class NonFiniteNumber(ValueError):
+    """JSON text holds NaN, Infinity or a number too large for a float: Python's json reads
+    them, but ``canonical_json`` cannot write them back, so no hash or signature covers them."""
 
 
 def canonical_json(obj: object) -> bytes:
     """Deterministic JSON bytes: sorted keys, no spaces, ASCII only."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
                       allow_nan=False).encode()
+
+
+def _reject_constant(name: str) -> object:
+    raise NonFiniteNumber(f"non-finite number {name}")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise NonFiniteNumber(f"out-of-range number {text[:24]}")
+    return value
+
+
+def loads_finite(data: str | bytes) -> object:
+    """``json.loads`` that refuses non-finite numbers (raises ``NonFiniteNumber``)."""
+    return json.loads(data, parse_constant=_reject_constant, parse_float=_finite_float)
 
 
 def fingerprint(public_raw: bytes) -> str:
@@ -56,24 +81,36 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o644, *, fsync: bool = Tr
     tmp = path.with_name(f".{path.name}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
-        os.write(fd, data)
-        if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            os.write(fd, data)
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)  # no stray temporary file next to the target
+        raise
 
 
 def write_keypair(private_path: str | os.PathLike[str], public_path: str | os.PathLike[str]) -> Signer:
-    """Generate a signing key: private PEM (mode 0600, never overwritten) and public PEM."""
+    """Generate a signing key: private PEM (mode 0600, never overwritten) and public PEM.
+    Both files or neither: when the public key cannot be written the private one is removed."""
+    if Path(private_path).resolve() == Path(public_path).resolve():
+        raise InvalidSigningKey(f"the private and public key cannot both be {private_path}")
     signer = Signer.generate()
     try:
         fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         raise InvalidSigningKey(f"{private_path} exists; refusing to overwrite a signing key") from None
     try:
-        os.write(fd, signer.private_pem())
-    finally:
-        os.close(fd)
-    atomic_write(Path(public_path), signer.public_pem())
+        try:
+            os.write(fd, signer.private_pem())
+        finally:
+            os.close(fd)
+        atomic_write(Path(public_path), signer.public_pem())
+    except BaseException:
+        os.unlink(private_path)  # ours (O_EXCL): no half pair that blocks a retry
+        raise
     return signer

@@ -110,6 +110,24 @@ def check_writable_dir(path: Path | None, flag: str) -> None:
         raise CliError(f"{flag} {path}: {probe} is not writable")
 
 
+def redact_url(url: str) -> str:
+    """``url`` fit to print or log: its password (in the user part or a ``password=`` query
+    argument, both of which redis-py reads) replaced by ``***``."""
+    import re
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    netloc = parts.netloc
+    userinfo, at, host = netloc.rpartition("@")
+    if at and ":" in userinfo:
+        netloc = f"{userinfo.partition(':')[0]}:***@{host}"
+    query = re.sub(r"(?i)(^|&)(password=)[^&]*", r"\1\2***", parts.query)
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
 class ProgressLines:
     """Progress for logs: when output is not a terminal (CI, pods) a rich bar draws nothing,
     so print one plain line every ``every_s`` seconds instead: ``label: done/total (pct)``."""

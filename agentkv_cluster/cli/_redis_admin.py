@@ -8,6 +8,7 @@ from typing import Any
 import redis
 
 from agentkv_cluster.cli import CliError
+from store.directory.base import InvalidEntry, check_namespace
 
 
 def connect_admin(url: str) -> tuple[Any, Callable[[str, str], Any]]:
@@ -26,12 +27,17 @@ def connect_admin(url: str) -> tuple[Any, Callable[[str, str], Any]]:
     return admin, connect
 
 
-def namespace_deleter(url: str, namespace: str) -> Callable[[object], int]:
-    """A tier deleter for the eraser: drops every directory key of one tenant namespace."""
+def namespace_deleter(url: str, namespace: str, prefix: str = "akv") -> Callable[[object], int]:
+    """A tier deleter for the eraser: drops every directory key of one tenant namespace
+    (``prefix``: the service's ``directory.prefix``)."""
+    try:  # it goes into a SCAN pattern: a glob character would match other keys
+        check_namespace(prefix)
+    except InvalidEntry as exc:
+        raise CliError(f"--redis-prefix {prefix!r:.40}: {exc}") from None
     admin = redis.Redis.from_url(url)
 
     def delete(scope: object) -> int:
-        keys = list(admin.scan_iter(match=f"akv:{{{namespace}}}:*", count=1000))
+        keys = list(admin.scan_iter(match=f"{prefix}:{{{namespace}}}:*", count=1000))
         return int(admin.delete(*keys)) if keys else 0
 
     return delete

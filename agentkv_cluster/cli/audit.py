@@ -6,9 +6,11 @@ The logic lives in ``security``; this module parses arguments and prints.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
-from agentkv_cluster.cli import CliError, add_state_dir
+from agentkv_cluster.cli import CliError, add_state_dir, check_writable_file, redact_url
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -68,16 +70,57 @@ def _load_receipt(path: Path, verifier):
         text = path.read_bytes()
     except OSError as exc:
         raise CliError(f"cannot read receipt {path}: {exc.strerror}") from None
+    problem = _nonfinite_problem(text)
+    if problem is not None:
+        return None, f"receipt holds a {problem}"
     try:
         return verify_receipt(text, verifier), None
     except InvalidReceipt as exc:
         return None, str(exc)
 
 
+def _nonfinite_problem(text: bytes) -> str | None:
+    """What is wrong when JSON text holds NaN, Infinity or an out-of-range number (which
+    Python's json reads but no signature can cover); None otherwise, also for non-JSON."""
+    from security.signing import NonFiniteNumber, loads_finite
+
+    try:
+        loads_finite(text)
+    except NonFiniteNumber as exc:
+        return str(exc)
+    except ValueError:  # not JSON at all: the parser that follows says so
+        pass
+    return None
+
+
+def log_nonfinite_problem(path: Path) -> str:
+    """The first audit log line holding a non-finite number, for a clean failure."""
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            problem = _nonfinite_problem(raw)
+            if problem is not None:
+                return f"line {lineno}: record holds a {problem} (edited)"
+    return "a record holds a number that canonical JSON cannot write (edited)"
+
+
+def _verify_log(path: Path, verifier, anchors: Iterable, flag: str):
+    """``verify_log`` with a clean error for a path that is not a readable file and a
+    FAIL report for a record with a non-finite number."""
+    from security.audit import GENESIS, VerifyReport, verify_log
+
+    if path.is_dir():
+        raise CliError(f"{flag} {path} is a directory, not an audit log file")
+    try:
+        return verify_log(path, verifier, anchors=anchors)
+    except OSError as exc:
+        raise CliError(f"cannot read audit log {path}: {exc.strerror}") from None
+    except ValueError:  # NaN / Infinity: verify_log cannot hash the record
+        return VerifyReport(ok=False, records=0, checkpoints=0, head=GENESIS,
+                            problems=(log_nonfinite_problem(path),))
+
+
 def _verify(args: argparse.Namespace) -> int:
     from rich.console import Console
-
-    from security.audit import verify_log
 
     verifier = _verifier(args.public_key)
     anchors = []
@@ -86,7 +129,7 @@ def _verify(args: argparse.Namespace) -> int:
         if receipt is None:
             raise CliError(f"anchor {path} is not a valid receipt: {problem}")
         anchors.append(receipt.audit_position())
-    report = verify_log(args.log, verifier, anchors=anchors)
+    report = _verify_log(args.log, verifier, anchors, "LOG")
     console = Console(soft_wrap=True)
     status = "[green]PASS[/green]" if report.ok else "[red]FAIL[/red]"
     console.print(f"{status} {args.log}: {report.records} records, {report.checkpoints} signed "
@@ -98,8 +141,6 @@ def _verify(args: argparse.Namespace) -> int:
 
 def _receipt(args: argparse.Namespace) -> int:
     from rich.console import Console
-
-    from security.audit import verify_log
 
     verifier = _verifier(args.public_key)
     receipt, problem = _load_receipt(args.receipt, verifier)
@@ -113,12 +154,46 @@ def _receipt(args: argparse.Namespace) -> int:
                   f"keys {', '.join(receipt.key_ids) or 'none'}; pages {counts}; "
                   f"audit seq {receipt.audit_seq}")
     if args.log is not None:
-        report = verify_log(args.log, verifier, anchors=[receipt.audit_position()])
+        report = _verify_log(args.log, verifier, [receipt.audit_position()], "--log")
         if not report.ok:
             console.print(f"[red]FAIL[/red] audit log: {'; '.join(report.problems)}")
             return 1
         console.print(f"[green]PASS[/green] audit log {args.log} holds the erasure record")
     return 0
+
+
+def _connect_admin(url: str) -> Any:
+    """The admin client; errors name the server with its password redacted."""
+    from agentkv_cluster.cli._redis_admin import connect_admin
+
+    try:
+        admin, _ = connect_admin(url)
+    except CliError as exc:
+        raise CliError(str(exc).replace(url, redact_url(url))) from None
+    return admin
+
+
+def tenant_url(url: str, username: str, password: str) -> str:
+    """``url`` (redis://, rediss:// or unix://, with its query options) as another user."""
+    from urllib.parse import quote, urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{quote(username, safe='')}:{quote(password, safe='')}@{host}"))
+
+
+def tenant_connector(admin: Any, url: str) -> Callable[[str, str], Any]:
+    """Per-tenant clients reaching the server the way ``admin`` does: same socket or host,
+    TLS and options, only the user differs."""
+
+    def connect(username: str, password: str) -> Any:
+        return type(admin).from_url(tenant_url(url, username, password))
+
+    return connect
+
+
+def _is_redis_error(exc: BaseException) -> bool:
+    return type(exc).__module__.partition(".")[0] == "redis"  # this module does not import redis
 
 
 def _isolation(args: argparse.Namespace) -> int:
@@ -128,19 +203,24 @@ def _isolation(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from agentkv_cluster.cli._redis_admin import connect_admin
     from security.isolation import run_probes
     from security.keyring import FileKeySource, TenantKeyring
 
     if args.rounds < 10:
         raise CliError("--rounds must be at least 10")
-    admin, connect = connect_admin(args.redis_url)
-
+    shown = redact_url(args.redis_url)
+    admin = _connect_admin(args.redis_url)
     with tempfile.TemporaryDirectory(prefix="agentkv-probe-keys-") as tmp:
         keyring = TenantKeyring(FileKeySource(args.keys_dir or tmp))
-        results = run_probes(admin, connect, keyring, now=time.time(), rounds=args.rounds,
-                             markers_extra=args.tool_name)
-    table = Table(title=f"tenant isolation probes: {args.redis_url}")
+        try:
+            results = run_probes(admin, tenant_connector(admin, args.redis_url), keyring,
+                                 now=time.time(), rounds=args.rounds, markers_extra=args.tool_name)
+        except Exception as exc:
+            if not _is_redis_error(exc):
+                raise
+            raise CliError(f"isolation probes against {shown} failed: "
+                           f"{str(exc).replace(args.redis_url, shown)}") from None
+    table = Table(title=f"tenant isolation probes: {shown}")
     for column in ("probe", "result", "detail"):
         table.add_column(column)
     for r in results:
@@ -155,9 +235,17 @@ def _keygen(args: argparse.Namespace) -> int:
     from security.errors import InvalidSigningKey
     from security.signing import fingerprint, write_keypair
 
+    if args.private.resolve() == args.public.resolve():
+        raise CliError(f"--private and --public are both {args.private}: the public key would "
+                       "overwrite the private one")
+    check_writable_file(args.private, "--private")
+    check_writable_file(args.public, "--public")
     try:
-        signer = write_keypair(args.private, args.public)
-    except (InvalidSigningKey, OSError) as exc:
+        signer = write_keypair(args.private, args.public)  # both files or neither
+    except InvalidSigningKey as exc:
         raise CliError(str(exc)) from None
+    except OSError as exc:
+        raise CliError(f"cannot write the key pair ({exc.filename}: {exc.strerror}); "
+                       "nothing was written") from None
     print(f"wrote {args.private} (private, 0600) and {args.public}; key {fingerprint(signer.public_raw())}")
     return 0

@@ -5,12 +5,20 @@ directory namespace."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import os
 import sys
 import time
 from pathlib import Path
 
-from agentkv_cluster.cli import CliError, add_state_dir
+from agentkv_cluster.cli import (
+    CliError,
+    add_state_dir,
+    check_writable_dir,
+    check_writable_file,
+    redact_url,
+)
 
 MAX_TOKEN_TTL_S = 366 * 86400.0  # a token lives at most a year (rotate the secret to revoke)
 
@@ -48,6 +56,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     erase.add_argument("--generation", type=int, metavar="G", help="erase only this generation")
     erase.add_argument("--redis-url", metavar="URL",
                        help="also delete the tenant's directory keys (admin connection)")
+    erase.add_argument("--redis-prefix", metavar="P",
+                       default=os.environ.get("AGENTKV_DIRECTORY_PREFIX", "akv"),
+                       help="the service's directory.prefix (default $AGENTKV_DIRECTORY_PREFIX "
+                            "or akv)")
     erase.add_argument("--receipt-out", type=Path, metavar="F", help="write the receipt here too")
     erase.set_defaults(handler=_erase)
 
@@ -118,6 +130,11 @@ def _audit(args: argparse.Namespace):
         raise CliError(str(exc)) from None
     except OSError as exc:
         raise CliError(f"cannot open the audit log or signing key: {exc}") from None
+    except ValueError:  # a NaN / Infinity record: the chain cannot be hashed
+        from agentkv_cluster.cli.audit import log_nonfinite_problem
+
+        raise CliError(f"{args.audit_log}: chain broken at {log_nonfinite_problem(Path(args.audit_log))}; "
+                       "refusing to append") from None
 
 
 def _run(action, args: argparse.Namespace, kind: str) -> int:
@@ -137,10 +154,27 @@ def _run(action, args: argparse.Namespace, kind: str) -> int:
     return 0
 
 
+def _make_keys_dir(path: Path) -> None:
+    """Create the key directory (0700) and any missing parents; on failure remove the
+    folders made so far and report it in one line."""
+    if path.exists() and not path.is_dir():
+        raise CliError(f"--keys-dir {path} is a file, not a directory")
+    check_writable_dir(path, "--keys-dir")
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    made: list[Path] = []
+    try:
+        for folder in reversed(missing):
+            folder.mkdir(mode=0o700)
+            made.append(folder)
+    except OSError as exc:
+        for folder in reversed(made):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise CliError(f"--keys-dir {path}: cannot create {exc.filename or path}: {exc.strerror}") from None
+
+
 def _create(args: argparse.Namespace) -> int:
-    if args.keys_dir.exists() and not args.keys_dir.is_dir():
-        raise CliError(f"--keys-dir {args.keys_dir} is a file, not a directory")
-    args.keys_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _make_keys_dir(args.keys_dir)
     return _run(_keyring(args.keys_dir).create_tenant, args, "key.create")
 
 
@@ -154,6 +188,7 @@ def _erase(args: argparse.Namespace) -> int:
     from security.erasure import Eraser
     from security.errors import SecurityError
 
+    check_writable_file(args.receipt_out, "--receipt-out")  # before any key is destroyed
     keyring = _keyring(args.keys_dir)
     audit, signer = _audit(args)
     if audit is None or signer is None:
@@ -167,9 +202,9 @@ def _erase(args: argparse.Namespace) -> int:
             # The namespace comes from the blinding secret, so compute it before the keys go.
             namespace = DirectoryBlinder(keyring).namespace(args.tenant)
             try:
-                deleter = namespace_deleter(args.redis_url, namespace)
+                deleter = namespace_deleter(args.redis_url, namespace, args.redis_prefix)
             except ValueError as exc:  # not a redis://, rediss:// or unix:// URL
-                raise CliError(f"--redis-url {args.redis_url!r}: {exc}") from None
+                raise CliError(f"--redis-url {redact_url(args.redis_url)!r}: {exc}") from None
             eraser.register_tier("directory", deleter)
         now = time.time()
         if args.generation is None:
@@ -181,14 +216,23 @@ def _erase(args: argparse.Namespace) -> int:
     finally:
         audit.close()
     text = receipt.to_json() + "\n"
-    if args.receipt_out is not None:
-        args.receipt_out.write_text(text)
-    sys.stdout.write(text)
+    sys.stdout.write(text)  # first: the signed receipt is never lost to a failed file write
+    sys.stdout.flush()
     if receipt.failed_tiers:
         print(f"warning: keys destroyed, but deleting pages failed in: {', '.join(receipt.failed_tiers)}"
               " (what is left there is ciphertext under destroyed keys)", file=sys.stderr)
-        return 1
-    return 0
+    _write_receipt(args.receipt_out, text)
+    return 1 if receipt.failed_tiers else 0
+
+
+def _write_receipt(path: Path | None, text: str) -> None:
+    if path is None:
+        return
+    try:
+        path.write_text(text)  # in place, not renamed over: F may be /dev/stdout or a pipe
+    except OSError as exc:
+        raise CliError(f"keys destroyed, but --receipt-out {path} could not be written "
+                       f"({exc.strerror}); the receipt is on stdout above") from None
 
 
 def _token(args: argparse.Namespace) -> int:

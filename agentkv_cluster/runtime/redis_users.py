@@ -29,8 +29,10 @@ log = logging.getLogger(__name__)
 class TenantRedisUsers:
     """Creates and removes the tenants' Redis users (``reconcile``, ``remove``)."""
 
-    def __init__(self, url: str, keys_dir: str, out_dir: Path) -> None:
+    def __init__(self, url: str, keys_dir: str, out_dir: Path, prefix: str = "akv") -> None:
+        """``prefix``: the directory's key prefix (``directory.prefix``)."""
         self.url = url
+        self.prefix = prefix
         self.keys_dir = keys_dir
         self.out_dir = out_dir
         self._admin: redis.Redis | None = None
@@ -98,17 +100,17 @@ class TenantRedisUsers:
         path = self.out_dir / f"{tenant}.json"
         try:
             old = TenantAclUser(**json.loads(path.read_text()))
-            if old.namespace == namespace:
+            if (old.namespace, old.prefix) == (namespace, self.prefix):
                 return old
         except (OSError, ValueError, TypeError):
             pass
-        user = make_user(namespace)
+        user = make_user(namespace, prefix=self.prefix)
         self.out_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump({"username": user.username, "password": user.password,
-                       "namespace": user.namespace}, f)
+                       "namespace": user.namespace, "prefix": user.prefix}, f)
         tmp.replace(path)
         return user
 

@@ -87,7 +87,8 @@ class Service:
         wiring.connect(self.topo, self.front)
         if self.cfg.directory.redis_url:  # each tenant gets its own confined Redis user
             self.redis_users = TenantRedisUsers(self.cfg.directory.redis_url, self.keys_dir,
-                                                self.workdir / "redis-users")
+                                                self.workdir / "redis-users",
+                                                prefix=self.cfg.directory.prefix)
             self.redis_users.reconcile()
         self.erasure = ClusterErasure(self.topo, self.front, self.keys_dir, self.audit, signer,
                                       self.redis_users)

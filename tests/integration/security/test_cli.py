@@ -113,6 +113,30 @@ def test_erase_deletes_the_tenants_directory_keys(tmp_path, capsys, acl_redis):
     admin.close()
 
 
+def test_erase_follows_the_services_directory_prefix(tmp_path, capsys, acl_redis):
+    """A service with ``directory.prefix`` writes ``<prefix>:{ns}:*``; the erasure deletes
+    those (it used to scan ``akv:`` whatever the prefix, delete nothing and still report
+    the directory tier done), and refuses a prefix that is a glob."""
+    from security.blinding import DirectoryBlinder
+    from security.keyring import FileKeySource, TenantKeyring
+
+    keys, log, sk, pk = (str(tmp_path / n) for n in ("keys", "audit.log", "sk.pem", "pk.pem"))
+    _run(capsys, "audit", "keygen", "--private", sk, "--public", pk)
+    assert _run(capsys, "tenant", "create", "acme", "--keys-dir", keys)[0] == 0
+    blinder = DirectoryBlinder(TenantKeyring(FileKeySource(keys)))
+    admin = redis.Redis.from_url(acl_redis.url)
+    for i in range(2):
+        admin.set(b"custom:" + blinder.directory_key("acme", bytes([i]) * 32)[4:], b"entry")
+    args = ("tenant", "erase", "acme", "--keys-dir", keys, "--audit-log", log,
+            "--signing-key", sk, "--redis-url", acl_redis.url)
+    rc, _, err = _run(capsys, *args, "--redis-prefix", "*")
+    assert rc == 2 and "--redis-prefix" in err
+    rc, out, _ = _run(capsys, *args, "--redis-prefix", "custom")
+    assert rc == 0 and json.loads(out)["counts"] == [["directory", 2]]
+    assert admin.keys("*") == []
+    admin.close()
+
+
 def test_erase_with_a_failing_tier_still_issues_a_receipt(tmp_path, capsys):
     keys, log, sk, pk = (str(tmp_path / n) for n in ("keys", "audit.log", "sk.pem", "pk.pem"))
     _run(capsys, "audit", "keygen", "--private", sk, "--public", pk)

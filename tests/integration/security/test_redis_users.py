@@ -57,3 +57,27 @@ def test_each_tenant_gets_a_confined_user_that_erasure_removes(server, tmp_path)
         assert users.reconcile() == ([], ["globex"])
     finally:
         users.close()
+
+
+def test_users_follow_the_directorys_key_prefix(server, tmp_path) -> None:
+    """With ``directory.prefix`` set, the service writes ``<prefix>:{ns}:*``: the tenant's
+    user is confined to that (it used to be to ``akv:{ns}:*`` whatever the prefix, so
+    every write of the service's tenant users would be refused), and a user file made
+    for another prefix is made again."""
+    keys = str(tmp_path / "keys")
+    ensure_tenant(keys, "acme")
+    ns = DirectoryBlinder(TenantKeyring(FileKeySource(keys))).namespace("acme")
+    TenantRedisUsers(server.url, keys, tmp_path / "users").reconcile()  # default prefix
+    users = TenantRedisUsers(server.url, keys, tmp_path / "users", prefix="custom")
+    try:
+        assert users.reconcile() == (["acme"], [])
+        cred = json.loads((tmp_path / "users" / "acme.json").read_text())
+        assert cred["prefix"] == "custom"
+        client = redis.Redis(host="127.0.0.1", port=server.port, username=cred["username"],
+                             password=cred["password"])
+        client.set(f"custom:{{{ns}}}:e:x", b"1")
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            client.set(f"akv:{{{ns}}}:e:x", b"1")
+        client.close()
+    finally:
+        users.close()

@@ -152,6 +152,24 @@ def test_reopen_continues_the_chain(tmp_path, signer):
     assert verify_log(path, Verifier(signer.public_raw())).ok
 
 
+@pytest.mark.parametrize("checkpointed", [True, False])
+def test_refuses_to_append_with_another_signing_key(tmp_path, signer, checkpointed):
+    """A writer with another key would sign checkpoints and a head that the log's public
+    key rejects, and the log would verify under neither key: it is refused, and the log
+    still verifies. Caught by the last checkpoint's key id, or else by the head file."""
+    path = tmp_path / "a.log"
+    first = AuditLog(path, signer, checkpoint_every=1 if checkpointed else 100, fsync=False)
+    first.append("admin", {"n": 1}, 1.0)
+    first.close()
+    with pytest.raises(AuditLogError, match="signed with another key"):
+        AuditLog(path, Signer.generate())
+    assert verify_log(path, Verifier(signer.public_raw())).ok
+    again = AuditLog(path, signer, fsync=False)  # its own key still appends
+    again.append("admin", {"n": 2}, 2.0)
+    again.close(now=3.0)
+    assert verify_log(path, Verifier(signer.public_raw())).ok
+
+
 def test_refuses_to_append_to_a_broken_log(log, signer):
     path, _, _ = log
     _write(path, _edit(_lines(path)))

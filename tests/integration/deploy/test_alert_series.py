@@ -4,7 +4,6 @@ tests fed with what a ServiceMetrics scrape shows before and after the event."""
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 
 import pytest
@@ -13,18 +12,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agentkv_cluster.api.metrics import ServiceMetrics
 from tests.integration.deploy import chart
+from tests.integration.deploy.test_operability import _promtool
 
 pytestmark = pytest.mark.integration
 
 RULES = {"monitoring": {"prometheusRule": {"enabled": True}}}
-
-
-def _promtool() -> str:
-    tool = shutil.which("promtool")
-    if tool is None:
-        pytest.skip("promtool is absent (Debian package `prometheus`; scripts/test.sh installs "
-                    "it when run as root)")
-    return tool
 
 
 def _rules(tmp_path) -> tuple[str, dict[str, dict]]:

@@ -3,58 +3,24 @@ rediss:// URL the chart gives the service (and so the pool actors)."""
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import subprocess
 import time
 
 import pytest
 import redis
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from tests.integration.deploy import chart
 from tests.integration.deploy.chart import SECRETS, service_config
 from tests.support.redis_proc import free_port
+from tests.support.tls import write_tls_files
 
 pytestmark = pytest.mark.integration
-
-
-def _cert(subject: str, issuer_key, issuer_name, key, *, ca: bool) -> x509.Certificate:
-    now = datetime.datetime.now(datetime.UTC)
-    builder = (x509.CertificateBuilder()
-               .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
-               .issuer_name(issuer_name).public_key(key.public_key())
-               .serial_number(x509.random_serial_number())
-               .not_valid_before(now - datetime.timedelta(minutes=5))
-               .not_valid_after(now + datetime.timedelta(hours=1))
-               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
-    if not ca:
-        builder = builder.add_extension(x509.SubjectAlternativeName(
-            [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-    return builder.sign(issuer_key, hashes.SHA256())
-
-
-def _write_tls_secret(folder):
-    """tls.crt, tls.key, ca.crt: the keys of the chart's redis.bundled.tls Secret."""
-    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "agentkv-test-ca")])
-    ca = _cert("agentkv-test-ca", ca_key, ca_name, ca_key, ca=True)
-    server = _cert("agentkv-redis", ca_key, ca_name, key, ca=False)
-    folder.mkdir()
-    pem = serialization.Encoding.PEM
-    (folder / "ca.crt").write_bytes(ca.public_bytes(pem))
-    (folder / "tls.crt").write_bytes(server.public_bytes(pem))
-    (folder / "tls.key").write_bytes(key.private_bytes(
-        pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
 
 
 def test_service_url_reaches_the_rendered_tls_redis(tmp_path):
     data = chart.one("production-8gpu-4node", "ConfigMap", "-redis")["data"]
     tls_dir = tmp_path / "tls"
-    _write_tls_secret(tls_dir)
+    write_tls_files(tls_dir, "agentkv-redis")  # the chart's redis.bundled.tls Secret
     port = free_port()
     password = SECRETS[("agentkv-redis-service", "password")]
     (tmp_path / "users.acl").write_text(

@@ -3,21 +3,15 @@ socket and TLS: the probe clients go where the admin URL goes, and no password i
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 import redis
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from agentkv_cluster.cli import main
 from tests.support.redis_proc import RedisProcess, free_port
+from tests.support.tls import write_tls_files
 
 pytestmark = pytest.mark.integration
 
@@ -60,36 +54,10 @@ def test_probes_go_over_the_unix_socket(server, capsys):
     _assert_clean(f"unix://{sock}")
 
 
-def _cert(subject: str, issuer_key, issuer: x509.Name, key, *, ca: bool) -> x509.Certificate:
-    now = datetime.datetime.now(datetime.UTC)
-    builder = (x509.CertificateBuilder()
-               .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
-               .issuer_name(issuer).public_key(key.public_key())
-               .serial_number(x509.random_serial_number())
-               .not_valid_before(now - datetime.timedelta(minutes=5))
-               .not_valid_after(now + datetime.timedelta(hours=1))
-               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
-    if not ca:
-        builder = builder.add_extension(x509.SubjectAlternativeName(
-            [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-    return builder.sign(issuer_key, hashes.SHA256())
-
-
-def _tls_files(folder: Path) -> None:
-    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "agentkv-test-ca")])
-    pem = serialization.Encoding.PEM
-    (folder / "ca.crt").write_bytes(_cert("agentkv-test-ca", ca_key, ca_name, ca_key, ca=True)
-                                    .public_bytes(pem))
-    (folder / "tls.crt").write_bytes(_cert("redis", ca_key, ca_name, key, ca=False).public_bytes(pem))
-    (folder / "tls.key").write_bytes(key.private_bytes(
-        pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-
-
 @pytest.fixture
 def tls_url(tmp_path):
     """A redis-server with TLS only (no plaintext port) and the rediss:// URL that trusts it."""
-    _tls_files(tmp_path)
+    write_tls_files(tmp_path)
     port = free_port()
     (tmp_path / "redis.conf").write_text(
         f"port 0\ntls-port {port}\nbind 127.0.0.1\nsave \"\"\nappendonly no\ndir {tmp_path}\n"

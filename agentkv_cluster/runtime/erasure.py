@@ -20,17 +20,13 @@ in ``failed_tiers`` when a tier could not finish). ``ErasureWatcher`` runs steps
 for an erasure made by another process (``agentkv tenant erase`` on the key directory
 while the service runs) and records what it did in the audit log.
 
-``ErasureGate`` is what the API front knows of erasures. It sees a tenant's erasure mark
-as soon as the key directory changes: a token issued before the erasure is void, and one
-issued after it is refused (``tenant_erased``, retry) until this service has purged what
-the erased tenant left, so the name starts again empty and never reads the old pages.
+What the API front lets through meanwhile is ``runtime.front.ErasureGate``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import re
 import threading
 import time
@@ -39,7 +35,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentkv_cluster.api.errors import TenantErased, Unauthenticated
 from agentkv_cluster.runtime.directory_glue import open_directory
 from agentkv_cluster.runtime.handles import ActorGone
 from security.audit import AuditLog
@@ -47,7 +42,6 @@ from security.blinding import DirectoryBlinder
 from security.erasure import Eraser, ErasureReceipt
 from security.errors import KeyUnavailable
 from security.keyring import FileKeySource, TenantKeyring
-from security.principals import Principal
 from security.signing import Signer
 from store.types import Lookup
 
@@ -57,7 +51,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 WATCH_POLL_S = 1.0  # how soon an erasure made by another process is enforced here
-ERASED_RECHECK_S = 1.0  # marks are re-read this often even if the key directory looks unchanged
 _MARK_RE = re.compile(r"(?P<ns>[a-z0-9_][a-z0-9_-]*)\.erased\.(?P<ms>\d{13})")
 
 # Tier names in receipt order; each maps to a count in the purge report.
@@ -73,65 +66,6 @@ class PurgeReport:
     counts: dict[str, int]
     failed: dict[str, str]
     keys: list[bytes]
-
-
-class ErasureGate:
-    """Erasure marks as the API front checks them on every request (thread-safe)."""
-
-    def __init__(self, keyring: TenantKeyring, keys_dir: str) -> None:
-        self.keyring = keyring
-        self.keys_dir = keys_dir
-        self.on_pending: Callable[[], None] = lambda: None  # the watcher's wake-up
-        self._marks: dict[str, tuple[float | None, float, int]] = {}  # (at, checked, stamp)
-        self._enforced: dict[str, float] = {}  # tenant -> the mark this service enforced
-        self._lock = threading.Lock()
-
-    def check(self, principal: Principal) -> None:
-        """Refuse a token issued before its tenant's erasure (``Unauthenticated``), and one
-        issued after it while the purge here has not finished (``TenantErased``)."""
-        tenant = principal.tenant
-        at = self.erased_at(tenant)
-        if at is None:
-            return
-        if principal.issued <= at:
-            raise Unauthenticated(f"token predates the erasure of tenant {tenant}")
-        with self._lock:
-            pending = self._enforced.get(tenant, 0.0) < at
-        if pending:
-            self.on_pending()
-            raise TenantErased(f"tenant {tenant} was erased and its purge is still running "
-                               "here; retry in a moment (it then starts again, empty)")
-
-    def erased_at(self, tenant: str) -> float | None:
-        """The tenant's latest erasure mark, re-read whenever the key directory changed
-        (a mark is a file there) and at least every ``ERASED_RECHECK_S``."""
-        now = time.monotonic()
-        try:
-            stamp = os.stat(self.keys_dir).st_mtime_ns
-        except OSError:
-            stamp = -1
-        with self._lock:
-            hit = self._marks.get(tenant)
-        if hit is not None and hit[2] == stamp and now - hit[1] < ERASED_RECHECK_S:
-            return hit[0]
-        try:
-            at = self.keyring.erased_at(tenant)
-        except (OSError, KeyUnavailable):  # no key directory: nothing was ever erased here
-            at = None
-        with self._lock:
-            self._marks[tenant] = (at, now, stamp)
-        return at
-
-    def forget(self, tenant: str) -> None:
-        """Re-read ``tenant``'s mark on its next request."""
-        with self._lock:
-            self._marks.pop(tenant, None)
-
-    def enforced(self, tenant: str, at: float) -> None:
-        """This service purged what ``tenant`` left at its erasure of ``at``."""
-        with self._lock:
-            self._enforced[tenant] = max(at, self._enforced.get(tenant, 0.0))
-            self._marks.pop(tenant, None)
 
 
 class ClusterErasure:

@@ -1,18 +1,18 @@
 """The service behind the wire server: authenticates, validates, stages bytes, calls the controller.
 
-The tenant of every request is the verified token's tenant, never a request field.
-Page keys are blinded per tenant (or under the opt-in PUBLIC namespace), so a
-lookup by another tenant, or with any identity field changed, cannot match. PUBLIC is
-read only with a ``public_read`` token and written only with a ``publish`` token of a
-tenant holding a live operator grant (``security.publishing``, re-read at most every
-``ERASED_RECHECK_S``); every refusal is audited with its reason.
-Engine bytes are staged in this process's NIXL-registered memory; the HBM actor
-pulls them, so they never pass through the Ray object store.
+The tenant of every request is the verified token's tenant, never a request field. Page
+keys are blinded per tenant (or under the opt-in PUBLIC namespace), so a lookup by another
+tenant, or with any identity field changed, cannot match. PUBLIC is read only with a
+``public_read`` token and written only with a ``publish`` token of a tenant holding a live
+operator grant (``security.publishing``, re-read at most every ``ERASED_RECHECK_S``); every
+refusal is audited with its reason. Engine bytes are staged in this process's
+NIXL-registered memory; the HBM actor pulls them, never through the Ray object store.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,14 +28,11 @@ from agentkv_cluster.api.errors import (
     Unauthenticated,
 )
 from agentkv_cluster.api.metrics import ServiceMetrics
-from agentkv_cluster.lifecycle.identity import IdentityError, PageIdentity
-from agentkv_cluster.lifecycle.types import StateType
-from agentkv_cluster.runtime.erasure import ERASED_RECHECK_S, ErasureGate
+from agentkv_cluster.lifecycle.identity import PageIdentity
 from agentkv_cluster.runtime.handles import ControllerHandle, HbmHandle
 from agentkv_cluster.runtime.loads import LOAD_TTL_S, PreparedLoad, PreparedLoads
 from agentkv_cluster.runtime.mover import Mover
 from agentkv_cluster.runtime.records import (
-    KvShape,
     LoadReport,
     PageMeta,
     RefusedNotFound,
@@ -43,6 +40,13 @@ from agentkv_cluster.runtime.records import (
     UnknownPageKey,
 )
 from agentkv_cluster.runtime.records import TenantErased as ErasedInController
+from agentkv_cluster.runtime.request_args import (
+    MAX_EVENT_DEPTH,
+    event_depth,
+    identity_tokens,
+    page_fields,
+    page_identity,
+)
 from agentkv_cluster.runtime.tenants import ensure_tenant
 from security.blinding import DirectoryBlinder
 from security.errors import AccessDenied as SecurityDenied
@@ -50,13 +54,70 @@ from security.errors import InvalidToken, KeyUnavailable
 from security.keyring import PUBLIC_NAMESPACE, FileKeySource, TenantKeyring
 from security.principals import AccessPolicy, DenialHook, Principal, TokenIssuer
 from security.publishing import CachedGrants, PublishGrants
-from store.types import KV_DTYPE_NAMES
 
 T = TypeVar("T")
+ERASED_RECHECK_S = 1.0  # marks are re-read this often even if the key directory looks unchanged
 STAGE_PAGES = 4  # pages staged in shared memory per controller call
-MAX_EVENT_DEPTH = 32  # nesting of maps and lists inside one event
 REPLY_SLACK = 64 << 10  # of a reply frame, beside its pages' bytes (msgpack, the envelope)
 REPLY_PER_PAGE = 256  # a page's map in a reply, beside its bytes
+
+
+class ErasureGate:
+    """What the front knows of erasures, checked on every request (thread-safe): it sees a
+    mark as soon as the key directory changes; a token issued before the erasure is void,
+    one issued after it is refused (``tenant_erased``, retry) until this service purged
+    the old tenant (``ClusterErasure`` calls ``enforced``): the name starts again empty."""
+
+    def __init__(self, keyring: TenantKeyring, keys_dir: str) -> None:
+        self.keyring = keyring
+        self.keys_dir = keys_dir
+        self.on_pending: Callable[[], None] = lambda: None  # the watcher's wake-up
+        self._marks: dict[str, tuple[float | None, float, int]] = {}  # (at, checked, stamp)
+        self._enforced: dict[str, float] = {}  # tenant -> the mark this service enforced
+        self._lock = threading.Lock()
+
+    def check(self, principal: Principal) -> None:
+        """Refuse a token issued before its tenant's erasure (``Unauthenticated``), and one
+        issued after it while the purge here has not finished (``TenantErased``)."""
+        tenant = principal.tenant
+        at = self.erased_at(tenant)
+        if at is None:
+            return
+        if principal.issued <= at:
+            raise Unauthenticated(f"token predates the erasure of tenant {tenant}")
+        with self._lock:
+            pending = self._enforced.get(tenant, 0.0) < at
+        if pending:
+            self.on_pending()
+            raise TenantErased(f"tenant {tenant} was erased and its purge is still running "
+                               "here; retry in a moment (it then starts again, empty)")
+
+    def erased_at(self, tenant: str) -> float | None:
+        """The tenant's latest erasure mark, re-read whenever the key directory changed
+        (a mark is a file there) and at least every ``ERASED_RECHECK_S``."""
+        now, stamp = time.monotonic(), _mtime_ns(self.keys_dir)
+        with self._lock:
+            hit = self._marks.get(tenant)
+        if hit is not None and hit[2] == stamp and now - hit[1] < ERASED_RECHECK_S:
+            return hit[0]
+        try:
+            at = self.keyring.erased_at(tenant)
+        except (OSError, KeyUnavailable):  # no key directory: nothing was ever erased here
+            at = None
+        with self._lock:
+            self._marks[tenant] = (at, now, stamp)
+        return at
+
+    def forget(self, tenant: str) -> None:
+        """Re-read ``tenant``'s mark on its next request."""
+        with self._lock:
+            self._marks.pop(tenant, None)
+
+    def enforced(self, tenant: str, at: float) -> None:
+        """This service purged what ``tenant`` left at its erasure of ``at``."""
+        with self._lock:
+            self._enforced[tenant] = max(at, self._enforced.get(tenant, 0.0))
+            self._marks.pop(tenant, None)
 
 
 class ServiceFront:
@@ -94,9 +155,8 @@ class ServiceFront:
 
     # -- auth ----------------------------------------------------------------------------------
     def authenticate(self, token: str) -> Principal:
-        """The token's principal; a token issued before its tenant was erased is void, so
-        it can neither reach what is left nor provision the tenant's keys again, and one
-        issued after waits until the erased tenant's purge here ends (``ErasureGate``)."""
+        """The token's principal, if ``ErasureGate.check`` lets it through (a token that
+        predates its tenant's erasure can neither read what is left nor provision keys)."""
         try:
             principal = self.issuer.verify(token, time.time())
         except InvalidToken as exc:
@@ -105,10 +165,9 @@ class ServiceFront:
         return principal
 
     def forget_tenant(self, tenant: str) -> int:
-        """Tenant erasure in this process: drop the tenant's cached keys and blinding
-        secret (a tenant created again under the name gets new ones, so its keys match
-        nothing of the old one), its prepared loads, and zero the free staging slots.
-        Returns how many prepared loads were dropped."""
+        """Tenant erasure in this process: drop its cached keys and blinding secret (a
+        tenant of the name gets new ones, matching nothing of the old one) and prepared
+        loads (returns how many), and zero the free staging slots."""
         self.keyring.forget(tenant)
         self.blinder.forget(tenant)
         self.grants.forget()  # its grant to publish went with the erasure
@@ -149,7 +208,7 @@ class ServiceFront:
     def send_event(self, principal: Principal, session: str, event: dict[str, Any]) -> dict[str, Any]:
         if "tenant" in event or "session" in event:
             raise InvalidArgument("tenant and session come from the token and the request")
-        if _depth(event) > MAX_EVENT_DEPTH:
+        if event_depth(event) > MAX_EVENT_DEPTH:
             raise InvalidArgument(f"event nests deeper than {MAX_EVENT_DEPTH} levels")
         return self._call(self.controller.event, principal.tenant, session, event)
 
@@ -166,19 +225,9 @@ class ServiceFront:
 
     def _meta(self, principal: Principal, session: str, page: dict[str, Any], action: str,
               length: int) -> PageMeta:
-        try:
-            identity = PageIdentity.unpack(page["identity"])
-        except (KeyError, TypeError, IdentityError) as exc:
-            raise InvalidArgument(f"bad page identity: {exc}") from None
-        ns = self._namespace(principal, identity, action)
-        shape = _shape(page, length)
-        try:
-            state_type = StateType(page.get("state_type", "temp_reasoning"))
-        except ValueError:
-            raise InvalidArgument(f"unknown state_type {page.get('state_type')!r:.40}") from None
-        pid = page.get("page_id", identity.start)
-        if type(pid) is not int or pid < 0:
-            raise InvalidArgument("page_id must be a non-negative int")
+        identity = page_identity(page)
+        ns = self._namespace(principal, identity, action)  # before the rest: denials audited
+        shape, state_type, pid = page_fields(page, length, identity)
         digest = identity.digest()
         try:
             key = self.blinder.blind_key(ns, digest)
@@ -243,7 +292,7 @@ class ServiceFront:
         n = self._call(self.controller.lookup, principal.tenant, session, metas,
                        namespaces) if metas else 0
         hit_tokens = sum(m.tokens for m in metas[:n])
-        miss_tokens = sum(_tokens(raw) for raw in identities[n:])
+        miss_tokens = sum(identity_tokens(raw) for raw in identities[n:])
         self.metrics.lookup(principal.tenant, n, len(identities) - n, hit_tokens, miss_tokens)
         return {"length": n, "keys": [m.key for m in metas[:n]], "refused": refused}
 
@@ -272,11 +321,7 @@ class ServiceFront:
         if start is not None and not 0 <= start <= n:
             raise InvalidArgument(f"start must be 0..{n}")
         first = start or 0
-        end, size = first, 0
-        while end < n and (end == first or size + load.reports[end].nbytes
-                           <= self.max_reply_bytes - REPLY_SLACK - REPLY_PER_PAGE * (end - first)):
-            size += load.reports[end].nbytes
-            end += 1
+        end = load.reply_end(first, self.max_reply_bytes - REPLY_SLACK, REPLY_PER_PAGE)
         if start is None and end < n:  # kept: the caller pages it
             raise InvalidArgument(f"this load's {n} pages do not fit one reply of "
                                   f"{self.max_reply_bytes} bytes: call complete_load with "
@@ -304,14 +349,12 @@ class ServiceFront:
 
     def _serve_chunk(self, principal: Principal, session: str, keys: list[bytes],
                      reports: list[LoadReport]) -> list[dict[str, Any]]:
-        """A lossy working copy is verified against its FULL reference (fetched from the
-        pool instead of the lossy bytes): that fetch is the verification work of the
-        policy that chose the lossy form, and is reported per page (``verify_ms``,
-        ``verify_bytes``) and in the restore metrics; a lossy page with no reference is
-        served as it is (``exact`` false: the engine verifies at checkpoints or
-        recomputes). Every other page comes from HBM in one call, its pushes in flight
-        together: the load's pins are held until the engine releases them, so a slow
-        ``complete_load`` keeps other loads waiting for room."""
+        """A lossy working copy is verified against its FULL reference, fetched from the
+        pool instead (the verification work of the policy that chose the lossy form,
+        reported per page as ``verify_ms``, ``verify_bytes`` and in the restore metrics);
+        one with no reference is served as it is (``exact`` false). Every other page comes
+        from HBM in one call, its pushes in flight together: the load's pins are held until
+        the engine releases them, so a slow ``complete_load`` keeps other loads waiting."""
         with self._staged(len(keys)) as slots:
             hbm = self.hbms[reports[0].hbm]  # a session's pages are pinned in its HBM actor
             spans = [self.mover.slot_span(s, r.nbytes) for s, r in zip(slots, reports)]
@@ -350,37 +393,8 @@ class ServiceFront:
         return ok, "ready" if ok else "controller unreachable"
 
 
-def _depth(value: Any, limit: int = MAX_EVENT_DEPTH + 1) -> int:
-    """Nesting depth of maps and lists in ``value`` (iterative; stops past ``limit``)."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        if isinstance(item, dict | list) and level <= limit:
-            deepest = max(deepest, level)
-            stack.extend((v, level + 1) for v in (item.values() if isinstance(item, dict)
-                                                  else item))
-    return deepest
-
-
-def _shape(page: dict[str, Any], length: int) -> KvShape | None:
-    dims = page.get("shape")
-    if dims is None:
-        return None
-    dtype = page.get("dtype", "float16")
-    if not isinstance(dims, list) or len(dims) != 4 or \
-            not all(type(d) is int and d > 0 for d in dims) or dtype not in KV_DTYPE_NAMES:
-        raise InvalidArgument("shape must be [layers, kv_heads, tokens, head_dim] and dtype "
-                              f"one of {KV_DTYPE_NAMES}")
-    shape = KvShape.from_dims(dims, dtype)
-    if shape.nbytes() != length:
-        raise InvalidArgument(f"shape gives {shape.nbytes()} bytes, data has {length}")
-    return shape
-
-
-def _tokens(raw: Any) -> int:
-    """Tokens a (possibly malformed) packed identity covers, for lookup metrics; 0 if bad."""
+def _mtime_ns(path: str) -> int:
     try:
-        identity = PageIdentity.unpack(raw)
-    except (TypeError, IdentityError):
-        return 0
-    return identity.end - identity.start
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return -1

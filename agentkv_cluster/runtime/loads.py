@@ -174,6 +174,16 @@ class PreparedLoad:
     reports: list[LoadReport]
     at: float = 0.0  # when it was prepared (monotonic)
 
+    def reply_end(self, first: int, budget: int, per_page: int) -> int:
+        """Where the pages from ``first`` that fit ``budget`` bytes of one reply end (one
+        page at least); ``per_page``: what a page's map costs beside its bytes."""
+        end, size = first, 0
+        while end < len(self.keys) and (
+                end == first or size + self.reports[end].nbytes + per_page <= budget):
+            size += self.reports[end].nbytes + per_page
+            end += 1
+        return end
+
 
 class PreparedLoads:
     """The front's prepared loads by id (thread-safe)."""

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from agentkv_cluster.engines.vllm.blocks import EngineVersions
+from security.errors import InvalidName
+from security.keyring import PUBLIC_NAMESPACE, validate_namespace
 
 BACKENDS = ("embedded", "service")
 LOAD_MODES = ("auto", "async", "layerwise")
@@ -71,6 +73,13 @@ class ConnectorConfig:
             raise ConnectorConfigError("background_io must be one of auto, on, off")
         if cfg.min_tail_tokens < 0 or cfg.prefetch_lead_s < 0:
             raise ConnectorConfigError("min_tail_tokens and prefetch_lead_s must be >= 0")
+        if cfg.default_tenant is not None:  # token-less requests act as this tenant
+            try:
+                if validate_namespace(cfg.default_tenant) == PUBLIC_NAMESPACE:
+                    raise InvalidName("the PUBLIC namespace is not a tenant: token-less "
+                                      "requests would publish without the publish role")
+            except InvalidName as exc:
+                raise ConnectorConfigError(f"default_tenant: {exc}") from None
         if cfg.backend == "service" and not cfg.service_address:
             raise ConnectorConfigError("the service backend needs service_address")
         return cfg

@@ -83,3 +83,12 @@ def test_connector_config_refuses_unknown_keys():
         ConnectorConfig.from_extra({"backend": "service"})
     with pytest.raises(ConnectorConfigError, match="backend must be"):
         ConnectorConfig.from_extra({"backend": "redis"})
+
+
+@pytest.mark.parametrize("tenant", ["_public", "../x", "Acme", ""])
+def test_default_tenant_must_be_a_tenant_never_public(tenant):
+    """Token-less requests act as ``default_tenant``: the PUBLIC namespace there let them
+    write PUBLIC without the publish role, and any public_read tenant restore it."""
+    with pytest.raises(ConnectorConfigError, match="default_tenant"):
+        ConnectorConfig.from_extra({"backend": "embedded", "default_tenant": tenant})
+    assert ConnectorConfig.from_extra({"default_tenant": None}).default_tenant is None

@@ -10,6 +10,7 @@ vLLM recomputes, so a dead service costs prefill time, never a stuck request.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import threading
@@ -48,8 +49,14 @@ class ServiceBackend:
         self._lock = threading.Lock()
         self._clients: dict[str, AgentKvClient] = {}
         self._sessions: dict[tuple[str, str], SessionClient] = {}
-        self._keys: dict[bytes, bytes] = {}  # identity digest -> service key
-        self._versions: dict[tuple[str, str], int] = {}
+        # (token, identity digest) -> service key: keys are blinded per tenant, and a token
+        # issued after an erasure starts the tenant anew; forgotten on every outage (the
+        # service may come back empty), so saves are never skipped for pages it lost
+        self._keys: dict[tuple[str | None, bytes], bytes] = {}
+        self._versions: dict[tuple[str, str], int] = {}  # only ever grow
+        # (token, session) whose task the service knows: forgotten on every outage, and a
+        # new token (a tenant made anew after an erasure) starts its task again
+        self._started: set[tuple[str | None, str]] = set()
         self._down_until = 0.0
 
     # -- transport ------------------------------------------------------------------
@@ -79,6 +86,8 @@ class ServiceBackend:
                         self.address, exc, self.retry_after_s)
         self._down_until = time.monotonic() + self.retry_after_s
         self._drop_clients_locked()
+        self._keys.clear()
+        self._started.clear()
 
     def _drop_clients_locked(self) -> None:
         for client in self._clients.values():
@@ -137,23 +146,27 @@ class ServiceBackend:
         n = int(got["length"])
         with self._lock:
             for ident, key in zip(identities[:n], got["keys"]):
-                self._keys[ident.digest()] = key
+                self._keys[(caller.token, ident.digest())] = key
+            for ident in identities[n:]:  # not held (any more): the next save stores it
+                self._keys.pop((caller.token, ident.digest()), None)
         return n
 
     def contains(self, caller: Caller, identity: PageIdentity) -> bool:
-        return identity.digest() in self._keys
+        return (caller.token, identity.digest()) in self._keys
 
     def get(self, caller: Caller, identity: PageIdentity) -> bytes | None:
-        key = self._keys.get(identity.digest())
+        key = self._keys.get((caller.token, identity.digest()))
         if key is None:
             if not self.lookup(caller, [identity]):
                 return None
-            key = self._keys[identity.digest()]
+            key = self._keys.get((caller.token, identity.digest()))
+            if key is None:
+                return None
         try:
             return self._call(caller, SessionClient.load, [key])[0]
         except RemoteError as exc:
             if exc.code == "not_found":
-                self._keys.pop(identity.digest(), None)
+                self._keys.pop((caller.token, identity.digest()), None)
                 return None
             raise BackendUnavailable(f"load failed: {exc}") from None
 
@@ -165,20 +178,20 @@ class ServiceBackend:
         except RemoteError as exc:
             raise BackendUnavailable(f"store failed: {exc}") from None
         with self._lock:
-            self._keys[identity.digest()] = key
+            self._keys[(caller.token, identity.digest())] = key
 
     def event(self, caller: Caller, event: HintEvent) -> None:
         sess = (caller.tenant, caller.session)
         with self._lock:
-            version = self._versions.get(sess, 0)
-            if version == 0 and event.kind is not HintKind.TASK_START:
-                version = self._versions[sess] = 1
-                start = {"kind": "task_start", "prefix_generation": 1}
-            else:
-                start = None
-            version = self._versions[sess] = self._versions.get(sess, 0) + 1
-        if start is not None:
-            self._send(caller, {**start, **_common(1)})
+            implicit = (caller.token, caller.session) not in self._started \
+                and event.kind is not HintKind.TASK_START
+            self._started.add((caller.token, caller.session))
+            start = self._versions[sess] = self._versions.get(sess, 0) + 1
+            version = self._versions[sess] = start + 1 if implicit else start
+        if implicit:  # the service may have a task already (another token of the tenant)
+            with contextlib.suppress(ValueError):
+                self._send(caller, {"kind": "task_start", "prefix_generation": 1,
+                                    **_common(start)})
         fields: dict[str, Any] = {"kind": event.kind.value, **_common(version)}
         if event.kind is HintKind.TASK_START:
             fields["prefix_generation"] = 1

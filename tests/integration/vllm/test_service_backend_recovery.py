@@ -1,0 +1,91 @@
+"""The connector's service backend after the service came back empty (a restart) and after
+its tenant was erased: it saves the blocks again and restarts the session's task, so
+restores resume. It used to trust what it had cached (blocks it had stored, tasks it had
+started) for as long as vLLM ran: after either, no turn restored anything again and every
+lifecycle hint was refused."""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from agentkv_cluster.config import load_config
+from agentkv_cluster.engines.vllm.backend import BackendUnavailable
+from agentkv_cluster.engines.vllm.hints import HintEvent, HintKind
+from agentkv_cluster.engines.vllm.service import ServiceBackend
+from agentkv_cluster.runtime.service import Service
+from tests.integration.vllm.test_backend_contract import TOKENS, _ids, _page
+from tests.support.redis_proc import free_port
+
+pytestmark = pytest.mark.integration
+
+
+def _service(port: int, secret: bytes) -> tuple[Service, Path]:
+    workdir = Path(tempfile.mkdtemp(prefix="agentkv-vllm-recovery-"))
+    cfg = load_config(env={}, overrides={
+        "api": {"port": port},
+        "hbm": {"page_bytes": 1 << 16, "num_pages": 64},
+        "pool": {"pool_bytes": 4 << 20, "slot_bytes": 1 << 16, "nvme_dir": str(workdir / "nv")},
+    })
+    return Service(cfg, workdir=workdir, token_secret=secret).start(local=True), workdir
+
+
+def _saved_again(backend: ServiceBackend, caller, ident, page) -> None:
+    """What the worker does for a finished block: save it unless the service holds it."""
+    if not backend.contains(caller, ident):
+        backend.put(caller, ident, page)
+
+
+def test_a_restarted_service_gets_the_blocks_and_the_task_again() -> None:
+    port, secret = free_port(), secrets.token_bytes(32)
+    svc, workdir = _service(port, secret)
+    backend = ServiceBackend(("127.0.0.1", port), timeout_s=5.0, retry_after_s=0.2)
+    try:
+        caller = backend.resolve(svc.token("acme"), "agent-r")
+        ident = _ids(TOKENS, "acme", 1)[0]
+        page = _page(ident, 1)
+        backend.event(caller, HintEvent(kind=HintKind.MODEL_CALL))
+        _saved_again(backend, caller, ident, page)
+        assert backend.contains(caller, ident)
+        svc.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+        svc, workdir = _service(port, secret)  # the same address, empty
+        with pytest.raises(BackendUnavailable):  # the old connection is gone
+            backend.get(caller, ident)
+        time.sleep(0.3)  # retry_after_s
+        assert not backend.contains(caller, ident)  # nothing assumed held any more
+        _saved_again(backend, caller, ident, page)
+        assert backend.get(caller, ident) == page
+        backend.event(caller, HintEvent(kind=HintKind.MODEL_CALL))  # its task restarted
+    finally:
+        backend.close()
+        svc.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_a_tenant_made_anew_after_its_erasure_is_saved_again() -> None:
+    port, secret = free_port(), secrets.token_bytes(32)
+    svc, workdir = _service(port, secret)
+    backend = ServiceBackend(("127.0.0.1", port), timeout_s=5.0, retry_after_s=0.2)
+    try:
+        old = backend.resolve(svc.token("acme"), "agent-e")
+        ident = _ids(TOKENS, "acme", 1)[0]
+        page = _page(ident, 2)
+        backend.event(old, HintEvent(kind=HintKind.MODEL_CALL))
+        _saved_again(backend, old, ident, page)
+        assert svc.erase_tenant("acme").failed_tiers == ()
+        time.sleep(0.01)
+        new = backend.resolve(svc.token("acme"), "agent-e")  # a token after the erasure
+        assert backend.lookup(new, [ident]) == 0  # nothing of the old tenant
+        _saved_again(backend, new, ident, page)
+        assert backend.lookup(new, [ident]) == 1 and backend.get(new, ident) == page
+        backend.event(new, HintEvent(kind=HintKind.MODEL_CALL))
+    finally:
+        backend.close()
+        svc.stop()
+        shutil.rmtree(workdir, ignore_errors=True)

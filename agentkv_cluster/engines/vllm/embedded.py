@@ -68,7 +68,7 @@ class _Block:
     view: PageView
     tier: Tier
     slot: int = -1  # host pool slot
-    sessions: set[str] | None = None
+    sessions: set[tuple[str, str]] | None = None  # (tenant, session): names repeat across tenants
 
 
 def _policy(strategy: str) -> EvictionPolicy:
@@ -168,7 +168,7 @@ class EmbeddedBackend:
                             tokens=identity.end - identity.start, created=now,
                             last_access=now, reuse_prob=0.5,
                             predicted_idle_s=_DEFAULT_GAP_S)
-            block = _Block(view=view, tier=Tier.HOST, sessions={caller.session})
+            block = _Block(view=view, tier=Tier.HOST, sessions={(caller.tenant, caller.session)})
             try:
                 self._to_host(key, block, data, now)
             except (PoolError, OSError) as exc:
@@ -221,7 +221,7 @@ class EmbeddedBackend:
         for key in keys:
             block = self._blocks[key]
             assert block.sessions is not None
-            block.sessions.discard(sess[1])
+            block.sessions.discard(sess)
             if block.sessions:
                 continue  # another live session shares this prefix block
             block.view.reuse_prob = 0.0
@@ -285,7 +285,7 @@ class EmbeddedBackend:
         block.view.last_access = now
         block.view.access_count += 1
         assert block.sessions is not None
-        block.sessions.add(caller.session)
+        block.sessions.add((caller.tenant, caller.session))
         self._sessions.setdefault((caller.tenant, caller.session), set()).add(key)
         self._tiers[block.tier].on_access(block.view, now)
 

@@ -281,3 +281,31 @@ def test_dead_service_fails_fast_and_is_reported(service):
     assert time.monotonic() - t0 < 5.0
     backend.close()
     shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_another_tenants_task_end_never_retires_a_shared_public_block():
+    """A block remembers its readers as (tenant, session): a PUBLIC reader that ends tasks
+    under the session names other tenants use no longer retires the block for them (the
+    embedded store kept bare session names)."""
+    secret = secrets.token_bytes(32)
+    from security.principals import TokenIssuer
+
+    issuer = TokenIssuer(secret)
+    resolver = TokenResolver(secret, default_tenant=None)
+    backend = EmbeddedBackend(EmbeddedSpec(slot_bytes=PAGE, host_blocks=4, nvme_blocks=8))
+
+    def caller(tenant, session, **kw):
+        return resolver.resolve(issuer.issue(tenant, subject="a", now=time.time(), **kw), session)
+    try:
+        ident = _ids(TOKENS, PUBLIC_NAMESPACE, 1)[0]
+        page = _page(ident, 7)
+        backend.put(caller("pubco", "agent-1", roles=("tenant", "admin", "publish")), ident, page)
+        reader = caller("tenanth", "h-1", public_read=True)
+        assert backend.get(reader, ident) == page
+        for session in ("agent-1", "h-1"):  # the others' session names, another tenant
+            other = caller("tenantg", session, public_read=True)
+            assert backend.get(other, ident) == page
+            backend.event(other, HintEvent(kind=HintKind.TASK_END))
+        assert backend.lookup(reader, [ident]) == 1 and backend.get(reader, ident) == page
+    finally:
+        backend.close()

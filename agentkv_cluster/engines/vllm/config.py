@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,16 +55,20 @@ class ConnectorConfig:
 
     @classmethod
     def from_extra(cls, extra: dict[str, Any] | None) -> ConnectorConfig:
-        raw = dict((extra or {}).get("agentkv", extra or {}))
+        extra = dict(extra or {})
+        raw = extra.pop("agentkv", None) if "agentkv" in extra else extra
+        if not isinstance(raw, dict) or (raw is not extra and extra):
+            raise ConnectorConfigError("kv_connector_extra_config holds the AgentKV settings, "
+                                       "or a map 'agentkv' of them and nothing else")
         known = set(cls.__dataclass_fields__)
         unknown = set(raw) - known
         if unknown:
             raise ConnectorConfigError(f"unknown AgentKV connector settings {sorted(unknown)}; "
                                        f"expected some of {sorted(known)}")
-        try:
-            cfg = cls(**raw)
-        except TypeError as exc:
-            raise ConnectorConfigError(str(exc)) from None
+        types = typing.get_type_hints(cls)
+        for name, value in raw.items():
+            _check_type(name, value, types[name])
+        cfg = cls(**raw)
         if cfg.backend not in BACKENDS:
             raise ConnectorConfigError(f"backend must be one of {BACKENDS}, got {cfg.backend!r}")
         if cfg.load_mode not in LOAD_MODES:
@@ -71,8 +76,14 @@ class ConnectorConfig:
                                        f"got {cfg.load_mode!r}")
         if cfg.background_io not in ("auto", "on", "off"):
             raise ConnectorConfigError("background_io must be one of auto, on, off")
-        if cfg.min_tail_tokens < 0 or cfg.prefetch_lead_s < 0:
+        if cfg.min_tail_tokens < 0 or not cfg.prefetch_lead_s >= 0:  # (NaN too)
             raise ConnectorConfigError("min_tail_tokens and prefetch_lead_s must be >= 0")
+        for name in ("host_blocks", "save_queue", "service_timeout_s", "retry_after_s",
+                     "lookup_timeout_s"):
+            if not getattr(cfg, name) > 0:  # (NaN too)
+                raise ConnectorConfigError(f"{name} must be > 0, got {getattr(cfg, name)!r}")
+        if cfg.nvme_blocks < 0:
+            raise ConnectorConfigError(f"nvme_blocks must be >= 0, got {cfg.nvme_blocks}")
         if cfg.default_tenant is not None:  # token-less requests act as this tenant
             try:
                 if validate_namespace(cfg.default_tenant) == PUBLIC_NAMESPACE:
@@ -105,6 +116,17 @@ class ConnectorConfig:
         if sep and port.isdigit():
             return (host or "127.0.0.1", int(port))
         return self.service_address
+
+
+def _check_type(name: str, value: Any, hint: Any) -> None:
+    """``value`` is of the setting's declared type (a float setting takes an int too)."""
+    allowed = typing.get_args(hint) or (hint,)
+    kinds = tuple(type(None) if a is type(None) else a for a in allowed)
+    if float in kinds:
+        kinds += (int,)
+    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+        names = " or ".join("null" if k is type(None) else k.__name__ for k in allowed)
+        raise ConnectorConfigError(f"{name} must be {names}, got {value!r:.60}")
 
 
 def _digest_files(paths: list[Path]) -> str:

@@ -85,6 +85,27 @@ def test_connector_config_refuses_unknown_keys():
         ConnectorConfig.from_extra({"backend": "redis"})
 
 
+@pytest.mark.parametrize(("extra", "says"), [
+    ({"host_blocks": "10"}, "host_blocks must be int"),
+    ({"min_tail_tokens": "16"}, "min_tail_tokens must be int"),
+    ({"service_timeout_s": "fast"}, "service_timeout_s must be float"),
+    ({"retry_after_s": None}, "retry_after_s must be float"),
+    ({"host_blocks": True}, "host_blocks must be int"),
+    ({"save_queue": 0}, "save_queue must be > 0"),
+    ({"lookup_timeout_s": -1}, "lookup_timeout_s must be > 0"),
+    ({"prefetch_lead_s": float("nan")}, "must be"),
+    ({"agentkv": {"backend": "embedded"}, "bogus_key": 1}, "a map 'agentkv'"),
+    ({"agentkv": "embedded"}, "a map 'agentkv'"),
+    ({"agentkv": None}, "a map 'agentkv'"),
+])
+def test_connector_config_names_the_bad_setting(extra, says):
+    """Each bad value names its setting (a string where an int goes used to stop the
+    engine with a bare TypeError; keys beside a nested 'agentkv' map were dropped)."""
+    with pytest.raises(ConnectorConfigError, match=says):
+        ConnectorConfig.from_extra(extra)
+    assert ConnectorConfig.from_extra({"agentkv": {"service_timeout_s": 2}}).service_timeout_s == 2
+
+
 @pytest.mark.parametrize("tenant", ["_public", "../x", "Acme", ""])
 def test_default_tenant_must_be_a_tenant_never_public(tenant):
     """Token-less requests act as ``default_tenant``: the PUBLIC namespace there let them

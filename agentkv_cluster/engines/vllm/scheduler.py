@@ -25,7 +25,14 @@ from agentkv_cluster.engines.vllm.backend import (
     ConnectorCounters,
 )
 from agentkv_cluster.engines.vllm.blocks import EngineVersions
-from agentkv_cluster.engines.vllm.hints import KEY, AgentHints, HintError, parse_hints
+from agentkv_cluster.engines.vllm.hints import (
+    KEY,
+    AgentHints,
+    HintError,
+    HintEvent,
+    HintKind,
+    parse_hints,
+)
 from agentkv_cluster.engines.vllm.hintsock import HintSocket
 from agentkv_cluster.engines.vllm.matching import PrefixMatcher
 from agentkv_cluster.engines.vllm.meta import AgentKVConnectorMetadata, BlockOp, RequestOps
@@ -33,6 +40,7 @@ from agentkv_cluster.lifecycle.identity import PageIdentity
 from security.keyring import PUBLIC_NAMESPACE
 
 log = logging.getLogger(__name__)
+_RETIRING = (HintKind.TASK_END, HintKind.BRANCH_ABANDONED)
 
 
 @dataclass(slots=True)
@@ -70,6 +78,7 @@ class SchedulerSide:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="agentkv-lookup") if remote else None
         self._reqs: dict[str, _Req] = {}
         self._ops: list[RequestOps] = []  # loads and releases for the next metadata
+        self._held: list[tuple[Caller, HintEvent]] = []  # events for the next metadata
         self.matcher = PrefixMatcher(backend, versions, block_size)
 
     # -- per request ---------------------------------------------------------------------
@@ -238,8 +247,25 @@ class SchedulerSide:
                        so.num_scheduled_tokens.get(req_id, 0))
         take_events = getattr(self.backend, "take_events", None)  # embedded: to the worker
         if take_events is not None:
-            meta.events = take_events()
+            meta.events = self._after_loads(meta, take_events())
         return meta
+
+    def _after_loads(self, meta: AgentKVConnectorMetadata,
+                     events: list[tuple[Caller, HintEvent]]) -> list[tuple[Caller, HintEvent]]:
+        """The step's events for the worker, which applies them before the step's loads: a
+        session's retiring event (task_end, branch_abandoned) while it loads in this step,
+        and its later events, wait for the next step (applied first, a task_end retired the
+        blocks its own request was restoring, which were then recomputed)."""
+        loading = {(r.caller.tenant, r.caller.session) for r in meta.requests if r.loads}
+        out, self._held, waiting = self._held, [], set()
+        for caller, event in events:
+            sess = (caller.tenant, caller.session)
+            if sess in waiting or (sess in loading and event.kind in _RETIRING):
+                waiting.add(sess)
+                self._held.append((caller, event))
+            else:
+                out.append((caller, event))
+        return out
 
     def _standalone_hints(self) -> None:
         """Apply the hints sent on their own (a tool started, ...) since the last step."""

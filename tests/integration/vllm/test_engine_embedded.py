@@ -67,6 +67,23 @@ def test_restored_prefix_gives_identical_greedy_tokens_without_recompute(engine)
     assert "errors" not in report(again)
 
 
+def test_the_turn_that_ends_the_task_still_restores_its_prefix(engine):
+    """A task_end carried by the last turn's own request waits until that request's loads
+    are done (applied first, it retired the blocks the request was restoring: restored
+    0, "... could not be restored; recomputed"); after it the session's blocks retire."""
+    llm, token = engine
+    text = prompt(5)
+    hints = {"session": "agent-end", "token": token("acme")}
+    first = generate(llm, text, hints, max_tokens=8)
+    _evict(llm)
+    last = generate(llm, text, {**hints, "events": [{"kind": "task_end", "ok": True}]},
+                    max_tokens=8)
+    assert list(last.outputs[0].token_ids) == list(first.outputs[0].token_ids)
+    assert report(last)["restored_tokens"] == (len(first.prompt_token_ids) - 1) // BLOCK * BLOCK
+    assert "errors" not in report(last), report(last)
+    assert last.num_cached_tokens == report(last)["restored_tokens"]
+
+
 def test_next_turn_restores_the_previous_turns_partial_last_block(engine):
     """An agent's next prompt repeats the last one and its output; the last block of the
     finished turn is only partly filled. The connector keeps that tail too: the next turn

@@ -192,8 +192,8 @@ def _is_size(section: str, name: str) -> bool:
     return name.endswith("_bytes") or name == "object_store_memory"
 
 
-# What a request frame carries beside one page's bytes (msgpack envelope: op, token, keys,
-# digests); the same allowance the front keeps in its reply frames (runtime.front.REPLY_SLACK).
+# What a frame carries beside its pages' bytes (msgpack envelope: op, token, keys, digests):
+# requests with a full page must fit in it, and the front pages its replies by it.
 FRAME_ENVELOPE_BYTES = 64 << 10
 
 # The lowest value of each numeric setting: (bound, whether the bound itself is allowed).

@@ -212,8 +212,8 @@ def _read_records(path: Path) -> Iterable[tuple[int, dict | str]]:
         for lineno, raw in enumerate(fh, 1):
             try:
                 rec = loads_finite(raw)
-            except NonFiniteNumber:  # no hash covers it: canonical JSON cannot hold it
-                yield lineno, f"line {lineno}: record holds a non-finite number (edited)"
+            except NonFiniteNumber as exc:  # no hash covers it: canonical JSON cannot hold it
+                yield lineno, f"line {lineno}: record holds a {exc} (edited)"
                 continue
             except ValueError:
                 yield lineno, f"line {lineno}: not a JSON record (edited or cut)"

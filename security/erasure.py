@@ -22,7 +22,14 @@ from security.keyring import (
     validate_namespace,
 )
 from security.publishing import PublishGrants
-from security.signing import Signer, Verifier, canonical_json, fingerprint
+from security.signing import (
+    NonFiniteNumber,
+    Signer,
+    Verifier,
+    canonical_json,
+    fingerprint,
+    loads_finite,
+)
 
 RECEIPT_VERSION = 1
 _DOMAIN = b"agentkv-erasure-receipt/v1\0"
@@ -89,7 +96,9 @@ def _parse(text: str | bytes) -> ErasureReceipt:
     if len(text) > _MAX_RECEIPT:
         raise InvalidReceipt("receipt is larger than 64 KiB")
     try:
-        raw = json.loads(text)
+        raw = loads_finite(text)
+    except NonFiniteNumber as exc:  # no signature covers it: canonical JSON cannot hold it
+        raise InvalidReceipt(f"receipt holds a {exc}") from None
     except ValueError:
         raise InvalidReceipt("receipt is not JSON") from None
     expected = set(ErasureReceipt.__dataclass_fields__)

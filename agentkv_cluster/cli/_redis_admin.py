@@ -7,24 +7,20 @@ from typing import Any
 
 import redis
 
-from agentkv_cluster.cli import CliError
+from agentkv_cluster.cli import CliError, redact_url
 from store.directory.base import InvalidEntry, check_namespace
 
 
-def connect_admin(url: str) -> tuple[Any, Callable[[str, str], Any]]:
-    """An admin client for ``url`` and a factory for per-tenant clients on the same server."""
+def connect_admin(url: str) -> Any:
+    """An admin client for ``url`` (per-tenant clients: ``cli.audit.tenant_connector``);
+    an error names the server with its password masked."""
     try:
         admin = redis.Redis.from_url(url)
         admin.ping()
     except (redis.RedisError, ValueError) as exc:
-        raise CliError(f"cannot reach Redis at {url}: {exc}") from None
-    kwargs = admin.connection_pool.connection_kwargs
-    host, port = kwargs.get("host", "127.0.0.1"), kwargs.get("port", 6379)
-
-    def connect(username: str, password: str) -> Any:
-        return redis.Redis(host=host, port=port, username=username, password=password)
-
-    return admin, connect
+        shown = redact_url(url)
+        raise CliError(f"cannot reach Redis at {shown}: {str(exc).replace(url, shown)}") from None
+    return admin
 
 
 def namespace_deleter(url: str, namespace: str, prefix: str = "akv") -> Callable[[object], int]:

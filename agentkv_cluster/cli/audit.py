@@ -70,43 +70,15 @@ def _load_receipt(path: Path, verifier):
         text = path.read_bytes()
     except OSError as exc:
         raise CliError(f"cannot read receipt {path}: {exc.strerror}") from None
-    problem = _nonfinite_problem(text)
-    if problem is not None:
-        return None, f"receipt holds a {problem}"
     try:
         return verify_receipt(text, verifier), None
     except InvalidReceipt as exc:
         return None, str(exc)
 
 
-def _nonfinite_problem(text: bytes) -> str | None:
-    """What is wrong when JSON text holds NaN, Infinity or an out-of-range number (which
-    Python's json reads but no signature can cover); None otherwise, also for non-JSON."""
-    from security.signing import NonFiniteNumber, loads_finite
-
-    try:
-        loads_finite(text)
-    except NonFiniteNumber as exc:
-        return str(exc)
-    except ValueError:  # not JSON at all: the parser that follows says so
-        pass
-    return None
-
-
-def log_nonfinite_problem(path: Path) -> str:
-    """The first audit log line holding a non-finite number, for a clean failure."""
-    with open(path, "rb") as fh:
-        for lineno, raw in enumerate(fh, 1):
-            problem = _nonfinite_problem(raw)
-            if problem is not None:
-                return f"line {lineno}: record holds a {problem} (edited)"
-    return "a record holds a number that canonical JSON cannot write (edited)"
-
-
 def _verify_log(path: Path, verifier, anchors: Iterable, flag: str):
-    """``verify_log`` with a clean error for a path that is not a readable file and a
-    FAIL report for a record with a non-finite number."""
-    from security.audit import GENESIS, VerifyReport, verify_log
+    """``verify_log`` with a clean error for a path that is not a readable file."""
+    from security.audit import verify_log
 
     if path.is_dir():
         raise CliError(f"{flag} {path} is a directory, not an audit log file")
@@ -114,9 +86,6 @@ def _verify_log(path: Path, verifier, anchors: Iterable, flag: str):
         return verify_log(path, verifier, anchors=anchors)
     except OSError as exc:
         raise CliError(f"cannot read audit log {path}: {exc.strerror}") from None
-    except ValueError:  # NaN / Infinity: verify_log cannot hash the record
-        return VerifyReport(ok=False, records=0, checkpoints=0, head=GENESIS,
-                            problems=(log_nonfinite_problem(path),))
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -162,17 +131,6 @@ def _receipt(args: argparse.Namespace) -> int:
     return 0
 
 
-def _connect_admin(url: str) -> Any:
-    """The admin client; errors name the server with its password redacted."""
-    from agentkv_cluster.cli._redis_admin import connect_admin
-
-    try:
-        admin, _ = connect_admin(url)
-    except CliError as exc:
-        raise CliError(str(exc).replace(url, redact_url(url))) from None
-    return admin
-
-
 def tenant_url(url: str, username: str, password: str) -> str:
     """``url`` (redis://, rediss:// or unix://, with its query options) as another user."""
     from urllib.parse import quote, urlsplit, urlunsplit
@@ -203,13 +161,14 @@ def _isolation(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from agentkv_cluster.cli._redis_admin import connect_admin
     from security.isolation import run_probes
     from security.keyring import FileKeySource, TenantKeyring
 
     if args.rounds < 10:
         raise CliError("--rounds must be at least 10")
     shown = redact_url(args.redis_url)
-    admin = _connect_admin(args.redis_url)
+    admin = connect_admin(args.redis_url)
     with tempfile.TemporaryDirectory(prefix="agentkv-probe-keys-") as tmp:
         keyring = TenantKeyring(FileKeySource(args.keys_dir or tmp))
         try:

@@ -28,6 +28,7 @@ from agentkv_cluster.api.errors import (
     Unauthenticated,
 )
 from agentkv_cluster.api.metrics import ServiceMetrics
+from agentkv_cluster.config import FRAME_ENVELOPE_BYTES
 from agentkv_cluster.lifecycle.identity import PageIdentity
 from agentkv_cluster.runtime.handles import ControllerHandle, HbmHandle
 from agentkv_cluster.runtime.loads import LOAD_TTL_S, PreparedLoad, PreparedLoads
@@ -58,7 +59,6 @@ from security.publishing import CachedGrants, PublishGrants
 T = TypeVar("T")
 ERASED_RECHECK_S = 1.0  # marks are re-read this often even if the key directory looks unchanged
 STAGE_PAGES = 4  # pages staged in shared memory per controller call
-REPLY_SLACK = 64 << 10  # of a reply frame, beside its pages' bytes (msgpack, the envelope)
 REPLY_PER_PAGE = 256  # a page's map in a reply, beside its bytes
 
 
@@ -321,7 +321,7 @@ class ServiceFront:
         if start is not None and not 0 <= start <= n:
             raise InvalidArgument(f"start must be 0..{n}")
         first = start or 0
-        end = load.reply_end(first, self.max_reply_bytes - REPLY_SLACK, REPLY_PER_PAGE)
+        end = load.reply_end(first, self.max_reply_bytes - FRAME_ENVELOPE_BYTES, REPLY_PER_PAGE)
         if start is None and end < n:  # kept: the caller pages it
             raise InvalidArgument(f"this load's {n} pages do not fit one reply of "
                                   f"{self.max_reply_bytes} bytes: call complete_load with "

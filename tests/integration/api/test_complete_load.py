@@ -82,10 +82,11 @@ def test_a_load_larger_than_one_reply_is_served_in_pages(service, monkeypatch) -
     without it a load that does not fit is refused and kept (it used to be answered in one
     frame over the limit, which the client refused, and the load id was spent)."""
     from agentkv_cluster.api.protocol import RemoteError
-    from agentkv_cluster.runtime.front import REPLY_PER_PAGE, REPLY_SLACK
+    from agentkv_cluster.config import FRAME_ENVELOPE_BYTES
+    from agentkv_cluster.runtime.front import REPLY_PER_PAGE
 
     monkeypatch.setattr(service.front, "max_reply_bytes",
-                        REPLY_SLACK + 3 * (PAGE + REPLY_PER_PAGE))  # three pages a reply
+                        FRAME_ENVELOPE_BYTES + 3 * (PAGE + REPLY_PER_PAGE))  # three a reply
     with service.client("acme") as client:
         s = client.open_session("paged")
         pages = [kv_page(i, "evidence", identity("acme", "paged", 1000 * i)) for i in range(8)]

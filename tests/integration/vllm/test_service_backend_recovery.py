@@ -25,14 +25,44 @@ from tests.support.redis_proc import free_port
 pytestmark = pytest.mark.integration
 
 
-def _service(port: int, secret: bytes) -> tuple[Service, Path]:
-    workdir = Path(tempfile.mkdtemp(prefix="agentkv-vllm-recovery-"))
-    cfg = load_config(env={}, overrides={
-        "api": {"port": port},
-        "hbm": {"page_bytes": 1 << 16, "num_pages": 64},
-        "pool": {"pool_bytes": 4 << 20, "slot_bytes": 1 << 16, "nvme_dir": str(workdir / "nv")},
-    })
-    return Service(cfg, workdir=workdir, token_secret=secret).start(local=True), workdir
+class Live:
+    """A service in this process on a fixed port, its token secret, and a backend for it."""
+
+    def __init__(self) -> None:
+        self.port, self.secret = free_port(), secrets.token_bytes(32)
+        self.svc, self.workdir = self._start()
+        self.backend = ServiceBackend(("127.0.0.1", self.port), timeout_s=5.0,
+                                      retry_after_s=0.2)
+
+    def _start(self) -> tuple[Service, Path]:
+        workdir = Path(tempfile.mkdtemp(prefix="agentkv-vllm-recovery-"))
+        cfg = load_config(env={}, overrides={
+            "api": {"port": self.port},
+            "hbm": {"page_bytes": 1 << 16, "num_pages": 64},
+            "pool": {"pool_bytes": 4 << 20, "slot_bytes": 1 << 16,
+                     "nvme_dir": str(workdir / "nv")},
+        })
+        return Service(cfg, workdir=workdir, token_secret=self.secret).start(local=True), workdir
+
+    def restart_empty(self) -> None:
+        """The service stops and another starts on the same address, holding nothing."""
+        self._stop()
+        self.svc, self.workdir = self._start()
+
+    def _stop(self) -> None:
+        self.svc.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def close(self) -> None:
+        self.backend.close()
+        self._stop()
+
+
+@pytest.fixture
+def live():
+    env = Live()
+    yield env
+    env.close()
 
 
 def _saved_again(backend: ServiceBackend, caller, ident, page) -> None:
@@ -41,51 +71,35 @@ def _saved_again(backend: ServiceBackend, caller, ident, page) -> None:
         backend.put(caller, ident, page)
 
 
-def test_a_restarted_service_gets_the_blocks_and_the_task_again() -> None:
-    port, secret = free_port(), secrets.token_bytes(32)
-    svc, workdir = _service(port, secret)
-    backend = ServiceBackend(("127.0.0.1", port), timeout_s=5.0, retry_after_s=0.2)
-    try:
-        caller = backend.resolve(svc.token("acme"), "agent-r")
-        ident = _ids(TOKENS, "acme", 1)[0]
-        page = _page(ident, 1)
-        backend.event(caller, HintEvent(kind=HintKind.MODEL_CALL))
-        _saved_again(backend, caller, ident, page)
-        assert backend.contains(caller, ident)
-        svc.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
-        svc, workdir = _service(port, secret)  # the same address, empty
-        with pytest.raises(BackendUnavailable):  # the old connection is gone
-            backend.get(caller, ident)
-        time.sleep(0.3)  # retry_after_s
-        assert not backend.contains(caller, ident)  # nothing assumed held any more
-        _saved_again(backend, caller, ident, page)
-        assert backend.get(caller, ident) == page
-        backend.event(caller, HintEvent(kind=HintKind.MODEL_CALL))  # its task restarted
-    finally:
-        backend.close()
-        svc.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+def test_a_restarted_service_gets_the_blocks_and_the_task_again(live) -> None:
+    backend = live.backend
+    caller = backend.resolve(live.svc.token("acme"), "agent-r")
+    ident = _ids(TOKENS, "acme", 1)[0]
+    page = _page(ident, 1)
+    backend.event(caller, HintEvent(kind=HintKind.MODEL_CALL))
+    _saved_again(backend, caller, ident, page)
+    assert backend.contains(caller, ident)
+    live.restart_empty()
+    with pytest.raises(BackendUnavailable):  # the old connection is gone
+        backend.get(caller, ident)
+    time.sleep(0.3)  # retry_after_s
+    assert not backend.contains(caller, ident)  # nothing assumed held any more
+    _saved_again(backend, caller, ident, page)
+    assert backend.get(caller, ident) == page
+    backend.event(caller, HintEvent(kind=HintKind.MODEL_CALL))  # its task restarted
 
 
-def test_a_tenant_made_anew_after_its_erasure_is_saved_again() -> None:
-    port, secret = free_port(), secrets.token_bytes(32)
-    svc, workdir = _service(port, secret)
-    backend = ServiceBackend(("127.0.0.1", port), timeout_s=5.0, retry_after_s=0.2)
-    try:
-        old = backend.resolve(svc.token("acme"), "agent-e")
-        ident = _ids(TOKENS, "acme", 1)[0]
-        page = _page(ident, 2)
-        backend.event(old, HintEvent(kind=HintKind.MODEL_CALL))
-        _saved_again(backend, old, ident, page)
-        assert svc.erase_tenant("acme").failed_tiers == ()
-        time.sleep(0.01)
-        new = backend.resolve(svc.token("acme"), "agent-e")  # a token after the erasure
-        assert backend.lookup(new, [ident]) == 0  # nothing of the old tenant
-        _saved_again(backend, new, ident, page)
-        assert backend.lookup(new, [ident]) == 1 and backend.get(new, ident) == page
-        backend.event(new, HintEvent(kind=HintKind.MODEL_CALL))
-    finally:
-        backend.close()
-        svc.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+def test_a_tenant_made_anew_after_its_erasure_is_saved_again(live) -> None:
+    backend = live.backend
+    old = backend.resolve(live.svc.token("acme"), "agent-e")
+    ident = _ids(TOKENS, "acme", 1)[0]
+    page = _page(ident, 2)
+    backend.event(old, HintEvent(kind=HintKind.MODEL_CALL))
+    _saved_again(backend, old, ident, page)
+    assert live.svc.erase_tenant("acme").failed_tiers == ()
+    time.sleep(0.01)
+    new = backend.resolve(live.svc.token("acme"), "agent-e")  # a token after the erasure
+    assert backend.lookup(new, [ident]) == 0  # nothing of the old tenant
+    _saved_again(backend, new, ident, page)
+    assert backend.lookup(new, [ident]) == 1 and backend.get(new, ident) == page
+    backend.event(new, HintEvent(kind=HintKind.MODEL_CALL))

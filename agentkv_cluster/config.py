@@ -207,7 +207,7 @@ _BOUNDS: dict[str, tuple[int, bool]] = {
         "controller.tick_s", "ray.object_store_memory", "directory.retry_max_s")},
     "api.max_frame_bytes": (1024, True),
     "hbm.landing_pages": (0, True),
-    "ray.num_cpus": (0, True),  # unset: Ray's default
+    "ray.num_cpus": (0, True),  # unset: wiring.LOCAL_RAY_CPUS for a local Ray
 }
 
 

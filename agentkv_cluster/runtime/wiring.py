@@ -84,11 +84,21 @@ def start_ray(cfg: AgentKvConfig) -> None:
     if cfg.ray.address:
         ray.init(address=cfg.ray.address, namespace=cfg.ray.namespace, log_to_driver=False)
     else:
-        # address="local": never attach to some other Ray found on this machine.
-        ray.init(address="local", namespace=cfg.ray.namespace,
-                 object_store_memory=cfg.ray.object_store_memory,
-                 num_cpus=cfg.ray.num_cpus or 4, resources={cfg.hbm.resource: 1},
-                 include_dashboard=False, log_to_driver=False)
+        ray.init(**local_ray_args(cfg))
+
+
+LOCAL_RAY_CPUS = 4  # a local Ray's CPU count when ray.num_cpus is unset
+
+
+def local_ray_args(cfg: AgentKvConfig) -> dict[str, Any]:
+    """``ray.init`` arguments for a local Ray. Every AgentKV actor asks for 0 CPUs, so
+    ``ray.num_cpus: 0`` is honoured as given (it leaves no CPUs for other Ray work)."""
+    cpus = LOCAL_RAY_CPUS if cfg.ray.num_cpus is None else cfg.ray.num_cpus
+    # address="local": never attach to some other Ray found on this machine.
+    return {"address": "local", "namespace": cfg.ray.namespace,
+            "object_store_memory": cfg.ray.object_store_memory, "num_cpus": cpus,
+            "resources": {cfg.hbm.resource: 1}, "include_dashboard": False,
+            "log_to_driver": False}
 
 
 def _affinity(node_id: str) -> dict[str, Any]:

@@ -99,3 +99,11 @@ def test_a_page_plus_envelope_that_fits_is_accepted() -> None:
                          "AGENTKV_API_MAX_FRAME_BYTES": str(page + FRAME_ENVELOPE_BYTES - 1)})
     # The documented maximum page with the default 64 MiB frame.
     assert load_config(env={"AGENTKV_HBM_PAGE_BYTES": "32MiB"}).hbm.page_bytes == 32 << 20
+
+
+def test_local_ray_cpus_follow_the_setting_and_zero_is_not_replaced() -> None:
+    from agentkv_cluster.runtime.wiring import LOCAL_RAY_CPUS, local_ray_args
+
+    assert local_ray_args(load_config(env={}))["num_cpus"] == LOCAL_RAY_CPUS
+    assert local_ray_args(load_config(env={"AGENTKV_RAY_NUM_CPUS": "2"}))["num_cpus"] == 2
+    assert local_ray_args(load_config(env={"AGENTKV_RAY_NUM_CPUS": "0"}))["num_cpus"] == 0

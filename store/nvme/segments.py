@@ -22,6 +22,7 @@ from store.nvme.types import (
     DiskFull,
     FsyncPolicy,
     NvmeShardConfig,
+    QuotaFull,
     RecordExtent,
     RecordLocation,
     ShardIOError,
@@ -103,9 +104,10 @@ class SegmentFiles:
 
     # -- writing ----------------------------------------------------------------------------
     def append(self, key: bytes, payload: memoryview, generation: int, seq: int,
-               flags: int = 0) -> RecordLocation:
+               flags: int = 0, *, over_quota: bool = False) -> RecordLocation:
         """Write one record at the end of the active segment (a new one when it is full);
-        on failure nothing of it stays (``DiskFull`` / ``ShardIOError``)."""
+        on failure nothing of it stays (``DiskFull`` / ``ShardIOError``). ``over_quota``:
+        the record may pass ``max_bytes`` (compaction's copies, whose old files go next)."""
         align = self.config.align
         key_end = fmt.HEADER.size + len(key)
         block = fmt.header_block(len(key), align)
@@ -114,7 +116,8 @@ class SegmentFiles:
         digest = fmt.checksum(payload) if n <= fmt.STRIPE_BYTES else fmt.payload_digest(payload)
         seg = self._room(fmt.round_up(block + n, align))
         offset = fmt.round_up(seg.size, align)
-        self._check_space(offset - seg.size + block + n, bool(flags & fmt.FLAG_TOMBSTONE))
+        self._check_space(offset - seg.size + block + n,
+                          over_quota or bool(flags & fmt.FLAG_TOMBSTONE))
         header = self._header
         if key_end < self._key_end:  # zero the tail of a longer key written before
             header[key_end : self._key_end] = _ZEROS[: self._key_end - key_end]
@@ -140,14 +143,14 @@ class SegmentFiles:
             self.sync_active()
         return self._open(self._active.index + 1)
 
-    def _check_space(self, need: int, tombstone: bool) -> None:
-        # Tombstones (one header block) are exempt from the quota: a full shard must still
-        # be able to retire records, or it could never make room again.
+    def _check_space(self, need: int, exempt: bool) -> None:
+        # Tombstones (one header block) and compaction's copies are exempt from the quota:
+        # a full shard must still be able to retire records and reclaim their space.
         quota = self.config.max_bytes
-        if quota is not None and not tombstone:
+        if quota is not None and not exempt:
             total = self.file_bytes()
             if total + need > quota:
-                raise DiskFull(f"shard quota {quota} B: {total} B used, record needs {need} B")
+                raise QuotaFull(quota, total, need)
         # statvfs only when the running estimate nears the need; a write that still finds
         # the disk full is rolled back the same way.
         if self._free_estimate < need + _FREE_MARGIN:

@@ -35,6 +35,7 @@ from store.nvme.types import (
     FsyncPolicy,
     InvalidRecord,
     NvmeShardConfig,
+    QuotaFull,
     RecordExtent,
     RecordLocation,
     ShardClosed,
@@ -78,7 +79,12 @@ class NvmeShard:
             )
         with self._lock:
             self._check_open()
-            loc = self._files.append(key, payload, generation, self._index.take_seq())
+            try:
+                loc = self._files.append(key, payload, generation, self._index.take_seq())
+            except QuotaFull as full:
+                if not (self.config.compact_on_full and self._reclaim(full.over)):
+                    raise
+                loc = self._files.append(key, payload, generation, self._index.take_seq())
             self._index.advance_seq()
             self._index.publish(key, loc)
             return loc
@@ -202,36 +208,55 @@ class NvmeShard:
             raise ValueError(f"min_dead_ratio must be in (0, 1], got {min_dead_ratio}")
         with self._lock:
             self._check_open()
-            files, index = self._files, self._index
-            victims = {
-                i for i, size in files.sizes().items()
+            index = self._index
+            return self._compact([
+                i for i, size in self._files.sizes().items()
                 if size and 1.0 - index.live_bytes(i) / size >= min_dead_ratio
-            }
-            if not victims:
-                return CompactionReport(
-                    segments_removed=0, bytes_reclaimed=0, records_moved=0, records_dropped=0
-                )
-            if files.active_index in victims:  # seal it: copies must land outside every victim
-                files.seal_active()
-            moved, dropped = self._move_live(victims)
-            self._carry_tombstones(victims)
-            files.sync_newest()
-            reclaimed = 0
-            for i in sorted(victims):
-                reclaimed += files.remove(i)
-                index.forget_segment(i)
-            return CompactionReport(
-                segments_removed=len(victims),
-                bytes_reclaimed=reclaimed,
-                records_moved=moved,
-                records_dropped=dropped,
-            )
+            ])
 
-    def _move_live(self, victims: set[int]) -> tuple[int, int]:
+    def _reclaim(self, over: int) -> bool:
+        """Compact the segments with the most retired bytes until at least ``over`` bytes
+        are freed (a put went over the quota by that much); False, untouched, if all the
+        retired space in the shard would not free that much."""
+        dead = sorted(((size - self._index.live_bytes(i), i)
+                       for i, size in self._files.sizes().items()), reverse=True)
+        victims: list[int] = []
+        freed = 0
+        for gone, i in dead:
+            if freed >= over or gone <= 0:
+                break
+            victims.append(i)
+            freed += gone
+        if freed < over:
+            return False
+        self._compact(victims)
+        return True
+
+    def _compact(self, victims: list[int]) -> CompactionReport:
+        """Move ``victims``' live records forward and delete them, one segment at a time:
+        its copies are synced before its file goes, and the copies (which pass the quota)
+        hold the disk above ``max_bytes`` by at most one segment's live bytes."""
+        files, index = self._files, self._index
+        if files.active_index in victims:  # seal it: copies must land outside every victim
+            files.seal_active()
+        by_segment: dict[int, list[tuple[bytes, RecordLocation]]] = {i: [] for i in victims}
+        for key, loc in index.items():
+            if loc.segment in by_segment:
+                by_segment[loc.segment].append((key, loc))
+        moved = dropped = reclaimed = 0
+        for i in sorted(victims):
+            m, d = self._move_live(by_segment[i])
+            moved, dropped = moved + m, dropped + d
+            self._carry_tombstones({i})
+            files.sync_newest()
+            reclaimed += files.remove(i)
+            index.forget_segment(i)
+        return CompactionReport(segments_removed=len(victims), bytes_reclaimed=reclaimed,
+                                records_moved=moved, records_dropped=dropped)
+
+    def _move_live(self, records: list[tuple[bytes, RecordLocation]]) -> tuple[int, int]:
         moved = dropped = 0
-        for key, loc in self._index.items():
-            if loc.segment not in victims:
-                continue
+        for key, loc in records:
             view = self._files.read(loc, None)
             if view is None:  # failed verification
                 self._index.unpublish(key)
@@ -239,7 +264,8 @@ class NvmeShard:
                 dropped += 1
                 continue
             # A copy: the read buffer is reused by the next read.
-            new = self._files.append(key, memoryview(bytes(view)), loc.generation, loc.seq)
+            new = self._files.append(key, memoryview(bytes(view)), loc.generation, loc.seq,
+                                     over_quota=True)
             self._index.publish(key, new)
             moved += 1
         return moved, dropped

@@ -16,6 +16,23 @@ class DiskFull(ShardError):
     """The record does not fit (quota or file system); nothing was written or published."""
 
 
+class QuotaFull(DiskFull):
+    """The record does not fit the shard's quota (``max_bytes``), even after compacting
+    retired space when ``compact_on_full`` is on; the file system may have room."""
+
+    def __init__(self, quota: int, used: int, need: int) -> None:
+        super().__init__(f"shard quota {quota} B: {used} B used, record needs {need} B")
+        self.quota, self.used, self.need = quota, used, need
+
+    @property
+    def over(self) -> int:
+        """Bytes the record would pass the quota by."""
+        return self.used + self.need - self.quota
+
+    def __reduce__(self) -> tuple[type[QuotaFull], tuple[int, int, int]]:
+        return QuotaFull, (self.quota, self.used, self.need)  # crosses processes intact
+
+
 class ShardIOError(ShardError):
     """A write failed for another reason; the shard was rolled back to its previous state."""
 
@@ -50,6 +67,9 @@ class NvmeEngine(enum.Enum):
 class NvmeShardConfig:
     segment_bytes: int = 256 << 20
     max_bytes: int | None = None  # quota over all segment files; None = file system limit
+    # A put that hits max_bytes first compacts the segments with the most retired bytes,
+    # then retries; False: it raises QuotaFull and only compact() reclaims.
+    compact_on_full: bool = True
     max_record_bytes: int = 1 << 30  # larger payloads are refused (InvalidRecord)
     fsync: FsyncPolicy = FsyncPolicy.ON_CLOSE
     fsync_every_n: int = 64

@@ -69,8 +69,20 @@ def test_a_hosted_pool_renders_only_with_room_for_its_shard(group, pod, extra):
     values = {"pool": {"nvme": {"bytes": shard}}, group: {"hostPool": True, **extra}}
     with pytest.raises(helm.HelmRenderError, match=rf"at '/{group}/scratchBytes'.*pool\.nvme\.bytes"):
         chart.render_values(values)
-    values[group]["scratchBytes"] = shard
-    assert _nvme_limits(values)[pod] >= shard
+    values[group]["scratchBytes"] = shard  # exactly the quota: no room for compaction
+    with pytest.raises(helm.HelmRenderError, match=r"compaction's copies and tombstones"):
+        chart.render_values(values)
+    values[group]["scratchBytes"] = shard + (256 << 20) + shard // 64
+    assert _nvme_limits(values)[pod] >= shard + (256 << 20) + shard // 64
+
+
+def test_the_pool_volume_holds_the_shard_quota_and_compaction_room():
+    shard = 20 << 30
+    (sts,) = [d for d in _docs({"pool": {"nvme": {"bytes": shard}}})
+              if d["kind"] == "StatefulSet" and "pool" in d["metadata"]["name"]]
+    (claim,) = sts["spec"]["volumeClaimTemplates"]
+    asked = chart.quantity_bytes(claim["spec"]["resources"]["requests"]["storage"])
+    assert asked >= shard + (256 << 20) + shard // 64
 
 
 def test_a_pod_without_a_pool_keeps_its_small_scratch():

@@ -244,8 +244,18 @@ topologySpreadConstraints:
      Argument: dict "name" <values key> "group" <group values> "root" $. */}}
 {{- define "agentkv.checkScratch" -}}
 {{- $shard := int64 .root.Values.pool.nvme.bytes -}}
+{{- $need := int64 (include "agentkv.nvmeVolumeBytes" .root.Values.pool.nvme.bytes) -}}
 {{- $scratch := int64 .group.scratchBytes -}}
-{{- if and .group.hostPool (gt $shard $scratch) -}}
-{{- fail (printf "values: at '/%s/scratchBytes': the pool on this pod keeps an NVMe shard of up to pool.nvme.bytes (%d) but its NVMe emptyDir holds %d; the kubelet would evict the pod once the shard outgrows it. Raise %s.scratchBytes to at least %d or lower pool.nvme.bytes" .name $shard $scratch .name $shard) -}}
+{{- if and .group.hostPool (gt $need $scratch) -}}
+{{- fail (printf "values: at '/%s/scratchBytes': the pool on this pod keeps an NVMe shard of up to pool.nvme.bytes (%d), which with compaction's copies and tombstones needs %d on disk, but its NVMe emptyDir holds %d; the kubelet would evict the pod once the shard outgrows it. Raise %s.scratchBytes to at least %d or lower pool.nvme.bytes" .name $shard $need $scratch .name $need) -}}
 {{- end -}}
+{{- end -}}
+
+{{/* Disk one NVMe shard of quota pool.nvme.bytes may take: while it compacts, its copies
+     pass the quota by up to one segment (256 MiB), and tombstones (one 4 KiB block per
+     retired record) are outside the quota too; 1/64 of the quota covers them for records
+     of 256 KiB and up. Argument: pool.nvme.bytes. */}}
+{{- define "agentkv.nvmeVolumeBytes" -}}
+{{- $q := int64 . -}}
+{{- add $q 268435456 (div $q 64) -}}
 {{- end -}}

@@ -15,6 +15,7 @@ import json
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,6 +26,8 @@ from agentkv_cluster.engines.vllm.hints import HintEvent, HintKind
 from agentkv_cluster.lifecycle.identity import PageIdentity
 
 log = logging.getLogger(__name__)
+# Service keys remembered per (token, block), about 300 B each: 128 Ki blocks is ~37 MiB.
+MAX_CACHED_KEYS = 1 << 17
 _REFUSED = {"unauthenticated", "access_denied", "forbidden"}
 
 
@@ -41,7 +44,8 @@ class ServiceBackend:
     name = "service"
 
     def __init__(self, address: tuple[str, int] | str, *, default_token: str | None = None,
-                 timeout_s: float = 5.0, retry_after_s: float = 5.0) -> None:
+                 timeout_s: float = 5.0, retry_after_s: float = 5.0,
+                 max_cached_keys: int = MAX_CACHED_KEYS) -> None:
         self.address = address
         self.default_token = default_token
         self.timeout_s = timeout_s
@@ -51,8 +55,10 @@ class ServiceBackend:
         self._sessions: dict[tuple[str, str], SessionClient] = {}
         # (token, identity digest) -> service key: keys are blinded per tenant, and a token
         # issued after an erasure starts the tenant anew; forgotten on every outage (the
-        # service may come back empty), so saves are never skipped for pages it lost
-        self._keys: dict[tuple[str | None, bytes], bytes] = {}
+        # service may come back empty), so saves are never skipped for pages it lost; the
+        # oldest go past max_cached_keys (one forgotten costs a lookup or a repeated save)
+        self._keys: OrderedDict[tuple[str | None, bytes], bytes] = OrderedDict()
+        self.max_cached_keys = max_cached_keys
         self._versions: dict[tuple[str, str], int] = {}  # only ever grow
         # (token, session) whose task the service knows: forgotten on every outage, and a
         # new token (a tenant made anew after an erasure) starts its task again
@@ -146,7 +152,7 @@ class ServiceBackend:
         n = int(got["length"])
         with self._lock:
             for ident, key in zip(identities[:n], got["keys"]):
-                self._keys[(caller.token, ident.digest())] = key
+                self._remember_locked((caller.token, ident.digest()), key)
             for ident in identities[n:]:  # not held (any more): the next save stores it
                 self._keys.pop((caller.token, ident.digest()), None)
         return n
@@ -178,7 +184,14 @@ class ServiceBackend:
         except RemoteError as exc:
             raise BackendUnavailable(f"store failed: {exc}") from None
         with self._lock:
-            self._keys[(caller.token, identity.digest())] = key
+            self._remember_locked((caller.token, identity.digest()), key)
+
+    def _remember_locked(self, ident: tuple[str | None, bytes], key: bytes) -> None:
+        keys = self._keys
+        keys[ident] = key
+        keys.move_to_end(ident)
+        while len(keys) > self.max_cached_keys:
+            keys.popitem(last=False)
 
     def event(self, caller: Caller, event: HintEvent) -> None:
         sess = (caller.tenant, caller.session)

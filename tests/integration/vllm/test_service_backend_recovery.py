@@ -19,7 +19,7 @@ from agentkv_cluster.engines.vllm.backend import BackendUnavailable
 from agentkv_cluster.engines.vllm.hints import HintEvent, HintKind
 from agentkv_cluster.engines.vllm.service import ServiceBackend
 from agentkv_cluster.runtime.service import Service
-from tests.integration.vllm.test_backend_contract import TOKENS, _ids, _page
+from tests.integration.vllm.test_backend_contract import BS, TOKENS, _ids, _page
 from tests.support.redis_proc import free_port
 
 pytestmark = pytest.mark.integration
@@ -103,3 +103,22 @@ def test_a_tenant_made_anew_after_its_erasure_is_saved_again(live) -> None:
     _saved_again(backend, new, ident, page)
     assert backend.lookup(new, [ident]) == 1 and backend.get(new, ident) == page
     backend.event(new, HintEvent(kind=HintKind.MODEL_CALL))
+
+
+def test_the_cache_of_stored_blocks_is_bounded_and_forgetting_costs_only_a_save(live) -> None:
+    """Long-running vLLM: the backend remembers at most max_cached_keys service keys (it
+    used to keep one per token and block for as long as vLLM ran); a block it forgot is
+    found again by lookup, and saving it again stores nothing twice."""
+    backend = live.backend
+    backend.max_cached_keys = 4
+    caller = backend.resolve(live.svc.token("acme"), "agent-b")
+    idents = _ids(list(range(2000, 2000 + 6 * BS)), "acme", 6)
+    assert len(idents) == 6
+    pages = [_page(ident, i) for i, ident in enumerate(idents)]
+    for ident, page in zip(idents, pages):
+        _saved_again(backend, caller, ident, page)
+    assert len(backend._keys) == 4
+    assert not backend.contains(caller, idents[0])  # the oldest went
+    assert all(backend.contains(caller, ident) for ident in idents[2:])
+    assert backend.get(caller, idents[0]) == pages[0]  # looked up again
+    assert backend.lookup(caller, idents) == 6 and len(backend._keys) == 4

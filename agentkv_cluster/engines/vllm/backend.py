@@ -41,6 +41,7 @@ class Caller:
     tenant: str
     session: str  # the agent session of the hints, or a per-tenant default
     token: str | None = None
+    branch: str = ""  # the session's branch the request works on ("": its trunk)
     public_read: bool = False  # the tenant opted in to the PUBLIC namespace
     is_admin: bool = False
     can_publish: bool = False  # the token's publish role (the service also wants a grant)

@@ -68,7 +68,13 @@ class _Block:
     view: PageView
     tier: Tier
     slot: int = -1  # host pool slot
-    sessions: set[tuple[str, str]] | None = None  # (tenant, session): names repeat across tenants
+    # readers as (tenant, session, branch): names repeat across tenants, and a branch
+    # abandoned leaves the blocks other branches of its session read
+    sessions: set[tuple[str, str, str]] | None = None
+
+
+def _reader(caller: Caller) -> tuple[str, str, str]:
+    return (caller.tenant, caller.session, caller.branch)
 
 
 def _policy(strategy: str) -> EvictionPolicy:
@@ -168,7 +174,7 @@ class EmbeddedBackend:
                             tokens=identity.end - identity.start, created=now,
                             last_access=now, reuse_prob=0.5,
                             predicted_idle_s=_DEFAULT_GAP_S)
-            block = _Block(view=view, tier=Tier.HOST, sessions={(caller.tenant, caller.session)})
+            block = _Block(view=view, tier=Tier.HOST, sessions={_reader(caller)})
             try:
                 self._to_host(key, block, data, now)
             except (PoolError, OSError) as exc:
@@ -198,10 +204,10 @@ class EmbeddedBackend:
                     old = self._gaps.get(tool, now - t0)
                     self._gaps[tool] = 0.7 * old + 0.3 * (now - t0)
                 self._update(keys, now, tool_class="", predicted_idle_s=0.0, reuse_prob=0.95)
-            elif event.kind in (HintKind.TASK_END, HintKind.BRANCH_ABANDONED):
-                signal = (EndOfLife.TASK_END if event.kind is HintKind.TASK_END
-                          else EndOfLife.BRANCH_ABANDONED)
-                self._end(sess, keys, now, signal)
+            elif event.kind is HintKind.TASK_END:
+                self._end(sess, keys, now, EndOfLife.TASK_END, None)
+            elif event.kind is HintKind.BRANCH_ABANDONED:
+                self._end(sess, keys, now, EndOfLife.BRANCH_ABANDONED, event.branch)
 
     def _update(self, keys: list[bytes], now: float, **fields: object) -> None:
         for key in keys:
@@ -214,16 +220,25 @@ class EmbeddedBackend:
                 policy.on_update(block.view, now)
 
     def _end(self, sess: tuple[str, str], keys: list[bytes], now: float,
-             signal: EndOfLife) -> None:
-        self._sessions.pop(sess, None)
-        self._tool_started.pop(sess, None)
-        self._prefetched.discard(sess)
+             signal: EndOfLife, branch: str | None) -> None:
+        """The session's task ended (``branch`` None: every branch of it reads no more) or
+        one branch was abandoned (the blocks that branch's requests wrote or read); a
+        block no other reader holds is retired."""
+        if branch is None:
+            self._sessions.pop(sess, None)
+            self._tool_started.pop(sess, None)
+            self._prefetched.discard(sess)
         for key in keys:
             block = self._blocks[key]
             assert block.sessions is not None
-            block.sessions.discard(sess)
+            if branch is None:
+                block.sessions -= {r for r in block.sessions if r[:2] == sess}
+            else:
+                block.sessions.discard((*sess, branch))
             if block.sessions:
-                continue  # another live session shares this prefix block
+                continue  # another session or branch shares this prefix block
+            if branch is not None:
+                self._sessions[sess].discard(key)
             block.view.reuse_prob = 0.0
             decision = self._tiers[block.tier].on_consumers_done(
                 block.view, now, retirable=True, signal=signal)
@@ -285,7 +300,7 @@ class EmbeddedBackend:
         block.view.last_access = now
         block.view.access_count += 1
         assert block.sessions is not None
-        block.sessions.add((caller.tenant, caller.session))
+        block.sessions.add(_reader(caller))
         self._sessions.setdefault((caller.tenant, caller.session), set()).add(key)
         self._tiers[block.tier].on_access(block.view, now)
 

@@ -23,7 +23,7 @@ from typing import Any
 
 KEY = "agentkv"
 _SESSION_RE = re.compile(r"[A-Za-z0-9_.:@/-]{1,256}")
-_FIELDS = frozenset({"session", "token", "events", "event", "publish"})
+_FIELDS = frozenset({"session", "token", "events", "event", "publish", "branch"})
 _MAX_EVENTS = 16
 _MAX_TOKEN = 4096
 
@@ -68,6 +68,7 @@ class AgentHints:
     token: str | None = None
     events: tuple[HintEvent, ...] = ()
     publish: bool = False
+    branch: str = ""  # the session's branch this request works on ("": its trunk)
 
     @property
     def present(self) -> bool:
@@ -145,4 +146,8 @@ def parse_hints(params: Any) -> AgentHints:
     events = tuple(parse_event(e) for e in events_raw)
     if events and session is None:
         raise HintError("events need the session they belong to")
-    return AgentHints(session=session, token=token, events=events, publish=publish)
+    branch = _text("branch", raw["branch"]) if "branch" in raw else ""
+    if branch and session is None:
+        raise HintError("a branch needs the session it belongs to")
+    return AgentHints(session=session, token=token, events=events, publish=publish,
+                      branch=branch)

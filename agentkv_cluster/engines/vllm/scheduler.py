@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agentkv_cluster.engines.vllm.backend import (
@@ -103,6 +103,8 @@ class SchedulerSide:
         assert hints is not None
         try:
             st.caller = self.backend.resolve(hints.token, hints.session)
+            if hints.branch:
+                st.caller = replace(st.caller, branch=hints.branch)
         except CallerRefused as exc:
             self.counters.add(hint_errors=1)
             st.errors.append(str(exc))

@@ -9,6 +9,7 @@ import secrets
 import shutil
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -307,5 +308,48 @@ def test_another_tenants_task_end_never_retires_a_shared_public_block():
             assert backend.get(other, ident) == page
             backend.event(other, HintEvent(kind=HintKind.TASK_END))
         assert backend.lookup(reader, [ident]) == 1 and backend.get(reader, ident) == page
+    finally:
+        backend.close()
+
+
+def test_an_abandoned_branch_retires_its_own_blocks_not_the_prefix_others_continue_from():
+    """Requests tagged with a branch: abandoning it retires the blocks only it wrote or
+    read; the session's prefix, read by the trunk, stays for the next branch (before, a
+    branch_abandoned retired every block of the session). task_end retires them all."""
+    backend = EmbeddedBackend(EmbeddedSpec(slot_bytes=PAGE, host_blocks=8, nvme_blocks=0,
+                                           strategy="agentkv"))
+    try:
+        trunk = TokenResolver(None, "acme").resolve(None, "agent-b")
+        branch = replace(trunk, branch="try-1")
+        ids = _ids(TOKENS, "acme", 4)
+        for i in (0, 1):  # the shared prefix, written by the trunk
+            backend.put(trunk, ids[i], _page(ids[i], i))
+        assert backend.get(branch, ids[0]) == _page(ids[0], 0)  # the branch reads it too
+        for i in (2, 3):  # what the branch alone wrote
+            backend.put(branch, ids[i], _page(ids[i], i))
+        backend.event(branch, HintEvent(kind=HintKind.BRANCH_ABANDONED, branch="try-1"))
+        assert backend.lookup(trunk, ids) == 2  # the prefix stays, the branch's blocks went
+        assert backend.stats()["blocks"] == 2
+        backend.event(trunk, HintEvent(kind=HintKind.TASK_END))
+        assert backend.stats()["blocks"] == 0
+    finally:
+        backend.close()
+
+
+def test_branch_abandoned_without_tagged_requests_keeps_the_session_when_named():
+    """A framework that abandons a named branch but never tagged its requests: nothing is
+    known to be that branch's, so nothing is retired (the policy ages the blocks out); an
+    unnamed branch_abandoned retires the untagged blocks, as before."""
+    backend = EmbeddedBackend(EmbeddedSpec(slot_bytes=PAGE, host_blocks=8, nvme_blocks=0,
+                                           strategy="agentkv"))
+    try:
+        a = TokenResolver(None, "acme").resolve(None, "agent-u")
+        ids = _ids(TOKENS, "acme", 2)
+        for i, ident in enumerate(ids):
+            backend.put(a, ident, _page(ident, i))
+        backend.event(a, HintEvent(kind=HintKind.BRANCH_ABANDONED, branch="b7"))
+        assert backend.stats()["blocks"] == 2
+        backend.event(a, HintEvent(kind=HintKind.BRANCH_ABANDONED))
+        assert backend.stats()["blocks"] == 0
     finally:
         backend.close()

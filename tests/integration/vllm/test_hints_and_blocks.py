@@ -41,6 +41,9 @@ def test_full_hints_parse():
     ({"agentkv": {"events": [{"kind": "task_end"}]}}, "need the session"),
     ({"agentkv": {"session": "x", "events": [{}] * 17}}, "at most 16"),
     ({"agentkv": {"session": "x", "publish": "yes"}}, "publish must be a bool"),
+    ({"agentkv": {"branch": "b1"}}, "branch needs the session"),
+    ({"agentkv": {"session": "x", "branch": ""}}, "branch must be a string"),
+    ({"agentkv": {"session": "x", "branch": 3}}, "branch must be a string"),
 ])
 def test_bad_hints_name_the_problem(raw, fragment):
     with pytest.raises(HintError, match=fragment):
@@ -113,3 +116,9 @@ def test_default_tenant_must_be_a_tenant_never_public(tenant):
     with pytest.raises(ConnectorConfigError, match="default_tenant"):
         ConnectorConfig.from_extra({"backend": "embedded", "default_tenant": tenant})
     assert ConnectorConfig.from_extra({"default_tenant": None}).default_tenant is None
+
+
+def test_a_request_names_its_branch():
+    h = parse_hints({"agentkv": {"session": "agent-1", "branch": "try-2"}})
+    assert (h.session, h.branch) == ("agent-1", "try-2")
+    assert parse_hints({"agentkv": {"session": "agent-1"}}).branch == ""

@@ -263,6 +263,10 @@ def _publish(args: argparse.Namespace) -> int:
             audit.append("publish.revoke", {"tenant": args.tenant, "entries": removed}, now)
             print(f"publish.revoke: tenant {args.tenant} ({removed} grant entries removed)")
         else:
+            if not keyring.has_keys(args.tenant):  # a typo would grant a future tenant
+                raise CliError(f"tenant {args.tenant!r} has no keys in {args.keys_dir} (never "
+                               "created, or erased); create it first: agentkv tenant create "
+                               f"{args.tenant} --keys-dir {args.keys_dir}")
             grant = grants.grant(args.tenant, now)
             audit.append("publish.grant", {"tenant": args.tenant, "at": grant.granted_at}, now)
             print(f"publish.grant: tenant {args.tenant} may publish into PUBLIC with a "

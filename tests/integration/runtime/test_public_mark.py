@@ -72,6 +72,7 @@ def _store_eventually(s, page: dict, ok: bool, within_s: float = 5.0) -> None:
 
 
 def test_an_admin_token_cannot_publish_even_for_a_granted_tenant(service) -> None:
+    assert _cli(service, "create", "acme") == 0
     assert _cli(service, "publish", "acme") == 0  # the grant is there; the role is not
     before = len(_denied(service))
     with service.client("acme", roles=("tenant", "admin")) as admin, \
@@ -132,6 +133,7 @@ def test_a_granted_publisher_shares_with_opted_in_readers_until_revoked(service)
 
 
 def test_erasing_a_publisher_takes_its_grant(service, capsys) -> None:
+    assert _cli(service, "create", "wayne") == 0
     assert _cli(service, "publish", "wayne") == 0
     with service.client("wayne", roles=PUBLISHER) as pub:
         s = pub.open_session("w1")
@@ -162,3 +164,17 @@ def test_the_cli_issues_publish_tokens_only_with_admin(tmp_path, capsys) -> None
     assert principal.roles == frozenset({"tenant", "admin", "publish"})
     assert main(["tenant", "token", "acme", "--token-secret-file", str(secret)]) == 0
     assert issuer.verify(capsys.readouterr().out.strip(), time.time()).roles == {"tenant"}
+
+
+def test_a_grant_names_a_tenant_that_exists(service, capsys) -> None:
+    """A grant to a name without keys (a typo, or a tenant erased) is refused and recorded
+    nowhere: it would have been live for whoever was created under that name later."""
+    grants = len(_records(service, "publish.grant"))
+    capsys.readouterr()
+    assert _cli(service, "publish", "acmee") == 2
+    err = capsys.readouterr().err
+    assert "tenant 'acmee' has no keys" in err and "agentkv tenant create acmee" in err
+    assert len(_records(service, "publish.grant")) == grants
+    assert main(["tenant", "publishers", "--keys-dir", service.keys_dir]) == 0
+    assert "acmee" not in capsys.readouterr().out
+    assert _cli(service, "publish", "acmee", "--revoke") == 0  # revoking is always allowed

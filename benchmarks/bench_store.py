@@ -239,6 +239,8 @@ def main() -> int:
     parser.add_argument("--png", type=Path, help="also plot every target's ratio here")
     parser.add_argument("--only", nargs="+", choices=STEPS, help="run just these groups")
     args = parser.parse_args()
+    if not Path(args.dir).is_dir():
+        parser.error(f"--dir {args.dir}: not a directory")
     steps = [
         ("host_pool", lambda: bench_host_pool(args.rounds)),
         ("nvme", lambda: bench_nvme(args.rounds, args.dir)),

@@ -41,7 +41,7 @@ __all__ = ["SHM_DIR", "EmptyPage", "HostPool", "NotWriter", "PageTooLarge", "Poo
            "PoolError", "PoolFormatError", "PoolFull", "PoolStats", "SlotEmpty", "TornRead"]
 
 _PAGE = 4096
-_MAGIC = b"AKVHPOOL"
+MAGIC = b"AKVHPOOL"  # a segment starts with it (store.kv replaces one a dead writer left)
 _VERSION = 1
 # magic, version, row_bytes, slot_bytes, num_slots, table, data, size
 _HEAD = struct.Struct("<8sIIQQQQQ")
@@ -116,7 +116,7 @@ class HostPool:
         magic, version, row_bytes, slot_bytes, num_slots, table_off, _data_off, size = (
             _HEAD.unpack_from(mm)
         )
-        if magic != _MAGIC or version != _VERSION or row_bytes != _ROW * 8 or size != len(mm):
+        if magic != MAGIC or version != _VERSION or row_bytes != _ROW * 8 or size != len(mm):
             segment.close()
             raise PoolFormatError(f"{self.name}: not a version-{_VERSION} host pool segment")
         self.slot_bytes, self.num_slots = slot_bytes, num_slots
@@ -144,7 +144,7 @@ class HostPool:
 
         def init(mm: mmap.mmap) -> None:
             _HEAD.pack_into(
-                mm, 0, _MAGIC, _VERSION, _ROW * 8, slot_bytes, num_slots, table_off, data_off, size
+                mm, 0, MAGIC, _VERSION, _ROW * 8, slot_bytes, num_slots, table_off, data_off, size
             )
             table = np.frombuffer(mm, dtype=np.uint64, count=num_slots * _ROW, offset=table_off)
             table.reshape(num_slots, _ROW)[:, OFF] = (

@@ -23,6 +23,7 @@ import numpy as np
 from security.chunked import HEAD_BYTES, Binding, ChunkedSealer, SealedMeta
 from security.errors import InvalidSeal
 from security.keyring import TenantKeyring
+from store.kv_types import ForeignTenant
 from store.nvme import NvmeShard
 from store.types import Lookup, Tier
 
@@ -82,15 +83,18 @@ class TenantSeal:
     def owns(self, nkey: bytes, head: memoryview, length: int, scratch: np.ndarray) -> bool:
         """Whether a stored NVMe record (``head``: its first bytes, ``length`` in all) is this
         tenant's, under a live key, stored under its own slot identity. ``scratch`` (at least
-        ``length`` bytes) stands in for the record: only its head is read."""
+        ``length`` bytes) stands in for the record: only its head is read. ``ForeignTenant``
+        for a record that opens for another tenant of the keyring."""
         if head.nbytes < HEAD_BYTES or length > scratch.shape[0]:
             return False
         record = scratch[:length]
         record[:HEAD_BYTES] = np.frombuffer(head, np.uint8)
         try:
-            meta = self._meta(record, Tier.NVME)
+            meta = self._sealer.read_meta(record, int(Tier.NVME))
         except InvalidSeal:
             return False
+        if meta.tenant != self.tenant:  # opens, for another live tenant: not ours to drop
+            raise ForeignTenant("the NVMe directory holds records of another tenant")
         return hmac.compare_digest(meta.slot_id, nkey)
 
     def open_from_nvme(self, nvme: NvmeShard, key: bytes, nkey: bytes, scratch: np.ndarray,

@@ -11,6 +11,8 @@ What lives inside the bytes is the caller's business (``store.host_pool``).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import mmap
 import os
@@ -112,3 +114,28 @@ class ShmSegment:
             os.unlink(segment_path(self.name))
         except FileNotFoundError:
             pass
+
+
+def remove_abandoned(name: str, magic: bytes) -> None:
+    """Unlink segment ``name`` if its writer is gone (no process holds the writer lock) and
+    it starts with ``magic``: what a writer that crashed leaves behind. ``SegmentBusy`` while
+    a live writer holds it, ``FileExistsError`` for a file of another kind."""
+    path = segment_path(name)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise SegmentBusy(f"{name}: another process is the writer") from exc
+        if os.pread(fd, len(magic), 0) != magic:
+            raise FileExistsError(errno.EEXIST, f"{path} exists and is not such a segment")
+        held = os.fstat(fd)
+        with contextlib.suppress(FileNotFoundError):
+            now = os.stat(path)
+            if (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):  # not a new one
+                os.unlink(path)
+    finally:
+        os.close(fd)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -13,7 +14,6 @@ from typing import Any
 from agentkv_cluster.cli import CliError, ProgressLines, check_writable_dir, check_writable_file
 
 TRACE_FORMATS = ("agentkv", "mooncake", "azure", "tracelab")
-MAX_REPORTED_LINES = 20
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -95,11 +95,13 @@ def run(args: argparse.Namespace) -> int:
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
     _check_policies(policies)
     if args.trace is None and (args.export_trace or args.strict_trace or args.idle_timeout
-                               is not None or args.trace_sessions is not None):
-        raise CliError("--export-trace, --strict-trace, --idle-timeout and --trace-sessions "
-                       "need --trace")
-    if args.idle_timeout is not None and not args.idle_timeout > 0:
-        raise CliError("--idle-timeout must be > 0")
+                               is not None or args.trace_sessions is not None
+                               or args.trace_skip):
+        raise CliError("--export-trace, --strict-trace, --idle-timeout, --trace-sessions and "
+                       "--trace-skip need --trace")
+    if args.idle_timeout is not None and not (args.idle_timeout > 0
+                                              and math.isfinite(args.idle_timeout)):
+        raise CliError("--idle-timeout must be a finite number > 0")
     if args.trace_sessions is not None and args.trace_sessions < 1:
         raise CliError("--trace-sessions must be >= 1")
     if args.trace_skip < 0:
@@ -111,7 +113,9 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     build, trace_info = None, None
     if args.trace is not None:
-        build, trace_info = _trace_builder(args, console)
+        from agentkv_cluster.cli._simulate_trace import trace_builder
+
+        build, trace_info = trace_builder(args, console)
     if args.sweep:
         payload = _sweep(args, cfg, policies, console, build)
     elif args.ablation:
@@ -124,7 +128,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         from agentkv_cluster.sim.report import write_json
 
-        write_json(payload, args.json)
+        try:
+            write_json(payload, args.json)
+        except OSError as exc:
+            raise CliError(f"--json {args.json}: cannot write: {exc.strerror or exc}") from None
         console.print(f"wrote {args.json}")
     return 0
 
@@ -196,10 +203,16 @@ def _margins(result: Any, console: Any) -> dict[str, Any]:
     from agentkv_cluster.sim.report import margins_vs_lru
 
     out: dict[str, Any] = {}
+    if not any(m.reads for m in result.policies.values()):
+        console.print("[yellow]no page is read again in this run (0 reads): every delay and "
+                      "hit figure is 0 by construction, so no policy is compared[/yellow]")
+        return out
     if "agentkv" in result.policies and "lru" in result.policies:
         margins = margins_vs_lru(result.policies)
-        out["agentkv_vs_lru"] = {k: round(v, 4) for k, v in margins.items()}
+        out["agentkv_vs_lru"] = {k: None if v is None else round(v, 4)
+                                 for k, v in margins.items()}
         console.print("AgentKV vs paper-faithful LRU: " + "  ".join(
+            f"{k} n/a (LRU 0)" if v is None else
             f"{k} {v:+.2f}" if k != "hidden_pct" else f"{k} {v:.2f}"
             for k, v in margins.items()))
     strongest = result.margins()
@@ -282,13 +295,20 @@ def _sweep(args: argparse.Namespace, cfg: Any, policies: tuple[str, ...],
             for row in rows:
                 table.add_row(*row)
             console.print(table)
-    if args.sweep == "budget":
-        paths = plots.budget_figures(points, args.out_dir)
-    elif args.sweep == "noise":
-        paths = plots.noise_figure(points, args.out_dir) if "agentkv" in policies else []
-    else:
-        paths = plots.signal_figure(values, results, args.out_dir) \
-            if "agentkv" in policies else []
+    try:
+        if args.sweep == "budget":
+            paths = plots.budget_figures(points, args.out_dir)
+        elif "agentkv" not in policies:  # both figures plot AgentKV
+            paths = []
+            console.print(f"[yellow]no {args.sweep} figure: it plots agentkv, which "
+                          f"--policies leaves out[/yellow]")
+        elif args.sweep == "noise":
+            paths = plots.noise_figure(points, args.out_dir)
+        else:
+            paths = plots.signal_figure(values, results, args.out_dir)
+    except OSError as exc:
+        raise CliError(f"--out-dir {args.out_dir}: cannot write the figures: "
+                       f"{exc.strerror or exc}") from None
     for path in paths:
         console.print(f"wrote {path}")
     payload = sweep_to_dict(cfg.to_dict(), args.sweep, points)
@@ -324,50 +344,6 @@ def _ablation(cfg: Any, console: Any, build: Any) -> dict[str, Any]:
         table.add_row(name, *cells)
     console.print(table)
     return result.to_dict()
-
-
-def _trace_builder(args: argparse.Namespace, console: Any) -> tuple[Any, dict[str, Any]]:
-    """Parse (and export) the trace once; return (cfg -> replayed workload, trace facts)."""
-    from agentkv_cluster.sim.trace.convert import load_trace
-    from agentkv_cluster.sim.trace.format import TraceFormatError, read_trace, write_trace
-    from agentkv_cluster.sim.trace.replay import ReplayConfig, replay_workload
-
-    try:
-        parsed = load_trace(args.trace, args.trace_format)
-    except TraceFormatError as exc:
-        raise CliError(str(exc)) from None
-    for err in parsed.errors[:MAX_REPORTED_LINES]:
-        console.print(f"[yellow]{args.trace}: {err}[/yellow]")
-    if len(parsed.errors) > MAX_REPORTED_LINES:
-        console.print(f"[yellow]... and {len(parsed.errors) - MAX_REPORTED_LINES} more "
-                      f"malformed lines[/yellow]")
-    if parsed.errors and args.strict_trace:
-        raise CliError(f"{args.trace}: {len(parsed.errors)} malformed line(s); first: "
-                       f"{parsed.errors[0]}")
-    if args.export_trace:
-        n = write_trace(parsed.events, args.export_trace)
-        again = read_trace(args.export_trace)
-        if again.errors or len(again.events) != n:  # the export must always reload
-            raise CliError(f"{args.export_trace}: the exported trace does not reload "
-                           f"({len(again.errors)} bad lines; first: "
-                           f"{again.errors[0] if again.errors else 'count mismatch'})")
-        console.print(f"wrote {n} events to {args.export_trace} (reloads cleanly)")
-    kw = {} if args.idle_timeout is None else {"idle_timeout_s": args.idle_timeout}
-    rc = ReplayConfig(sessions=args.trace_sessions, skip=args.trace_skip, **kw)
-    info = {
-        "file": str(args.trace), "format": args.trace_format, "events": len(parsed.events),
-        "lines": parsed.lines, "idle_timeout_s": rc.idle_timeout_s,
-        "sessions": rc.sessions, "skip": rc.skip, "kv_bytes_per_token": rc.kv_bytes_per_token,
-        "malformed_lines": [{"line": e.line, "reason": e.reason} for e in parsed.errors],
-    }
-
-    def build(cfg: Any) -> Any:
-        try:
-            return replay_workload(parsed.events, cfg, source=str(args.trace), rc=rc)
-        except TraceFormatError as exc:
-            raise CliError(str(exc)) from None
-
-    return build, info
 
 
 def _replay(args: argparse.Namespace, cfg: Any, policies: tuple[str, ...],

@@ -49,12 +49,15 @@ def metric_rows(policies: Mapping[str, PolicyMetrics]) -> list[list[str]]:
             for name, m in policies.items()]
 
 
-def margins_vs_lru(policies: Mapping[str, PolicyMetrics]) -> dict[str, float]:
-    """AgentKV relative to LRU in percent (negative = lower), as the paper states them."""
+def margins_vs_lru(policies: Mapping[str, PolicyMetrics]) -> dict[str, float | None]:
+    """AgentKV relative to LRU in percent (negative = lower), as the paper states them;
+    None where LRU's value is 0 and AgentKV's is not (no finite relative change)."""
     a, b = policies["agentkv"], policies["lru"]
 
-    def change(x: float, y: float) -> float:
-        return (x - y) / y * 100 if y else 0.0
+    def change(x: float, y: float) -> float | None:
+        if y:
+            return (x - y) / y * 100
+        return 0.0 if x == 0 else None
 
     return {
         "p95_change_pct": change(a.p95_ms, b.p95_ms),

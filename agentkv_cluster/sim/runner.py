@@ -63,8 +63,10 @@ class Comparison:
         return min(cands, key=lambda c: (c[1], c[0])) if cands else None
 
     def margins(self) -> dict[str, Any] | None:
-        """AgentKV against the strongest baseline, per metric (negative = lower)."""
-        if "agentkv" not in self.policies:
+        """AgentKV against the strongest baseline, per metric (negative = lower); None
+        without AgentKV, or when no page was read again (every delay is 0 by construction:
+        there is nothing to compare)."""
+        if "agentkv" not in self.policies or self.policies["agentkv"].reads == 0:
             return None
         a = self.policies["agentkv"]
         out: dict[str, Any] = {}

@@ -34,10 +34,13 @@ from typing import Any
 from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.sim.trace.format import (
     DEFAULT_BLOCK_TOKENS,
+    MAX_SECONDS,
+    MAX_TOKENS,
     LineError,
     ParseResult,
     TraceEvent,
     TraceFormatError,
+    open_lines,
     read_trace,
 )
 
@@ -45,7 +48,7 @@ FORMATS = ("agentkv", "mooncake", "azure", "tracelab")
 
 
 def _json_lines(path: Path, out: ParseResult) -> Iterator[tuple[int, Any]]:
-    for no, raw in enumerate(_lines(path), start=1):
+    for no, raw in enumerate(open_lines(path), start=1):
         out.lines = no
         if not raw.strip():
             continue
@@ -55,12 +58,17 @@ def _json_lines(path: Path, out: ParseResult) -> Iterator[tuple[int, Any]]:
             out.errors.append(LineError(no, f"invalid JSON ({exc.msg})"))
 
 
-def _lines(path: Path, newline: str | None = None) -> Iterator[str]:
-    try:
-        with open(path, encoding="utf-8", errors="replace", newline=newline) as fh:
-            yield from fh
-    except OSError as exc:
-        raise TraceFormatError(f"cannot read trace {path}: {exc.strerror}") from None
+def _seconds(value: float, what: str) -> float:
+    """A time in seconds: finite, >= 0 and at most MAX_SECONDS (else a unit mistake)."""
+    if not (math.isfinite(value) and 0 <= value <= MAX_SECONDS):
+        raise ValueError(f"{what} must be finite, >= 0 and <= {MAX_SECONDS:g} s, got {value!r}")
+    return value
+
+
+def _tokens(value: int, what: str) -> int:
+    if not 0 <= value <= MAX_TOKENS:
+        raise ValueError(f"{what} must be in [0, {MAX_TOKENS:,}], got {value!r}")
+    return value
 
 
 def _need(d: Any, key: str, kind: type | tuple[type, ...]) -> Any:
@@ -103,19 +111,26 @@ def convert_mooncake(path: Path) -> ParseResult:
     out = ParseResult()
     convs = _Conversations()
     last: dict[int, float] = {}  # conversation -> ts of its latest request
+    rows: list[tuple[float, int, list[int]]] = []
     for no, d in _json_lines(path, out):
         try:
-            ts = _need(d, "timestamp", (int, float)) / 1000.0
+            ms = _need(d, "timestamp", (int, float))
             tokens = _need(d, "input_length", int)
             blocks = _need(d, "hash_ids", list)
-            if ts < 0 or tokens < 0:
+            if ms < 0 or tokens < 0:
                 raise ValueError("timestamp and input_length must be >= 0")
+            ts = _seconds(ms / 1000.0, "timestamp / 1000")
+            _tokens(tokens, "input_length")
             if not blocks or not all(isinstance(b, int) and not isinstance(b, bool)
                                      for b in blocks):
                 raise ValueError("hash_ids must be a non-empty list of integers")
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, OverflowError) as exc:
             out.errors.append(LineError(no, str(exc)))
             continue
+        rows.append((ts, tokens, blocks))
+    # Turns join conversations in time order, whatever the file's order (stable: equal
+    # timestamps keep the file's order).
+    for ts, tokens, blocks in sorted(rows, key=lambda r: r[0]):
         conv, new = convs.assign(blocks)
         session = f"conv-{conv}"
         if not new:  # the time since the previous turn is a think / tool gap
@@ -144,9 +159,8 @@ def _azure_time(text: str) -> float:
 
 def convert_azure(path: Path) -> ParseResult:
     out = ParseResult()
-    t0 = None
-    next_block = 0
-    for no, row in enumerate(csv.reader(_lines(path, newline="")), start=1):
+    rows: list[tuple[int, float, int]] = []
+    for no, row in enumerate(csv.reader(open_lines(path, newline="")), start=1):
         out.lines = no
         if no == 1 and row and row[0].strip().upper() == "TIMESTAMP":
             continue
@@ -159,10 +173,16 @@ def convert_azure(path: Path) -> ParseResult:
             tokens = int(row[1])
             if tokens < 0 or int(row[2]) < 0:
                 raise ValueError("token counts must be >= 0")
+            _tokens(tokens, "ContextTokens")
         except ValueError as exc:
             out.errors.append(LineError(no, str(exc)))
             continue
-        t0 = ts if t0 is None else t0
+        rows.append((no, ts, tokens))
+    # Times count from the earliest request, not from the first row: a file that is not
+    # sorted by time must not give negative times (which the AgentKV format rejects).
+    t0 = min((ts for _, ts, _ in rows), default=0.0)
+    next_block = 0
+    for no, ts, tokens in rows:
         n = max(1, math.ceil(tokens / DEFAULT_BLOCK_TOKENS))
         blocks = tuple(range(next_block, next_block + n))
         next_block += n
@@ -204,15 +224,19 @@ def convert_tracelab(path: Path) -> ParseResult:
             prefix = d.get("prefix_tokens") or 0
             if not isinstance(prefix, int) or prefix < 0 or total < 0:
                 raise ValueError("token counts must be integers >= 0")
-            events = _need(d, "timing_events", list)
+            _tokens(total, "input_tokens_total")
+            events = [e for e in _need(d, "timing_events", list) if isinstance(e, dict)]
             if not events:
-                raise ValueError("timing_events is empty")
-            ts = min(_iso(e.get("timestamp")) for e in events if isinstance(e, dict))
+                raise ValueError("timing_events holds no event object")
+            ts = min(_iso(e.get("timestamp")) for e in events)
             tools = [(str(t.get("tool_name") or "tool"), _iso(t["emitted_at"]),
                       _latency_s(t["tool_wall_latency_ms"]))
                      for t in _need(d, "tools", list)
                      if isinstance(t, dict) and t.get("tool_wall_latency_ms") is not None]
-        except (ValueError, KeyError, TypeError) as exc:
+        except KeyError as exc:  # a tool without emitted_at / tool_wall_latency_ms
+            out.errors.append(LineError(no, f"unusable round: a tool misses field {exc}"))
+            continue
+        except (ValueError, TypeError, OverflowError) as exc:
             out.errors.append(LineError(no, f"unusable round: {exc}"))
             continue
         rows.append((ts, session, total, prefix, tools))

@@ -19,14 +19,19 @@ One object per line::
 - ``observation_return``: optional ``tokens``.
 - Optional everywhere: ``block_tokens`` (int > 0, default 512).
 
-Every line that is not a valid event is reported with its 1-based line number;
-nothing is dropped silently.
+Numbers must be finite: times and durations at most ``MAX_SECONDS`` (about 31,700
+years: anything larger is a unit mistake), token counts at most ``MAX_TOKENS``
+(more than any model's context). Every line that is not a valid event is reported
+with its 1-based line number; nothing is dropped silently. A UTF-8 byte-order mark
+is ignored and a gzip-compressed file is read as its text.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +41,9 @@ from agentkv_cluster.lifecycle.types import StateType
 
 KINDS = ("model_call", "tool_start", "observation_return", "task_end")
 DEFAULT_BLOCK_TOKENS = 512
+MAX_SECONDS = 1e12  # ~31,700 years: a larger time or duration is a unit mistake
+MAX_TOKENS = 100_000_000  # more tokens than any model's context window
+_GZIP_MAGIC = b"\x1f\x8b"
 _STATES = {t.value: t for t in StateType}
 
 
@@ -94,20 +102,30 @@ class _Bad(Exception):
     pass
 
 
-def _number(d: dict, key: str, *, required: bool, minimum: float = 0.0) -> float:
+def _number(d: dict, key: str, *, required: bool, minimum: float = 0.0,
+            maximum: float = MAX_SECONDS) -> float:
     if key not in d:
         if required:
             raise _Bad(f"missing field {key!r}")
         return 0.0
     v = d[key]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
-        raise _Bad(f"field {key!r} must be a number, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise _Bad(f"field {key!r} must be a finite number, got {v!r}")
+    try:
+        v = float(v)
+    except OverflowError:  # an integer literal beyond any float
+        v = math.inf
+    if not math.isfinite(v):
+        raise _Bad(f"field {key!r} must be a finite number, got {v!r}")
     if v < minimum:
         raise _Bad(f"field {key!r} must be >= {minimum}, got {v!r}")
+    if v > maximum:
+        raise _Bad(f"field {key!r} must be <= {maximum:g} s, got {v!r}")
     return float(v)
 
 
-def _int(d: dict, key: str, *, required: bool, minimum: int = 0, default: int = 0) -> int:
+def _int(d: dict, key: str, *, required: bool, minimum: int = 0, default: int = 0,
+         maximum: int = MAX_TOKENS) -> int:
     if key not in d:
         if required:
             raise _Bad(f"missing field {key!r}")
@@ -117,6 +135,8 @@ def _int(d: dict, key: str, *, required: bool, minimum: int = 0, default: int = 
         raise _Bad(f"field {key!r} must be an integer, got {v!r}")
     if v < minimum:
         raise _Bad(f"field {key!r} must be >= {minimum}, got {v!r}")
+    if v > maximum:
+        raise _Bad(f"field {key!r} must be <= {maximum:,}, got {v!r}")
     return v
 
 
@@ -173,7 +193,7 @@ def parse_lines(lines: Iterable[str]) -> ParseResult:
 
 
 def read_trace(path: Path) -> ParseResult:
-    return parse_lines(_open_lines(path))
+    return parse_lines(open_lines(path))
 
 
 def write_trace(events: Iterable[TraceEvent], path: Path) -> int:
@@ -185,9 +205,16 @@ def write_trace(events: Iterable[TraceEvent], path: Path) -> int:
     return n
 
 
-def _open_lines(path: Path) -> Iterator[str]:
+def open_lines(path: Path, newline: str | None = None) -> Iterator[str]:
+    """The text lines of ``path`` (UTF-8, a byte-order mark dropped, gzip unpacked);
+    an unreadable file is a ``TraceFormatError`` naming it."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
+        with open(path, "rb") as probe:
+            packed = probe.read(2) == _GZIP_MAGIC
+        opener = gzip.open if packed else open
+        with opener(path, "rt", encoding="utf-8-sig", errors="replace",
+                    newline=newline) as fh:
             yield from fh
-    except OSError as exc:
-        raise TraceFormatError(f"cannot read trace {path}: {exc.strerror}") from None
+    except (OSError, EOFError, zlib.error) as exc:  # gzip: damaged or truncated
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise TraceFormatError(f"cannot read trace {path}: {reason}") from None

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -60,8 +61,9 @@ class ReplayConfig:
     skip: int = 0  # sessions skipped before them (a held-out part of the trace)
 
     def __post_init__(self) -> None:
-        if not self.idle_timeout_s > 0:
-            raise ValueError(f"idle_timeout_s must be > 0, got {self.idle_timeout_s}")
+        if not (self.idle_timeout_s > 0 and math.isfinite(self.idle_timeout_s)):
+            raise ValueError(f"idle_timeout_s must be a finite number > 0, "
+                             f"got {self.idle_timeout_s}")
         if self.sessions is not None and self.sessions < 1:
             raise ValueError(f"sessions must be >= 1, got {self.sessions}")
         if self.skip < 0:
@@ -250,7 +252,11 @@ def replay_workload(events: Sequence[TraceEvent], cfg: SimConfig, source: str,
         sessions = sessions[: rc.sessions]
     if not sessions:
         raise TraceFormatError(f"{source}: no session left after skipping {rc.skip}")
-    return Workload(source=source, batches=[_batch(_pages(sessions), sessions, cfg, rc)])
+    pages = _pages(sessions)
+    if not pages:
+        raise TraceFormatError(f"{source}: no KV block to replay (every model_call of the "
+                               f"{len(sessions)} session(s) has an empty prefix_blocks)")
+    return Workload(source=source, batches=[_batch(pages, sessions, cfg, rc)])
 
 
 def reads_per_type(workload: Workload) -> dict[str, int]:

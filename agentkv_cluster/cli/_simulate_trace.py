@@ -1,0 +1,58 @@
+"""``agentkv simulate --trace``: parse (and export) a trace once for every replay."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from agentkv_cluster.cli import CliError
+
+MAX_REPORTED_LINES = 20
+
+
+def trace_builder(args: argparse.Namespace, console: Any) -> tuple[Any, dict[str, Any]]:
+    """Parse (and export) the trace once; return (cfg -> replayed workload, trace facts)."""
+    from agentkv_cluster.sim.trace.convert import load_trace
+    from agentkv_cluster.sim.trace.format import TraceFormatError, read_trace, write_trace
+    from agentkv_cluster.sim.trace.replay import ReplayConfig, replay_workload
+
+    try:
+        parsed = load_trace(args.trace, args.trace_format)
+    except TraceFormatError as exc:
+        raise CliError(str(exc)) from None
+    for err in parsed.errors[:MAX_REPORTED_LINES]:
+        console.print(f"[yellow]{args.trace}: {err}[/yellow]")
+    if len(parsed.errors) > MAX_REPORTED_LINES:
+        console.print(f"[yellow]... and {len(parsed.errors) - MAX_REPORTED_LINES} more "
+                      f"malformed lines[/yellow]")
+    if parsed.errors and args.strict_trace:
+        raise CliError(f"{args.trace}: {len(parsed.errors)} malformed line(s); first: "
+                       f"{parsed.errors[0]}")
+    if args.export_trace:
+        try:
+            n = write_trace(parsed.events, args.export_trace)
+        except OSError as exc:
+            raise CliError(f"--export-trace {args.export_trace}: cannot write: "
+                           f"{exc.strerror or exc}") from None
+        again = read_trace(args.export_trace)
+        if again.errors or len(again.events) != n:  # the export must always reload
+            raise CliError(f"{args.export_trace}: the exported trace does not reload "
+                           f"({len(again.errors)} bad lines; first: "
+                           f"{again.errors[0] if again.errors else 'count mismatch'})")
+        console.print(f"wrote {n} events to {args.export_trace} (reloads cleanly)")
+    kw = {} if args.idle_timeout is None else {"idle_timeout_s": args.idle_timeout}
+    rc = ReplayConfig(sessions=args.trace_sessions, skip=args.trace_skip, **kw)
+    info = {
+        "file": str(args.trace), "format": args.trace_format, "events": len(parsed.events),
+        "lines": parsed.lines, "idle_timeout_s": rc.idle_timeout_s,
+        "sessions": rc.sessions, "skip": rc.skip, "kv_bytes_per_token": rc.kv_bytes_per_token,
+        "malformed_lines": [{"line": e.line, "reason": e.reason} for e in parsed.errors],
+    }
+
+    def build(cfg: Any) -> Any:
+        try:
+            return replay_workload(parsed.events, cfg, source=str(args.trace), rc=rc)
+        except TraceFormatError as exc:
+            raise CliError(str(exc)) from None
+
+    return build, info

@@ -64,7 +64,7 @@ def run(seeds: list[int], sessions: int, turns: int, budget: float) -> dict:
     specs = {s: spec for s, (spec, _) in sized.items()}
     capacity = max(cap for _, cap in sized.values())
     workdir = Path(tempfile.mkdtemp(prefix="agentkv-seeds-"))
-    service = Service(_config(workdir), workdir=workdir, policy=POLICIES[0],
+    service = Service(_config(workdir, capacity, sessions), workdir=workdir, policy=POLICIES[0],
                       hbm_capacity=capacity)
     rows: dict[int, dict[str, dict]] = {}
     delays: dict[str, list[list[float]]] = {p: [] for p in POLICIES}  # per seed, every access

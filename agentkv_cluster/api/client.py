@@ -8,11 +8,18 @@
 from __future__ import annotations
 
 import itertools
+import random
 import socket
 import threading
+import time
 from typing import Any, Self
 
 from agentkv_cluster.api import protocol as p
+
+# A burst of new connections from one address can find the oldest unauthenticated ones
+# closed (or refused busy) by the server's pre-auth limits: the hello that authenticates a
+# connection has no effect, so it is tried again on a fresh connection, this many times.
+HELLO_RETRIES = 6
 
 EVENT_KINDS = (  # agentkv_cluster.lifecycle.events.EventKind values
     "task_start", "model_call", "tool_start", "observation_return",
@@ -31,18 +38,14 @@ class AgentKvClient:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._authenticated = False  # a request with the token succeeded on this connection
+        self._redial: tuple[tuple[str, int] | str, float] | None = None  # (address, timeout)
 
     @classmethod
     def connect(cls, address: tuple[str, int] | str, token: str | None = None,
                 timeout: float = 60.0) -> AgentKvClient:
-        if isinstance(address, str):
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.settimeout(timeout)
-            sock.connect(address)
-        else:
-            sock = socket.create_connection(address, timeout=timeout)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return cls(sock, token)
+        client = cls(_dial(address, timeout), token)
+        client._redial = (address, timeout)
+        return client
 
     def close(self) -> None:
         self._sock.close()
@@ -67,15 +70,30 @@ class AgentKvClient:
     def call(self, op: str, args: dict[str, Any] | None = None) -> Any:
         """Send one request and return its ``result``; raises ``RemoteError`` on error replies."""
         with self._lock:
+            if self._token is not None and not self._authenticated and op != "hello":
+                self._hello_locked()
             rid = next(self._ids)
-            frame = p.encode_request(rid, op, args or {}, self._token)
-            if self._token is not None and not self._authenticated and \
-                    len(frame) > p.PREAUTH_MAX_FRAME + p.HEADER.size:
-                # The server may hold back large frames of unauthenticated connections:
-                # authenticate the connection with a small hello first.
+            return self._exchange(rid, p.encode_request(rid, op, args or {}, self._token))
+
+    def _hello_locked(self) -> None:
+        """Authenticate the connection with a small ``hello`` before its first request:
+        the server's pre-auth limits (frame size, idle time, connections per address) then
+        never apply to a request. A connection the server closed or refused as busy before
+        that is dialled again (``HELLO_RETRIES``, backing off), so no request is sent
+        twice. A bad token is still refused by the request itself, as before."""
+        for attempt in range(HELLO_RETRIES + 1):
+            try:
                 hello = next(self._ids)
                 self._exchange(hello, p.encode_request(hello, "hello", {}, self._token))
-            return self._exchange(rid, frame)
+                return
+            except (ConnectionError, p.RemoteError) as exc:
+                busy = isinstance(exc, p.RemoteError) and exc.code == p.ErrorCode.BUSY.value
+                if self._redial is None or attempt == HELLO_RETRIES or not (
+                        busy or isinstance(exc, ConnectionError)):
+                    raise
+            time.sleep(min(1.0, 0.05 * 2 ** attempt) * random.uniform(0.5, 1.5))
+            self._sock.close()
+            self._sock = _dial(*self._redial)
 
     def _exchange(self, rid: int, frame: bytes) -> Any:
         """Send one frame and read its reply (the caller holds the lock)."""
@@ -94,6 +112,21 @@ class AgentKvClient:
     def open_session(self, session: str) -> SessionClient:
         opened = self.call("open_session", {"session": session})
         return SessionClient(self, session, opened)
+
+
+def _dial(address: tuple[str, int] | str, timeout: float) -> socket.socket:
+    if isinstance(address, str):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(address)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+    sock = socket.create_connection(address, timeout=timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
 
 
 class SessionClient:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 POLICIES = ("agentkv", "lru")
 DEMO_PAGE_BYTES = 1 << 20  # one HBM arena page
+DEMO_ARENA_PAGES = 96  # the arena of the default workload (8 sessions); more follow the budget
 TRACE_MEMORY_BYTES = 192 << 20  # a replayed trace sample is scaled to fit the 256 MiB pool
 TRACE_SESSION_BYTES = 24 << 20  # ... and each session well under half the 96-page arena
 TRAIN_SEED_OFFSET = 1000  # the untimed training run's seed: never one the docs report
@@ -84,12 +85,20 @@ def hbm_capacity(spec: Any, budget: float) -> tuple[Any, int]:
     return spec, max(int(budget * spec.working_set()), 2 * spec.largest_session())
 
 
-def _config(workdir: Path) -> Any:
+def arena_pages(capacity: int) -> int:
+    """HBM arena pages for a budget of ``capacity`` bytes: the budget in whole pages, and
+    never fewer than the 96 the default workload was tuned with."""
+    return max(DEMO_ARENA_PAGES, -(-capacity // DEMO_PAGE_BYTES))
+
+
+def _config(workdir: Path, capacity: int, sessions: int) -> Any:
     from agentkv_cluster.config import load_config
 
     return load_config(overrides={
-        "api": {"port": 0}, "metrics": {"enabled": False},
-        "hbm": {"page_bytes": DEMO_PAGE_BYTES, "num_pages": 96},
+        # one connection per session, and room for the warm-up's next ones as they close
+        "api": {"port": 0, "max_connections": max(256, 2 * sessions)},
+        "metrics": {"enabled": False},
+        "hbm": {"page_bytes": DEMO_PAGE_BYTES, "num_pages": arena_pages(capacity)},
         "pool": {"pool_bytes": 256 << 20, "slot_bytes": 1 << 20,
                  "nvme_dir": str(workdir / "nvme")},
         "ray": {"num_cpus": 2}, "security": {"tenant_keys_dir": str(workdir / "keys")},
@@ -193,7 +202,8 @@ def run_demo(spec: Any, budget: float, progress: Any | None = None,
     workdir = Path(tempfile.mkdtemp(prefix="agentkv-demo-"))
     spec, capacity = hbm_capacity(spec, budget)
     working_set = spec.working_set()
-    service = Service(_config(workdir), workdir=workdir, policy=POLICIES[0],
+    service = Service(_config(workdir, capacity, spec.sessions), workdir=workdir,
+                      policy=POLICIES[0],
                       hbm_capacity=capacity)
     pooled = {p: Results() for p in POLICIES}
     units: dict[str, list[list[float]]] = {p: [] for p in POLICIES}  # per (round, session)

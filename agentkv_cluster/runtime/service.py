@@ -40,6 +40,12 @@ class Service:
     def __init__(self, cfg: AgentKvConfig, *, workdir: Path | None = None,
                  policy: str | None = None, credits: bool = True,
                  hbm_capacity: int | None = None, token_secret: bytes | None = None) -> None:
+        arena = cfg.hbm.page_bytes * cfg.hbm.num_pages
+        if hbm_capacity is not None and not 0 < hbm_capacity <= arena:
+            # a budget past the arena: the controller would place pages the HBM actor has
+            # no page for, and stores would fail with ArenaFull as internal errors
+            raise ValueError(f"hbm_capacity {hbm_capacity} B must be in (0, {arena}] (the "
+                             f"arena: hbm.num_pages {cfg.hbm.num_pages} x hbm.page_bytes)")
         self.cfg = cfg
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="agentkv-"))
         self.policy = policy or cfg.controller.policy

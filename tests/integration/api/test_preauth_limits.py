@@ -139,3 +139,37 @@ def test_a_large_first_frame_authenticates_the_connection_first(service) -> None
             assert raw.recv(16) == b""  # and closed
     finally:
         service.server.preauth = PreAuthLimits()
+
+
+def test_a_burst_of_clients_from_one_address_is_served(service) -> None:
+    """Many sessions connecting at once from one host (one engine node, or a gateway): the
+    server's pre-auth limits close the oldest unauthenticated connections, which used to
+    be clients whose first request was already on its way ('server closed the
+    connection', seen with `agentkv demo --sessions 100`). The client authenticates each
+    connection with a hello that has no effect and dials again when that one is closed or
+    refused busy, so every session is served and no request is sent twice."""
+    import threading
+
+    service.server.preauth = replace(PreAuthLimits(), per_source=2, max_connections=4)
+    errors: list[str] = []
+    start = threading.Barrier(24)
+
+    def one(i: int) -> None:
+        try:
+            with service.client("acme") as client:
+                start.wait(10)
+                s = client.open_session(f"burst-{i}")
+                assert s.opened["tenant"] == "acme"
+        except Exception as exc:  # noqa: BLE001 - every failure is reported below
+            errors.append(f"{i}: {type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(24)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        service.server.preauth = PreAuthLimits()
+    assert errors == []
+    assert not any(t.is_alive() for t in threads)

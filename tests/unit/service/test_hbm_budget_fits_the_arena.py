@@ -1,0 +1,35 @@
+"""The HBM budget the controller places pages by must fit the arena the HBM actors have.
+
+`agentkv demo --sessions 32` (or more) asked for a budget larger than its fixed 96-page
+arena; the controller then placed pages the HBM actor had no page for, and stores failed
+with `ArenaFull` as internal errors ('op store_pages failed')."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentkv_cluster.api.workload import WorkloadSpec
+from agentkv_cluster.cli.demo import DEMO_ARENA_PAGES, DEMO_PAGE_BYTES, arena_pages, hbm_capacity
+from agentkv_cluster.config import load_config
+from agentkv_cluster.runtime.service import Service
+
+
+@pytest.mark.parametrize("sessions", [8, 32, 100, 400])
+def test_the_demo_arena_holds_its_budget(sessions: int) -> None:
+    _, capacity = hbm_capacity(WorkloadSpec(sessions=sessions, turns=3, seed=227), 0.35)
+    pages = arena_pages(capacity)
+    assert pages * DEMO_PAGE_BYTES >= capacity
+    assert pages == DEMO_ARENA_PAGES or pages * DEMO_PAGE_BYTES < capacity + DEMO_PAGE_BYTES
+
+
+def test_the_default_demo_keeps_the_arena_it_was_tuned_with() -> None:
+    _, capacity = hbm_capacity(WorkloadSpec(sessions=8, turns=3, seed=227), 0.35)
+    assert arena_pages(capacity) == DEMO_ARENA_PAGES
+
+
+@pytest.mark.parametrize("capacity", [0, -1, 8 * 4096 + 1])
+def test_a_service_refuses_a_budget_outside_its_arena(capacity: int, tmp_path) -> None:
+    cfg = load_config(env={}, overrides={"hbm": {"page_bytes": 4096, "num_pages": 8}})
+    with pytest.raises(ValueError, match=r"hbm_capacity .* must be in \(0, 32768\]"):
+        Service(cfg, workdir=tmp_path, hbm_capacity=capacity)
+    Service(cfg, workdir=tmp_path, hbm_capacity=8 * 4096)  # the whole arena is fine

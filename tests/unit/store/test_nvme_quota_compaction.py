@@ -33,16 +33,21 @@ def _fill(shard: NvmeShard) -> list[bytes]:
     return keys
 
 
+def _full_with_holes(shard: NvmeShard) -> list[bytes]:
+    """Fill ``shard`` to its quota, then delete every other record; the keys kept."""
+    keys = _fill(shard)
+    for key in keys[::2]:
+        shard.delete(key)
+    return keys[1::2]
+
+
 def _segment_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.glob("seg-*.akv"))
 
 
 def test_a_full_shard_with_retired_records_takes_new_puts(tmp_path: Path) -> None:
     shard = NvmeShard(tmp_path, _config())
-    keys = _fill(shard)
-    kept = keys[1::2]
-    for key in keys[::2]:
-        shard.delete(key)
+    kept = _full_with_holes(shard)
     for j in range(24):  # far more than the quota over its life
         shard.put(f"new{j}".encode(), PAYLOAD, 2)
         assert _segment_bytes(tmp_path) <= 8 * MIB + 4 * MIB  # quota + one segment's copies
@@ -58,28 +63,24 @@ def test_a_full_shard_with_retired_records_takes_new_puts(tmp_path: Path) -> Non
 
 def test_compact_runs_on_a_full_shard(tmp_path: Path) -> None:
     shard = NvmeShard(tmp_path, _config(compact_on_full=False))
-    keys = _fill(shard)
-    for key in keys[::2]:
-        shard.delete(key)
+    kept = _full_with_holes(shard)
     before = shard.stats().file_bytes
     report = shard.compact(0.3)
     assert report.segments_removed >= 1 and report.records_dropped == 0
     assert shard.stats().file_bytes < before
     shard.put(b"fits-now", PAYLOAD, 2)
-    assert all(shard.get(key) == PAYLOAD for key in [*keys[1::2], b"fits-now"])
+    assert all(shard.get(key) == PAYLOAD for key in [*kept, b"fits-now"])
     shard.close()
 
 
 def test_without_compact_on_full_the_quota_is_final(tmp_path: Path) -> None:
     shard = NvmeShard(tmp_path, _config(compact_on_full=False))
-    keys = _fill(shard)
-    for key in keys[::2]:
-        shard.delete(key)
+    kept = _full_with_holes(shard)
     segments = shard.stats().segments
     with pytest.raises(QuotaFull):
         shard.put(b"more", PAYLOAD, 2)
     assert shard.stats().segments == segments  # nothing was compacted
-    assert all(shard.get(key) == PAYLOAD for key in keys[1::2])
+    assert all(shard.get(key) == PAYLOAD for key in kept)
     shard.close()
 
 

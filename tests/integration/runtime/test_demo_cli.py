@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from agentkv_cluster.cli.demo import pressed
+
 pytestmark = pytest.mark.integration
 
 KEYS = {"p50_ms", "p95_ms", "p99_ms", "byte_hit_pct", "transfer_mb_per_batch", "hidden_pct",
@@ -55,6 +57,9 @@ def test_demo_writes_both_policies_in_the_simulator_schema(tmp_path: Path) -> No
     # b once (>= 2)
     assert accesses["agentkv"] == accesses["lru"] >= 3 + 4 + 2, accesses
     assert "AgentKV vs LRU" in proc.stdout
+    # a ratio only where the runs could differ; otherwise it says that it compared nothing
+    assert (payload["p95_ratio"] is None) == (not pressed(payload["policies"]))
+    assert ("This run compares nothing" in proc.stdout) == (payload["p95_ratio"] is None)
 
 
 def test_default_demo_moves_fewer_bytes_with_agentkv_and_reports_p95(tmp_path: Path) -> None:

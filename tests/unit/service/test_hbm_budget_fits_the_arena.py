@@ -33,3 +33,24 @@ def test_a_service_refuses_a_budget_outside_its_arena(capacity: int, tmp_path) -
     with pytest.raises(ValueError, match=r"hbm_capacity .* must be in \(0, 32768\]"):
         Service(cfg, workdir=tmp_path, hbm_capacity=capacity)
     Service(cfg, workdir=tmp_path, hbm_capacity=8 * 4096)  # the whole arena is fine
+
+
+def test_a_replayed_traces_budget_holds_one_warm_up_session(tmp_path) -> None:
+    """The warm-up runs synthetic sessions before a trace is replayed: a trace of small
+    one-call sessions (Azure) gave a budget of 4 pages, smaller than one warm-up session,
+    and every warm-up store was refused ('HBM is full of pinned pages')."""
+    import json
+
+    from agentkv_cluster.api.workload import episodes_from_trace
+    from agentkv_cluster.cli.demo import warmup_spec
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps(
+        {"session": f"r{i}", "ts": float(i), "kind": "model_call", "tokens": 512,
+         "prefix_blocks": [i]}) + "\n" for i in range(6)))
+    episodes = episodes_from_trace(trace, "agentkv", 6, memory_bytes=64 << 20,
+                                   max_page_bytes=DEMO_PAGE_BYTES)
+    spec = WorkloadSpec(sessions=len(episodes), turns=3, seed=227, episodes=episodes)
+    spec, capacity = hbm_capacity(spec, 0.35)
+    assert capacity >= warmup_spec(spec).largest_session()
+    assert capacity >= 2 * spec.largest_session()

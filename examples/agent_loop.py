@@ -122,14 +122,19 @@ def _connect(args) -> tuple[object, object, str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--service", action="store_true",
-                    help="start an AgentKV service here and go through its client")
+    where_to = ap.add_mutually_exclusive_group()
+    where_to.add_argument("--service", action="store_true",
+                          help="start an AgentKV service here and go through its client")
     ap.add_argument("--ray", action="store_true",
                     help="with --service: deploy its actors on a local Ray (else in-process)")
-    ap.add_argument("--connect", help="HOST:PORT (or a unix socket path) of `agentkv serve`")
+    where_to.add_argument("--connect", help="HOST:PORT (or a unix socket path) of `agentkv serve`")
     ap.add_argument("--token", help="bearer token for --connect (tenant 'demo')")
     ap.add_argument("--no-compare", action="store_true", help="skip the recompute baseline")
     args = ap.parse_args(argv)
+    if args.ray and not args.service:
+        ap.error("--ray only applies with --service")
+    if args.connect and not args.token:
+        ap.error("--connect needs --token (a bearer token of tenant 'demo')")
 
     from agentkv_cluster.engines.page_store import ServicePageStore
     from examples.agent_runner import AgentRunner, RunnerConfig
@@ -137,7 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     service = client = None
     config = RunnerConfig(compare=not args.no_compare, pool_name=f"agentkv-example-{os.getpid()}")
     if args.service or args.connect:
-        service, client, where = _connect(args)
+        try:
+            service, client, where = _connect(args)
+        except OSError as exc:  # nothing listens there, or a bad socket path
+            target = args.connect or "the service started here"
+            print(f"agent_loop: cannot reach AgentKV at {target}: {exc}", file=sys.stderr)
+            return 2
         session = client.open_session("agent-1")
         sink = service_sink(session, where)
         runner = AgentRunner.start(sink, config, store=ServicePageStore(session))

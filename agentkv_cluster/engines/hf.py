@@ -8,7 +8,9 @@ because a page's KV depends on all earlier tokens, not only its own.
 
 Lifecycle around a tool call: `store` after the model call, `drop` while the tool
 runs, `restore` (whole, or the longest resident prefix plus a recompute of the
-rest) before decoding resumes.
+rest) before decoding resumes. Pages are checked on the way back (CRC-32 of the
+stored bytes, embedded identity, shape and dtype): a bad page raises `CorruptPage`,
+it is never restored as if it were exact.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import functools
 import hashlib
 import inspect
 import time
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -45,7 +48,16 @@ class UnsupportedCache(EngineAdapterError, ValueError):
 
 
 class CorruptPage(EngineAdapterError):
-    """A stored page decoded to the wrong shape or dtype for its identity."""
+    """A stored page's bytes changed since they were written (checksum), or they decode
+    to another page, shape or dtype than its identity says."""
+
+
+class ContextTooLong(EngineAdapterError, ValueError):
+    """More tokens than the model has positions for (RoPE past its trained range)."""
+
+
+class EmptyInput(EngineAdapterError, ValueError):
+    """No tokens to run through the model."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,6 +81,7 @@ class StoredPage:
     key: bytes
     spec: CodecSpec
     nbytes: int
+    checksum: int  # CRC-32 of the stored bytes, checked on restore
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,8 +171,23 @@ def _cache_kwarg(model_type: type) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+def max_positions(model) -> int | None:
+    """Positions the model was trained for (``max_position_embeddings``), if it says."""
+    return getattr(getattr(model, "config", None), "max_position_embeddings", None)
+
+
+def check_context(model, tokens: int) -> None:
+    """Refuse a context past the model's positions: RoPE would extrapolate silently."""
+    limit = max_positions(model)
+    if limit is not None and tokens > limit:
+        raise ContextTooLong(f"{tokens} tokens, the model has {limit} positions")
+
+
 def prefill(model, token_ids: Sequence[int], cache: DynamicCache) -> torch.Tensor:
     """Run ``token_ids`` through the model on top of ``cache``; logits [tokens, vocab]."""
+    if len(token_ids) == 0:
+        raise EmptyInput("no tokens to prefill")
+    check_context(model, cache.get_seq_length() + len(token_ids))
     ids = torch.tensor([list(token_ids)], dtype=torch.long)
     with torch.inference_mode():
         out = model(input_ids=ids, **{_cache_kwarg(type(model)): cache}, use_cache=True)
@@ -240,6 +268,9 @@ class HfKVAdapter:
         k, v = cache_to_kv(cache)
         if k.shape[2] != len(token_ids):
             raise UnsupportedCache(f"cache holds {k.shape[2]} tokens, token_ids has {len(token_ids)}")
+        for x in (k, v):  # pages of another geometry or dtype could never be restored
+            if (problem := self._geometry_mismatch(x, len(token_ids))) is not None:
+                raise UnsupportedCache(f"cache KV is {problem}")
         table = self._tables.setdefault(session, _SessionTable())
         ranges = page_ranges(len(token_ids), self._config.page_tokens)
         stored, fresh, nbytes = [], [], 0
@@ -254,7 +285,8 @@ class HfKVAdapter:
                 blob = enc.to_bytes()
                 key = _page_key(ident, chain, spec)
                 self._store.put(key, blob, ident)
-                page = StoredPage(identity=ident, key=key, spec=spec, nbytes=len(blob))
+                page = StoredPage(identity=ident, key=key, spec=spec, nbytes=len(blob),
+                                  checksum=zlib.crc32(blob))
                 table.pages[(chain, _spec_tag(spec))] = page
                 stored.append(page)
                 fresh.append(page)
@@ -275,6 +307,7 @@ class HfKVAdapter:
         form ``spec``, then (if ``recompute``) a prefill of the remaining tokens."""
         t0 = time.perf_counter()
         spec = spec or CodecSpec.full()
+        check_context(self._loaded.model, len(token_ids))
         ks, vs, restored, nbytes = self._read_prefix(session, token_ids, spec)
         cache = pages_to_cache(ks, vs) if ks else DynamicCache()
         logits, missing = None, len(token_ids) - restored
@@ -300,6 +333,9 @@ class HfKVAdapter:
             found, blob = self._store.get(page.key)
             if found is not Lookup.HIT:
                 break  # evicted: the rest of the prefix is recomputed
+            if zlib.crc32(blob) != page.checksum:
+                raise CorruptPage(f"page {page.key.hex()} [{start}, {end}) changed in the store "
+                                  "since it was written (checksum mismatch)")
             try:
                 enc = EncodedKV.from_bytes(blob)
             except EncodedFormatError as exc:
@@ -317,12 +353,17 @@ class HfKVAdapter:
             restored, nbytes = end, nbytes + len(blob)
         return ks, vs, restored, nbytes
 
-    def _check_shape(self, x: torch.Tensor, tokens: int, page: StoredPage) -> None:
+    def _geometry_mismatch(self, x: torch.Tensor, tokens: int) -> str | None:
+        """None if ``x`` is this model's KV for ``tokens`` tokens, else what it is instead."""
         m = self._loaded
         want = (m.num_layers, m.kv_heads, tokens, m.head_dim)
-        if tuple(x.shape) != want or x.dtype != m.dtype:
-            raise CorruptPage(f"page {page.key.hex()} decoded to {tuple(x.shape)} {x.dtype}, "
-                              f"identity says {want} {m.dtype}")
+        if tuple(x.shape) == want and x.dtype == m.dtype:
+            return None
+        return f"{tuple(x.shape)} {x.dtype}, the model's is {want} {m.dtype}"
+
+    def _check_shape(self, x: torch.Tensor, tokens: int, page: StoredPage) -> None:
+        if (problem := self._geometry_mismatch(x, tokens)) is not None:
+            raise CorruptPage(f"page {page.key.hex()} decoded to {problem}")
 
 
 def _page_key(identity: PageIdentity, chain: bytes, spec: CodecSpec) -> bytes:

@@ -9,6 +9,7 @@ repeats this over disjoint windows of a text and averages.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +68,15 @@ def context_text() -> tuple[str, str]:
     return "\n\n".join(p.read_text() for p in docs if p.is_file()), f"{_REPO.name}/docs/*.md"
 
 
+def row_labels(specs: Sequence[CodecSpec]) -> dict[CodecSpec, str]:
+    """A distinct row name per form: its label, with the group size where two forms
+    share a label (INT4 at group 32 and at group 64 are two rows, not one)."""
+    specs = tuple(dict.fromkeys(specs))
+    seen = Counter(spec.label for spec in specs)
+    return {spec: spec.label if seen[spec.label] == 1 else f"{spec.label}-g{spec.group_size}"
+            for spec in specs}
+
+
 def _window(label, ref, got, targets, nbytes, full_nbytes) -> WindowStats:
     logp_ref = torch.log_softmax(ref.double(), dim=-1)
     logp_got = torch.log_softmax(got.double(), dim=-1)
@@ -90,26 +100,28 @@ def measure_window(
     session: str = "quality",
 ) -> list[WindowStats]:
     """Store the context in every form of ``specs``, restore each, teacher-force the
-    continuation and compare with the uninterrupted run. Releases the pages after."""
+    continuation and compare with the uninterrupted run. Releases the pages after.
+    Each distinct form gives one `WindowStats`, named by `row_labels`."""
+    labels = row_labels(specs)
     cache = DynamicCache()
     prefill(model, context_ids, cache)
     receipt = adapter.store(session, context_ids, cache, event_version=1,
                             specs=(CodecSpec.full(), *specs))
     ref = prefill(model, continuation_ids, cache)  # the uninterrupted run
     drop_cache(cache)
-    sizes: dict[str, int] = {}
+    sizes: dict[CodecSpec, int] = {}
     for page in receipt.pages:
-        sizes[page.spec.label] = sizes.get(page.spec.label, 0) + page.nbytes
+        sizes[page.spec] = sizes.get(page.spec, 0) + page.nbytes
     targets = torch.tensor(list(continuation_ids[1:]), dtype=torch.long)
     out = []
     try:
-        for spec in specs:
+        for spec, label in labels.items():
             restored = adapter.restore(session, context_ids, spec=spec, recompute=False)
             if restored.restored_tokens != len(context_ids):
                 raise RuntimeError(f"{spec.label}: only {restored.restored_tokens} tokens resident")
             got = prefill(model, continuation_ids, restored.cache)
             drop_cache(restored.cache)
-            out.append(_window(spec.label, ref, got, targets, sizes[spec.label], sizes["full"]))
+            out.append(_window(label, ref, got, targets, sizes[spec], sizes[CodecSpec.full()]))
     finally:
         adapter.release(session)
     return out

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from agentkv_cluster.engines.hf import (
+    ContextTooLong,
     CorruptPage,
     DynamicCache,
     UnsupportedCache,
@@ -134,3 +135,21 @@ def test_bad_inputs_raise_specific_errors(loaded, adapter, prompt, host_store):
     k, _ = cache_to_kv(cache)
     assert tuple(k.shape) == (loaded.num_layers, loaded.kv_heads, len(prompt), loaded.head_dim)
     assert torch.equal(k[:, :, :4], torch.stack([lay.keys[0, :, :4] for lay in cache.layers]))
+
+
+def test_a_tampered_full_page_is_refused_not_restored_as_exact(loaded, adapter, prompt,
+                                                               host_store):
+    cache = DynamicCache()
+    prefill(loaded.model, prompt, cache)
+    adapter.store("s1", prompt, cache, event_version=1)
+    page = adapter.pages("s1")[1]
+    slot, length = host_store._slots[page.key]
+    _, blob = host_store.get(page.key)
+    blob = bytearray(blob)
+    blob[length - 4096] ^= 0x40  # one bit of a V element, rewritten in place in the pool
+    host_store.pool.write(slot, bytes(blob))
+    with pytest.raises(CorruptPage, match="checksum"):
+        adapter.restore("s1", prompt)
+    # A context longer than the model's 8192 positions is refused before any page is read.
+    with pytest.raises(ContextTooLong):
+        adapter.restore("s1", prompt * (8192 // len(prompt) + 1))

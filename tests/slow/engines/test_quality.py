@@ -51,3 +51,21 @@ def test_int2_is_reported_lossy(rows):
     assert not int2.lossless
     # Far outside the INT4 quality bar: it may only serve as a verified draft.
     assert int2.kl > 0.02 and int2.top1 < 0.93
+
+
+def test_forms_that_share_a_label_get_a_row_each(loaded, doc_ids):
+    """INT4 at group 32 and at group 64 are both 'int4-kivi': two rows, one window each,
+    each with its own bytes, not one row pooling both (a form listed twice counts once)."""
+    store = make_store(loaded)
+    try:
+        adapter = HfKVAdapter(loaded, store, AdapterConfig(page_tokens=PAGE_TOKENS))
+        specs = (CodecSpec.int4(group_size=32), CodecSpec.int4(group_size=64),
+                 CodecSpec.int8(), CodecSpec.int8())
+        rows = {row.label: row for row in measure_windows(
+            adapter, loaded.model, doc_ids, specs, context=64, continuation=16, max_windows=1)}
+    finally:
+        store.close()
+    assert set(rows) == {"int4-kivi-g32", "int4-kivi-g64", "int8"}
+    assert all(row.windows == 1 for row in rows.values())
+    assert rows["int4-kivi-g32"].bytes_ratio < rows["int8"].bytes_ratio < 1
+    assert rows["int4-kivi-g32"].bytes_ratio != rows["int4-kivi-g64"].bytes_ratio

@@ -299,6 +299,7 @@ class EventGraph(GraphBase):
         for branch in task.branches.values():
             touched |= branch.pages
         self._fold(task)
+        self._forget_if_finished(task)
         return touched
 
     def _fail_pages(self, branch: Branch, touched: set[PageId]) -> None:

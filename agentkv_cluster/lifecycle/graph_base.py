@@ -247,6 +247,27 @@ class GraphBase:
             task = self._tasks[rec.task]
             task.branches[rec.branch].pages.discard(page)
             self._prune_branches(task)
+            self._forget_if_finished(task)
+
+    def _forget_if_finished(self, task: Task) -> None:
+        """An ended task none of whose pages is left goes, with its nodes: nothing can read
+        or retire through it any more. The graph used to keep every task it ever saw (its
+        calls, observations and summary) for as long as it ran."""
+        if task.open or any(b.pages for b in task.branches.values()):
+            return
+        nodes = [*task.window, *([task.summary] if task.summary is not None else [])]
+        for nid in nodes:
+            node = self._nodes.pop(nid)
+            for pid in node.reads | node.writes:  # e.g. a shared prefix this task read
+                rec = self._pages.get(pid)
+                if rec is not None:
+                    rec.consumers.discard(nid)
+                    rec.producers.discard(nid)
+            for other in self._succ.pop(nid, set()):
+                self._pred.get(other, set()).discard(nid)
+            for other in self._pred.pop(nid, set()):
+                self._succ.get(other, set()).discard(nid)
+        del self._tasks[task.key]
 
     def register_consumer(self, page: PageId, node: NodeId) -> None:
         """Declare a (candidate) consumer the events did not name."""

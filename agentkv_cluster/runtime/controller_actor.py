@@ -346,16 +346,13 @@ class ControllerActor:
         """What the metrics exporter needs: credit waits after ``cursor`` (at most 10,000;
         the counters restart with fresh credits), the phases of loads since the last call,
         HBM bytes in use, and the cumulative counts per tenant."""
-        waits = self.executor.credits.waits
-        end = len(waits)
-        if cursor > end:  # set_credits started fresh counters
-            cursor = 0
+        end, waits = self.executor.credits.waits_since(cursor)
         hbm = sum(self.controller.table.hbm_used().values())
         traffic = {k: v for k, v in self.executor.traffic.by_tenant_tier.items()
                    if k[1] != "hbm"}  # bytes into HBM are counted by the API front
         unexported = self.loader.unexported
         phases = [unexported.popleft() for _ in range(len(unexported))]
-        return MetricsSince(cursor=end, waits=_wait_labels(waits[max(cursor, end - 10000):end]),
+        return MetricsSince(cursor=end, waits=_wait_labels(waits),
                             phases=phases, hbm_used=hbm,
                             recompute=dict(self.loader.recompute_tokens), traffic=traffic,
                             codecs=dict(self.executor.traffic.by_tenant_codec),
@@ -383,7 +380,7 @@ class ControllerActor:
                 "traffic": dict(self.executor.traffic.by_tier),
                 "max_in_flight": {str(link): n for link, n  # copied first: threads add links
                                   in dict(self.executor.credits.max_in_flight).items()},
-                "credit_waits": _wait_labels(self.executor.credits.waits[-10000:]),
+                "credit_waits": _wait_labels(self.executor.credits.waits_since(0)[1]),
                 "load_phases": list(self.loader.phases),
                 "prefetches_gave_room": self.executor.gave_room,
                 "errors": list(self.executor.errors)}

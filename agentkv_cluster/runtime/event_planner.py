@@ -127,8 +127,9 @@ class EventPlanner:
             self.schedule.cancel(list(state.pages))
             table.returning.difference_update(state.pages)
             touched = frozenset(state.pages)
-        return [self._retire(gid, state, now) for gid in sorted(touched)
-                if gid in table.pages and gid in state.pages and self._retirable(gid, now)]
+        retired = [self._retire(gid, event, state, now) for gid in sorted(touched)
+                   if gid in table.pages and gid in state.pages and self._retirable(gid, now)]
+        return [action for action in retired if action is not None]
 
     def _retype(self, rec: PageRecord, state_type: StateType, now: float) -> None:
         """The event graph changed the page's type (draft -> verified result, a branch's
@@ -187,9 +188,19 @@ class EventPlanner:
         self.schedule.cancel(list(state.pages), kinds=(ActionKind.DEMOTE, ActionKind.RESTORE))
         table.returning.update(g for g in state.pages if g in table.pages)
 
-    def _retire(self, gid: int, state: SessionState, now: float) -> Action:
+    def _retire(self, gid: int, event: ev.Event, state: SessionState, now: float
+                ) -> Action | None:
+        """The event's session is done with page ``gid``. A page other sessions stored too
+        (the same identity: one page) stays theirs, and only this session's hold of it goes:
+        deleting it made their loads of a page they had stored answer ``not_found``."""
         table = self.table
         rec = table.pages[gid]
+        if any(gid in table.sessions[s].pages for s in table.by_pid.holders(gid)
+               if s != (event.tenant, event.session) and s in table.sessions):
+            state.pages.discard(gid)
+            table.by_pid.drop_session(gid, event.tenant, event.session)
+            self.graph.retire(gid)  # its graph record was this session's task's
+            return None
         # Retired unread since its last prediction: its idle gap ended without a return.
         self.strategy.observe(rec, False, now, table.policy_of(rec))
         table.drop(gid)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,6 +32,7 @@ from agentkv_cluster.policy.credits import (
 from store.types import Tier
 
 _BACKGROUND_SUFFIX = "/bg"  # the label form metrics and logs have always shown
+WAITS_KEPT = 10_000  # the newest credit waits kept for metrics and stats (one per transfer)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +83,10 @@ class LinkCredits:
         self.in_flight: Counter[Link] = Counter()
         self.waiting: Counter[Link] = Counter()  # foreground requests queued per link
         self.max_in_flight: Counter[Link] = Counter()
-        self.waits: list[tuple[Tier, float]] = []  # (destination tier, seconds waited)
+        # (destination tier, seconds waited), the newest WAITS_KEPT: every transfer adds
+        # one, so a list of them all grew for as long as the service ran
+        self.waits: deque[tuple[Tier, float]] = deque(maxlen=WAITS_KEPT)
+        self.waits_total = 0  # waits ever recorded (the cursor of ``waits_since``)
 
     def _manager(self, link: Link) -> CreditManager:
         mgr = self._managers.get(link)
@@ -113,7 +117,17 @@ class LinkCredits:
             self.in_flight[link] += 1
             self.max_in_flight[link] = max(self.max_in_flight[link], self.in_flight[link])
             self.waits.append((tier, time.monotonic() - t0))
+            self.waits_total += 1
             return grant
+
+    def waits_since(self, cursor: int) -> tuple[int, list[tuple[Tier, float]]]:
+        """The new cursor and the waits recorded after ``cursor`` that are still kept (a
+        reader more than ``WAITS_KEPT`` behind misses the oldest); a cursor past the total
+        (fresh credits, ``Executor.set_credits``) starts again from 0."""
+        with self._cv:
+            end = self.waits_total
+            new = min(end - (cursor if cursor <= end else 0), len(self.waits))
+            return end, list(self.waits)[len(self.waits) - new:]
 
     def _wait_grant(self, session: str, link: Link, t0: float, timeout_s: float,
                     give_up: Callable[[], bool] | None) -> CreditGrant:

@@ -54,6 +54,7 @@ class EngineLoader:
             gids = self.controller.table.resolve(tenant, session, keys)
         except (UnknownSession, UnknownPageKey) as exc:
             raise RefusedNotFound(str(exc)) from None
+        self._refuse_outsized(gids)
         before = {g: self.controller.table.record(g) for g in gids}
         was_resident = {g: r.resident and not r.busy for g, r in before.items()}
         # Wanted for the whole load: background moves of these pages give way (a queued
@@ -81,6 +82,24 @@ class EngineLoader:
         self.unexported.append(phases)
         self.controller.table.hold(tenant, session, gids, time.monotonic())
         return [self._report(g, was_resident[g], by_gid.get(g), total) for g in gids]
+
+    def _refuse_outsized(self, gids: list[int]) -> None:
+        """Refuse at once a load whose pages outsize their HBM actor's whole budget: it
+        could never be pinned all at once, and waited for room until its deadline (45 s,
+        a server thread held) before it was refused all the same."""
+        need: Counter[str] = Counter()
+        with self.controller.cv:
+            table = self.controller.manager.table
+            for gid in gids:
+                rec = table.pages.get(gid)
+                if rec is not None:
+                    need[rec.hbm] += rec.view.size_bytes
+            for hbm, n in need.items():
+                budget = table.hbms.get(hbm)
+                if budget is not None and n > budget.capacity:
+                    raise RequestRefused(
+                        f"this load's pages need {n} B of HBM at once, more than the "
+                        f"{budget.capacity} B its HBM actor has: load fewer pages at a time")
 
     def _bring_in(self, gids: list[int], phases: LoadPhases) -> dict[int, TransferResult]:
         """Pin ``gids`` and restore the missing ones; returns restore results by gid.

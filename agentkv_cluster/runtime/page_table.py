@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from agentkv_cluster.policy.base import EvictionPolicy, PageView
+from agentkv_cluster.runtime.page_ids import PageIds
 from agentkv_cluster.runtime.records import (
     HbmBudget,
     HbmFull,
@@ -45,7 +46,7 @@ class PageTable:
         self.page_bytes = page_bytes
         self.pages: dict[int, PageRecord] = {}
         self.by_key: dict[tuple[bytes, str], int] = {}  # (key, hbm) -> gid
-        self.by_pid: dict[tuple[str, str, int], int] = {}  # (tenant, session, page id) -> gid
+        self.by_pid = PageIds()  # (tenant, session, page id) <-> gid
         self.sessions: dict[tuple[str, str], SessionState] = {}
         self.hbms: dict[str, HbmBudget] = {}
         self._gids = itertools.count(1)
@@ -185,6 +186,7 @@ class PageTable:
         if rec.resident and rec.hbm in self.hbms:
             self.evict(rec, tracked=True)
         self.by_key.pop((rec.meta.key, rec.hbm), None)
+        self.by_pid.drop(gid)
         self.returning.discard(gid)
         self.recalled.discard(gid)
         return rec
@@ -379,8 +381,7 @@ class PageTable:
         """The erasure's last step here, after its pages were dropped: every session of
         ``tenant`` and its page ids go, and its erasure count rises (loads check it).
         Returns how many sessions it had."""
-        for key in [k for k in self.by_pid if k[0] == tenant]:
-            del self.by_pid[key]
+        self.by_pid.forget_tenant(tenant)
         sessions = [k for k in self.sessions if k[0] == tenant]
         for key in sessions:
             state = self.sessions.pop(key)

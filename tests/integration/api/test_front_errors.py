@@ -4,6 +4,7 @@ record every cross-tenant denial leaves (the service's own audit log, verified).
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -80,6 +81,23 @@ def test_a_load_or_release_that_names_a_page_twice_is_bad_args(service) -> None:
         (data,) = s.load([key])
         assert data == kv_page(0, "evidence", identity("acme", "twice", 0))["data"]
         assert s.release([key]) == 1
+
+
+def test_a_load_larger_than_the_hbm_is_refused_at_once(service) -> None:
+    """Regression (found from outside): a load of more pages than the HBM actor holds could
+    never be pinned, yet it waited for room until its 45 s deadline, holding a server
+    thread, before the same ``bad_args``. Loads that fit still work."""
+    with service.client("acme") as client:
+        s = client.open_session("outsized")
+        keys = s.store_pages([kv_page(i, "evidence", identity("acme", "outsized", 1000 * i))
+                              for i in range(9)])  # the HBM holds 8
+        t0 = time.monotonic()
+        with pytest.raises(RemoteError) as err:
+            s.prepare_load(keys)
+        assert err.value.code == "bad_args" and "fewer pages" in err.value.message
+        assert time.monotonic() - t0 < 5.0
+        assert len(s.load(keys[:3])) == 3
+        s.release(keys[:3])
 
 
 def test_an_event_nested_a_thousand_deep_is_bad_args(service) -> None:

@@ -130,3 +130,35 @@ def test_retry_loop_with_fresh_pages_and_branches_stays_bounded() -> None:
             st = g.stats()
             assert st.pages == 3 and st.branches <= window + 1
     assert g.blockers(P(1_000 + 2_999)) == {B.CONTEXT}
+
+
+def test_ended_tasks_whose_pages_retired_are_forgotten() -> None:
+    """Regression (found from outside): every task ever ended stayed in the graph with its
+    nodes (and summary) though all its pages had retired, so a service's graph grew with
+    every task it saw. A task goes once it ended and none of its pages is left; the
+    shared prefix its calls read keeps no reference to its nodes."""
+    g = EventGraph(RetentionPolicy(window=3))
+    s = Session()
+    for r in range(1, 31):
+        t = s.for_task(f"task-{r}")
+        base = 10 * r
+        g.apply(t.make(ev.TaskStart, prefix_generation=0, prefix_pages=(1,),
+                       input_pages=(base,)), now=float(r))
+        for i in range(4):  # a loop: folds into the task's summary
+            g.apply(t.make(ev.ToolStart, call_id=f"k{i}", tool="x", consumes=(1, base)),
+                    now=float(r))
+            g.apply(t.make(ev.ObservationReturn, call_id=f"k{i}",
+                           produces=(ref(base + 1 + i, T.TOOL_OBSERVATION),)), now=float(r))
+        touched = g.apply(t.make(ev.TaskEnd), now=float(r))
+        for page in sorted(touched - {P(1)}):
+            g.retire(page)
+    st = g.stats()
+    assert (st.tasks, st.nodes, st.pages) == (0, 0, 1)
+    assert g.blockers(P(1)) == {B.GENERATION} and g.dependency_strength(P(1)) == 0.0
+    # an ended task that still holds a page stays until that page goes
+    t = s.for_task("last")
+    g.apply(t.make(ev.TaskStart, prefix_generation=0, input_pages=(999,)), now=40.0)
+    g.apply(t.make(ev.TaskEnd), now=41.0)
+    assert g.stats().tasks == 1
+    g.retire(P(999))
+    assert g.stats().tasks == 0 and g.page_ids() == {P(1)}

@@ -8,7 +8,7 @@ import time
 from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.runtime.controller import Controller
 from agentkv_cluster.runtime.guard import Guarded
-from agentkv_cluster.runtime.link_credits import Link, LinkCredits
+from agentkv_cluster.runtime.link_credits import WAITS_KEPT, Link, LinkCredits
 from agentkv_cluster.runtime.records import (
     Action,
     ActionKind,
@@ -156,6 +156,26 @@ def test_credit_waits_are_labelled_with_the_tier_the_move_goes_into() -> None:
     credits.release(link.as_background(), grant)
     credits.release(link, credits.acquire("s", link))  # a restore into HBM
     assert [tier for tier, _ in credits.waits] == [Tier.HOST, Tier.HBM]
+
+
+def test_credit_waits_stay_bounded_and_each_reaches_the_metrics_once() -> None:
+    """Regression (found from outside): every transfer appended its credit wait to a list
+    that nothing trimmed, so the controller grew by one entry per transfer for as long as
+    the service ran. Only the newest ``WAITS_KEPT`` stay; a metrics reader keeping up
+    with ``waits_since`` still sees each one once."""
+    credits = LinkCredits(per_link=1, per_session=1)
+    link = Link("p", "h")
+    cursor, seen = 0, 0
+    for i in range(WAITS_KEPT + 500):
+        credits.release(link, credits.acquire("s", link))
+        if i % 1000 == 999:
+            cursor, new = credits.waits_since(cursor)
+            seen += len(new)
+    cursor, new = credits.waits_since(cursor)
+    assert len(credits.waits) == WAITS_KEPT and seen + len(new) == WAITS_KEPT + 500
+    assert credits.waits_since(cursor) == (cursor, [])
+    # a cursor from before fresh credits (Executor.set_credits) starts again at 0
+    assert credits.waits_since(cursor + 7) == (cursor, list(credits.waits))
 
 
 def test_forget_tenant_drops_only_that_tenants_pages_and_reports_resident_keys() -> None:

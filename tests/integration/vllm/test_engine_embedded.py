@@ -163,3 +163,32 @@ def test_bad_hints_get_a_clear_error_and_the_engine_keeps_serving(engine, hints,
     good = generate(llm, "hello there, agent", {"session": "ok", "token": token("acme")},
                     max_tokens=4)
     assert "errors" not in report(good)
+
+
+def test_abandoning_a_branch_keeps_the_prefix_the_next_branch_continues_from(engine):
+    """A request names its branch; abandoning that branch retires the blocks only it
+    wrote, while the trunk's blocks it read stay (any branch_abandoned used to retire the
+    whole session, and the next attempt recomputed the shared prefix)."""
+    llm, token = engine
+    base = list(generate(llm, prompt(9, words=1200), max_tokens=1).prompt_token_ids)
+    assert len(base) > 5 * BLOCK
+    _evict(llm)
+    hints = {"session": "agent-br", "token": token("acme")}
+    trunk, tried = base[:3 * BLOCK], base[:5 * BLOCK]
+    generate_ids(llm, trunk, hints, max_tokens=1)  # the trunk's 3 blocks saved
+    time.sleep(1.0)  # saved after the request finished (next engine step)
+    _evict(llm)
+    attempt = generate_ids(llm, tried, {**hints, "branch": "try-1"}, max_tokens=1)
+    assert report(attempt)["restored_tokens"] == 3 * BLOCK  # the branch reads the trunk
+    time.sleep(1.0)
+    _evict(llm)
+    drop = generate_ids(llm, trunk, {**hints, "events": [{"kind": "branch_abandoned",
+                                                           "branch": "try-1"}]},
+                        max_tokens=1)
+    assert "errors" not in report(drop), report(drop)
+    time.sleep(1.0)  # the held event is applied on the next engine step
+    _evict(llm)
+    generate_ids(llm, base[:BLOCK], {"session": "idle", "token": token("acme")}, max_tokens=1)
+    _evict(llm)
+    again = generate_ids(llm, tried, hints, max_tokens=1)
+    assert report(again)["restored_tokens"] == 3 * BLOCK, report(again)  # trunk only

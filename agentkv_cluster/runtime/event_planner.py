@@ -98,6 +98,13 @@ class EventPlanner:
         gid = self.table.by_pid.get((owner, session, pid))
         if gid is None:
             raise UnknownPageKey(f"page {pid} was not stored in session {session!r}")
+        rec = self.table.pages.get(gid)
+        if rec is not None and rec.meta.namespace != owner:
+            # A PUBLIC page is every opted-in tenant's, read-only: naming it made it this
+            # task's, so a reader could retype it, block others' events on it, leave
+            # page_retired records in its publisher's name and delete it for everyone.
+            raise ev.ConflictingEvent(f"page {pid} is in the PUBLIC namespace: shared and "
+                                      "read-only, no task's to declare, retype or retire")
         return gid
 
     def apply(self, event: ev.Event, now: float) -> list[Action]:

@@ -178,3 +178,63 @@ def test_a_grant_names_a_tenant_that_exists(service, capsys) -> None:
     assert main(["tenant", "publishers", "--keys-dir", service.keys_dir]) == 0
     assert "acmee" not in capsys.readouterr().out
     assert _cli(service, "publish", "acmee", "--revoke") == 0  # revoking is always allowed
+
+
+
+def _refused_event(s, kind: str, **fields) -> None:
+    with pytest.raises(RemoteError) as err:
+        s.event(kind, **fields)
+    assert err.value.code == "bad_args" and "PUBLIC namespace" in str(err.value), err.value
+
+
+def test_a_reader_cannot_retire_a_public_page_for_the_other_readers(service) -> None:
+    """A reader (``public_read``, no right to publish) cannot name a PUBLIC page it looked up
+    in its events (found from outside: as its task's input, its task end deleted PUBLIC's
+    copy and directory entry, so any opted-in tenant could wipe what a publisher shared)."""
+    page = _public_page("schemas", 0)
+    ident = identity(PUBLIC_NAMESPACE, "schemas", 0).pack()
+    assert _cli(service, "create", "tyrell") == 0
+    assert _cli(service, "publish", "tyrell") == 0
+    with service.client("tyrell", roles=PUBLISHER) as pub:
+        _store_eventually(pub.open_session("t1"), page, ok=True)
+    # What it published stays in PUBLIC; no session of the publisher holds it any more.
+    assert not service.erase_tenant("tyrell").failed_tiers
+    with service.client("mallory", public_read=True) as reader:
+        m = reader.open_session("m1")
+        assert m.lookup_prefix([ident])["length"] == 1
+        _refused_event(m, "task_start", event_id=1, task_id="t", version=1, ts=0.0,
+                       prefix_generation=1, input_pages=[0])
+        m.task_start(event_id=2, task_id="t", version=2, ts=0.0, prefix_generation=1)
+        m.task_end(event_id=3, task_id="t", version=3, ts=0.1)
+    time.sleep(0.5)  # a retirement's deletions run in the background
+    with service.client("acme", public_read=True) as other:
+        s = other.open_session("a1")
+        found = s.lookup_prefix([ident])
+        assert found["length"] == 1
+        assert s.load(found["keys"]) == [page["data"]]
+
+
+def test_a_reader_cannot_retype_a_public_page_or_retire_it_in_the_publishers_name(service
+                                                                                   ) -> None:
+    """Nor can it claim a PUBLIC page its publisher still holds as its own draft, verify it
+    and end its task: that retyped the publisher's page for the policy and left a signed
+    ``page_retired`` record naming the publisher's tenant and session for a page that was
+    never retired (found from outside)."""
+    page = kv_page(0, "tool_observation", identity(PUBLIC_NAMESPACE, "manuals", 0))
+    assert _cli(service, "create", "cyberdyne") == 0
+    assert _cli(service, "publish", "cyberdyne") == 0
+    with service.client("cyberdyne", roles=PUBLISHER) as pub, \
+            service.client("mallory", public_read=True) as reader:
+        p = pub.open_session("c1")
+        _store_eventually(p, page, ok=True)
+        m = reader.open_session("m2")
+        assert m.lookup_prefix([page["identity"]])["length"] == 1
+        m.task_start(event_id=1, task_id="t", version=1, ts=0.0, prefix_generation=1)
+        _refused_event(m, "model_call", event_id=2, task_id="t", version=2, ts=0.1,
+                       call_id="c1", produces=[[0, "temp_reasoning"]])
+        _refused_event(m, "verification_pass", event_id=3, task_id="t", version=3, ts=0.2,
+                       call_id="v1", pages=[0])
+        m.task_end(event_id=4, task_id="t", version=4, ts=0.3)
+        service.drain_audit()
+        assert not [r for r in _records(service, "page_retired") if r["tenant"] == "cyberdyne"]
+        assert p.load(p.store_pages([page])) == [page["data"]]

@@ -134,9 +134,15 @@ class EventPlanner:
             self.schedule.cancel(list(state.pages))
             table.returning.difference_update(state.pages)
             touched = frozenset(state.pages)
-        retired = [self._retire(gid, event, state, now) for gid in sorted(touched)
-                   if gid in table.pages and gid in state.pages and self._retirable(gid, now)]
-        return [action for action in retired if action is not None]
+        retired = []
+        for gid in sorted(touched):
+            if gid not in table.pages or gid not in state.pages:
+                continue
+            if self._held_elsewhere(gid, event):
+                self._end_hold(gid, event, state)
+            elif self._retirable(gid, now):
+                retired.append(self._retire(gid, state, now))
+        return retired
 
     def _retype(self, rec: PageRecord, state_type: StateType, now: float) -> None:
         """The event graph changed the page's type (draft -> verified result, a branch's
@@ -195,19 +201,33 @@ class EventPlanner:
         self.schedule.cancel(list(state.pages), kinds=(ActionKind.DEMOTE, ActionKind.RESTORE))
         table.returning.update(g for g in state.pages if g in table.pages)
 
-    def _retire(self, gid: int, event: ev.Event, state: SessionState, now: float
-                ) -> Action | None:
-        """The event's session is done with page ``gid``. A page other sessions stored too
-        (the same identity: one page) stays theirs, and only this session's hold of it goes:
-        deleting it made their loads of a page they had stored answer ``not_found``."""
+    def _held_elsewhere(self, gid: int, event: ev.Event) -> bool:
+        """Whether another session stored page ``gid`` too (the same identity: one page)
+        and still holds it."""
+        table = self.table
+        return any(gid in table.sessions[s].pages for s in table.by_pid.holders(gid)
+                   if s != (event.tenant, event.session) and s in table.sessions)
+
+    def _end_hold(self, gid: int, event: ev.Event, state: SessionState) -> None:
+        """The event's session is done with a page another session still holds: only its
+        hold goes (deleting the page made the other's loads answer ``not_found``). Nothing
+        is retired, so no §5.2 summary is written either (it would say the page is gone);
+        an audited page keeps its graph record until its last holder retires it."""
+        try:
+            blockers = self.graph.blockers(gid)
+        except KeyError:
+            return  # a page no event produced: it stays with the session, as before
+        if blockers - {Blocker.AUDIT}:
+            return  # still needed by this session's task
+        state.pages.discard(gid)
+        self.table.by_pid.drop_session(gid, event.tenant, event.session)
+        if not blockers:
+            self.graph.retire(gid)  # its graph record was this session's task's
+
+    def _retire(self, gid: int, state: SessionState, now: float) -> Action:
+        """The last session holding page ``gid`` is done with it: it goes."""
         table = self.table
         rec = table.pages[gid]
-        if any(gid in table.sessions[s].pages for s in table.by_pid.holders(gid)
-               if s != (event.tenant, event.session) and s in table.sessions):
-            state.pages.discard(gid)
-            table.by_pid.drop_session(gid, event.tenant, event.session)
-            self.graph.retire(gid)  # its graph record was this session's task's
-            return None
         # Retired unread since its last prediction: its idle gap ended without a return.
         self.strategy.observe(rec, False, now, table.policy_of(rec))
         table.drop(gid)

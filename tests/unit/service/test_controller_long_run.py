@@ -87,3 +87,25 @@ def test_a_page_two_sessions_stored_stays_with_the_session_still_using_it() -> N
     b.event("task_start", "y", prefix_generation=1, input_pages=[7])
     assert [(x.kind, x.key) for x in b.event("task_end", "y")] == [(ActionKind.DELETE, b"same")]
     assert ctl.table.pages == {} and len(ctl.table.by_pid) == 0
+
+
+def test_a_hold_dropped_from_a_shared_page_writes_no_audit_record() -> None:
+    """A session whose task ends while another session still holds a shared verified page
+    only drops its hold: the page is not retired, so no §5.2 summary may say it was (one
+    was written, and the page lived on); its last holder's retirement writes the one."""
+    ctl = Controller(make_strategy("agentkv"))
+    ctl.add_hbm("h", 64 * MB)
+    a, b = Session(ctl, "a"), Session(ctl, "b")
+    a.store(meta("a", 0, StateType.TEMP_REASONING, key=b"same"))
+    b.store(meta("b", 7, StateType.TEMP_REASONING, key=b"same"))
+    (gid,) = ctl.table.resolve("t", "a", [b"same"])
+    a.event("task_start", "x", prefix_generation=1)
+    a.event("model_call", "x", call_id="m1", produces=[[0, "temp_reasoning"]])
+    a.event("verification_pass", "x", call_id="v1", pages=[0])
+    assert ctl.table.pages[gid].view.state_type is StateType.VERIFIED_RESULT
+    assert a.event("task_end", "x") == []
+    assert ctl.events.drain_audit() == []  # nothing was retired
+    assert gid in ctl.table.pages and ctl.table.by_pid.holders(gid) == {("t", "b")}
+    b.event("task_start", "y", prefix_generation=1)
+    assert [(x.kind, x.key) for x in b.event("task_end", "y")] == [(ActionKind.DELETE, b"same")]
+    assert [s.state_type for s in ctl.events.drain_audit()] == [StateType.VERIFIED_RESULT]

@@ -199,10 +199,16 @@ def format_address(address: Any) -> str:
 
 def _watch_directory(cfg: Any, service: Any) -> Any:
     """Probe the Redis directory now and keep watching it (error log + backoff; republish on
-    recovery). None with the embedded directory (it lives and dies with the head)."""
+    recovery, also when it came back empty between two probes). None with the embedded directory (it lives and dies with the head)."""
     if not cfg.directory.redis_url:
         return None
-    from agentkv_cluster.runtime.directory_glue import Backoff, DirectoryWatch, RedisSpec, probe
+    from agentkv_cluster.runtime.directory_glue import (
+        Backoff,
+        DirectoryWatch,
+        RedisSpec,
+        directory_emptied,
+        probe,
+    )
 
     spec = RedisSpec(url=cfg.directory.redis_url, prefix=cfg.directory.prefix)
 
@@ -214,7 +220,8 @@ def _watch_directory(cfg: Any, service: Any) -> Any:
     watch = DirectoryWatch(
         check,
         on_recover=lambda: service.topo.controller.options(timeout_s=120.0).republish(),
-        backoff=Backoff(first_s=0.5, max_s=max(0.5, cfg.directory.retry_max_s)))
+        backoff=Backoff(first_s=0.5, max_s=max(0.5, cfg.directory.retry_max_s)),
+        emptied=lambda: directory_emptied(spec))  # a restart between two probes
     first = watch.probe_once()
     return watch.start(first_wait_s=first)
 

@@ -46,8 +46,7 @@ class RedisSpec:
 
 
 def open_directory(directory: Any) -> Any:
-    """A ``RedisSpec`` becomes a guarded ``RedisDirectory`` in the calling process; handles
-    pass through."""
+    """A ``RedisSpec`` becomes a guarded ``RedisDirectory`` in this process; handles pass."""
     if isinstance(directory, RedisSpec):
         from store.directory.redis_backend import RedisDirectory
 
@@ -151,11 +150,12 @@ class DirectoryWatch:
     after a failure logs at error level and retries with ``backoff``; on recovery logs it
     and calls ``on_recover`` (republish every pool's copies: an emptied Redis fills again)."""
 
-    def __init__(self, check: Callable[[], tuple[bool, str]], *,
-                 on_recover: Callable[[], Any] | None = None, interval_s: float = 5.0,
-                 backoff: Backoff = Backoff()) -> None:
+    def __init__(self, check: Callable[[], tuple[bool, str]], *, on_recover: Callable[[], Any]
+                 | None = None, interval_s: float = 5.0, backoff: Backoff = Backoff(),
+                 emptied: Callable[[], bool] | None = None) -> None:
         self.check = check
         self.on_recover = on_recover
+        self.emptied = emptied  # lost its entries since the last call? (``directory_emptied``)
         self.interval_s = interval_s
         self.backoff = backoff
         self.up: bool | None = None  # unknown until the first probe
@@ -168,6 +168,9 @@ class DirectoryWatch:
     def probe_once(self) -> float:
         """One probe; returns how long to wait before the next one."""
         ok, detail = self.check()
+        if ok and self.emptied is not None and self.emptied() and self.up:  # no failed probe
+            log.error("directory lost its entries since the last probe (restarted or flushed)")
+            self.outages, self.up = self.outages + 1, False
         if ok and self.up is False:
             log.warning("directory reachable again (%s)", detail)
             if not self._republish():
@@ -353,6 +356,26 @@ def held_elsewhere(directory: Any, pools: dict[str, PoolHandle], metas: Sequence
     return out
 
 
+# The watch's marker, shaped like a blinded namespace (never a tenant's: those are keyed hashes)
+WATCH_NAMESPACE = "n" + "0" * 24
+
+
+def directory_emptied(spec: RedisSpec, timeout_s: float = 2.0) -> bool:
+    """Whether Redis lost its contents since the last call (a restart without persistence or
+    a FLUSHALL, however short): the marker has no generation. Marks it; False if unreachable."""
+    from store.directory.base import DirectoryError
+    from store.directory.redis_backend import RedisDirectory
+
+    client = RedisDirectory(spec.url, prefix=spec.prefix, socket_timeout_s=timeout_s)
+    try:  # a new client each time: its generation floor is 0, so it cannot lift the marker
+        emptied = client.current_generation(WATCH_NAMESPACE) == 0
+        return emptied and client.open_generation(WATCH_NAMESPACE) > 0
+    except DirectoryError:
+        return False
+    finally:
+        client.close()
+
+
 def probe(directory: Any, timeout_s: float = 2.0) -> tuple[bool, str]:
     """Readiness: can this process reach the directory? (Redis: one real read.)"""
     from store.directory.base import DirectoryError
@@ -361,8 +384,7 @@ def probe(directory: Any, timeout_s: float = 2.0) -> tuple[bool, str]:
         from store.directory.redis_backend import RedisDirectory
 
         try:
-            client = RedisDirectory(directory.url, prefix=directory.prefix,
-                                    socket_timeout_s=timeout_s)
+            client = RedisDirectory(directory.url, directory.prefix, socket_timeout_s=timeout_s)
         except Exception as exc:  # noqa: BLE001 - a bad URL is "not ready", with the reason
             return False, f"directory: {type(exc).__name__}: {exc}"
         try:

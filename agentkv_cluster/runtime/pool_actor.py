@@ -1,9 +1,9 @@
 """Cluster memory-pool actor: one per node, fronting that node's host pool and NVMe shard.
 
-Pages arrive already in their codec's form (the HBM actor compresses), are sealed with the tenant's
-key on the way in and opened on the way out, and every copy is published in the directory. A
-restarted actor rebuilds its index from the records' sealed meta blocks (``pool_records``) and can
-refill an emptied directory; generations are read back from the records, never lowered.
+Pages arrive in their codec's form (the HBM actor compresses), are sealed with the tenant's key
+on the way in, opened on the way out, and every copy is published in the directory. A restarted
+actor rebuilds its index from the records' sealed meta blocks (``pool_records``) and refills an
+emptied directory (``republish``); generations come back from the records, never lowered.
 """
 
 from __future__ import annotations
@@ -26,11 +26,7 @@ from agentkv_cluster.runtime.pool_records import (
     read_entry,
     sealed_total,
 )
-from agentkv_cluster.runtime.records import (
-    PageMeta,
-    PoolPurged,
-    PoolReceipt,
-)
+from agentkv_cluster.runtime.records import PageMeta, PoolPurged, PoolReceipt
 from security.blinding import DirectoryBlinder, size_bucket
 from security.chunked import ChunkedSealer
 from security.errors import KeyUnavailable
@@ -41,8 +37,8 @@ from store.host_pool import HostPool, PoolFull, SlotEmpty, TornRead
 from store.nvme import NvmeShard, NvmeShardConfig
 from store.types import Codec, Lookup, Tier
 
-# Host copies are opened straight from shared memory; a write racing the open (the slot
-# freed and reused) makes the restore start over, this many times at most.
+# Host copies are opened straight from shared memory; a write racing the open (the slot freed
+# and reused) makes the restore start over, this many times at most.
 _TORN_RETRIES = 3
 
 
@@ -137,13 +133,20 @@ class PoolActor:
             held = list(self._index.items())
         directory, entries = self.directory, {}
         for (key, codec), copy in held:
-            ns = self.blinder.namespace(copy.namespace)
-            if directory.current_generation(ns) < copy.dir_gen:
-                directory.advance_generation(ns, copy.dir_gen)
-            entries[(ns, key)] = self._entry(key, codec, copy)
+            try:
+                entry = self._entry(key, codec, copy)
+            except KeyUnavailable:  # a legacy record of an erased tenant (``_adopt``)
+                continue
+            if directory.current_generation(entry.tenant_ns) < entry.generation:
+                directory.advance_generation(entry.tenant_ns, entry.generation)
+            entries[(entry.tenant_ns, key)] = entry
         directory.restore(list(entries.values()))
+        with self._lock:  # deleted meanwhile: an entry must not outlive its copies
+            gone = [(ns, k) for ns, k in entries if all((k, c) not in self._index for c in Codec)]
+        for ns, key in gone:
+            self.publisher.delete(ns, key)
         self.publisher.stale = False
-        return len(entries)
+        return len(entries) - len(gone)
 
     # -- identity -------------------------------------------------------------------------------
     def endpoint(self) -> Endpoint:
@@ -251,9 +254,8 @@ class PoolActor:
         self._stored.notify_all()
 
     def restore_to(self, key: bytes, digest: bytes, codec: int, dst: tuple) -> tuple[int, int]:
-        """Open the (key, codec) copy, on whichever tier holds it, and push its plaintext
-        into ``dst`` (``RemoteSpan.wire()``). Plain values: Ray passes those without
-        pickling, a few hundred microseconds less per call on the restore path."""
+        """Open the (key, codec) copy, on whichever tier holds it, and push its plaintext into
+        ``dst`` (``RemoteSpan.wire()``). Plain values: Ray passes those without pickling."""
         want, span = Codec(codec), RemoteSpan.from_wire(dst)
         slot = self.mover.take_slot()
         try:
@@ -269,10 +271,9 @@ class PoolActor:
                             record, seq = self.host.view(copy.slot)
                         except (SlotEmpty, TornRead):
                             raise PageMissing("host copy vanished") from None
-                # Opened outside the lock, so restores do not queue behind one another or
-                # behind stores: a host copy is read in place (a store that frees and reuses
-                # its slot meanwhile moves the slot's seqlock), an NVMe copy into a buffer of
-                # this restore's own.
+                # Opened outside the lock, so restores do not queue behind one another or behind
+                # stores: a host copy is read in place (a store that frees and reuses its slot
+                # moves the slot's seqlock), an NVMe copy into a buffer of this restore's own.
                 if copy.tier is Tier.HOST:
                     done = self.opener.open_and_push(
                         digest, copy, record, slot, span,
@@ -289,9 +290,8 @@ class PoolActor:
 
     def _restore_nvme(self, key: bytes, codec: Codec, digest: bytes, copy: StoredCopy,
                       slot: int, span: RemoteSpan) -> bool:
-        """Read ``copy`` from the shard, open it into staging ``slot`` and push it to
-        ``span``; False when the copy was dropped or replaced meanwhile (the caller starts
-        over), and nothing of it is pushed then."""
+        """Read ``copy`` from the shard, open it into staging ``slot`` and push it to ``span``;
+        False (nothing pushed) when the copy was dropped or replaced meanwhile."""
         def current() -> bool:
             return self._index.get((key, codec)) is copy
 
@@ -327,8 +327,9 @@ class PoolActor:
         """Drop every copy of a page and its directory entry; returns copies removed."""
         with self._lock:
             gone = sum(self.delete_copy(key, c) for c in Codec)
-        if gone:
-            self.publisher.delete(self.blinder.namespace(namespace), key)
+        with suppress(KeyUnavailable):  # an erased tenant's legacy copy has no entry
+            if gone:
+                self.publisher.delete(self.blinder.namespace(namespace), key)
         return gone
 
     def _discard(self, copy: StoredCopy, scrub: bool = False) -> None:
@@ -354,12 +355,11 @@ class PoolActor:
             return [k for k, _ in doomed]
 
     def purge_tenant(self, tenant: str) -> PoolPurged:
-        """Tenant erasure on this node: forget the tenant's cached keys (a tenant created
-        again under the name gets new ones), overwrite and drop every copy of its pages
-        (host slots zeroed, NVMe payloads zeroed in place before the tombstone), then zero
-        every free host slot and every dead NVMe record (copies dropped earlier, of this
-        tenant or any, keep their sealed bytes until reused) and the free staging slots.
-        Returns the counts per tier and the erased keys (for the directory)."""
+        """Tenant erasure on this node: forget the tenant's cached keys (a tenant created again
+        gets new ones), overwrite and drop every copy of its pages (host slots and NVMe payloads
+        zeroed in place), then zero every free host slot, dead NVMe record (dropped copies keep
+        their sealed bytes until reused) and free staging slot. Returns the counts per tier
+        and the erased keys (for the directory)."""
         self.keyring.forget(tenant)
         self.blinder.forget(tenant)
         with self._lock:

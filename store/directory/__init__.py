@@ -1,6 +1,7 @@
 """Generational page directory: contract, embedded backend; Redis backend in ``redis_backend``."""
 
 from store.directory.base import (
+    CredentialsRefused,
     DirectoryAccessDenied,
     DirectoryBackend,
     DirectoryEntry,
@@ -17,6 +18,7 @@ from store.directory.base import (
 from store.directory.embedded import EmbeddedDirectory
 
 __all__ = [
+    "CredentialsRefused",
     "DirectoryAccessDenied",
     "DirectoryBackend",
     "DirectoryEntry",

@@ -61,6 +61,12 @@ class DirectoryAccessDenied(DirectoryError):
     """The backing service refused the credentials for this namespace (ACL)."""
 
 
+class CredentialsRefused(DirectoryAccessDenied, DirectoryUnavailable):
+    """The backing service refused this client's credentials (a wrong password, a disabled
+    user): access is denied, and the directory unusable until they are fixed (guarded
+    callers run local-only meanwhile, as in an outage)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class DirectoryEntry:
     key: bytes  # opaque (blinded) page identity digest

@@ -24,6 +24,7 @@ from redis import exceptions as rexc
 
 from store.directory import _lua
 from store.directory.base import (
+    CredentialsRefused,
     DirectoryAccessDenied,
     DirectoryEntry,
     DirectoryError,
@@ -232,9 +233,11 @@ def _call(fn: Callable[[], T]) -> T:
     """Run one Redis call, translating its failures into directory errors."""
     try:
         return fn()
+    except rexc.AuthenticationError as exc:  # a ConnectionError in redis-py: test it first
+        raise CredentialsRefused(f"redis refused the credentials: {exc}") from exc
     except (rexc.ConnectionError, rexc.TimeoutError) as exc:
         raise DirectoryUnavailable(f"redis unreachable: {exc}") from exc
-    except (rexc.NoPermissionError, rexc.AuthenticationError) as exc:
+    except rexc.NoPermissionError as exc:
         raise DirectoryAccessDenied(str(exc)) from exc
     except rexc.ResponseError as exc:
         message = str(exc)

@@ -16,6 +16,7 @@ import pytest
 from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.runtime.pool_records import StoredCopy, build_record_v1, slot_identity
 from agentkv_cluster.runtime.records import PageMeta, RestoreReceipt
+from agentkv_cluster.runtime.tenants import ensure_tenant
 from security.chunked import record_size
 from store.host_pool import SHM_DIR
 from store.types import Codec, Lookup, Tier
@@ -134,3 +135,57 @@ def test_a_record_whose_header_is_no_index_entry_leaves_at_a_rebuild(service, he
     assert actor.nvme.locate(b"b" * 33)[0] is Lookup.MISS  # it can never be served
     assert slot not in [s for s, _v, _n in actor.host.slots()]
     assert _restored(hbm, pool, good, Tier.HOST) == data
+
+
+def test_republish_skips_a_legacy_copy_whose_tenant_keys_are_gone(service, tmp_path):
+    """A restarted pool adopts a version-1 record of a tenant whose keys were shredded
+    (its header is plaintext), but that copy has no directory namespace any more: the
+    republish after a Redis loss must skip it, not fail and leave every other copy out."""
+    _hbm, pool, front, _ = service
+    actor = pool.target
+    ensure_tenant(str(tmp_path / "keys"), "ghost")
+    good, ghost = b"G" * 32, b"g" * 32
+    pool.store_from(_meta(good), Tier.HOST, Codec.FULL, front.slot_span(0, PAGE))
+    copy = StoredCopy(tier=Tier.NVME, slot=-1, loc=77, dir_gen=1, nbytes=PAGE,
+                      seal_gen=actor.keyring.current_generation("ghost"), namespace="ghost",
+                      full=PAGE, state_type="evidence")
+    record = build_record_v1(actor.sealer, ghost, Codec.FULL, copy, ghost[::-1],
+                             _page(front, 7))
+    actor.nvme.put(copy.nkey, record, 1)
+    actor.keyring.destroy_tenant("ghost")
+    actor._index.clear()
+    actor._rebuild()  # a restarted actor: the legacy record is adopted, its keys are gone
+    assert (ghost, Codec.FULL) in actor._index
+    ns = actor.blinder.namespace("acme")
+    actor.directory.delete(ns, good)  # Redis came back empty
+    assert actor.directory.get(ns, good)[0] is Lookup.MISS
+    assert pool.republish() == 1
+    assert actor.directory.get(ns, good)[0] is Lookup.HIT
+    assert actor.reset() == 2  # a new controller takes over: that copy goes too, no error
+    assert actor.directory.get(ns, good)[0] is Lookup.MISS and not actor._index
+
+
+def test_republish_does_not_resurrect_a_page_deleted_meanwhile(service):
+    """A page deleted (or its tenant erased) while a republish runs: the republish read the
+    index before, so it writes the page's entry back after the delete dropped it; that
+    entry must be dropped again, not left naming a copy that is gone."""
+    _hbm, pool, front, _ = service
+    actor = pool.target
+    kept, doomed = b"K" * 32, b"D" * 32
+    for key in (kept, doomed):
+        pool.store_from(_meta(key), Tier.HOST, Codec.FULL, front.slot_span(0, PAGE))
+    ns = actor.blinder.namespace("acme")
+    inner = actor.directory
+
+    class DeleteFirst:  # the delete lands between the republish's snapshot and its write
+        def __getattr__(self, name):
+            return getattr(inner, name)
+
+        def restore(self, entries):
+            assert pool.delete(doomed, "acme") == 1
+            return inner.restore(entries)
+
+    actor.directory = DeleteFirst()
+    assert pool.republish() == 1
+    assert inner.get(ns, kept)[0] is Lookup.HIT
+    assert inner.get(ns, doomed)[0] is Lookup.MISS

@@ -100,6 +100,14 @@ def _token(state: Path, tenant: str) -> str:
     return TokenIssuer(secret).issue(tenant, subject="test", now=time.time(), ttl_s=3600)
 
 
+def _entries(url: str) -> list[bytes]:
+    admin = redis_py.Redis.from_url(url)
+    try:
+        return [k for k in admin.keys("akv:*") if b":e:" in k]
+    finally:
+        admin.close()
+
+
 def test_unreachable_redis_is_logged_retried_and_recovered(tmp_path) -> None:
     state = tmp_path / "state"
     redis = RedisProcess(port=free_port())  # not started: nothing listens on its port
@@ -127,12 +135,19 @@ def test_unreachable_redis_is_logged_retried_and_recovered(tmp_path) -> None:
             serve.wait_log(r"directory reachable again")
             line = serve.wait_log(r"republished \d+ directory entries")
             republished = int(re.search(r"republished (\d+)", line).group(1))
-            admin = redis_py.Redis.from_url(redis.url)
-            entries = [k for k in admin.keys("akv:*") if b":e:" in k]
-            admin.close()
-            assert republished >= 4 and len(entries) >= 4  # written after all
+            assert republished >= 4 and len(_entries(redis.url)) >= 4  # written after all
             assert serve.get("/readyz")[0] == 200
             assert "agentkv_directory_up 1.0" in serve.get("/metrics")[1]
+            assert s.lookup_prefix([i.pack() for i in ids])["length"] == 8
+
+            # Restarted empty between two probes (they are 5 s apart): no probe fails, yet
+            # the entries are gone; the watch must notice and have the pools republish.
+            redis.restart()
+            serve.wait_log(r"ERROR .*directory lost its entries since the last probe")
+            deadline = time.monotonic() + 60
+            while len(_entries(redis.url)) < republished:
+                assert time.monotonic() < deadline, "entries not republished after a restart"
+                time.sleep(0.2)
             assert s.lookup_prefix([i.pack() for i in ids])["length"] == 8
     finally:
         rc = serve.stop()

@@ -14,6 +14,7 @@ from agentkv_cluster.runtime.directory_glue import (
     DirectoryWatch,
     GuardedDirectory,
     RedisSpec,
+    directory_emptied,
     open_directory,
     probe,
 )
@@ -143,6 +144,43 @@ def test_watch_logs_the_outage_and_republishes_after_restart(redis, caplog) -> N
     delays = [float(r.getMessage().rsplit("retrying in ", 1)[1].split()[0])
               for r in _errors(caplog)]
     assert delays[:3] == [0.2, 0.4, 0.8]  # exponential backoff, capped
+
+
+@pytest.mark.parametrize("loss", ["restart", "flushall"])
+def test_watch_republishes_when_redis_comes_back_empty_between_probes(redis, loss) -> None:
+    """A Redis restarted (persistence off) or flushed faster than the watch probes never
+    fails a probe; the watch must still see that the entries are gone and republish."""
+    spec = RedisSpec(url=redis.url)
+    d = RedisDirectory(redis.url)
+    gen = d.open_generation(NS)
+    held = [entry(bytes([i]) * 16, gen) for i in range(3)]
+    for e in held:
+        d.put(e)
+    republished: list[int] = []
+
+    def republish() -> int:
+        d.restore(held)
+        republished.append(len(held))
+        return len(held)
+
+    watch = DirectoryWatch(lambda: probe(spec, timeout_s=0.5), on_recover=republish,
+                           emptied=lambda: directory_emptied(spec, timeout_s=0.5))
+    try:
+        watch.probe_once()
+        watch.probe_once()
+        assert watch.up and republished == []  # the first probe marks; nothing was lost
+        if loss == "restart":
+            redis.restart()
+        else:
+            d._client.flushall()
+        assert all(d.get(NS, e.key)[0] is Lookup.MISS for e in held)
+        watch.probe_once()
+        assert republished == [3] and watch.up and watch.outages == watch.recoveries == 1
+        assert all(d.get(NS, e.key)[0] is Lookup.HIT for e in held)
+        watch.probe_once()
+        assert republished == [3]  # marked again: no second republish
+    finally:
+        d.close()
 
 
 def _errors(caplog) -> list[logging.LogRecord]:

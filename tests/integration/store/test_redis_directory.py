@@ -6,6 +6,7 @@ import pytest
 import redis
 
 from store.directory import (
+    CredentialsRefused,
     DirectoryAccessDenied,
     DirectoryEntry,
     DirectoryUnavailable,
@@ -92,6 +93,24 @@ def test_acl_key_pattern_confines_a_tenant_to_its_namespace():
             d.open_generation("globex")
         with pytest.raises(DirectoryAccessDenied):
             d.get("globex", b"a")
+        d.close()
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("credentials", [":wrong@", "", "nobody:pw@"])
+def test_refused_credentials_are_access_denied_not_unreachable(credentials):
+    """A wrong password, none, or an unknown user: Redis answers, so the error must say the
+    credentials were refused (not "unreachable"), and guarded callers still run local-only."""
+    server = RedisProcess(extra_config="requirepass sekrit").start()
+    try:
+        d = RedisDirectory(f"redis://{credentials}127.0.0.1:{server.port}/0")
+        with pytest.raises(DirectoryAccessDenied, match="refused the credentials") as caught:
+            d.get("acme", b"a")
+        assert isinstance(caught.value, DirectoryUnavailable)  # GuardedDirectory: local-only
+        assert "unreachable" not in str(caught.value)
+        with pytest.raises(CredentialsRefused):
+            d.open_generation("acme")
         d.close()
     finally:
         server.close()

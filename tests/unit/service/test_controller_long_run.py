@@ -70,16 +70,22 @@ def test_tasks_that_ended_leave_no_page_ids_tasks_or_nodes_behind() -> None:
     assert graph.blockers(1) == {Blocker.GENERATION} and graph.dependency_strength(1) == 0.0
 
 
+def _one_page_two_sessions(kind: StateType) -> tuple[Controller, Session, Session, int]:
+    """Sessions a (page id 0) and b (page id 7) store one identity: one page, its gid."""
+    ctl = Controller(make_strategy("agentkv"))
+    ctl.add_hbm("h", 64 * MB)
+    a, b = Session(ctl, "a"), Session(ctl, "b")
+    a.store(meta("a", 0, kind, key=b"same"))
+    b.store(meta("b", 7, kind, key=b"same"))
+    (gid,) = ctl.table.resolve("t", "a", [b"same"])
+    return ctl, a, b, gid
+
+
 def test_a_page_two_sessions_stored_stays_with_the_session_still_using_it() -> None:
     """Regression: storing an identity another session of the HBM actor holds gives its
     page (one copy); the first session's task end deleted it, and the second session's
     load of the key it had stored answered not_found."""
-    ctl = Controller(make_strategy("agentkv"))
-    ctl.add_hbm("h", 64 * MB)
-    a, b = Session(ctl, "a"), Session(ctl, "b")
-    a.store(meta("a", 0, StateType.EVIDENCE, key=b"same"))
-    b.store(meta("b", 7, StateType.EVIDENCE, key=b"same"))
-    (gid,) = ctl.table.resolve("t", "a", [b"same"])
+    ctl, a, b, gid = _one_page_two_sessions(StateType.EVIDENCE)
     a.event("task_start", "x", prefix_generation=1, input_pages=[0])
     assert [x.kind for x in a.event("task_end", "x")] == []  # b holds it: nothing deleted
     assert ctl.table.resolve("t", "b", [b"same"]) == [gid]
@@ -93,12 +99,7 @@ def test_a_hold_dropped_from_a_shared_page_writes_no_audit_record() -> None:
     """A session whose task ends while another session still holds a shared verified page
     only drops its hold: the page is not retired, so no §5.2 summary may say it was (one
     was written, and the page lived on); its last holder's retirement writes the one."""
-    ctl = Controller(make_strategy("agentkv"))
-    ctl.add_hbm("h", 64 * MB)
-    a, b = Session(ctl, "a"), Session(ctl, "b")
-    a.store(meta("a", 0, StateType.TEMP_REASONING, key=b"same"))
-    b.store(meta("b", 7, StateType.TEMP_REASONING, key=b"same"))
-    (gid,) = ctl.table.resolve("t", "a", [b"same"])
+    ctl, a, b, gid = _one_page_two_sessions(StateType.TEMP_REASONING)
     a.event("task_start", "x", prefix_generation=1)
     a.event("model_call", "x", call_id="m1", produces=[[0, "temp_reasoning"]])
     a.event("verification_pass", "x", call_id="v1", pages=[0])

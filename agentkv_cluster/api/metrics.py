@@ -14,11 +14,8 @@ readiness callback (Ray connected, directory reachable), ``/metrics`` is the exp
 from __future__ import annotations
 
 import hashlib
-import logging
 import platform
 import threading
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING
 
 from prometheus_client import (
@@ -31,12 +28,9 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 if TYPE_CHECKING:  # the service hands its loads' phases in; no import at run time
     from agentkv_cluster.runtime.records import LoadPhases
-
-log = logging.getLogger(__name__)
 
 OTHER = "other"
 RESTORE_SOURCES = ("hbm", "host", "nvme", "remote", "recompute")
@@ -283,67 +277,7 @@ def _version() -> str:
         return "unknown"
 
 
-class MetricsHttpServer:
-    """``/metrics``, ``/healthz``, ``/readyz`` on one port, served from a daemon thread."""
+# The endpoint lives in its own module; imported here, where callers have always found it.
+from agentkv_cluster.api.metrics_http import MetricsHttpServer
 
-    def __init__(self, metrics: ServiceMetrics, ready: Callable[[], tuple[bool, str]],
-                 host: str = "127.0.0.1", port: int = 9420,
-                 refresh: Callable[[], None] | None = None) -> None:
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                path = self.path.split("?", 1)[0]
-                if path == "/metrics":
-                    outer.refresh_now()
-                    self._send(200, outer.metrics.exposition(), CONTENT_TYPE_LATEST)
-                elif path == "/healthz":
-                    self._send(200, b"ok\n")
-                elif path == "/readyz":
-                    try:
-                        ok, detail = outer.ready()
-                    except Exception as exc:  # noqa: BLE001 - readiness probe must answer
-                        ok, detail = False, f"{type(exc).__name__}: {exc}"
-                    self._send(200 if ok else 503, (detail + "\n").encode())
-                else:
-                    self._send(404, b"not found\n")
-
-            def _send(self, code: int, body: bytes, ctype: str = "text/plain") -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:  # keep probes out of the logs
-                return
-
-        self.metrics = metrics
-        self.ready = ready
-        self.refresh = refresh
-        self._refreshing = threading.Lock()
-        self._httpd = ThreadingHTTPServer((host, port), Handler)
-        self._httpd.daemon_threads = True
-        self.port = self._httpd.server_address[1]
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True,
-                                        name="agentkv-metrics")
-
-    def refresh_now(self) -> None:
-        """Pull gauges and counters that live in the actors; a failure keeps the last values
-        (the scrape must still answer). Concurrent scrapes refresh once."""
-        if self.refresh is None or not self._refreshing.acquire(blocking=False):
-            return
-        try:
-            self.refresh()
-        except Exception:  # stale figures beat a failed scrape
-            log.warning("metrics refresh failed", exc_info=True)
-        finally:
-            self._refreshing.release()
-
-    def start(self) -> MetricsHttpServer:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+__all__ = ["MetricsHttpServer", "ServiceMetrics", "TenantLabels", "blinded_tenant"]

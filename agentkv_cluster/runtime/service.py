@@ -260,13 +260,16 @@ class MetricsFeed:
         self.service = service
         self._controller: Any = None
         self._cursor = 0
-        self._last: dict[Any, int] = {}  # cumulative figures already exported
+        self._last: dict[tuple[Any, ...], int] = {}  # cumulative figures already exported
 
     def __call__(self) -> None:
         topo, m = self.service.topo, self.service.metrics
         assert topo is not None
-        if topo.controller is not self._controller:  # use_policy: counters start again
-            self._controller, self._cursor, self._last = topo.controller, 0, {}
+        if topo.controller is not self._controller:  # use_policy: its counters start again
+            self._controller, self._cursor = topo.controller, 0
+            # The pools' reject counts are their own and outlive the controller: forgetting
+            # them would export each pool's whole count again as new rejects.
+            self._last = {k: v for k, v in self._last.items() if k[0] == "rejects"}
         got = topo.controller.options(timeout_s=5.0).metrics_since(self._cursor)
         self._cursor = got.cursor
         for tier, seconds in got.waits:
@@ -280,7 +283,7 @@ class MetricsFeed:
             m.transfer(tenant, tier, self._delta(("traffic", tenant, tier), nbytes))
         for (tenant, codec), pages in got.codecs.items():
             m.stored(tenant, codec, self._delta(("codecs", tenant, codec), pages))
-        m.gave_room(self._delta("gave_room", got.gave_room))
+        m.gave_room(self._delta(("gave_room",), got.gave_room))
         host = nvme = 0
         for pool in list(topo.pools.values()):
             try:

@@ -85,10 +85,7 @@ class ShmSegment:
         fd = os.open(segment_path(name), os.O_RDWR)
         try:
             if writer:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError as exc:
-                    raise SegmentBusy(f"{name}: another process is the writer") from exc
+                _take_writer_lock(fd, name)
             size = os.fstat(fd).st_size
             if size < max(min_size, 1):
                 raise SegmentTooSmall(f"{name}: segment of {size} bytes is too small")
@@ -116,6 +113,14 @@ class ShmSegment:
             pass
 
 
+def _take_writer_lock(fd: int, name: str) -> None:
+    """The segment's writer lock, or ``SegmentBusy`` while another live process holds it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as exc:
+        raise SegmentBusy(f"{name}: another process is the writer") from exc
+
+
 def remove_abandoned(name: str, magic: bytes) -> None:
     """Unlink segment ``name`` if its writer is gone (no process holds the writer lock) and
     it starts with ``magic``: what a writer that crashed leaves behind. ``SegmentBusy`` while
@@ -126,10 +131,7 @@ def remove_abandoned(name: str, magic: bytes) -> None:
     except FileNotFoundError:
         return
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as exc:
-            raise SegmentBusy(f"{name}: another process is the writer") from exc
+        _take_writer_lock(fd, name)
         if os.pread(fd, len(magic), 0) != magic:
             raise FileExistsError(errno.EEXIST, f"{path} exists and is not such a segment")
         held = os.fstat(fd)

@@ -71,13 +71,20 @@ def _saved_again(backend: ServiceBackend, caller, ident, page) -> None:
         backend.put(caller, ident, page)
 
 
-def test_a_restarted_service_gets_the_blocks_and_the_task_again(live) -> None:
+def _one_block_saved(live: Live, session: str, seed: int):
+    """acme's ``session`` has started its task (a model call) and saved one block."""
     backend = live.backend
-    caller = backend.resolve(live.svc.token("acme"), "agent-r")
+    caller = backend.resolve(live.svc.token("acme"), session)
     ident = _ids(TOKENS, "acme", 1)[0]
-    page = _page(ident, 1)
+    page = _page(ident, seed)
     backend.event(caller, HintEvent(kind=HintKind.MODEL_CALL))
     _saved_again(backend, caller, ident, page)
+    return caller, ident, page
+
+
+def test_a_restarted_service_gets_the_blocks_and_the_task_again(live) -> None:
+    backend = live.backend
+    caller, ident, page = _one_block_saved(live, "agent-r", 1)
     assert backend.contains(caller, ident)
     live.restart_empty()
     with pytest.raises(BackendUnavailable):  # the old connection is gone
@@ -91,11 +98,7 @@ def test_a_restarted_service_gets_the_blocks_and_the_task_again(live) -> None:
 
 def test_a_tenant_made_anew_after_its_erasure_is_saved_again(live) -> None:
     backend = live.backend
-    old = backend.resolve(live.svc.token("acme"), "agent-e")
-    ident = _ids(TOKENS, "acme", 1)[0]
-    page = _page(ident, 2)
-    backend.event(old, HintEvent(kind=HintKind.MODEL_CALL))
-    _saved_again(backend, old, ident, page)
+    _, ident, page = _one_block_saved(live, "agent-e", 2)  # a token from before the erasure
     assert live.svc.erase_tenant("acme").failed_tiers == ()
     time.sleep(0.01)
     new = backend.resolve(live.svc.token("acme"), "agent-e")  # a token after the erasure

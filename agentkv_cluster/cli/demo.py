@@ -14,7 +14,7 @@ import shutil
 import tempfile
 import time
 from collections import Counter
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +29,10 @@ DEMO_ARENA_PAGES = 96  # the arena of the default workload (8 sessions); more fo
 TRACE_MEMORY_BYTES = 192 << 20  # a replayed trace sample is scaled to fit the 256 MiB pool
 TRACE_SESSION_BYTES = 24 << 20  # ... and each session well under half the 96-page arena
 TRAIN_SEED_OFFSET = 1000  # the untimed training run's seed: never one the docs report
+DEMO_POOL_BYTES = 256 << 20  # the host pool's shared memory
+DEMO_OVERHEAD_BYTES = 1 << 30  # a local Ray with its workers, the service and the clients
+FDS_PER_SESSION = 4  # a session's client socket, its server end, and room for redials
+FDS_BASE = 512  # Ray, NIXL, the pool, logs
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -103,6 +107,68 @@ def arena_pages(capacity: int) -> int:
     return max(DEMO_ARENA_PAGES, -(-capacity // DEMO_PAGE_BYTES))
 
 
+@dataclass(frozen=True)
+class Machine:
+    """What the demo needs from the machine it runs on."""
+
+    mem_available: int  # bytes the kernel can hand out without swapping (MemAvailable)
+    open_files: int  # this process's soft limit on open files, after raising it to the hard one
+
+
+def demo_needs(spec: Any, capacity: int) -> tuple[int, int]:
+    """Memory (bytes) and open files a demo of ``spec`` with HBM budget ``capacity`` needs:
+    its arena (host memory here), the pool, and a local Ray; a connection per session."""
+    memory = arena_pages(capacity) * DEMO_PAGE_BYTES + DEMO_POOL_BYTES + DEMO_OVERHEAD_BYTES
+    return memory, FDS_BASE + FDS_PER_SESSION * spec.sessions
+
+
+def check_fits(spec: Any, capacity: int, machine: Machine, budget: float) -> None:
+    """Refuse, before anything starts, a demo this machine cannot hold, naming the largest
+    ``--sessions`` that fits (synthetic workloads only: a trace's sessions are its own)."""
+    memory, files = demo_needs(spec, capacity)
+    if memory <= machine.mem_available and files <= machine.open_files:
+        return
+    what = (f"an HBM arena, pool and local Ray of {memory / 2**30:.1f} GiB, "
+            f"{machine.mem_available / 2**30:.1f} GiB available"
+            if memory > machine.mem_available else
+            f"{files} open files, the limit is {machine.open_files}")
+    hint = ""
+    if not spec.episodes:
+        from dataclasses import replace
+
+        low, high = 0, spec.sessions  # the largest session count that fits, by bisection
+        while low < high:
+            mid = (low + high + 1) // 2
+            trial, cap = hbm_capacity(replace(spec, sessions=mid), budget)
+            need, fds = demo_needs(trial, cap)
+            low, high = (mid, high) if need <= machine.mem_available and \
+                fds <= machine.open_files else (low, mid - 1)
+        hint = f"; at most --sessions {low} fits" if low else "; no session count fits"
+    raise CliError(f"--sessions {spec.sessions} needs {what}{hint}")
+
+
+def this_machine() -> Machine:
+    """MemAvailable from /proc/meminfo (free physical pages elsewhere), and the open-file
+    limit after raising the soft limit to the hard one, as servers do."""
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        available = int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return Machine(mem_available=available,
+                   open_files=soft if soft != resource.RLIM_INFINITY else 1 << 30)
+
+
 def _config(workdir: Path, capacity: int, sessions: int) -> Any:
     from agentkv_cluster.config import load_config
 
@@ -111,7 +177,7 @@ def _config(workdir: Path, capacity: int, sessions: int) -> Any:
         "api": {"port": 0, "max_connections": max(256, 2 * sessions)},
         "metrics": {"enabled": False},
         "hbm": {"page_bytes": DEMO_PAGE_BYTES, "num_pages": arena_pages(capacity)},
-        "pool": {"pool_bytes": 256 << 20, "slot_bytes": 1 << 20,
+        "pool": {"pool_bytes": DEMO_POOL_BYTES, "slot_bytes": 1 << 20,
                  "nvme_dir": str(workdir / "nvme")},
         "ray": {"num_cpus": 2}, "security": {"tenant_keys_dir": str(workdir / "keys")},
     })
@@ -281,6 +347,7 @@ def run(args: argparse.Namespace) -> int:
 
     spec = _spec(args)
     check_writable_file(args.json, "--json")
+    check_fits(*hbm_capacity(spec, args.budget), this_machine(), args.budget)
     console = Console(width=max(110, Console().width))  # the table needs ~105 columns
     t0 = time.monotonic()
     if console.is_terminal:

@@ -6,8 +6,8 @@ NVMe shard, optionally sealed per tenant, without the cluster service.
                     sealing=Sealing(keyring=memory_keyring("acme"), tenant="acme"))
     store.put(b"page-1", page_bytes)             # HOST; spills to NVMe when the pool is full
     store.get(b"page-1", out=buffer)             # straight into ``buffer``
-    r = store.reserve(b"page-2", n)              # zero-copy producers: fill r.buffer...
-    store.commit(r)                              # ...then publish (or store.abort(r))
+    with store.reserve(b"page-2", n) as r:       # zero-copy producers fill r.buffer: it is
+        fill(r.buffer)                           # committed on exit, aborted on an error
 
 Unsealed, a host value is written into its pool slot and read out of it on every core
 (``store.parallel``), and ``reserve`` hands out the slot itself. Sealed (format 2 of
@@ -16,44 +16,51 @@ the NVMe record buffer and opened straight into the caller's buffer; in the clea
 only the format version, a key id and the record's blinded slot identity (an HMAC of the
 key under the tenant's blinding secret, also its NVMe key), and lengths are padded to
 size classes. ``reserve`` then hands out a plaintext staging buffer that ``commit`` seals.
-Sealing itself is ``store.kv_sealing`` (a sealed NVMe value is read and opened chunk by
-chunk, overlapped). A sealed NVMe record that does not open (its key was erased) leaves the
-shard at once, and on open every record that no longer opens is dropped (a record that
-opens for another tenant of the keyring fails the open instead: ``ForeignTenant``).
+Sealing itself is ``store.kv_sealing``. A sealed NVMe record that does not open (its key
+was erased) leaves the shard at once, and on open every record that no longer opens is
+dropped; an open that finds records not its own to drop fails first, touching nothing:
+``ForeignTenant`` (another tenant's), ``SealingMismatch`` (written with sealing set the
+other way; ``store.kv_sealing.open_plan`` decides).
 
 One writer process per store (the host pool's and the shard's locks); the host index is
-this process's, while NVMe records are found by key again after a restart (a pool segment
-a crashed writer left in /dev/shm is replaced). A key's old value goes only once its new
-one is in. A reservation is committed or aborted once (a second commit is
-``ReservationClosed``), and reservations in flight never share a staging buffer.
+this process's, NVMe records are found by key again after a restart (a pool segment a
+crashed writer left in /dev/shm is replaced). A key's old value goes only once its new one
+is in, but in a host-only store with every slot taken ``put`` over a key on the host writes
+into that key's own slot (``ReplaceFailed`` if that fails: the key is gone, never half a
+value). Reservations: ``store.kv_reservations``. ``out`` buffers: ``BadOutBuffer``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Self
+from typing import Any, NamedTuple, Self
 
 import numpy as np
 
-from security.chunked import HEAD_BYTES, record_size
+from security.chunked import record_size
 from security.errors import InvalidSeal
 from store import shm_segment
 from store.buffers import aligned_buffer
 from store.host_pool import MAGIC as POOL_MAGIC
-from store.host_pool import HostPool, PoolBusy, PoolError, PoolFull, SlotEmpty, TornRead
-from store.kv_sealing import Sealing, TenantSeal
+from store.host_pool import HostPool, PoolBusy, PoolError, PoolFull
+from store.kv_reservations import Reservation, ReservationLedger, finished
+from store.kv_sealing import Sealing, TenantSeal, open_plan, survey
 from store.kv_types import (
+    BadOutBuffer,
     ForeignTenant,
     KeyMissing,
     KVError,
     KVStoreConfig,
     NoRoom,
-    Reservation,
+    ReplaceFailed,
     ReservationClosed,
+    SealingMismatch,
     StoreClosed,
     ValueTooLarge,
+    fit_out,
     length_arg,
+    out_arg,
     source_bytes,
     tier_arg,
 )
@@ -62,10 +69,16 @@ from store.nvme.files import check_key
 from store.parallel import copy_into
 from store.types import Lookup, Tier
 
-__all__ = ["ForeignTenant", "KVError", "KVStore", "KVStoreConfig", "KeyMissing", "NoRoom",
-           "NvmeShardConfig", "Reservation", "ReservationClosed", "Sealing", "StoreClosed",
-           "ValueTooLarge"]
-_TORN_RETRIES = 3
+__all__ = ["BadOutBuffer", "ForeignTenant", "KVError", "KVStore", "KVStoreConfig", "KeyMissing",
+           "NoRoom", "NvmeShardConfig", "ReplaceFailed", "Reservation", "ReservationClosed",
+           "Sealing", "SealingMismatch", "StoreClosed", "ValueTooLarge"]
+
+
+class _Held(NamedTuple):
+    """A value on the host: its slot (-1: an empty unsealed value) and its length."""
+
+    slot: int
+    nbytes: int
 
 
 class KVStore:
@@ -75,11 +88,11 @@ class KVStore:
         self.config = config
         self.sealing = sealing
         self._seal = None if sealing is None else TenantSeal(sealing)
-        if self._seal is not None:  # an unknown tenant fails here, before prune() would
-            self._seal.slot_id(b"")  # retire every record in the shard as not its own
+        if self._seal is not None:  # an unknown tenant fails here, before anything is made
+            self._seal.slot_id(b"")
         self._lock = threading.RLock()
         self._closed = False
-        self._host_index: dict[bytes, int] = {}
+        self._host_index: dict[bytes, _Held] = {}
         stored = record_size(config.slot_bytes) if sealing else config.slot_bytes
         self.host = _create_host(config.name, stored, config.host_slots) \
             if config.host_slots else None
@@ -89,14 +102,15 @@ class KVStore:
             # Sealed NVMe records are built and read here; reservations stage in the spare.
             need = config.nvme_dir is not None or sealing is not None
             self._record = aligned_buffer(max(stored, 4096)) if need else None
-            self._staging = aligned_buffer(config.slot_bytes) if sealing else None
-            self._spare = self._staging if sealing else self._record
-            self._spare_lent = False
-            if sealing is not None and self.nvme is not None:
+            self._reservations = ReservationLedger(
+                aligned_buffer(config.slot_bytes) if sealing else self._record)
+            if self.nvme is not None:
                 # Records sealed under keys erased while the store was down never open
                 # again: they leave the shard's index now instead of failing every read.
-                self.nvme.prune(lambda k, head, n: self._seal.owns(k, head, n, self._record),
-                                HEAD_BYTES)
+                # What is not this store's to drop fails the open before anything goes.
+                kinds = survey(self.nvme, self._seal, self._record)
+                for nkey in open_plan(str(self.nvme.path), kinds, sealing is not None):
+                    self.nvme.delete(nkey)
         except BaseException:
             if self.nvme is not None:
                 self.nvme.close()
@@ -106,10 +120,12 @@ class KVStore:
     # -- writing --------------------------------------------------------------------------
     def put(self, key: bytes, value: Any, tier: Tier = Tier.HOST) -> Tier:
         """Store ``value`` under ``key`` (replacing any old value); returns the tier it went
-        to (HOST spills to NVMe when the pool is full)."""
+        to (HOST spills to NVMe when the pool is full). In a host-only store with every slot
+        taken, a key held on the host is replaced in its own slot: ``ReplaceFailed`` if that
+        write fails (the key is then missing)."""
         src = source_bytes(value)
         with self._lock:
-            reservation = self.reserve(key, src.shape[0], tier, _direct=True)
+            reservation = self._reserve(key, src.shape[0], tier, direct=True)
             try:
                 if self.sealing is not None:
                     return self._commit(reservation, src)
@@ -119,52 +135,78 @@ class KVStore:
                 self._nvme_put(key, src)  # straight from the caller's buffer
                 self._drop_host(key)
                 return Tier.NVME
-            except BaseException:
+            except BaseException as exc:
                 self._abort(reservation)
+                if reservation.in_place and isinstance(exc, Exception):
+                    raise ReplaceFailed(f"{key!r:.40}: replacing the value in its own host "
+                                        f"slot failed, the old value is gone: {exc}") from exc
                 raise
 
-    def reserve(self, key: bytes, nbytes: int, tier: Tier = Tier.HOST, *,
-                _direct: bool = False) -> Reservation:
-        """Room for an ``nbytes`` value under ``key``: fill ``buffer``, then ``commit`` (or
-        ``abort``). Unsealed host values are written into the slot itself."""
+    def reserve(self, key: bytes, nbytes: int, tier: Tier = Tier.HOST) -> Reservation:
+        """Room for an ``nbytes`` value under ``key``: fill ``buffer``, then ``commit`` or
+        ``abort`` (or use it as a context manager); unsealed, the buffer is the slot."""
+        with self._lock:
+            r = self._reserve(key, nbytes, tier, direct=False)
+            self._reservations.watch(r)  # dropped unfinished: given back at the next call
+            return r
+
+    def _reserve(self, key: bytes, nbytes: int, tier: Tier, *, direct: bool) -> Reservation:
         check_key(key)
         nbytes, tier = length_arg(nbytes), tier_arg(tier)
         if nbytes > self.config.slot_bytes:
             raise ValueTooLarge(f"{nbytes} B exceed slot_bytes {self.config.slot_bytes}")
-        with self._lock:
-            self._check_open()
-            r = Reservation(key=key, nbytes=nbytes, tier=Tier.NVME, buffer=_EMPTY, owner=self)
-            if tier is Tier.HOST and self.host is not None:
-                r.tier = Tier.HOST
-                if not nbytes and not self.sealing:
-                    return r  # nothing to hold
-                try:
-                    r.slot = self.host.alloc()
-                except PoolFull:
-                    r.tier = Tier.NVME
-            if r.tier is Tier.HOST:
-                try:
-                    view = self.host.reserve(r.slot, record_size(nbytes) if self.sealing
-                                             else nbytes)
-                except BaseException:
-                    self.host.free(r.slot)
-                    raise
-                if self.sealing is None:
-                    r.buffer = view
-                    return r
-                r.target = view
-            elif self.nvme is None:
-                raise NoRoom(f"no free host slot for {key!r:.40} and no NVMe tier")
-            if not _direct:  # put() seals or writes straight from the caller's bytes
-                self._lend(r)
-            return r
+        self._ready()
+        r = Reservation(key=key, nbytes=nbytes, tier=Tier.NVME, buffer=_EMPTY, owner=self)
+        if tier is Tier.HOST and self.host is not None:
+            r.tier = Tier.HOST
+            if not nbytes and not self.sealing:
+                return r  # nothing to hold
+            self._host_slot(r, in_place=direct)
+        if r.tier is Tier.HOST:
+            try:
+                view = self.host.reserve(r.slot, record_size(nbytes) if self.sealing
+                                         else nbytes)
+            except BaseException:
+                self.host.free(r.slot)
+                raise
+            if self.sealing is None:
+                r.buffer = view
+                return r
+            r.target = view
+        elif self.nvme is None:
+            raise self._no_room(key, tier, direct)
+        if not direct:  # put() seals or writes straight from the caller's bytes
+            self._reservations.lend(r)
+        return r
+
+    def _host_slot(self, r: Reservation, *, in_place: bool) -> None:
+        """A free slot for ``r``; with none, and no NVMe tier to spill to, a ``put`` takes
+        over its key's own slot (its old value goes now), else ``r`` goes to NVMe."""
+        try:
+            r.slot = self.host.alloc()
+            return
+        except PoolFull:
+            held = self._host_index.get(r.key)
+        if in_place and self.nvme is None and held is not None and held.slot >= 0:
+            del self._host_index[r.key]  # gone from now: never read half-written
+            r.slot, r.in_place = held.slot, True
+        else:
+            r.tier = Tier.NVME
+
+    def _no_room(self, key: bytes, tier: Tier, direct: bool) -> NoRoom:
+        why = "this store has no NVMe tier" if tier is Tier.NVME else (
+            f"all {self.config.host_slots} host slots are taken and there is no NVMe tier")
+        if tier is Tier.HOST and not direct and key in self._host_index:
+            why += ("; a reservation does not reuse its key's slot (the value stays readable "
+                    "until commit): put() replaces in place, or delete the key first")
+        return NoRoom(f"{key!r:.40}: {why}")
 
     def commit(self, reservation: Reservation) -> Tier:
         """Publish a reserved value; the old value of its key goes. ``ReservationClosed``
         for a reservation committed or aborted before."""
         with self._lock:
-            self._check_open()
-            self._settle(reservation)
+            self._ready()
+            self._reservations.settle(reservation, self)
             try:
                 plain = reservation.buffer if self.sealing is not None else None
                 return self._commit(reservation, plain)
@@ -175,27 +217,11 @@ class KVStore:
     def abort(self, reservation: Reservation) -> None:
         """Give a reservation up (nothing is published); a finished one is left alone."""
         with self._lock:
-            if reservation.owner is None or self._closed:
+            if finished(reservation) or self._closed:
                 reservation.owner = None
                 return
-            self._settle(reservation)
+            self._reservations.settle(reservation, self)
             self._abort(reservation)
-
-    def _lend(self, r: Reservation) -> None:
-        # One reservation at a time stages in the spare buffer; another one in flight gets
-        # its own, so neither overwrites the other's bytes.
-        if self._spare_lent:
-            r.buffer = aligned_buffer(r.nbytes)
-        else:
-            r.buffer, r.lent, self._spare_lent = self._spare[:r.nbytes], True, True
-
-    def _settle(self, r: Reservation) -> None:
-        if r.owner is not self:
-            raise ReservationClosed(f"{r.key!r:.40}: committed or aborted already"
-                                    if r.owner is None else "another store's reservation")
-        r.owner = None
-        if r.lent:
-            self._spare_lent = r.lent = False
 
     def _commit(self, r: Reservation, plain: np.ndarray | None) -> Tier:
         # the new value goes in first: a failure leaves the old one readable
@@ -206,7 +232,7 @@ class KVStore:
             elif r.slot >= 0:
                 self.host.commit(r.slot, r.nbytes)
             self._forget(r.key)
-            self._host_index[r.key] = r.slot
+            self._host_index[r.key] = _Held(r.slot, r.nbytes)
             return Tier.HOST
         if plain is None:
             self._nvme_put(r.key, r.buffer)
@@ -223,67 +249,68 @@ class KVStore:
             raise NoRoom(f"the NVMe tier cannot take {data.shape[0]} B: {exc}") from exc
 
     def _abort(self, r: Reservation) -> None:
-        if r.tier is Tier.HOST and r.slot >= 0 and self._host_index.get(r.key) != r.slot:
-            with contextlib.suppress(PoolError):  # not reserved any more
-                self.host.abort(r.slot)
-            self.host.free(r.slot)
+        held = self._host_index.get(r.key)
+        if r.tier is Tier.HOST and r.slot >= 0 and (held is None or held.slot != r.slot):
+            self._give_back(r.slot)
+
+    def _give_back(self, slot: int) -> None:
+        with contextlib.suppress(PoolError):  # not reserved any more
+            self.host.abort(slot)
+        self.host.free(slot)
 
     # -- reading --------------------------------------------------------------------------
     def get(self, key: bytes, out: Any = None) -> memoryview | bytes:
         """The value under ``key``: into ``out`` (returns a view of it) or as bytes.
-        Raises ``KeyMissing``."""
+        Raises ``KeyMissing``; ``BadOutBuffer`` for an ``out`` that cannot take it."""
         check_key(key)
+        flat = None if out is None else out_arg(out)
         with self._lock:
-            self._check_open()
-            slot = self._host_index.get(key)
-            if slot is not None:
-                return self._get_host(key, slot, out)
+            self._ready()
+            held = self._host_index.get(key)
+            if held is not None:
+                return self._get_host(key, held, flat)
             if self.nvme is None:
                 raise KeyMissing(key)
-            return self._get_nvme(key, out)
-    def _get_host(self, key: bytes, slot: int, out: Any) -> memoryview | bytes:
-        if slot < 0:  # an empty value
-            return b"" if out is None else memoryview(out).cast("B")[:0]
-        if self.sealing is None:
-            data = self.host.read(slot, out)
-            return data if out is not None else bytes(data)
-        for _ in range(_TORN_RETRIES):
-            try:
-                record, seq = self.host.view(slot)
-            except (SlotEmpty, TornRead):
-                raise KeyMissing(key) from None
-            opened = self._open(key, Tier.HOST, record, out)
-            if self.host.unchanged(slot, seq):
-                return opened
-        raise KeyMissing(key)
+            return self._get_nvme(key, flat)
 
-    def _get_nvme(self, key: bytes, out: Any) -> memoryview | bytes:
+    def _get_host(self, key: bytes, held: _Held, flat: np.ndarray | None
+                  ) -> memoryview | bytes:
+        dst = None if flat is None else fit_out(flat, held.nbytes)
+        if held.slot < 0:  # an empty value
+            return b"" if dst is None else memoryview(dst)
         if self.sealing is None:
-            data = self.nvme.get(key, out)
+            return self.host.read(held.slot, dst)
+        try:
+            opened = self._seal.open_from_host(self.host, held.slot, key, dst)
+        except InvalidSeal:
+            raise KeyMissing(key) from None
+        if opened is Lookup.MISS:
+            raise KeyMissing(key)
+        return opened if dst is not None else bytes(opened)
+
+    def _get_nvme(self, key: bytes, flat: np.ndarray | None) -> memoryview | bytes:
+        if self.sealing is None:
+            found, loc = self.nvme.locate(key)
+            if found is Lookup.MISS:
+                raise KeyMissing(key)
+            data = self.nvme.get(key, None if flat is None else fit_out(flat, loc.length))
             if data is Lookup.MISS:
                 raise KeyMissing(key)
             return data
         nkey = self._seal.slot_id(key)
         try:
-            opened = self._seal.open_from_nvme(self.nvme, key, nkey, self._record, out)
+            opened = self._seal.open_from_nvme(self.nvme, key, nkey, self._record, flat)
         except InvalidSeal:
             self.nvme.delete(nkey)  # sealed under an erased key (or not ours): never opens
             raise KeyMissing(key) from None
         if opened is Lookup.MISS:
             raise KeyMissing(key)
-        return opened if out is not None else bytes(opened)
-
-    def _open(self, key: bytes, tier: Tier, record: Any, out: Any) -> memoryview | bytes:
-        try:
-            opened = self._seal.open(key, tier, record, out)
-        except InvalidSeal:
-            raise KeyMissing(key) from None
-        return opened if out is not None else bytes(opened)
+        return opened if flat is not None else bytes(opened)
 
     def contains(self, key: bytes) -> bool:
         check_key(key)
         with self._lock:
-            self._check_open()
+            self._ready()
             if key in self._host_index:
                 return True
             if self.nvme is None:
@@ -296,7 +323,7 @@ class KVStore:
         True if it has one."""
         check_key(key)
         with self._lock:
-            self._check_open()
+            self._ready()
             if self.nvme is None:
                 return False
             nkey = key if self.sealing is None else self._seal.slot_id(key)
@@ -306,7 +333,7 @@ class KVStore:
         """Drop ``key``'s value; True if there was one."""
         check_key(key)
         with self._lock:
-            self._check_open()
+            self._ready()
             return self._forget(key)
 
     def _forget(self, key: bytes) -> bool:
@@ -318,11 +345,11 @@ class KVStore:
         return self.nvme.delete(nkey) is Lookup.HIT
 
     def _drop_host(self, key: bytes) -> bool:
-        slot = self._host_index.pop(key, None)
-        if slot is None:
+        held = self._host_index.pop(key, None)
+        if held is None:
             return False
-        if slot >= 0:
-            self.host.free(slot)
+        if held.slot >= 0:
+            self.host.free(held.slot)
         return True
 
     def close(self, unlink: bool = True) -> None:
@@ -331,6 +358,7 @@ class KVStore:
             if not self._closed:
                 self._closed = True
                 self._host_index.clear()
+                self._reservations.clear()
                 if self.nvme is not None:
                     self.nvme.close()
             self._close_host(unlink)
@@ -341,9 +369,13 @@ class KVStore:
             if unlink:
                 self.host.unlink()
 
-    def _check_open(self) -> None:
+    def _ready(self) -> None:
+        """Every call starts here (under the lock): closed is ``StoreClosed``; slots that
+        reservations dropped unfinished come back."""
         if self._closed:
             raise StoreClosed(f"store {self.config.name} is closed")
+        for slot in self._reservations.dropped():
+            self._give_back(slot)
 
     def __enter__(self) -> Self:
         return self

@@ -1,6 +1,6 @@
 """Sealing for the keyed store (``store.kv``): one tenant's slot identities and bindings,
-sealing a value into a record buffer, opening records, and telling whether a stored NVMe
-record still opens (for pruning after a restart).
+sealing a value into a record buffer, opening records, and telling what a stored NVMe
+record is (for the checks and the pruning of an open: ``RecordKind``, ``open_plan``).
 
 A sealed NVMe get reads the whole record (the shard verifies it, reading stripes on two
 threads) and then opens its chunks on every core. Two overlapped variants were tried and
@@ -13,24 +13,74 @@ and 2.3 ms.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import hmac
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from security.chunked import HEAD_BYTES, Binding, ChunkedSealer, SealedMeta
+from security.chunked import (
+    HEAD_BYTES,
+    MAGIC,
+    PREAMBLE_BYTES,
+    SLOT_ID_BYTES,
+    VERSION,
+    Binding,
+    ChunkedSealer,
+    SealedMeta,
+)
 from security.errors import InvalidSeal
 from security.keyring import TenantKeyring
-from store.kv_types import ForeignTenant
+from store.host_pool import HostPool, SlotEmpty, TornRead
+from store.kv_types import ForeignTenant, SealingMismatch, fit_out
 from store.nvme import NvmeShard
 from store.types import Lookup, Tier
 
+_TORN_RETRIES = 3
 _SLOT_DOMAIN = b"agentkv/kv-slot/v1\0"
 _PAGE_DOMAIN = b"agentkv/kv-page/v1\0"
 
-__all__ = ["Sealing", "TenantSeal"]
+__all__ = ["RecordKind", "Sealing", "TenantSeal", "looks_sealed", "open_plan"]
+
+
+class RecordKind(enum.Enum):
+    """What a stored NVMe record is, as a store opening the directory sees it."""
+
+    PLAIN = "plain"  # not a sealed record under its own slot identity: an unsealed value
+    SEALED = "sealed"  # looks sealed (an unsealed store does not try to open it)
+    OURS = "ours"  # sealed for this tenant under a live key
+    DEAD = "dead"  # looks sealed but opens under no live key (erased), or unreadable
+    FOREIGN = "foreign"  # sealed for another live tenant of the keyring
+
+
+def looks_sealed(nkey: bytes, head: Any) -> bool:
+    """Whether a record (``head``: its first bytes) is laid out as a sealed one stored under
+    its own slot identity: a 32-byte key repeated in a version-2 preamble. Nothing is
+    verified; an unsealed value would have to carry its own key at bytes 32..64."""
+    pre = bytes(memoryview(head)[:PREAMBLE_BYTES])
+    return (len(nkey) == SLOT_ID_BYTES and len(pre) == PREAMBLE_BYTES
+            and pre[:4] == MAGIC and pre[4:8] == bytes((VERSION, 0, 0, 0))
+            and pre[PREAMBLE_BYTES - SLOT_ID_BYTES:] == nkey)
+
+
+def open_plan(directory: str, kinds: Mapping[bytes, RecordKind], sealed: bool) -> list[bytes]:
+    """The records an open retires (sealed: those that no longer open), or the typed error
+    that stops it before anything is touched: ``SealingMismatch`` for records written
+    with sealing set the other way (plain ones first), ``ForeignTenant``."""
+    count = Counter(kinds.values())
+    plain = count[RecordKind.PLAIN]
+    looked_sealed = len(kinds) - plain
+    wrong = plain if sealed else looked_sealed
+    if wrong:
+        raise SealingMismatch(directory, sealed_store=sealed, sealed=looked_sealed, plain=plain)
+    if count[RecordKind.FOREIGN]:
+        raise ForeignTenant(f"the NVMe directory {directory} holds "
+                            f"{count[RecordKind.FOREIGN]} records of another tenant")
+    return [key for key, kind in kinds.items() if kind is RecordKind.DEAD]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,35 +124,91 @@ class TenantSeal:
             raise InvalidSeal("another tenant's record")
         return meta
 
-    def open(self, key: bytes, tier: Tier, record: Any, out: Any) -> memoryview:
-        """Open a whole record into ``out`` (or a new buffer)."""
+    def open(self, key: bytes, tier: Tier, record: Any, out: np.ndarray | None) -> memoryview:
+        """Open a whole record into ``out`` (a flat uint8 array from ``out_arg``, or None
+        for a new buffer); ``BadOutBuffer`` if it is too small."""
         meta = self._meta(record, tier)
+        if out is not None:
+            out = fit_out(out, meta.nbytes)
         return self._sealer.open_into(record, self.binding(key, tier, meta.generation), out,
                                       meta)
 
-    def owns(self, nkey: bytes, head: memoryview, length: int, scratch: np.ndarray) -> bool:
-        """Whether a stored NVMe record (``head``: its first bytes, ``length`` in all) is this
-        tenant's, under a live key, stored under its own slot identity. ``scratch`` (at least
-        ``length`` bytes) stands in for the record: only its head is read. ``ForeignTenant``
-        for a record that opens for another tenant of the keyring."""
-        if head.nbytes < HEAD_BYTES or length > scratch.shape[0]:
-            return False
-        record = scratch[:length]
+    def kind(self, nkey: bytes, head: memoryview | None, length: int,
+             scratch: np.ndarray) -> RecordKind:
+        """What a stored NVMe record (``head``: its first bytes, None if they cannot be read;
+        ``length`` in all) is to this tenant. ``scratch`` stands in for the record (only its
+        head is written; a record larger than it, from a store with larger slots, gets an
+        untouched buffer of its own)."""
+        if head is None:
+            return RecordKind.DEAD
+        if not looks_sealed(nkey, head):
+            return RecordKind.PLAIN
+        if head.nbytes < HEAD_BYTES:
+            return RecordKind.DEAD
+        record = _room(scratch, length)
         record[:HEAD_BYTES] = np.frombuffer(head, np.uint8)
         try:
             meta = self._sealer.read_meta(record, int(Tier.NVME))
         except InvalidSeal:
-            return False
+            return RecordKind.DEAD
         if meta.tenant != self.tenant:  # opens, for another live tenant: not ours to drop
-            raise ForeignTenant("the NVMe directory holds records of another tenant")
-        return hmac.compare_digest(meta.slot_id, nkey)
+            return RecordKind.FOREIGN
+        return RecordKind.OURS if hmac.compare_digest(meta.slot_id, nkey) else RecordKind.DEAD
 
     def open_from_nvme(self, nvme: NvmeShard, key: bytes, nkey: bytes, scratch: np.ndarray,
-                       out: Any) -> memoryview | Lookup:
+                       out: np.ndarray | None) -> memoryview | Lookup:
         """Read ``nkey``'s record (verified by the shard) into ``scratch`` and open it into
         ``out`` (or a new buffer); MISS if the shard has none. ``InvalidSeal`` (``out``
         zeroed) if it does not open."""
-        record = nvme.get(nkey, scratch)
+        loc = nvme.locate(nkey)[1]
+        if loc is None:
+            return Lookup.MISS
+        record = nvme.get(nkey, _room(scratch, loc.length))  # larger: written with larger slots
         if record is Lookup.MISS:
             return Lookup.MISS
         return self.open(key, Tier.NVME, record, out)
+
+    def open_from_host(self, host: HostPool, slot: int, key: bytes, out: np.ndarray | None
+                       ) -> memoryview | Lookup:
+        """Open ``slot``'s record where it lies into ``out`` (or a new buffer), again if a
+        writer changed the slot meanwhile; MISS if it holds no whole record. ``InvalidSeal``
+        if it does not open."""
+        for _ in range(_TORN_RETRIES):
+            try:
+                record, seq = host.view(slot)
+            except (SlotEmpty, TornRead):
+                return Lookup.MISS
+            opened = self.open(key, Tier.HOST, record, out)
+            if host.unchanged(slot, seq):
+                return opened
+        return Lookup.MISS
+
+
+def _room(scratch: np.ndarray, n: int) -> np.ndarray:
+    """``n`` bytes of ``scratch``, or of a new buffer when it is smaller (pages of an
+    ``np.empty`` are only mapped where written)."""
+    return scratch[:n] if n <= scratch.shape[0] else np.empty(n, np.uint8)
+
+
+def survey(nvme: NvmeShard, seal: TenantSeal | None, scratch: np.ndarray
+           ) -> dict[bytes, RecordKind]:
+    """What each record of ``nvme`` is, for ``open_plan``: to ``seal``'s tenant, or (None)
+    to an unsealed store, which reads only the heads of 32-byte keys (a sealed record is
+    stored under its slot identity). Reads record heads; changes nothing."""
+    head = memoryview(bytearray(HEAD_BYTES))
+    kinds = {}
+    keys = nvme.keys()
+    for nkey in keys:
+        if seal is None and len(nkey) != SLOT_ID_BYTES:
+            kinds[nkey] = RecordKind.PLAIN
+            continue
+        loc = nvme.locate(nkey)[1]
+        read = Lookup.MISS if loc is None else nvme.read_head(nkey, head)
+        got = None if read is Lookup.MISS else read
+        if seal is not None:
+            kinds[nkey] = seal.kind(nkey, got, 0 if loc is None else loc.length, scratch)
+        elif got is not None and looks_sealed(nkey, got):
+            kinds[nkey] = RecordKind.SEALED
+        else:
+            kinds[nkey] = RecordKind.PLAIN
+    return kinds

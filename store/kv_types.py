@@ -1,5 +1,4 @@
-"""The vocabulary of the keyed store (``store.kv``): its errors, configuration and
-reservations, and the checks of its arguments (lengths, tiers, values)."""
+"""The vocabulary of the keyed store (``store.kv``): its errors and configuration, and the checks of its arguments (lengths, tiers, values, ``out`` buffers)."""
 
 from __future__ import annotations
 
@@ -13,9 +12,9 @@ from store.nvme import NvmeShardConfig
 from store.parallel import as_bytes
 from store.types import Tier
 
-__all__ = ["ForeignTenant", "KVError", "KVStoreConfig", "KeyMissing", "NoRoom", "Reservation",
-           "ReservationClosed", "StoreClosed", "ValueTooLarge", "length_arg", "source_bytes",
-           "tier_arg"]
+__all__ = ["BadOutBuffer", "ForeignTenant", "KVError", "KVStoreConfig", "KeyMissing", "NoRoom",
+           "ReplaceFailed", "ReservationClosed", "SealingMismatch", "StoreClosed",
+           "ValueTooLarge", "fit_out", "length_arg", "out_arg", "source_bytes", "tier_arg"]
 
 
 class KVError(Exception):
@@ -34,6 +33,17 @@ class NoRoom(KVError):
     """Neither tier could take the value."""
 
 
+class ReplaceFailed(KVError):
+    """A ``put`` that had to write over its key's own host slot (a host-only store with
+    every slot taken) failed part-way: the old value is gone and the key reads as missing.
+    The failure is chained as ``__cause__``."""
+
+
+class BadOutBuffer(KVError, ValueError, TypeError):
+    """``get``'s ``out`` is not a writable, C-contiguous buffer of plain (non-object)
+    elements with room for the value; the same error and message shape on every tier."""
+
+
 class StoreClosed(KVError):
     """The store was used after ``close()``."""
 
@@ -45,6 +55,22 @@ class ReservationClosed(KVError):
 class ForeignTenant(KVError):
     """The NVMe directory holds records of another live tenant of the keyring (a store
     opened under the wrong tenant would otherwise retire them as records that do not open)."""
+
+
+class SealingMismatch(KVError):
+    """The NVMe directory holds records written with sealing set the other way: unsealed
+    records under a sealed store (which would retire them as records that do not open) or
+    sealed records under an unsealed one. The open fails before anything is touched."""
+
+    def __init__(self, directory: str, *, sealed_store: bool, sealed: int, plain: int) -> None:
+        self.directory, self.sealed_store = directory, sealed_store
+        self.sealed_records, self.plain_records = sealed, plain
+        found = f"{plain} unsealed and {sealed} sealed records"
+        want = "sealing=None" if sealed_store else "the Sealing it was written with"
+        super().__init__(
+            f"NVMe directory {directory} holds {found}; a {'sealed' if sealed_store else 'unsealed'}"
+            f" store does not open it (nothing was changed): open it with {want}, or give "
+            f"this store another directory")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,28 +88,48 @@ class KVStoreConfig:
             raise ValueError("a store needs a host tier, an NVMe tier, or both")
 
 
-@dataclass(slots=True)
-class Reservation:
-    """Room for one value (``KVStore.reserve``): committed or aborted once, after which its
-    buffer is no longer the caller's."""
-
-    key: bytes
-    nbytes: int
-    tier: Tier
-    buffer: np.ndarray  # write the value here, then ``commit``
-    slot: int = -1  # host slot, or -1 (NVMe, or an empty value)
-    target: np.ndarray | None = None  # sealed: the reserved slot the record is sealed into
-    owner: object = field(default=None, repr=False, compare=False)  # the store; None: done
-    lent: bool = field(default=False, repr=False)  # ``buffer`` is the store's spare one
-
-
 def source_bytes(value: Any) -> np.ndarray:
     """``value``'s bytes as a flat uint8 array: no copy of a C-contiguous buffer, a C-order
-    copy of any other."""
+    copy of any other. ``TypeError`` for what is not a buffer of plain elements (an array
+    of Python objects would store their addresses)."""
+    if isinstance(value, np.ndarray) and value.dtype.hasobject:
+        raise TypeError("a value must be a buffer of plain elements, not of Python objects")
     if isinstance(value, np.ndarray):
         return as_bytes(value if value.flags.c_contiguous else np.ascontiguousarray(value))
     view = memoryview(value)
+    if "O" in view.format:
+        raise TypeError("a value must be a buffer of plain elements, not of Python objects")
     return as_bytes(view.cast("B") if view.c_contiguous else np.ascontiguousarray(view))
+
+
+def out_arg(out: Any) -> np.ndarray:
+    """``out`` as a flat uint8 array over its own memory (no copy), or ``BadOutBuffer``."""
+    try:
+        view = memoryview(out)
+    except TypeError:
+        raise _bad_out(f"a {type(out).__name__}, not a buffer") from None
+    objects = out.dtype.hasobject if isinstance(out, np.ndarray) else "O" in view.format
+    if objects:
+        raise _bad_out("an array of Python objects")
+    if view.readonly:
+        raise _bad_out("read-only")
+    if not view.c_contiguous:
+        raise _bad_out("not C-contiguous")
+    if isinstance(out, np.ndarray):
+        return out.reshape(-1).view(np.uint8)  # contiguous: a view, never a copy
+    return np.frombuffer(view, np.uint8)
+
+
+def fit_out(flat: np.ndarray, n: int) -> np.ndarray:
+    """The first ``n`` bytes of a checked ``out``; ``BadOutBuffer`` if it holds fewer."""
+    if flat.shape[0] < n:
+        raise _bad_out(f"too small ({flat.shape[0]} B, the value has {n} B)")
+    return flat[:n]
+
+
+def _bad_out(problem: str) -> BadOutBuffer:
+    return BadOutBuffer(f"out is {problem}: get needs a writable, C-contiguous buffer of plain "
+                       f"elements with room for the value")
 
 
 def length_arg(nbytes: object) -> int:

@@ -111,6 +111,18 @@ class NvmeShard:
             loc = self._index.get(key)
         return (Lookup.HIT, loc) if loc is not None else (Lookup.MISS, None)
 
+    def read_head(self, key: bytes, out: memoryview) -> memoryview | Lookup:
+        """The first bytes of ``key``'s payload, read into ``out`` (as many as fit; not
+        verified against the payload hash, which covers the whole payload): a view of
+        ``out``, or MISS when there is no such record or they cannot be read. Nothing
+        changes (unlike ``get``, an unreadable record stays indexed)."""
+        with self._lock:
+            loc = self._find(key)
+            if loc is None:
+                return Lookup.MISS
+            head = out[: min(out.nbytes, loc.length)]
+            return head if self._files.read_range(loc, head, 0) else Lookup.MISS
+
     def delete(self, key: bytes) -> Lookup:
         """Retire ``key`` (a tombstone makes it survive restarts); HIT if it existed."""
         check_key(key)

@@ -130,7 +130,7 @@ def test_sealed_nvme_values_outlive_the_process_and_die_with_the_keys(tmp_path):
 def test_tampered_sealed_values_are_misses_not_garbage(tmp_path):
     with open_store(tmp_path, "sealed") as store:
         store.put(b"h", value(1 << 20, 4))
-        slot = store._host_index[b"h"]
+        slot = store._host_index[b"h"].slot
         at = store.host.slot_offset(slot) + 4096
         store.host.buffer[at] ^= 1
         with pytest.raises(KeyMissing):

@@ -138,6 +138,18 @@ def test_a_closed_store_says_so(tmp_path, mode):
     store.abort(r)  # nothing left to give back
 
 
+def test_arrays_of_python_objects_and_foreign_objects_are_type_errors(tmp_path, mode):
+    with open_store(tmp_path, mode) as store:
+        for tier in (Tier.HOST, Tier.NVME):
+            for value in (np.array([object(), 1]), memoryview(np.zeros(3, object))):
+                with pytest.raises(TypeError):  # a memoryview used to store the addresses
+                    store.put(b"o", value, tier)
+        assert not store.contains(b"o")
+        for call in (store.commit, store.abort):
+            with pytest.raises(TypeError):  # used to be AttributeError
+                call(None)
+
+
 def test_strided_values_are_stored_in_c_order(tmp_path, mode):
     grid = np.arange(64, dtype=np.float32).reshape(8, 8)
     raw = memoryview(bytes(range(100)))

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from agentkv_cluster.runtime.actor_groups import HEALTH, MOVE_OUT, group
 from agentkv_cluster.runtime.mover import Endpoint, Mover, RemoteSpan
 from agentkv_cluster.runtime.records import (
     DemoteReceipt,
@@ -72,6 +73,7 @@ class HbmActor:
     def _pool(self, pool: PoolHandle | str) -> PoolHandle:
         return self._pools[pool] if isinstance(pool, str) else pool
 
+    @group(HEALTH)
     def ping(self) -> str:
         return self.spec.name
 
@@ -154,14 +156,17 @@ class HbmActor:
             raise
         return self.mover.wait_all(jobs)
 
+    @group(MOVE_OUT)
     def drop(self, key: bytes) -> bool:
         with self._lock:
             return self._release(key)
 
+    @group(MOVE_OUT)
     def erase(self, keys: list[bytes]) -> int:
         """Tenant erasure: ``purge`` these pages; returns how many were held here."""
         return self.purge(keys).pages
 
+    @group(MOVE_OUT)
     def purge(self, keys: list[bytes]) -> HbmPurged:
         """Tenant erasure: free and zero these pages (not just release them), zero every
         free page (pages dropped earlier, the tenant's among them, keep their bytes until
@@ -184,6 +189,7 @@ class HbmActor:
         whole = self.arena.buffer.cpu().numpy().tobytes()
         return [bytes(n) in whole for n in needles]
 
+    @group(MOVE_OUT)
     def reset(self) -> int:
         """Drop every page and landing reservation (a new controller takes over this actor;
         the old one, whose executor held the reservations, is gone)."""
@@ -224,6 +230,7 @@ class HbmActor:
             self._pages[key] = page
             self.arena.mark_written(page, length)
 
+    @group(MOVE_OUT)
     def release_landing(self, pages: list[int], owner: str) -> int:
         """Give reserved pages back (their owner no longer needs them)."""
         with self._lock:
@@ -240,6 +247,7 @@ class HbmActor:
         return self.arena.read(page)
 
     # -- tier moves ---------------------------------------------------------------------------
+    @group(MOVE_OUT)
     def demote(self, meta: PageMeta, targets: list[tuple[int, int]], pool: PoolHandle | str,
                drop: bool = True) -> tuple:
         """Encode the page for each (tier, codec) target, let ``pool`` (a handle or the name

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from agentkv_cluster.config import AgentKvConfig
+from agentkv_cluster.runtime.actor_groups import remote_class
 from agentkv_cluster.runtime.controller_actor import ControllerActor, ControllerSpec
 from agentkv_cluster.runtime.directory_glue import DirectoryShell, RedisSpec, open_directory
 from agentkv_cluster.runtime.handles import (
@@ -151,14 +152,13 @@ def spawn_pool(topo: Topology, spec: PoolSpec, node_id: str) -> PoolHandle:
 
 
 def spawn_hbm(cfg: AgentKvConfig, name: str, node_id: str, kind: str) -> HbmHandle:
-    ray = _ray()
     spec = hbm_spec(cfg, name)
     opts: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 8, **_affinity(node_id)}
     if kind == "GPU":
         opts["num_gpus"] = 1
     else:
         opts["resources"] = {kind: 1}
-    return HbmHandle.create(ray.remote(HbmActor), name, opts, spec)
+    return HbmHandle.create(remote_class(HbmActor), name, opts, spec)
 
 
 def deploy(cfg: AgentKvConfig, workdir: Path | None = None, *, policy: str | None = None,

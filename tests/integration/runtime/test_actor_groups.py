@@ -1,0 +1,46 @@
+"""An HBM actor whose every thread waits for a free arena page still answers its health
+check and still frees pages (real Ray, the service's own actor class and options).
+
+Under a burst (``agentkv demo --sessions 600``) every thread of the HBM actor waited in
+``_alloc`` for a page that only a queued ``drop`` would free: the waits gave up with
+``ArenaFull``, and the watcher's ping, queued behind them too, timed out, so the
+controller forgot a live actor and every later call answered ``KeyError``."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentkv_cluster.runtime.actor_groups import remote_class
+from agentkv_cluster.runtime.hbm_actor import HbmActor, HbmSpec
+from agentkv_cluster.runtime.mover import Endpoint, RemoteSpan
+
+pytestmark = pytest.mark.integration
+THREADS = 8  # the HBM actor's max_concurrency in ``wiring.spawn_hbm``
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
+    yield ray
+    ray.shutdown()
+
+
+def test_ping_and_drops_pass_allocations_that_wait(ray_local) -> None:
+    ray = ray_local
+    spec = HbmSpec(name="groups", page_bytes=1 << 16, num_pages=0, landing_pages=2)
+    actor = remote_class(HbmActor).options(num_cpus=0, max_concurrency=THREADS).remote(spec)
+    assert ray.get(actor.ping.remote(), timeout=120) == "groups"
+    taken = ray.get(actor.reserve.remote(2, "holder"))  # the whole arena: the next alloc waits
+    assert len(taken) == 2
+    nowhere = RemoteSpan(endpoint=Endpoint(agent="nobody", metadata=b""), region=b"", offset=0,
+                         length=1 << 16)
+    waiting = [actor.ingest.remote(bytes([i]) * 32, nowhere) for i in range(THREADS)]
+    ping = actor.ping.remote()
+    freed = actor.release_landing.remote([taken[0][0]], "holder")
+    ready, _ = ray.wait([ping, freed, *waiting], num_returns=2)
+    # both answer before any allocation's wait (ALLOC_WAIT_S) ends: without their own
+    # groups they ran only once a thread came free, after the waits gave up
+    assert set(ready) == {ping, freed}
+    assert ray.get(freed) == 1
+    ray.kill(actor)

@@ -3,11 +3,36 @@
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 from typing import Any
 
 from agentkv_cluster.cli import CliError
 
 MAX_REPORTED_LINES = 20
+
+
+def check_trace_outputs(args: argparse.Namespace) -> None:
+    """Refuse, before the run, an output that would overwrite the trace being read or
+    the other output: ``--json`` or ``--export-trace`` naming the ``--trace`` file (or
+    a link to it), or both naming one file."""
+    outputs = [(flag, path) for flag, path in (("--json", args.json),
+                                               ("--export-trace", args.export_trace)) if path]
+    for flag, path in outputs:
+        if _same_file(path, args.trace):
+            raise CliError(f"{flag} {path} is the trace being read (--trace {args.trace}); "
+                           f"writing it would destroy the trace: choose another file")
+    if len(outputs) == 2 and _same_file(outputs[0][1], outputs[1][1]):
+        raise CliError(f"--json and --export-trace name the same file ({args.json})")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+        return a.resolve() == b.resolve()
+    except OSError:  # unreadable: check_writable_file and the reader say why
+        return False
 
 
 def trace_builder(args: argparse.Namespace, console: Any) -> tuple[Any, dict[str, Any]]:
@@ -25,6 +50,10 @@ def trace_builder(args: argparse.Namespace, console: Any) -> tuple[Any, dict[str
     if len(parsed.errors) > MAX_REPORTED_LINES:
         console.print(f"[yellow]... and {len(parsed.errors) - MAX_REPORTED_LINES} more "
                       f"malformed lines[/yellow]")
+    if parsed.errors and not parsed.events:
+        raise CliError(f"{args.trace}: none of its lines is a valid {args.trace_format} "
+                       f"record ({len(parsed.errors)} malformed; first: {parsed.errors[0]}); "
+                       f"is --trace-format {args.trace_format} the file's format?")
     if parsed.errors and args.strict_trace:
         raise CliError(f"{args.trace}: {len(parsed.errors)} malformed line(s); first: "
                        f"{parsed.errors[0]}")

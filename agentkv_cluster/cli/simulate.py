@@ -106,6 +106,10 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--trace-sessions must be >= 1")
     if args.trace_skip < 0:
         raise CliError("--trace-skip must be >= 0")
+    if args.trace is not None:
+        from agentkv_cluster.cli._simulate_trace import check_trace_outputs
+
+        check_trace_outputs(args)
     check_writable_file(args.json, "--json")  # before the run, not after it
     check_writable_file(args.export_trace, "--export-trace")
     if args.sweep:
@@ -137,12 +141,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check_policies(policies: tuple[str, ...]) -> None:
+    """Unknown names and names given twice are refused (a duplicate would run the same
+    policy again and print one row: a typo for another policy, most likely)."""
     from agentkv_cluster.sim.policies import POLICY_NAMES
+    from agentkv_cluster.sim.runner import DuplicatePolicy, check_policy_names
 
+    if not policies:
+        raise CliError(f"--policies names no policy; known: {', '.join(POLICY_NAMES)}")
     unknown = [p for p in policies if p not in POLICY_NAMES]
-    if unknown or not policies:
-        raise CliError(f"unknown policy {', '.join(unknown) or '(none)'}; "
+    if unknown:
+        raise CliError(f"unknown policy {', '.join(unknown)}; "
                        f"known: {', '.join(POLICY_NAMES)}")
+    try:
+        check_policy_names(policies)
+    except DuplicatePolicy as exc:
+        raise CliError(f"--policies: {exc}") from None
 
 
 @contextmanager
@@ -203,9 +216,7 @@ def _margins(result: Any, console: Any) -> dict[str, Any]:
     from agentkv_cluster.sim.report import margins_vs_lru
 
     out: dict[str, Any] = {}
-    if not any(m.reads for m in result.policies.values()):
-        console.print("[yellow]no page is read again in this run (0 reads): every delay and "
-                      "hit figure is 0 by construction, so no policy is compared[/yellow]")
+    if _no_reads(result.policies.values(), console):
         return out
     if "agentkv" in result.policies and "lru" in result.policies:
         margins = margins_vs_lru(result.policies)
@@ -223,6 +234,15 @@ def _margins(result: Any, console: Any) -> dict[str, Any]:
                           f"({m['strongest']}, {m['change_pct']:+.1f} %)"
                           for metric, m in strongest.items() if m["change_pct"] is not None))
     return out
+
+
+def _no_reads(metrics: Any, console: Any, what: str = "no policy is compared") -> bool:
+    """Say so when no page was read again: every delay and hit figure is then 0."""
+    if any(m.reads for m in metrics):
+        return False
+    console.print(f"[yellow]no page is read again in this run (0 reads): every delay and "
+                  f"hit figure is 0 by construction, so {what}[/yellow]")
+    return True
 
 
 def _tables(result: Any, title: str, console: Any) -> None:
@@ -282,6 +302,8 @@ def _sweep(args: argparse.Namespace, cfg: Any, policies: tuple[str, ...],
         results = sweep(cfg, args.sweep, values, policies=policies, fair=args.fair,
                         build=build or make_workload, progress=advance)
     points = [(v, r.policies) for v, r in zip(values, results)]
+    _no_reads([m for _, res in points for m in res.values()], console,
+              "the sweep compares no policy")
     metrics = (("byte_hit_pct", "byte hit %"), ("p95_ms", "P95 ms"),
                ("transfer_mb_per_batch", "MB/batch"), ("risk_pct", "risk %"))
     fair_points = [(v, r.fair_policies) for v, r in zip(values, results)
@@ -343,6 +365,7 @@ def _ablation(cfg: Any, console: Any, build: Any) -> dict[str, Any]:
                  for v, p in zip(norm.values(), paper)]
         table.add_row(name, *cells)
     console.print(table)
+    _no_reads(result.rows.values(), console, "no mechanism is measured (every ratio is 1)")
     return result.to_dict()
 
 

@@ -42,6 +42,22 @@ class UnknownPolicy(ValueError):
     """A policy name the simulator does not know."""
 
 
+class DuplicatePolicy(ValueError):
+    """A policy named twice in one comparison (its results are keyed by name)."""
+
+
+def check_policy_names(policies: Sequence[str]) -> None:
+    """Raise ``UnknownPolicy`` for a name not in ``POLICY_NAMES`` and ``DuplicatePolicy``
+    for a name given twice: a second run would only overwrite the first one's row."""
+    for name in policies:
+        if name not in POLICY_NAMES:
+            raise UnknownPolicy(f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES)}")
+    twice = sorted({n for n in policies if list(policies).count(n) > 1})
+    if twice:
+        raise DuplicatePolicy(f"policy {', '.join(twice)} given more than once; "
+                              f"name each policy once")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Comparison:
     """All policies on one workload under one config. ``policies``: the paper-faithful
@@ -131,9 +147,7 @@ def compare(cfg: SimConfig, *, workload: Workload | None = None,
             progress: Progress | None = None) -> Comparison:
     """Every policy in ``policies`` on ``workload`` (default: the synthetic one of ``cfg``);
     with ``fair`` each baseline also runs acting on the signals (``fair_policies``)."""
-    for name in policies:
-        if name not in POLICY_NAMES:
-            raise UnknownPolicy(f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES)}")
+    check_policy_names(policies)
     wl = deliver(workload if workload is not None else make_workload(cfg), cfg)
     results = {name: run_policy(wl, cfg, name, progress=progress) for name in policies}
     fair_results = None

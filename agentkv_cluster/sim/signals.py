@@ -61,5 +61,4 @@ def degrade(batch: Batch, q: SignalQuality, seed: int) -> Batch:
 
 
 def degrade_workload(workload: Workload, q: SignalQuality, seed: int) -> Workload:
-    return Workload(source=workload.source,
-                    batches=[degrade(b, q, seed) for b in workload.batches])
+    return dataclasses.replace(workload, batches=[degrade(b, q, seed) for b in workload.batches])

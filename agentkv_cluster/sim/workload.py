@@ -83,10 +83,12 @@ class Batch:
 
 @dataclass(frozen=True, kw_only=True)
 class Workload:
-    """Batches plus where they came from (printed with the results)."""
+    """Batches plus where they came from (printed with the results); ``sessions``: how
+    many sessions a replayed trace holds (None for the synthetic presets)."""
 
     source: str
     batches: Sequence[Batch]
+    sessions: int | None = None
 
     def __iter__(self) -> Iterator[Batch]:
         return iter(self.batches)

@@ -11,11 +11,15 @@
 - Azure LLM inference 2023 (``TIMESTAMP, ContextTokens, GeneratedTokens``): no
   session or prefix information, so each request is its own one-call session
   with fresh blocks (the replay then has nothing to reuse; it shows only
-  capacity pressure).
+  capacity pressure). Its timestamps carry no zone and are read as UTC.
 - TraceLab round traces (Claude Code / Codex): ``prefix_tokens`` of each round
   are kept blocks of the previous context, ``newly_append_tokens`` new blocks,
   ``tools[*].tool_wall_latency_ms`` real tool gaps (a negative or missing
-  latency rejects the round, with its line number). No ``task_end`` either.
+  latency rejects the round, with its line number); a round whose ``round_id``
+  (else ``round_index``) repeats one of its session's earlier rounds is the same
+  round twice and is rejected too. No ``task_end`` either.
+  Timestamps without a zone are read as UTC (those with one keep it), so the
+  result does not depend on the machine's time zone.
 
 Every converter returns a ``ParseResult``; source lines it cannot use are
 reported with their line number.
@@ -27,7 +31,7 @@ import csv
 import json
 import math
 from collections.abc import Callable, Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -150,11 +154,19 @@ def convert_mooncake(path: Path) -> ParseResult:
     return out
 
 
+def _utc_seconds(moment: datetime) -> float:
+    """Seconds since the epoch; a time without a zone is UTC, never the machine's zone
+    (which would make results depend on TZ and on its daylight-saving jumps)."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
 def _azure_time(text: str) -> float:
     # Seven fractional digits: datetime takes at most six.
     head, _, frac = text.strip().partition(".")
     base = datetime.strptime(head, "%Y-%m-%d %H:%M:%S")
-    return base.timestamp() + (float("0." + frac) if frac else 0.0)
+    return _utc_seconds(base) + (float("0." + frac) if frac else 0.0)
 
 
 def convert_azure(path: Path) -> ParseResult:
@@ -197,7 +209,7 @@ def convert_azure(path: Path) -> ParseResult:
 def _iso(text: Any) -> float:
     if not isinstance(text, str):
         raise TypeError(f"timestamp must be a string, got {text!r}")
-    return datetime.fromisoformat(text).timestamp()
+    return _utc_seconds(datetime.fromisoformat(text))
 
 
 class _TraceLabSession:
@@ -217,9 +229,14 @@ class _TraceLabSession:
 def convert_tracelab(path: Path) -> ParseResult:
     out = ParseResult()
     rows = []
+    seen: dict[tuple[str, str | int], int] = {}  # (session, round id) -> its line
     for no, d in _json_lines(path, out):
         try:
             session = _need(d, "session_id", str)
+            key = _round_key(d, session)
+            if key in seen:
+                raise ValueError(f"round {key[1]!r} of session {session!r} repeats line "
+                                 f"{seen[key]}")
             total = _need(d, "input_tokens_total", int)
             prefix = d.get("prefix_tokens") or 0
             if not isinstance(prefix, int) or prefix < 0 or total < 0:
@@ -240,6 +257,8 @@ def convert_tracelab(path: Path) -> ParseResult:
             out.errors.append(LineError(no, f"unusable round: {exc}"))
             continue
         rows.append((ts, session, total, prefix, tools))
+        if key is not None:
+            seen[key] = no
     if not rows:
         return out
     t0 = min(r[0] for r in rows)
@@ -257,6 +276,16 @@ def convert_tracelab(path: Path) -> ParseResult:
                                          tool_duration_s=latency))
     out.events.sort(key=lambda e: (e.ts, e.session))
     return out
+
+
+def _round_key(d: dict, session: str) -> tuple[str, str | int] | None:
+    """A round's identity in its session: ``round_id``, else ``round_index`` (None
+    without either). A repeated one is the same round twice, not a new request."""
+    for field in ("round_id", "round_index"):
+        v = d.get(field)
+        if isinstance(v, (str, int)) and not isinstance(v, bool):
+            return session, v
+    return None
 
 
 def _latency_s(value: Any) -> float:

@@ -22,7 +22,10 @@ One object per line::
 Numbers must be finite: times and durations at most ``MAX_SECONDS`` (about 31,700
 years: anything larger is a unit mistake), token counts at most ``MAX_TOKENS``
 (more than any model's context). Every line that is not a valid event is reported
-with its 1-based line number; nothing is dropped silently. A UTF-8 byte-order mark
+with its 1-based line number; nothing is dropped silently. A session name may be
+reused: its ``task_end`` closes one task and its next event starts another; a
+``task_end`` before every model call of its task ends nothing and is a line error
+(``tasks.py``). A UTF-8 byte-order mark
 is ignored and a gzip-compressed file is read as its text.
 """
 
@@ -38,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from agentkv_cluster.lifecycle.types import StateType
+from agentkv_cluster.sim.trace.tasks import split_tasks
 
 KINDS = ("model_call", "tool_start", "observation_return", "task_end")
 DEFAULT_BLOCK_TOKENS = 512
@@ -177,18 +181,27 @@ def event_from_dict(d: Any) -> TraceEvent:
 
 
 def parse_lines(lines: Iterable[str]) -> ParseResult:
-    """Parse AgentKV trace lines; blank lines are skipped, bad ones reported."""
+    """Parse AgentKV trace lines; blank lines are skipped, bad ones reported, and so is
+    a ``task_end`` that ends no task (``sim/trace/tasks.py``)."""
     out = ParseResult()
+    numbers: list[int] = []
     for no, raw in enumerate(lines, start=1):
         out.lines = no
         if not raw.strip():
             continue
         try:
             out.events.append(event_from_dict(json.loads(raw)))
+            numbers.append(no)
         except json.JSONDecodeError as exc:
             out.errors.append(LineError(no, f"invalid JSON ({exc.msg})"))
         except _Bad as exc:
             out.errors.append(LineError(no, str(exc)))
+    strays = split_tasks(out.events).strays
+    if strays:
+        refused = {s.index for s in strays}
+        out.errors.extend(LineError(numbers[s.index], s.reason) for s in strays)
+        out.errors.sort(key=lambda e: e.line)
+        out.events = [e for i, e in enumerate(out.events) if i not in refused]
     return out
 
 

@@ -10,8 +10,9 @@ call counted, also when several calls read it at the same instant.
 
 End of life comes only from events in the trace, at their own time:
 
-- a session ends at its own ``task_end`` event, or, when it simply stops, once it
-  has been silent for ``idle_timeout_s`` (what an orchestrator that never hears
+- a session (one task: a name reused after its ``task_end`` is a new session,
+  ``tasks.py``) ends at its own ``task_end`` event, or, when it simply stops, once
+  it has been silent for ``idle_timeout_s`` (what an orchestrator that never hears
   from it again would conclude);
 - a block's signal (TASK_END) fires when every session that has held it *so far*
   has ended. A later session that reads it again finds it freed by any policy
@@ -47,6 +48,7 @@ import numpy as np
 from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.sim.config import MB, SimConfig
 from agentkv_cluster.sim.trace.format import TraceEvent, TraceFormatError
+from agentkv_cluster.sim.trace.tasks import split_tasks
 from agentkv_cluster.sim.workload import TYPE_ORDER, Batch, Workload, noise_rng
 
 LLAMA3_8B_KV_BYTES_PER_TOKEN = 2 * 32 * 8 * 128 * 2  # K+V, 32 layers, 8 KV heads, d 128, fp16
@@ -114,11 +116,18 @@ class _Session:
 
 
 def sessions_of(events: Sequence[TraceEvent]) -> list[_Session]:
+    """One ``_Session`` per task with a model call, by first call; a session name reused
+    after its ``task_end`` gives one per task (``tasks.split_tasks``). A ``task_end`` that
+    ends no task is a ``TraceFormatError`` (the parser reports it as a line error)."""
+    split = split_tasks(events)
+    if split.strays:
+        raise TraceFormatError(f"{len(split.strays)} task_end event(s) end no task; "
+                               f"first: {split.strays[0].reason}")
     by: dict[str, _Session] = {}
-    for e in events:
-        s = by.get(e.session)
+    for e, task in zip(events, split.tasks, strict=True):
+        s = by.get(task)
         if s is None:
-            s = by[e.session] = _Session(e.session, [], [], [], [], e.ts, None)
+            s = by[task] = _Session(task, [], [], [], [], e.ts, None)
         s.last_event = max(s.last_event, e.ts)
         if e.kind == "model_call":
             s.calls.append(e)
@@ -126,7 +135,7 @@ def sessions_of(events: Sequence[TraceEvent]) -> list[_Session]:
             s.tools.append(e)
             s.last_event = max(s.last_event, e.ts + e.tool_duration_s)
         elif e.kind == "task_end":
-            s.task_end = e.ts if s.task_end is None else min(s.task_end, e.ts)
+            s.task_end = e.ts
     out = [s for s in by.values() if s.calls]
     for s in out:
         s.calls.sort(key=lambda e: e.ts)
@@ -256,7 +265,8 @@ def replay_workload(events: Sequence[TraceEvent], cfg: SimConfig, source: str,
     if not pages:
         raise TraceFormatError(f"{source}: no KV block to replay (every model_call of the "
                                f"{len(sessions)} session(s) has an empty prefix_blocks)")
-    return Workload(source=source, batches=[_batch(pages, sessions, cfg, rc)])
+    return Workload(source=source, batches=[_batch(pages, sessions, cfg, rc)],
+                    sessions=len(sessions))
 
 
 def reads_per_type(workload: Workload) -> dict[str, int]:
@@ -271,7 +281,9 @@ def reads_per_type(workload: Workload) -> dict[str, int]:
 def describe(workload: Workload) -> str:
     pages = sum(b.n_pages for b in workload)
     reads = sum(len(r) for b in workload for r in b.access_times)
-    sessions = len({s for b in workload for s in b.sessions})
+    # a workload built by hand has no session count: the sessions that own a block
+    sessions = (workload.sessions if workload.sessions is not None
+                else len({s for b in workload for s in b.sessions}))
     cap = sum(b.capacity_bytes for b in workload) / MB
     return (f"one timeline: {sessions} sessions, {pages} blocks, {reads} reads, "
             f"HBM {cap:,.0f} MB shared; reads by type {reads_per_type(workload)}")

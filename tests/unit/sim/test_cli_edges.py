@@ -74,3 +74,57 @@ def test_a_sweep_that_cannot_draw_its_figure_says_so(tmp_path, capsys):
                  "--no-fair", "--out-dir", str(tmp_path)]) == 0
     assert "no noise figure" in capsys.readouterr().out
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_a_policy_named_twice_is_refused_before_the_run(capsys):
+    from agentkv_cluster.sim.config import SimConfig, WorkloadConfig
+    from agentkv_cluster.sim.runner import DuplicatePolicy, compare
+
+    assert main(["simulate", "--batches", "2", "--policies", "lru,ttl,lru"]) == 2
+    err = capsys.readouterr().err
+    assert "--policies: policy lru given more than once" in err
+    with pytest.raises(DuplicatePolicy, match="agentkv given more than once"):
+        compare(SimConfig(workload=WorkloadConfig(batches=1)),
+                policies=("agentkv", "lru", "agentkv"))
+
+
+def test_a_trace_in_another_format_says_to_check_the_format(tmp_path, capsys):
+    trace = tmp_path / "t.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03,10,1\n")
+    assert main(["simulate", "--trace", str(trace), "--trace-format", "mooncake"]) == 2
+    err = capsys.readouterr().err
+    assert "none of its lines is a valid mooncake record (2 malformed; first: line 1" in err
+    assert "is --trace-format mooncake the file's format?" in err
+
+
+def test_an_empty_policy_list_says_so(capsys):
+    assert main(["simulate", "--batches", "2", "--policies", " , "]) == 2
+    assert "--policies names no policy" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode", [["--ablation"], ["--sweep", "noise"]])
+def test_an_ablation_or_sweep_without_a_single_read_says_it_measured_nothing(
+        tmp_path, capsys, mode):
+    trace = tmp_path / "t.jsonl"  # two sessions, no block read twice
+    trace.write_text(CALL.format(s="a", ts=0, b=1) + CALL.format(s="b", ts=1, b=2))
+    assert main(["simulate", "--trace", str(trace), "--no-fair", "--policies", "lru,agentkv",
+                 "--out-dir", str(tmp_path), *mode]) == 0
+    assert "0 reads" in capsys.readouterr().out  # was: a table of 1.00 ratios, no word
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--json", "{trace}"], "--json {trace} is the trace being read"),
+    (["--export-trace", "{link}"], "--export-trace {link} is the trace being read"),
+    (["--json", "{out}", "--export-trace", "{out}"],
+     "--json and --export-trace name the same file"),
+])
+def test_an_output_that_would_overwrite_the_trace_is_refused(tmp_path, capsys, flags, message):
+    trace, link, out = tmp_path / "t.jsonl", tmp_path / "link.jsonl", tmp_path / "o.json"
+    text = CALL.format(s="a", ts=0, b=1) + CALL.format(s="a", ts=1, b=1)
+    trace.write_text(text)
+    link.symlink_to(trace)
+    names = {"trace": trace, "link": link, "out": out}
+    assert main(["simulate", "--trace", str(trace),
+                 *[f.format(**names) for f in flags]]) == 2
+    assert message.format(**names) in capsys.readouterr().err
+    assert trace.read_text() == text and not out.exists()  # was: the trace overwritten

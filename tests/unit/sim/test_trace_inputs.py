@@ -172,3 +172,21 @@ def test_an_integer_beyond_any_float_is_a_line_error(tmp_path):
                               "tools": [{"tool_name": "x", "emitted_at": "2026-06-01T05:40:20Z",
                                          "tool_wall_latency_ms": int(huge)}]}) + "\n")
     assert [e.line for e in convert_tracelab(tl).errors] == [1]
+
+
+def test_a_tracelab_round_given_twice_is_reported_not_replayed_twice(tmp_path):
+    def rnd(round_id, stamp, total, prefix):
+        return json.dumps({"session_id": "a", "round_id": round_id, "round_index": 0,
+                           "input_tokens_total": total, "prefix_tokens": prefix,
+                           "timing_events": [{"timestamp": stamp}], "tools": []})
+
+    first = rnd("m1", "2026-06-01T05:40:20Z", 1024, 0)
+    second = rnd("m2", "2026-06-01T05:40:30Z", 1536, 1024)
+    once, twice = tmp_path / "once.jsonl", tmp_path / "twice.jsonl"
+    once.write_text(first + "\n" + second + "\n")
+    twice.write_text(f"{first}\n{first}\n{second}\n{second}\n")
+    a, b = convert_tracelab(once), convert_tracelab(twice)
+    assert [str(e) for e in b.errors] == [
+        "line 2: unusable round: round 'm1' of session 'a' repeats line 1",
+        "line 4: unusable round: round 'm2' of session 'a' repeats line 3"]
+    assert b.events == a.events  # was: 4 calls and twice the blocks

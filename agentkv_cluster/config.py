@@ -49,7 +49,8 @@ class MetricsConfig:
     port: int = 9420
     enabled: bool = True
     # The first N tenants seen since start keep a label of their own; later ones share
-    # "other" (a label never moves to another tenant, so series stay continuous).
+    # "_other", which no tenant name can be (a label never moves to another tenant, so
+    # series stay continuous).
     top_tenants: int = 20
     # False: tenants are labelled by a stable blinded id (t-<hex>); True: by their names.
     tenant_names: bool = False

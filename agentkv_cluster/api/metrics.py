@@ -3,12 +3,13 @@
 Every metric is listed, with its type, labels and meaning, in ``docs/metrics.md``.
 
 Label cardinality is bounded: the first ``top_tenants`` tenants seen since start keep a
-label of their own, every later tenant is counted under ``"other"`` (a label never moves to
-another tenant, so series stay continuous); tiers, sources and operations come from closed
-sets. Tenants are labelled by a stable blinded id (``t-`` + 12 hex digits, a keyed hash of
+label of their own, every later tenant is counted under ``"_other"`` (a label never moves to
+another tenant, so series stay continuous; no tenant name starts with ``_`` and the one
+namespace that does is ``_public``, so the overflow bucket cannot be taken for a tenant);
+tiers, sources and operations come from closed sets. Tenants are labelled by a stable blinded id (``t-`` + 12 hex digits, a keyed hash of
 the name) unless the operator opts in to names (``metrics.tenant_names``); an erased
 tenant's series are removed. ``/healthz`` says the process is alive, ``/readyz`` runs a
-readiness callback (Ray connected, directory reachable), ``/metrics`` is the exposition.
+readiness callback (``runtime.readiness``), ``/metrics`` is the exposition.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import platform
 import threading
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from prometheus_client import (
@@ -32,7 +34,10 @@ from prometheus_client import (
 if TYPE_CHECKING:  # the service hands its loads' phases in; no import at run time
     from agentkv_cluster.runtime.records import LoadPhases
 
-OTHER = "other"
+# The overflow label: neither a tenant name (``security.keyring``: ``[a-z0-9][a-z0-9_-]*``)
+# nor the PUBLIC namespace (``_public``), so under ``metrics.tenant_names`` a tenant called
+# "other" keeps a label of its own instead of merging into the overflow bucket.
+OTHER = "_other"
 RESTORE_SOURCES = ("hbm", "host", "nvme", "remote", "recompute")
 ERASURE_RESULTS = ("ok", "failed")  # agentkv_erasures{result}: no tenant label, never removed
 DELAY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
@@ -49,7 +54,7 @@ def blinded_tenant(tenant: str, key: bytes) -> str:
 
 
 class TenantLabels:
-    """Maps tenants to at most ``top_n`` distinct labels plus ``"other"``: the first
+    """Maps tenants to at most ``top_n`` distinct labels plus ``OTHER``: the first
     ``top_n`` tenants seen since start keep theirs. ``key`` blinds the labels (None: names)."""
 
     def __init__(self, top_n: int, key: bytes | None = None) -> None:
@@ -70,6 +75,12 @@ class TenantLabels:
                 label = self._known[tenant] = self._label(tenant)
                 return label
         return OTHER
+
+    def has_own(self, tenant: str) -> bool:
+        """Whether ``tenant`` was given a label of its own (even if erased since): at most
+        ``top_n`` tenants ever are."""
+        with self._lock:
+            return tenant in self._known
 
     def forget(self, tenant: str) -> str | None:
         """Drop ``tenant`` (erased): its label, if it had one (the slot is not reused)."""
@@ -163,6 +174,10 @@ class ServiceMetrics:
             "destroyed but a tier's pages could not be deleted)", ["result"], registry=r)
         for result in ERASURE_RESULTS:  # both series from 0: increase() sees the first failure
             self.erasures.labels(result=result)
+        self.scrape_part_ok = Gauge(
+            "agentkv_scrape_part_ok", "1 if the part (controller, pool/NAME) answered the "
+            "last scrape within its deadline, 0 if not: its figures are from an earlier "
+            "scrape", ["part"], registry=r)
         self._tenant_metrics = (self.restore_delay, self.hidden_fraction,
                                 self.restore_hidden_seconds, self.restore_seconds,
                                 self.transfer_bytes, self.pages_by_codec, self.recompute_tokens,
@@ -237,6 +252,14 @@ class ServiceMetrics:
 
     def set_capacity(self, tier: str, nbytes: int) -> None:
         self.capacity.labels(tier=tier).set(nbytes)
+
+    def set_scrape_parts(self, answered: Mapping[str, bool]) -> None:
+        """Which parts answered this scrape; the series of parts no longer asked go."""
+        for labels in _label_sets(self.scrape_part_ok):
+            if labels["part"] not in answered:
+                self.scrape_part_ok.remove(labels["part"])
+        for part, ok in answered.items():
+            self.scrape_part_ok.labels(part=part).set(1 if ok else 0)
 
     def set_directory_up(self, up: bool) -> None:
         self.directory_up.set(1 if up else 0)

@@ -269,6 +269,7 @@ def run(args: argparse.Namespace) -> int:
         while not stop.wait(1.0):  # a timed wait keeps the main thread responsive
             pass
     finally:
+        service.begin_stop()  # /readyz says 503 now, before the directory watch's stop
         # A second signal while stopping must not cut the cleanup short.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)

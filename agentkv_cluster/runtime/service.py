@@ -23,7 +23,8 @@ from agentkv_cluster.runtime import wiring
 from agentkv_cluster.runtime.directory_glue import probe
 from agentkv_cluster.runtime.erasure import ClusterErasure, ErasureWatcher
 from agentkv_cluster.runtime.front import ServiceFront
-from agentkv_cluster.runtime.handles import ActorGone
+from agentkv_cluster.runtime.metrics_feed import MetricsFeed
+from agentkv_cluster.runtime.readiness import Checks, Readiness
 from agentkv_cluster.runtime.redis_users import TenantRedisUsers
 from agentkv_cluster.runtime.strategies import Learned
 from security.audit import AuditLog, denial_recorder
@@ -61,6 +62,7 @@ class Service:
         self.server: ApiServer | None = None
         self.http: MetricsHttpServer | None = None
         self._stop = threading.Event()
+        self.ready = Readiness(self._readiness_checks, self._stop)  # what /readyz answers
         self._joiner: threading.Thread | None = None
         self._topology = threading.Lock()  # joins and policy swaps change the topology
         self.audit: AuditLog | None = None  # erasures and every cross-tenant denial
@@ -128,13 +130,19 @@ class Service:
             except Exception:  # logged; the service keeps serving on the nodes it has
                 log.exception("placing actors on joined nodes failed")
 
-    def ready(self) -> tuple[bool, str]:
-        """``/readyz``: the controller answers and the directory (Redis) is reachable."""
-        assert self.front is not None and self.topo is not None
-        ok, detail = self.front.ready()
-        if not ok:
-            return ok, detail
-        return probe(self.topo.directory)
+    def _readiness_checks(self) -> Checks:
+        """What ``/readyz`` asks (``runtime.readiness``): the controller answers and the
+        directory (Redis) is reachable, each within the readiness deadline."""
+        assert self.topo is not None
+        controller, directory = self.topo.controller, self.topo.directory
+        deadline_s = self.ready.deadline_s
+
+        def controller_answers() -> tuple[bool, str]:
+            ok = controller.alive(deadline_s)
+            return ok, "controller ok" if ok else "controller unreachable"
+
+        return {"controller": controller_answers,
+                "directory": lambda: probe(directory, deadline_s)}
 
     def use_policy(self, policy: str, *, credits: bool | None = None) -> None:
         """A fresh controller on the same actors (emptied): for side-by-side policy runs.
@@ -222,8 +230,15 @@ class Service:
             except Exception:
                 log.exception("writing retired-page summaries failed")
 
-    def stop(self, *, shutdown_ray: bool = False) -> None:
+    def begin_stop(self) -> None:
+        """Stopping begins: ``/readyz`` answers 503 ``not ready: stopping`` from now on, so
+        Kubernetes stops routing here while the wire server still serves, and the
+        background threads end. ``stop`` begins with this; a caller with work of its own
+        to do before ``stop`` (a signal handler) can call it first."""
         self._stop.set()
+
+    def stop(self, *, shutdown_ray: bool = False) -> None:
+        self.begin_stop()
         if self._joiner is not None:
             self._joiner.join(30.0)
         if self._watcher is not None:
@@ -248,59 +263,3 @@ class Service:
             import ray
 
             ray.shutdown()
-
-
-
-class MetricsFeed:
-    """On each scrape, pulls the figures that live in the actors into the service's metrics:
-    credit waits, load phases, per-tier occupancy, recompute tokens, bytes and copies per
-    codec written to pool tiers, and prefetches that gave their room to a blocked load."""
-
-    def __init__(self, service: Service) -> None:
-        self.service = service
-        self._controller: Any = None
-        self._cursor = 0
-        self._last: dict[tuple[Any, ...], int] = {}  # cumulative figures already exported
-
-    def __call__(self) -> None:
-        topo, m = self.service.topo, self.service.metrics
-        assert topo is not None
-        if topo.controller is not self._controller:  # use_policy: its counters start again
-            self._controller, self._cursor = topo.controller, 0
-            # The pools' reject counts are their own and outlive the controller: forgetting
-            # them would export each pool's whole count again as new rejects.
-            self._last = {k: v for k, v in self._last.items() if k[0] == "rejects"}
-        got = topo.controller.options(timeout_s=5.0).metrics_since(self._cursor)
-        self._cursor = got.cursor
-        for tier, seconds in got.waits:
-            m.waited(tier, seconds)  # restores into HBM; gap migrations into host / NVMe
-        for phases in got.phases:
-            m.loaded(phases)
-        m.set_occupancy("hbm", got.hbm_used)
-        for tenant, tokens in got.recompute.items():
-            m.recompute(tenant, self._delta(("recompute", tenant), tokens))
-        for (tenant, tier), nbytes in got.traffic.items():
-            m.transfer(tenant, tier, self._delta(("traffic", tenant, tier), nbytes))
-        for (tenant, codec), pages in got.codecs.items():
-            m.stored(tenant, codec, self._delta(("codecs", tenant, codec), pages))
-        m.gave_room(self._delta(("gave_room",), got.gave_room))
-        host = nvme = 0
-        for pool in list(topo.pools.values()):
-            try:
-                st = pool.options(timeout_s=5.0).stats()
-            except ActorGone:
-                continue  # a dead pool holds nothing; the watcher forgets it
-            host, nvme = host + st["host_used_bytes"], nvme + st["nvme_live_bytes"]
-            m.reject(st["name"], self._delta(("rejects", st["name"]), st["rejects"]))
-        m.set_occupancy("host", host)
-        m.set_occupancy("nvme", nvme)
-        pools, cfg = len(topo.pools), self.service.cfg
-        m.set_capacity("host", pools * cfg.pool.pool_bytes)
-        m.set_capacity("nvme", pools * cfg.pool.nvme_bytes)
-        m.set_capacity("hbm", len(topo.hbms) * (self.service.hbm_capacity
-                                               or cfg.hbm.page_bytes * cfg.hbm.num_pages))
-
-    def _delta(self, key: Any, total: int) -> int:
-        before = self._last.get(key, 0)
-        self._last[key] = total
-        return max(0, total - before)

@@ -57,17 +57,20 @@ def scrape(svc: Service) -> dict[tuple[str, tuple], float]:
 
 
 def test_readiness_follows_the_directory(service) -> None:
-    assert _get(service, "/readyz") == (200, "directory ok\n")
+    ready = (200, "ready\ncontroller ok\ndirectory ok\n")
+    assert _get(service, "/readyz") == ready
     redis = RedisProcess().start()
     spec = RedisSpec(url=redis.url)
     embedded = service.topo.directory
     try:
         assert probe(spec) == (True, "directory ok")
         service.topo.directory = spec  # as `agentkv serve --redis-url` deploys it
-        assert _get(service, "/readyz") == (200, "directory ok\n")
+        assert _get(service, "/readyz") == ready
         redis.close()
         code, body = _get(service, "/readyz")
-        assert code == 503 and body.startswith("directory unreachable: DirectoryUnavailable")
+        head, controller, directory = body.splitlines()
+        assert (code, head, controller) == (503, "not ready: directory", "controller ok")
+        assert directory.startswith("directory unreachable: DirectoryUnavailable")
     finally:
         service.topo.directory = embedded
         redis.close()

@@ -1,15 +1,18 @@
 """The scrape-time feed that turns the actors' cumulative figures into counters: a policy
-swap (a new controller) restarts the controller's figures but not the pools' own."""
+swap (a new controller) restarts the controller's figures but not the pools' own, what it
+remembers is bounded like the tenant labels, and hung actors cost a scrape one deadline."""
 
 from __future__ import annotations
 
+import threading
+import time
 from types import SimpleNamespace
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from agentkv_cluster.api.metrics import ServiceMetrics
-from agentkv_cluster.runtime.service import MetricsFeed
+from agentkv_cluster.api.metrics import OTHER, ServiceMetrics
+from agentkv_cluster.runtime.metrics_feed import MetricsFeed
 
 
 class Controller:
@@ -25,13 +28,14 @@ class Controller:
 
 
 class Pool:
-    rejects = 0
+    def __init__(self, name: str = "node0") -> None:
+        self.name, self.rejects = name, 0
 
     def options(self, **_: Any) -> Pool:
         return self
 
     def stats(self) -> dict[str, Any]:
-        return {"name": "node0", "host_used_bytes": 0, "nvme_live_bytes": 0,
+        return {"name": self.name, "host_used_bytes": 0, "nvme_live_bytes": 0,
                 "rejects": self.rejects}
 
 
@@ -60,3 +64,106 @@ def test_a_policy_swap_does_not_count_a_pools_rejects_again() -> None:
     pool.rejects = 4
     feed()
     assert counter(metrics, "agentkv_verification_rejects_total") == 4
+
+
+def feed_for(metrics: ServiceMetrics, controller: Any, pools: dict[str, Any] | None = None,
+             **kwargs: Any) -> tuple[MetricsFeed, SimpleNamespace]:
+    cfg = SimpleNamespace(pool=SimpleNamespace(pool_bytes=1, nvme_bytes=1),
+                          hbm=SimpleNamespace(page_bytes=1, num_pages=1))
+    service = SimpleNamespace(metrics=metrics, cfg=cfg, hbm_capacity=None, topo=SimpleNamespace(
+        controller=controller, pools=pools or {}, hbms={}))
+    return MetricsFeed(service, **kwargs), service  # type: ignore[arg-type]
+
+
+class Traffic(Controller):
+    """A controller that reports cumulative bytes per (tenant, tier), as the real one does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.traffic: dict[tuple[str, str], int] = {}
+
+    def metrics_since(self, cursor: int) -> SimpleNamespace:
+        got = super().metrics_since(cursor)
+        got.traffic = dict(self.traffic)
+        return got
+
+
+def bytes_by_tenant(m: ServiceMetrics) -> dict[str, float]:
+    text = m.exposition().decode()
+    return {s.labels["tenant"]: s.value for fam in text_string_to_metric_families(text)
+            for s in fam.samples if s.name == "agentkv_transfer_bytes_total"}
+
+
+def test_the_exported_record_is_bounded_by_the_labels_not_by_the_tenants() -> None:
+    metrics, controller = ServiceMetrics(top_tenants=3, tenant_names=True), Traffic()
+    feed, _ = feed_for(metrics, controller)
+    controller.traffic = {(f"t{i:03}", "host"): 10 for i in range(300)}
+    feed()
+    bound = len(feed.exported)
+    assert bound <= 3 + 1 + 1  # three tenants, the overflow bucket, gave_room
+    controller.traffic = {(f"t{i:03}", "host"): 15 for i in range(600)}  # 300 more tenants
+    feed()
+    assert len(feed.exported) == bound
+    assert bytes_by_tenant(metrics) == {"t000": 15, "t001": 15, "t002": 15, OTHER: 597 * 15}
+
+
+def test_an_erased_tenants_later_bytes_count_once_under_the_overflow_label() -> None:
+    metrics, controller = ServiceMetrics(top_tenants=2, tenant_names=True), Traffic()
+    feed, _ = feed_for(metrics, controller)
+    controller.traffic = {("a", "nvme"): 100, ("b", "nvme"): 10, ("c", "nvme"): 1}
+    feed()
+    metrics.erased("a", failed=False)  # its series go; the controller still counts it
+    controller.traffic = {("a", "nvme"): 102, ("b", "nvme"): 10, ("c", "nvme"): 4}
+    feed()
+    assert bytes_by_tenant(metrics) == {"b": 10, OTHER: 1 + 3 + 2}  # not a's 100 again
+
+
+class Hung:
+    """A controller or pool whose calls hang until ``release``; counts the calls made."""
+
+    def __init__(self, inner: Any, method: str) -> None:
+        self.inner, self.method, self.calls = inner, method, 0
+        self.release = threading.Event()
+
+    def options(self, **_: Any) -> Hung:
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        if name != self.method:
+            return getattr(self.inner, name)
+
+        def call(*args: Any) -> Any:
+            self.calls += 1
+            self.release.wait(30.0)
+            return getattr(self.inner, name)(*args)
+
+        return call
+
+
+def part_ok(m: ServiceMetrics) -> dict[str, float]:
+    text = m.exposition().decode()
+    return {s.labels["part"]: s.value for fam in text_string_to_metric_families(text)
+            for s in fam.samples if s.name == "agentkv_scrape_part_ok"}
+
+
+def test_hung_actors_cost_a_scrape_one_deadline_and_their_late_answer_counts_once() -> None:
+    inner, deadline_s = Controller(), 0.3
+    inner.gave_room = 5
+    controller, pool = Hung(inner, "metrics_since"), Hung(Pool(), "stats")
+    metrics = ServiceMetrics()
+    feed, _ = feed_for(metrics, controller, {"node0": pool, "node1": Pool("node1")},
+                       deadline_s=deadline_s)
+    for _ in range(2):  # the second scrape does not ask the hung parts again
+        started = time.monotonic()
+        feed()
+        assert time.monotonic() - started < deadline_s + 2.0  # not 30 s per hung part
+        assert part_ok(metrics) == {"controller": 0, "pool/node0": 0, "pool/node1": 1}
+        assert counter(metrics, "agentkv_prefetch_gave_room_total") == 0
+    assert (controller.calls, pool.calls) == (1, 1)
+    controller.release.set()
+    pool.release.set()
+    for _ in range(2):  # the late answer is taken once, then the parts are asked afresh
+        feed()
+        assert part_ok(metrics) == {"controller": 1, "pool/node0": 1, "pool/node1": 1}
+        assert counter(metrics, "agentkv_prefetch_gave_room_total") == 5
+    assert (controller.calls, pool.calls) == (2, 2)

@@ -64,3 +64,14 @@ def test_a_loads_phases_land_in_one_histogram_series_each() -> None:
             for s in fam.samples if s.name == "agentkv_load_phase_seconds_sum"}
     assert sums == {"settle": 0.01, "blocked": 0.2, "transfer": 0.03, "arrival": 0.0,
                     "total": 0.24}
+
+
+def test_a_tenant_called_other_is_not_merged_into_the_overflow_bucket() -> None:
+    m = ServiceMetrics(top_tenants=2, tenant_names=True)
+    for tenant, nbytes in (("acme", 1), ("other", 10), ("zeta", 100), ("yeti", 1000)):
+        m.transfer(tenant, "host", nbytes)
+    text = m.exposition().decode()
+    got = {s.labels["tenant"]: s.value for fam in text_string_to_metric_families(text)
+           for s in fam.samples if s.name == "agentkv_transfer_bytes_total"}
+    assert got == {"acme": 1, "other": 10, OTHER: 1100}
+    assert OTHER not in ("other", blinded_tenant("other", KEY))

@@ -6,7 +6,9 @@ directory is unreachable"): every process's ``GuardedDirectory`` answers reads w
 rest), refuses writes with ``DirectoryUnavailable`` (pools keep their copies and publish
 them later), and, between attempts, fails fast instead of waiting on a socket. The head's
 ``DirectoryWatch`` logs the outage at error level, retries with exponential backoff, and on
-recovery asks every pool to republish what it holds.
+recovery asks every pool to republish what it holds. Each pool also repairs its own
+entries (``pool_publisher``): after a write of its failed, or a loss of writes Redis had
+acknowledged, it republishes once the directory answers, whatever the watch saw.
 """
 
 from __future__ import annotations
@@ -256,81 +258,6 @@ class DirectoryShell:
 
     def restore(self, entries: list[Any]) -> None:
         self.inner.restore(entries)
-
-
-class PoolPublisher:
-    """A pool's writes to the directory: best effort, and never made under the pool's lock
-    (each is a round trip to Redis or the directory actor, several milliseconds on a busy
-    node). The pool's own index is the truth for its copies; the directory is the shared
-    hint that ``PoolActor.republish`` refills after an outage (``stale``)."""
-
-    def __init__(self, directory: Any) -> None:
-        self.directory = directory
-        self.stale = False  # a write failed: the directory misses some of this pool's copies
-        self.reads = 0  # generation reads made (tests, stats)
-        self._seen: dict[str, int] = {}  # blinded namespace -> highest generation it had here
-        self._current: dict[str, int] = {}  # blinded namespace -> generation new entries carry
-        self._repair = threading.Lock()
-
-    def saw(self, namespace: str, generation: int) -> None:
-        """A copy of ``namespace`` carries ``generation`` (found on the tiers at start-up)."""
-        self._seen[namespace] = max(self._seen.get(namespace, 0), generation)
-
-    def generation(self, namespace: str) -> int:
-        """The generation a new entry of ``namespace`` carries, never lower than one this
-        pool has used (an emptied directory is advanced back). The first store of a
-        namespace reads it (and opens it, once per pool however many stores race to it);
-        later stores reuse it without a round trip. Only pools open or advance generations,
-        and never backwards, so it stays valid until the directory refuses an entry for its
-        generation (emptied, or sealed by an operator): ``put`` then reads it again."""
-        gen = self._current.get(namespace)
-        if gen is not None:
-            return gen
-        try:
-            self.reads += 1
-            gen = self.directory.current_generation(namespace)
-            if gen == 0 or gen < self._seen.get(namespace, 0):
-                with self._repair:
-                    gen = self._repaired(namespace)
-            self._current[namespace] = gen
-        except Exception:  # noqa: BLE001 - directory unreachable: keep the last known one
-            self.stale = True
-            gen = max(1, self._seen.get(namespace, 1))
-        self.saw(namespace, gen)
-        return gen
-
-    def _repaired(self, namespace: str) -> int:
-        gen, seen = self.directory.current_generation(namespace), self._seen.get(namespace, 0)
-        if gen < seen:  # an emptied Redis: never go backwards
-            self.directory.advance_generation(namespace, seen)
-            return seen
-        return self.directory.open_generation(namespace) if gen == 0 else gen
-
-    def put(self, entry: Any) -> None:
-        """Publish ``entry``. Refused for its generation, the generation is read (and
-        repaired) again and the entry retried if it still carries the current one; one
-        that does not (sealed meanwhile) stays unpublished, like a write in an outage."""
-        from store.directory.base import GenerationRegression, ReadOnlyGeneration, UnknownGeneration
-
-        try:
-            self.directory.put(entry)
-        except (UnknownGeneration, ReadOnlyGeneration, GenerationRegression):
-            self._current.pop(entry.tenant_ns, None)
-            if self.generation(entry.tenant_ns) != entry.generation:
-                self.stale = True
-                return
-            self._publish(lambda: self.directory.put(entry))
-        except Exception:  # noqa: BLE001 - Redis down, actor gone: the data path goes on
-            self.stale = True
-
-    def delete(self, namespace: str, key: bytes) -> None:
-        self._publish(lambda: self.directory.delete(namespace, key))
-
-    def _publish(self, write: Callable[[], Any]) -> None:
-        try:
-            write()
-        except Exception:  # noqa: BLE001 - Redis down, actor gone: the data path goes on
-            self.stale = True
 
 
 def held_elsewhere(directory: Any, pools: dict[str, PoolHandle], metas: Sequence[PageMeta],

@@ -14,8 +14,8 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
-from agentkv_cluster.runtime.directory_glue import PoolPublisher
 from agentkv_cluster.runtime.mover import Endpoint, Mover, RemoteSpan
+from agentkv_cluster.runtime.pool_publisher import PoolPublisher
 from agentkv_cluster.runtime.pool_records import (
     ChunkOpener,
     RecordBuffers,
@@ -92,6 +92,7 @@ class PoolActor:
         self.opener = ChunkOpener(self.sealer, self.chunked, self.mover, spec.name)
         self.torn = 0  # restores that found their host copy rewritten mid-read and retried
         self._rebuild()
+        self.publisher.start(self.republish)  # republishes after failed or lost writes
 
     # -- start-up and recovery ---------------------------------------------------------------
     def _open_host(self) -> HostPool:
@@ -128,24 +129,22 @@ class PoolActor:
             self.publisher.saw(self.blinder.namespace(copy.namespace), copy.dir_gen)
 
     def republish(self) -> int:
-        """Re-insert every local copy into the directory (after Redis lost its data)."""
+        """Re-insert every local copy into the directory (the head's watch, the publisher's
+        repair loop); none of a tenant erased meanwhile by another process (keys gone)."""
+        token, entries = self.publisher.republishing(), {}  # a write failing from here: stale
         with self._lock:
             held = list(self._index.items())
-        directory, entries = self.directory, {}
-        for (key, codec), copy in held:
-            try:
+        live = {t for t in {c.namespace for _, c in held} if self.keyring.has_keys(t)}
+        for (key, codec), copy in [(h, c) for h, c in held if c.namespace in live]:
+            with suppress(KeyUnavailable):  # a legacy record of an erased tenant (``_adopt``)
                 entry = self._entry(key, codec, copy)
-            except KeyUnavailable:  # a legacy record of an erased tenant (``_adopt``)
-                continue
-            if directory.current_generation(entry.tenant_ns) < entry.generation:
-                directory.advance_generation(entry.tenant_ns, entry.generation)
-            entries[(entry.tenant_ns, key)] = entry
-        directory.restore(list(entries.values()))
+                entries[(entry.tenant_ns, key)] = entry
+        self.publisher.restore(list(entries.values()))
         with self._lock:  # deleted meanwhile: an entry must not outlive its copies
             gone = [(ns, k) for ns, k in entries if all((k, c) not in self._index for c in Codec)]
         for ns, key in gone:
             self.publisher.delete(ns, key)
-        self.publisher.stale = False
+        self.publisher.republished(token)
         return len(entries) - len(gone)
 
     # -- identity -------------------------------------------------------------------------------
@@ -389,6 +388,7 @@ class PoolActor:
             return sum(self.delete(k, ns) for k, ns in keys)
 
     def close(self, unlink: bool = True) -> None:
+        self.publisher.close()
         self.opener.close()
         self.nvme.close()
         self.host.close()

@@ -13,6 +13,7 @@ from store.directory.base import (
     MissingEntry,
     ReadOnlyGeneration,
     RefcountUnderflow,
+    ReportsLostWrites,
     UnknownGeneration,
 )
 from store.directory.embedded import EmbeddedDirectory
@@ -31,5 +32,6 @@ __all__ = [
     "MissingEntry",
     "ReadOnlyGeneration",
     "RefcountUnderflow",
+    "ReportsLostWrites",
     "UnknownGeneration",
 ]

@@ -147,3 +147,13 @@ class DirectoryBackend(Protocol):
         """Entries of sealed generations with no references, oldest generation first."""
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class ReportsLostWrites(Protocol):
+    """A backend whose service can lose writes it acknowledged (``RedisDirectory``: a
+    restart from an older snapshot, a flush). The embedded directory loses nothing while
+    it lives and has no such method; callers look for it with ``getattr``."""
+
+    def lost_writes(self) -> list[str]:
+        """The namespaces in which writes this client made are gone since the last call."""

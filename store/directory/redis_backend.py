@@ -6,15 +6,22 @@ Key layout, one namespace per tenant (or tenant prefix family)::
     {prefix}:{<ns>}:e:<hexkey>    msgpack [tier, node, location, codec, size_bucket, gen]
     {prefix}:{<ns>}:r:<hexkey>    reference count
     {prefix}:{<ns>}:g:<gen>       set of hex keys in that generation
-    {prefix}:{<ns>}:gens          set of generations that have entries
+    {prefix}:{<ns>}:gens          set of generations that have entries (and maybe the current one)
+    {prefix}:{<ns>}:w:<node>      entries of that node written (counted by each put)
 
 The braces are literal: a Redis Cluster hash tag, so a namespace's keys share a
 slot and its scripts stay single-slot; an ACL key pattern ``~akv:{<ns>}:*``
 confines a tenant's user to its namespace. Changes run as Lua scripts.
+
+Lost writes: each ``put`` gets back its node's write count in the namespace, and the
+client keeps the highest one (its *mark*). A server that comes back from an older
+snapshot, or emptied, has a lower count than the mark: ``lost_writes`` (and the next
+``put``, whose count is not above the mark) tells the caller, who republishes.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -62,9 +69,12 @@ class RedisDirectory:
         )
         self._scripts = {
             name: self._client.register_script(getattr(_lua, name))
-            for name in ("PUT", "ADJUST", "DELETE", "OPEN", "SEAL", "ADVANCE", "STATE")
+            for name in ("PUT", "ADJUST", "DELETE", "OPEN", "SEAL", "ADVANCE", "STATE", "PRUNE")
         }
         self._floor: dict[str, int] = {}  # highest generation seen per namespace
+        self._marks: dict[tuple[str, str], int] = {}  # (ns, node) -> highest write count
+        self._lost: set[str] = set()  # namespaces a put found behind, until ``lost_writes``
+        self._marks_lock = threading.Lock()
 
     # ------------------------------------------------------------------ keys
     def _base(self, ns: str) -> str:
@@ -104,9 +114,13 @@ class RedisDirectory:
                 entry.generation,
             ]
         )
-        cur = self._run(
+        mark = (ns, entry.node)
+        with self._marks_lock:
+            sent = self._marks.get(mark, 0)
+        cur, written = self._run(
             "PUT",
-            [f"{base}meta", ekey, rkey, f"{base}g:{entry.generation}", f"{base}gens"],
+            [f"{base}meta", ekey, rkey, f"{base}g:{entry.generation}", f"{base}gens",
+             f"{base}w:{entry.node}"],
             [
                 entry.generation,
                 packed,
@@ -118,6 +132,31 @@ class RedisDirectory:
             ],
         )
         self._seen(ns, int(cur))
+        with self._marks_lock:  # counts only go up: one not above the mark was lost
+            if int(written) <= sent:
+                self._lost.add(ns)
+            if int(written) <= sent or int(written) > self._marks.get(mark, 0):
+                self._marks[mark] = int(written)
+
+    def lost_writes(self) -> list[str]:
+        """The namespaces in which writes this client made are gone from the server since
+        the last call (it came back from an older snapshot, or empty): entries to
+        republish. One read of each (namespace, node) count this client wrote; each loss
+        is told once (the mark follows the server's count)."""
+        with self._marks_lock:
+            marks = dict(self._marks)
+        pipe = self._client.pipeline(transaction=False)
+        for ns, node in marks:
+            pipe.get(f"{self._base(ns)}w:{node}")
+        counts = _call(pipe.execute) if marks else []
+        with self._marks_lock:
+            lost, self._lost = self._lost, set()
+            for (mark, sent), count in zip(marks.items(), counts):
+                if int(count or 0) < sent:
+                    lost.add(mark[0])
+                    if self._marks.get(mark) == sent:
+                        self._marks[mark] = int(count or 0)
+        return sorted(lost)
 
     def get(self, namespace: str, key: bytes) -> tuple[Lookup, DirectoryEntry | None]:
         return self.get_many(namespace, [key])[0]
@@ -142,7 +181,9 @@ class RedisDirectory:
 
     def delete(self, namespace: str, key: bytes) -> Lookup:
         ekey, rkey, hexkey = self._entry_keys(namespace, key)
-        gone = self._run("DELETE", [ekey, rkey], [hexkey, f"{self._base(namespace)}g:"])
+        base = self._base(namespace)
+        gone = self._run("DELETE", [ekey, rkey, f"{base}meta", f"{base}gens"],
+                         [hexkey, f"{base}g:"])
         return Lookup.HIT if int(gone) else Lookup.MISS
 
     def incref(self, namespace: str, key: bytes) -> int:
@@ -158,10 +199,9 @@ class RedisDirectory:
 
     # ------------------------------------------------------------------ generations
     def open_generation(self, namespace: str) -> int:
-        meta = f"{self._base(namespace)}meta"
-        return self._seen(
-            namespace, int(self._run("OPEN", [meta], [self._floor.get(namespace, 0)]))
-        )
+        base = self._base(namespace)
+        return self._seen(namespace, int(self._run(
+            "OPEN", [f"{base}meta", f"{base}gens"], [self._floor.get(namespace, 0), f"{base}g:"])))
 
     def _state(self, namespace: str) -> tuple[int, bool]:
         meta = f"{self._base(namespace)}meta"
@@ -178,11 +218,10 @@ class RedisDirectory:
         )
 
     def advance_generation(self, namespace: str, generation: int) -> None:
-        meta = f"{self._base(namespace)}meta"
-        self._seen(
-            namespace,
-            int(self._run("ADVANCE", [meta], [generation, self._floor.get(namespace, 0)])),
-        )
+        base = self._base(namespace)
+        self._seen(namespace, int(self._run(
+            "ADVANCE", [f"{base}meta", f"{base}gens"],
+            [generation, self._floor.get(namespace, 0), f"{base}g:"])))
 
     def restore(self, entries: Sequence[DirectoryEntry]) -> None:
         current: dict[str, int] = {}
@@ -204,6 +243,8 @@ class RedisDirectory:
             if gen > cur or (gen == cur and not sealed):
                 continue
             members = sorted(_call(lambda g=gen: self._client.smembers(f"{base}g:{g}")))
+            if not members:  # listed yet empty (an older version's scripts): drop it now
+                self._run("PRUNE", [f"{base}meta", f"{base}gens"], [gen, f"{base}g:"])
             keys = [bytes.fromhex(m.decode()) for m in members]
             for _lookup, entry in self.get_many(namespace, keys):
                 if entry is not None and entry.refcount == 0 and entry.generation == gen:

@@ -185,7 +185,7 @@ def test_republish_does_not_resurrect_a_page_deleted_meanwhile(service):
             assert pool.delete(doomed, "acme") == 1
             return inner.restore(entries)
 
-    actor.directory = DeleteFirst()
+    actor.directory = actor.publisher.directory = DeleteFirst()  # the publisher writes
     assert pool.republish() == 1
     assert inner.get(ns, kept)[0] is Lookup.HIT
     assert inner.get(ns, doomed)[0] is Lookup.MISS

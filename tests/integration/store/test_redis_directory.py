@@ -75,8 +75,10 @@ def test_key_layout_is_per_namespace_with_hash_tags(redis_server):
         "layout:{acme}:gens",
         "layout:{acme}:meta",
         "layout:{acme}:r:0102",
+        "layout:{acme}:w:n1",  # node n1's writes in acme, counted with each entry
     ]
     assert raw.get("layout:{acme}:r:0102") == b"1"
+    assert raw.get("layout:{acme}:w:n1") == b"1"
     raw.close()
     d.close()
 

@@ -1,8 +1,8 @@
 """Python client of the wire protocol (blocking; one request in flight per connection).
 
     client = AgentKvClient.connect(("127.0.0.1", 7420), token)
-    s = client.open_session("sess-1")
-    s.task_start(task="fix bug"); s.store_pages([...]); s.tool_start(call_id="c1", tool="grep")
+    with client.open_session("sess-1") as s:  # closed on exit (``SessionClient.close``)
+        s.task_start(task="fix bug"); s.store_pages([...]); s.tool_start(call_id="c1", tool="grep")
 """
 
 from __future__ import annotations
@@ -53,8 +53,14 @@ class AgentKvClient:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:  # the block's own exception is the one to see, not a failed close after it
+            self.close()
+        except (OSError, p.RemoteError, p.ProtocolError):
+            pass
 
     def _recv_exact(self, n: int) -> bytes:
         buf = bytearray(n)
@@ -131,7 +137,8 @@ def _dial(address: tuple[str, int] | str, timeout: float) -> socket.socket:
 
 class SessionClient:
     """Calls scoped to one session: the eight workflow events and the engine-side calls.
-    ``opened`` is the ``open_session`` result (tenant, HBM actor, whether it may publish)."""
+    ``opened`` is the ``open_session`` result (tenant, HBM actor, whether it may publish).
+    As a context manager it closes the session on exit (``close``), exception or not."""
 
     def __init__(self, client: AgentKvClient, session: str,
                  opened: dict[str, Any] | None = None) -> None:
@@ -141,6 +148,24 @@ class SessionClient:
 
     def _call(self, op: str, **args: Any) -> Any:
         return self.client.call(op, {"session": self.session, **args})
+
+    def close(self) -> dict[str, Any]:
+        """Close the session (``close_session``, docs/protocol.md): its pages go as its
+        task's end would retire them, and the service forgets it. Idempotent: closing
+        again answers ``closed`` false. The name may be opened again, afresh."""
+        return self._call("close_session")
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:  # the block's own exception is the one to see, not a failed close after it
+            self.close()
+        except (OSError, p.RemoteError, p.ProtocolError):
+            pass
 
     # -- orchestrator events (field names follow agentkv_cluster.lifecycle.events) --
     def event(self, kind: str, **fields: Any) -> dict[str, Any]:

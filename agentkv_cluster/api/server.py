@@ -64,6 +64,7 @@ class ServiceBackend(Protocol):
     """What the server calls; ``principal`` comes from the authenticator."""
 
     def open_session(self, principal: Any, session: str) -> dict[str, Any]: ...
+    def close_session(self, principal: Any, session: str) -> dict[str, Any]: ...
     def send_event(self, principal: Any, session: str, event: dict[str, Any]) -> dict[str, Any]: ...
     def store_pages(self, principal: Any, session: str, pages: list[dict[str, Any]]) -> dict[str, Any]: ...
     def lookup_prefix(self, principal: Any, session: str, identities: list[bytes]) -> dict[str, Any]: ...
@@ -87,6 +88,8 @@ def _dispatch(backend: ServiceBackend, principal: Any, op: str, args: dict[str, 
     session = p.arg(args, "session", str)
     if op == "open_session":
         return backend.open_session(principal, session)
+    if op == "close_session":
+        return backend.close_session(principal, session)
     if op == "event":
         return backend.send_event(principal, session, p.arg(args, "event", dict))
     if op == "store_pages":
@@ -103,8 +106,8 @@ def _dispatch(backend: ServiceBackend, principal: Any, op: str, args: dict[str, 
     raise p.ProtocolError(p.ErrorCode.UNKNOWN_OP, f"unknown op {op[:64]!r}")
 
 
-OPS = frozenset({"hello", "open_session", "event", "store_pages", "lookup_prefix",
-                 "prepare_load", "complete_load", "release"})
+OPS = frozenset({"hello", "open_session", "close_session", "event", "store_pages",
+                 "lookup_prefix", "prepare_load", "complete_load", "release"})
 
 
 class ApiServer:

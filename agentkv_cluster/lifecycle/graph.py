@@ -80,6 +80,16 @@ class EventGraph(GraphBase):
             del self._versions[key]
         return len(pages)
 
+    def end_session(self, tenant: str, session: str) -> int:
+        """The session closed: each of its open tasks ends as its ``TaskEnd`` would, and
+        its event versions go (opened again, the session starts afresh). Returns how many
+        tasks it ended. An ended task goes with its last page (``retire``, ``drop_page``)."""
+        tasks = [t for k, t in self._tasks.items() if k[:2] == (tenant, session) and t.open]
+        for task in tasks:
+            self._end_task(task)
+        self._versions.pop((tenant, session), None)
+        return len(tasks)
+
     # ---- checks (raise before any change) --------------------------------
     def _open_task(self, e: ev.Event) -> Task:
         task = self._tasks.get((e.tenant, e.session, e.task_id))
@@ -284,7 +294,9 @@ class EventGraph(GraphBase):
         return touched
 
     def _task_end(self, e: ev.TaskEnd, now: float) -> set[PageId]:
-        task = self._open_task(e)
+        return self._end_task(self._open_task(e))
+
+    def _end_task(self, task: Task) -> set[PageId]:
         task.open = False
         for branch in task.branches.values():
             if branch.status is BranchStatus.OPEN:

@@ -236,6 +236,17 @@ class GraphBase:
         if blockers:
             names = sorted(b.value for b in blockers)
             raise PageStillNeeded(f"page {page} is still needed: {names}")
+        self._remove_page(page)
+
+    def drop_page(self, page: PageId) -> bool:
+        """Forget ``page`` whatever still blocks it: the last session holding it closed, so
+        nothing can name it again. False if the graph does not hold it."""
+        if page not in self._pages:
+            return False
+        self._remove_page(page)
+        return True
+
+    def _remove_page(self, page: PageId) -> None:
         rec = self._pages.pop(page)
         for nid in rec.producers | rec.consumers:
             self._nodes[nid].reads.discard(page)

@@ -16,6 +16,15 @@ PageId = NewType("PageId", int)
 NodeId = NewType("NodeId", int)
 
 
+@dataclass(frozen=True, slots=True)
+class SessionKey:
+    """A session as the service tells sessions apart: its tenant and its name (two
+    tenants may both name a session "main"; they are two sessions)."""
+
+    tenant: str
+    session: str
+
+
 class StateType(enum.Enum):
     """The seven semantic types of a state page (Table 1)."""
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 
 from agentkv_cluster.policy.base import CostModel, PolicyError
@@ -44,7 +44,7 @@ class CreditOutcome(enum.Enum):
 
 @dataclass(frozen=True, kw_only=True)
 class CreditRequest:
-    session: str
+    session: Hashable  # any session key: a name, or (tenant, session) as the service's
     resource: Resource
     amount: int  # bytes
     link: str = "default"  # link (or memory pool) the bucket belongs to
@@ -110,8 +110,8 @@ class _Bucket:
 
 @dataclass(slots=True)
 class _Queue:
-    ring: deque[str] = field(default_factory=deque)  # sessions with waiting work
-    pending: dict[str, deque[CreditGrant]] = field(default_factory=dict)
+    ring: deque[Hashable] = field(default_factory=deque)  # sessions with waiting work
+    pending: dict[Hashable, deque[CreditGrant]] = field(default_factory=dict)
 
 
 _LOWER = (Codec.INT8, Codec.INT4, Codec.LOW_RANK)
@@ -125,7 +125,7 @@ class CreditManager:
         self.config = config
         self._shared = {key: _Bucket(s.capacity, s.refill_per_s, s.capacity)
                         for key, s in config.buckets.items()}
-        self._sessions: dict[tuple[str, Resource], _Bucket] = {}
+        self._sessions: dict[tuple[Hashable, Resource], _Bucket] = {}
         self._queues: dict[tuple[Resource, str], _Queue] = {k: _Queue() for k in self._shared}
         self._outstanding: dict[int, CreditGrant] = {}
         self._next_ticket = 1
@@ -216,6 +216,16 @@ class CreditManager:
     def waiting(self) -> int:
         return sum(len(d) for q in self._queues.values() for d in q.pending.values())
 
+    def forget_session(self, session: Hashable) -> None:
+        """Drop ``session``'s own buckets. Call only when it holds and waits for no credit:
+        its buckets are then full, as a new session's are, so nothing is lost."""
+        for resource in self.config.session:
+            self._sessions.pop((session, resource), None)
+
+    def session_buckets(self) -> int:
+        """Sessions' own buckets held (one per session and resource)."""
+        return len(self._sessions)
+
     # ------------------------------------------------------------ internals
     def _shared_bucket(self, key: tuple[Resource, str]) -> _Bucket:
         try:
@@ -223,7 +233,7 @@ class CreditManager:
         except KeyError:
             raise UnknownLink(f"no credit bucket for {key[0].value}/{key[1]}") from None
 
-    def _own(self, session: str, resource: Resource, now: float) -> _Bucket:
+    def _own(self, session: Hashable, resource: Resource, now: float) -> _Bucket:
         bucket = self._sessions.get((session, resource))
         if bucket is None:
             spec = self.config.session[resource]

@@ -124,7 +124,7 @@ class Controller:
                 self.table.set_busy(rec, True)
                 out.append(Action(kind=ActionKind.DEMOTE, gid=gid, hbm=rec.hbm,
                                   tier=Tier.HOST, codec=Codec.FULL, keep=True,
-                                  reason=Reason.WRITE_THROUGH, session=rec.meta.session))
+                                  reason=Reason.WRITE_THROUGH, session=rec.meta.session_key))
         self.table.changed()
         return out
 
@@ -184,7 +184,7 @@ class Controller:
             table.set_busy(rec, True)
             restores.append(Action(kind=ActionKind.RESTORE, gid=gid, hbm=rec.hbm,
                                    tier=tier, codec=codec, start_at=now, reason=Reason.ACCESS,
-                                   session=rec.meta.session))
+                                   session=rec.meta.session_key))
         for gid in lost + blocked:  # not pinned: the caller retries or gives up
             rec = table.pages[gid]
             rec.pins -= 1
@@ -251,7 +251,7 @@ class Controller:
                 else self.strategy.demotion(rec, policy, now, self._tier_room(rec, policy))
             actions.append(Action(kind=ActionKind.DEMOTE, gid=gid, hbm=rec.hbm, tier=tier,
                                   codec=codec, reference=reference, start_at=now,
-                                  reason=Reason.PRESSURE, session=rec.meta.session))
+                                  reason=Reason.PRESSURE, session=rec.meta.session_key))
             self.events.refill_later(rec, tier, codec, now)
         self.stats["demotes"] += len(actions)
         return actions
@@ -312,7 +312,7 @@ class Controller:
         self.stats["prefetches"] += 1
         return demotes + [Action(kind=ActionKind.RESTORE, gid=rec.gid, hbm=rec.hbm, tier=tier,
                                  codec=codec, start_at=now, reason=Reason.PREFETCH,
-                                 session=rec.meta.session)]
+                                 session=rec.meta.session_key)]
 
     # -- executor feedback ----------------------------------------------------------------------
     def finished(self, result: TransferResult, now: float) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 from agentkv_cluster.lifecycle.events import EventValidationError, TaskEnd
 from agentkv_cluster.runtime.controller import Controller, HbmFull
 from agentkv_cluster.runtime.directory_glue import held_elsewhere
-from agentkv_cluster.runtime.event_planner import AuditSummary
+from agentkv_cluster.runtime.event_planner import AuditSummary, SessionClosed
 from agentkv_cluster.runtime.executor import Executor
 from agentkv_cluster.runtime.guard import Guarded
 from agentkv_cluster.runtime.handles import ActorGone, HbmHandle, PoolHandle
@@ -179,6 +179,13 @@ class ControllerActor:
             return self.controller.table.open_session(tenant, session)
         except HbmFull as exc:
             raise RequestRefused(str(exc)) from None
+
+    def close_session(self, tenant: str, session: str) -> SessionClosed:
+        """``EventPlanner.close_session``; its deletions run in the background."""
+        closed, deletions = self.controller.events.close_session(tenant, session,
+                                                                 time.monotonic())
+        self.executor.submit(deletions)
+        return closed
 
     def store(self, tenant: str, session: str, metas: list[PageMeta],
               spans: list[RemoteSpan]) -> list[int]:

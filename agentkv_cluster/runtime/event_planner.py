@@ -68,6 +68,23 @@ class AuditSummary:
                 "retired_at": self.retired_at}
 
 
+@dataclass(frozen=True, kw_only=True)
+class SessionClosed:
+    """What closing a session did (``EventPlanner.close_session``)."""
+
+    closed: bool  # False: it was not open (closed already, or never opened); nothing done
+    tasks: int = 0  # open tasks it ended, as their TaskEnd would
+    retired: int = 0  # pages that went: the session was the last to hold them
+    kept: int = 0  # pages that stay (another session holds them, or PUBLIC): its hold went
+    pins: int = 0  # pins it held (loads prepared and not released)
+    cancelled: int = 0  # scheduled migrations and prefetches of its pages
+
+    def wire(self) -> dict[str, bool | int]:
+        """As the ``close_session`` reply carries it (docs/protocol.md)."""
+        return {"closed": self.closed, "tasks": self.tasks, "retired": self.retired,
+                "kept": self.kept, "pins": self.pins, "cancelled": self.cancelled}
+
+
 class EventPlanner:
     def __init__(self, table: PageTable, schedule: MoveSchedule, strategy: Strategy,
                  stats: dict[str, int]) -> None:
@@ -138,8 +155,8 @@ class EventPlanner:
         for gid in sorted(touched):
             if gid not in table.pages or gid not in state.pages:
                 continue
-            if self._held_elsewhere(gid, event):
-                self._end_hold(gid, event, state)
+            if self._held_elsewhere(gid, event.tenant, event.session):
+                self._end_hold(gid, event.tenant, event.session, state)
             elif self._retirable(gid, now):
                 retired.append(self._retire(gid, state, now))
         return retired
@@ -154,12 +171,14 @@ class EventPlanner:
             self.table.hbms[rec.hbm].policy.on_update(rec.view, now)
         self.stats["retyped"] = self.stats.get("retyped", 0) + 1
 
-    def _retirable(self, gid: int, now: float) -> bool:
+    def _retirable(self, gid: int, now: float, closing: bool = False) -> bool:
+        """Whether page ``gid`` may retire now; writes the summary of an audited page that
+        may (or that goes anyway: its session is ``closing``)."""
         try:
             blockers = self.graph.blockers(gid)
         except KeyError:
             return False
-        if blockers == {Blocker.AUDIT}:
+        if blockers == {Blocker.AUDIT} or (closing and Blocker.AUDIT in blockers):
             # §5.2: the page may go once its irreversible summary (identity digest, type,
             # content hash) is on its way to the audit log (``drain_audit``).
             rec = self.table.pages[gid]
@@ -201,42 +220,89 @@ class EventPlanner:
         self.schedule.cancel(list(state.pages), kinds=(ActionKind.DEMOTE, ActionKind.RESTORE))
         table.returning.update(g for g in state.pages if g in table.pages)
 
-    def _held_elsewhere(self, gid: int, event: ev.Event) -> bool:
+    def _held_elsewhere(self, gid: int, tenant: str, session: str) -> bool:
         """Whether another session stored page ``gid`` too (the same identity: one page)
         and still holds it."""
         table = self.table
         return any(gid in table.sessions[s].pages for s in table.by_pid.holders(gid)
-                   if s != (event.tenant, event.session) and s in table.sessions)
+                   if s != (tenant, session) and s in table.sessions)
 
-    def _end_hold(self, gid: int, event: ev.Event, state: SessionState) -> None:
-        """The event's session is done with a page another session still holds: only its
-        hold goes (deleting the page made the other's loads answer ``not_found``). Nothing
-        is retired, so no §5.2 summary is written either (it would say the page is gone);
-        an audited page keeps its graph record until its last holder retires it."""
+    def _end_hold(self, gid: int, tenant: str, session: str, state: SessionState,
+                  closing: bool = False) -> None:
+        """The session is done with a page another session still holds: only its hold
+        goes (deleting the page made the other's loads answer ``not_found``). Nothing is
+        retired, so no §5.2 summary is written either (it would say the page is gone); an
+        audited page keeps its graph record until its last holder retires it. A session
+        that is ``closing`` lets go of the page whatever its graph record says."""
         try:
-            blockers = self.graph.blockers(gid)
+            blockers: frozenset[Blocker] | None = self.graph.blockers(gid)
         except KeyError:
-            return  # a page no event produced: it stays with the session, as before
-        if blockers - {Blocker.AUDIT}:
+            blockers = None  # a page no event produced: it stays with the session, as before
+        if not closing and (blockers is None or blockers - {Blocker.AUDIT}):
             return  # still needed by this session's task
         state.pages.discard(gid)
-        self.table.by_pid.drop_session(gid, event.tenant, event.session)
-        if not blockers:
+        self.table.by_pid.drop_session(gid, tenant, session)
+        if blockers is not None and not blockers:
             self.graph.retire(gid)  # its graph record was this session's task's
 
-    def _retire(self, gid: int, state: SessionState, now: float) -> Action:
-        """The last session holding page ``gid`` is done with it: it goes."""
+    def _retire(self, gid: int, state: SessionState, now: float, closing: bool = False
+                ) -> Action:
+        """The last session holding page ``gid`` is done with it: it goes (``closing``:
+        whatever its graph record says, see ``close_session``)."""
         table = self.table
         rec = table.pages[gid]
         # Retired unread since its last prediction: its idle gap ended without a return.
         self.strategy.observe(rec, False, now, table.policy_of(rec))
         table.drop(gid)
         state.pages.discard(gid)
-        self.graph.retire(gid)
+        if closing:
+            self.graph.drop_page(gid)  # whatever still blocks it (none if it is unknown)
+        else:
+            self.graph.retire(gid)
         shared = any((rec.meta.key, h) in table.by_key for h in table.hbms)
         return Action(kind=ActionKind.DELETE, gid=gid, hbm=rec.hbm, start_at=now,
-                      reason=Reason.SHARED if shared else Reason.RETIRE, session=rec.meta.session,
-                      tenant=rec.meta.namespace, key=rec.meta.key, pool=rec.pool)
+                      reason=Reason.SHARED if shared else Reason.RETIRE,
+                      session=rec.meta.session_key, tenant=rec.meta.namespace, key=rec.meta.key,
+                      pool=rec.pool)
+
+    def close_session(self, tenant: str, session: str, now: float
+                      ) -> tuple[SessionClosed, list[Action]]:
+        """Close a session (``closed`` false if it is not open: closing is idempotent). Its
+        open tasks end as their ``TaskEnd`` would (``EventGraph.end_session``) and each of
+        its pages goes as their end retires it: a page another session holds stays, only
+        this session's hold goes (so does a PUBLIC page: it is the namespace's, and no
+        task's end ever retires it); an audited page leaves its §5.2 summary first. Unlike a task's end, nothing
+        is kept for the session (a current fixed prefix, a page no event produced): the
+        session that kept them is gone. Its scheduled moves are cancelled, its pins
+        released, and every record of it forgotten (page table, page ids, event graph,
+        strategy): opened again, the session starts afresh. Returns what it did and the
+        deletions to run."""
+        table = self.table
+        table.not_erasing(tenant)
+        state = table.sessions.get((tenant, session))
+        if state is None:
+            return SessionClosed(closed=False), []
+        tasks = self.graph.end_session(tenant, session)
+        gids = sorted(state.pages)
+        cancelled = self.schedule.cancel(gids, kinds=(ActionKind.DEMOTE, ActionKind.RESTORE))
+        table.returning.difference_update(gids)
+        pins = table.release_held(tenant, session, None, now)
+        retired, kept = [], 0
+        for gid in gids:
+            if gid not in table.pages:
+                state.pages.discard(gid)
+            elif self._held_elsewhere(gid, tenant, session) or \
+                    table.pages[gid].meta.namespace != tenant:  # PUBLIC: every tenant's
+                self._end_hold(gid, tenant, session, state, closing=True)
+                kept += 1
+            else:  # an audited page leaves its summary (``_retirable``), then it goes
+                self._retirable(gid, now, closing=True)
+                retired.append(self._retire(gid, state, now, closing=True))
+        table.drop_session(tenant, session)
+        self.strategy.forget_session(tenant, session)
+        table.changed()  # loads waiting for its pages look again (and end)
+        return SessionClosed(closed=True, tasks=tasks, retired=len(retired), kept=kept,
+                             pins=pins, cancelled=cancelled), retired
 
     def drain_audit(self) -> list[AuditSummary]:
         """The audit summaries of pages retired since the last call (oldest first)."""
@@ -259,5 +325,5 @@ class EventPlanner:
             return
         self.schedule.push(Action(kind=ActionKind.RESTORE, gid=rec.gid, hbm=rec.hbm, tier=tier,
                                   codec=codec, start_at=at, reason=Reason.REFILL,
-                                  session=rec.meta.session))
+                                  session=rec.meta.session_key))
         self.stats["refills"] = self.stats.get("refills", 0) + 1

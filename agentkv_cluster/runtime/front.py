@@ -29,10 +29,10 @@ from agentkv_cluster.api.errors import (
 )
 from agentkv_cluster.api.metrics import ServiceMetrics
 from agentkv_cluster.config import FRAME_ENVELOPE_BYTES
-from agentkv_cluster.lifecycle.identity import PageIdentity
 from agentkv_cluster.runtime.handles import ControllerHandle, HbmHandle
 from agentkv_cluster.runtime.loads import LOAD_TTL_S, PreparedLoad, PreparedLoads
 from agentkv_cluster.runtime.mover import Mover
+from agentkv_cluster.runtime.page_naming import PageNaming
 from agentkv_cluster.runtime.records import (
     LoadReport,
     PageMeta,
@@ -45,14 +45,11 @@ from agentkv_cluster.runtime.request_args import (
     MAX_EVENT_DEPTH,
     event_depth,
     identity_tokens,
-    page_fields,
-    page_identity,
 )
 from agentkv_cluster.runtime.tenants import ensure_tenant
 from security.blinding import DirectoryBlinder
-from security.errors import AccessDenied as SecurityDenied
 from security.errors import InvalidToken, KeyUnavailable
-from security.keyring import PUBLIC_NAMESPACE, FileKeySource, TenantKeyring
+from security.keyring import FileKeySource, TenantKeyring
 from security.principals import AccessPolicy, DenialHook, Principal, TokenIssuer
 from security.publishing import CachedGrants, PublishGrants
 
@@ -142,6 +139,7 @@ class ServiceFront:
         # within ERASED_RECHECK_S.
         self.grants = CachedGrants(PublishGrants(self.keyring.source), ERASED_RECHECK_S)
         self.access = AccessPolicy(on_denied, self.grants)  # every denial is reported
+        self.naming = PageNaming(self.access, self.blinder, keys_dir)
         # Slots are taken per chunk, all at once under a lock: no hold-and-wait.
         self.mover = Mover(f"front-{id(self):x}", page_bytes, 8 * STAGE_PAGES)
         self._slots = threading.Lock()
@@ -205,6 +203,15 @@ class ServiceFront:
         publish = principal.can_publish and self.grants.allows(principal.tenant)
         return {"session": session, "tenant": principal.tenant, "hbm": hbm, "publish": publish}
 
+    def close_session(self, principal: Principal, session: str) -> dict[str, Any]:
+        """Close the token's tenant's ``session`` (``EventPlanner.close_session``) and forget
+        its prepared loads. Idempotent: a session not open answers ``closed`` false."""
+        if not 0 < len(session) <= 256:
+            raise InvalidArgument("session must be 1..256 characters")
+        closed = self._call(self.controller.close_session, principal.tenant, session)
+        self.loads.forget_session(principal.tenant, session)
+        return {"session": session, **closed.wire()}
+
     def send_event(self, principal: Principal, session: str, event: dict[str, Any]) -> dict[str, Any]:
         if "tenant" in event or "session" in event:
             raise InvalidArgument("tenant and session come from the token and the request")
@@ -213,31 +220,6 @@ class ServiceFront:
         return self._call(self.controller.event, principal.tenant, session, event)
 
     # -- engine side --------------------------------------------------------------------------
-    def _namespace(self, principal: Principal, identity: PageIdentity, action: str) -> str:
-        ns = identity.tenant
-        try:  # another tenant's namespace is refused here, and the denial audited
-            self.access.check(principal, ns, action)
-        except SecurityDenied as exc:
-            raise AccessDenied(str(exc)) from None
-        if ns == PUBLIC_NAMESPACE:
-            ensure_tenant(self.keys_dir, PUBLIC_NAMESPACE)
-        return ns
-
-    def _meta(self, principal: Principal, session: str, page: dict[str, Any], action: str,
-              length: int) -> PageMeta:
-        identity = page_identity(page)
-        ns = self._namespace(principal, identity, action)  # before the rest: denials audited
-        shape, state_type, pid = page_fields(page, length, identity)
-        digest = identity.digest()
-        try:
-            key = self.blinder.blind_key(ns, digest)
-        except KeyUnavailable:  # no keys yet: this tenant never opened a session here
-            raise NotFound("session is not open") from None
-        return PageMeta(key=key, digest=digest,
-                        tenant=principal.tenant, namespace=ns, session=session, page_id=pid,
-                        state_type=state_type, length=length,
-                        tokens=identity.end - identity.start, shape=shape)
-
     def store_pages(self, principal: Principal, session: str, pages: list[dict[str, Any]]
                     ) -> dict[str, Any]:
         metas, datas = [], []
@@ -245,7 +227,7 @@ class ServiceFront:
             data = page.get("data")
             if not isinstance(data, bytes) or not 0 < len(data) <= self.page_bytes:
                 raise InvalidArgument(f"page data must be 1..{self.page_bytes} bytes")
-            meta = self._meta(principal, session, page, "write", len(data))
+            meta = self.naming.meta(principal, session, page, "write", len(data))
             # The content hash an audited page leaves in the audit log when it retires.
             metas.append(replace(meta, content_hash=hashlib.blake2b(
                 data, digest_size=16, person=b"akv-page").digest()))
@@ -283,8 +265,8 @@ class ServiceFront:
         refused = ""
         for i, raw in enumerate(identities):
             try:
-                metas.append(self._meta(principal, session, {"identity": raw, "page_id": i},
-                                        "read", 1))
+                metas.append(self.naming.meta(principal, session, {"identity": raw, "page_id": i},
+                                              "read", 1))
             except (AccessDenied, InvalidArgument) as exc:
                 refused = f"{type(exc).__name__}: {exc}"
                 break

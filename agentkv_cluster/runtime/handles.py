@@ -27,7 +27,7 @@ from agentkv_cluster.runtime.records import (
 )
 
 if TYPE_CHECKING:
-    from agentkv_cluster.runtime.event_planner import AuditSummary
+    from agentkv_cluster.runtime.event_planner import AuditSummary, SessionClosed
     from agentkv_cluster.runtime.mover import Endpoint, RemoteSpan
     from agentkv_cluster.runtime.records import (
         ControllerErased,
@@ -297,6 +297,9 @@ class ControllerHandle(ActorHandle):
 
     def open_session(self, tenant: str, session: str) -> str:
         return self._call("open_session", tenant, session)
+
+    def close_session(self, tenant: str, session: str) -> SessionClosed:
+        return self._call("close_session", tenant, session)
 
     def store(self, tenant: str, session: str, metas: list[PageMeta],
               spans: list[RemoteSpan]) -> list[int]:

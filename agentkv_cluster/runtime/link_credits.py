@@ -4,6 +4,11 @@ Restores take one credit of their link from a ``CreditManager`` (the pure policy
 count-based here: one credit = one transfer in flight), so a restore storm waits in the
 delay queue, served round-robin over sessions.
 
+Each session has its own bucket on a link (``SessionKey``: two tenants' sessions of one
+name are two sessions), for as long as it has a transfer there: an idle session's bucket
+is full again (every credit came back), so it is dropped, losing nothing. Closed sessions
+and sessions that simply stop leave no bucket behind.
+
 Two credit classes share each link: foreground (an engine waits: on-demand restores)
 and background (gap migrations, prefetches). Background work is admitted only while no
 foreground transfer waits on the link, and a background request gives way (``Abandoned``)
@@ -20,6 +25,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from agentkv_cluster.lifecycle.types import SessionKey
 from agentkv_cluster.policy.credits import (
     BucketSpec,
     CreditConfig,
@@ -78,6 +84,8 @@ class LinkCredits:
     def __init__(self, per_link: int, per_session: int, enabled: bool = True) -> None:
         self.per_link, self.per_session, self.enabled = per_link, per_session, enabled
         self._managers: dict[Link, CreditManager] = {}  # one per link and credit class
+        # Requests and grants per link and session: its bucket there goes at zero.
+        self._users: Counter[tuple[Link, SessionKey | None]] = Counter()
         self._granted: dict[tuple[Link, int], CreditGrant] = {}  # tickets are per link
         self._cv = threading.Condition()
         self.in_flight: Counter[Link] = Counter()
@@ -102,16 +110,21 @@ class LinkCredits:
             self._managers[link] = mgr
         return mgr
 
-    def acquire(self, session: str, link: Link, timeout_s: float = 60.0,
+    def acquire(self, session: SessionKey | None, link: Link, timeout_s: float = 60.0,
                 give_up: Callable[[], bool] | None = None, tier: Tier = Tier.HBM
                 ) -> CreditGrant | None:
-        """Block for one credit of ``link`` (a move into ``tier``, for the wait metrics);
-        a background request (``link.background``) raises ``Abandoned`` as soon as
-        ``give_up()`` says so (before it queues, and each time it wakes)."""
+        """Block for one credit of ``link`` for ``session`` (a move into ``tier``, for the
+        wait metrics); a background request (``link.background``) raises ``Abandoned`` as
+        soon as ``give_up()`` says so (before it queues, and each time it wakes)."""
         t0 = time.monotonic()
         with self._cv:
             if self.enabled:
-                grant = self._wait_grant(session, link, t0, timeout_s, give_up)
+                self._users[(link, session)] += 1
+                try:
+                    grant = self._wait_grant(session, link, t0, timeout_s, give_up)
+                except BaseException:
+                    self._let_go(link, session)
+                    raise
             else:
                 grant = None
             self.in_flight[link] += 1
@@ -129,7 +142,22 @@ class LinkCredits:
             new = min(end - (cursor if cursor <= end else 0), len(self.waits))
             return end, list(self.waits)[len(self.waits) - new:]
 
-    def _wait_grant(self, session: str, link: Link, t0: float, timeout_s: float,
+    def _let_go(self, link: Link, session: SessionKey | None) -> None:
+        """One request or grant of ``session`` on ``link`` ended; at the last, its bucket
+        there goes (``CreditManager.forget_session``)."""
+        self._users[(link, session)] -= 1
+        if self._users[(link, session)] <= 0:
+            del self._users[(link, session)]
+            mgr = self._managers.get(link)  # none yet if it gave way before it queued
+            if mgr is not None:
+                mgr.forget_session(session)
+
+    def session_buckets(self) -> int:
+        """Session buckets held over every link and class (sessions with a transfer on it)."""
+        with self._cv:
+            return sum(m.session_buckets() for m in self._managers.values())
+
+    def _wait_grant(self, session: SessionKey | None, link: Link, t0: float, timeout_s: float,
                     give_up: Callable[[], bool] | None) -> CreditGrant:
         background, fg = link.background, link.foreground
         if background and give_up is not None and give_up():
@@ -188,4 +216,5 @@ class LinkCredits:
                 mgr = self._managers[link]
                 mgr.release(grant, time.monotonic())
                 self._poll(link, mgr)
+                self._let_go(link, grant.request.session)  # type: ignore[arg-type]
             self._cv.notify_all()

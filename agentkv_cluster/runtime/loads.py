@@ -30,6 +30,7 @@ from agentkv_cluster.runtime.records import (
     Outcome,
     RefusedNotFound,
     RequestRefused,
+    TenantErased,
     TransferResult,
     UnknownPageKey,
     UnknownSession,
@@ -74,6 +75,11 @@ class EngineLoader:
                 if attempt or not gone:
                     raise RequestRefused(f"{len(failed)} page(s) could not be restored: "
                                          f"{by_gid[failed[0]].error}")
+        except (KeyError, RequestRefused):
+            if self._closed(tenant, session):
+                raise RefusedNotFound(f"session {session!r} was closed during this load"
+                                      ) from None
+            raise
         finally:
             self.controller.table.want(gids, -1)
         total = time.monotonic() - t0
@@ -81,7 +87,14 @@ class EngineLoader:
         self.phases.append(phases)
         self.unexported.append(phases)
         self.controller.table.hold(tenant, session, gids, time.monotonic())
+        if self._closed(tenant, session):  # closed meanwhile: ``hold`` let its pins go
+            raise RefusedNotFound(f"session {session!r} was closed during this load")
         return [self._report(g, was_resident[g], by_gid.get(g), total) for g in gids]
+
+    def _closed(self, tenant: str, session: str) -> bool:
+        """The session is not open (any more): ``close_session`` ran while a load of it
+        did. Its pins went with it; the load answers ``not_found``."""
+        return (tenant, session) not in self.controller.table.sessions
 
     def _refuse_outsized(self, gids: list[int]) -> None:
         """Refuse at once a load whose pages outsize their HBM actor's whole budget: it
@@ -128,7 +141,11 @@ class EngineLoader:
                 # Pages that were on their way in (a prefetch, another load's restore) are
                 # pinned as they are; their transfers ran alongside this load's own.
                 t = time.monotonic()
-                self.controller.wait_arrived(gids, LOAD_WAIT_S)
+                try:
+                    self.controller.wait_arrived(gids, LOAD_WAIT_S)
+                except (TenantErased, UnknownPageKey):  # a page went meanwhile: no pin stays
+                    self.controller.table.unpin(gids, time.monotonic())
+                    raise
                 phases.arrival_s += time.monotonic() - t
                 own = {r.action.gid for r in results if r.action.kind is ActionKind.RESTORE}
                 late = [g for g in gids if g not in own
@@ -261,6 +278,16 @@ class PreparedLoads:
             dead = [i for i, load in self._loads.items()
                     if (load.tenant, load.session) == (tenant, session)
                     and gone.issuperset(load.keys)]
+            for load_id in dead:
+                self._drop(load_id)
+        return len(dead)
+
+    def forget_session(self, tenant: str, session: str) -> int:
+        """The session was closed: its loads go (their pins went with it). Returns how
+        many."""
+        with self._lock:
+            dead = [i for i, load in self._loads.items()
+                    if (load.tenant, load.session) == (tenant, session)]
             for load_id in dead:
                 self._drop(load_id)
         return len(dead)

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 
 from agentkv_cluster.policy.base import EvictionPolicy, PageView
 from agentkv_cluster.runtime.page_ids import PageIds
+from agentkv_cluster.runtime.pin_share import HeldPin, revocations
 from agentkv_cluster.runtime.records import (
     HbmBudget,
     HbmFull,
@@ -231,9 +232,12 @@ class PageTable:
         return self._any_gone(gids) or not any(self.pages[g].arriving for g in gids)
 
     def check_alive(self, gids: list[int]) -> None:
-        """Raise ``TenantErased`` if a page of ``gids`` was (or is being) erased."""
-        if self._any_gone(gids):
+        """Raise ``TenantErased`` if a page of ``gids`` is being erased, ``UnknownPageKey``
+        if one is gone (erased, or retired: the session that held it last closed)."""
+        if any(self.doomed(g) for g in gids):
             raise TenantErased("the pages of this load were erased with their tenant")
+        if any(g not in self.pages for g in gids):
+            raise UnknownPageKey("a page of this load is gone (retired, or its session closed)")
 
     def _any_gone(self, gids: list[int]) -> bool:
         """A page of ``gids`` was dropped, or its tenant is being erased."""
@@ -333,42 +337,21 @@ class PageTable:
             n += len(old)
         return n
 
-    def pinned_bytes(self, hbm: str) -> dict[str, int]:
-        """Budget bytes each tenant holds pinned (by its sessions' loads) on ``hbm``."""
-        out: dict[str, int] = {}
-        for (tenant, _), state in self.sessions.items():
-            if state.hbm == hbm:
-                out[tenant] = out.get(tenant, 0) + sum(
-                    self.pages[g].view.size_bytes for g in state.pinned if g in self.pages)
-        return out
-
     def revoke_pins(self, hbm: str, tenant: str, now: float) -> int:
         """``tenant`` finds ``hbm`` full of pinned pages: if it holds no more than its fair
         share of pins (capacity / tenants with a session there), revoke the oldest pins of
-        every other tenant above that share until it is within it. The revoked pages
-        become evictable; their holder's ``complete_load`` then finds them gone (NotFound)
-        and prepares the load again. Returns how many pins were revoked."""
-        budget = self.hbms[hbm]
-        held = self.pinned_bytes(hbm)
-        share = budget.capacity // max(1, len({*held, tenant}))
-        if held.get(tenant, 0) > share:
-            return 0
-        revoked = 0
-        for other, total in held.items():
-            if other == tenant or total <= share:
-                continue
-            items = sorted(((at, gid, state) for (t, _), state in self.sessions.items()
-                            if t == other and state.hbm == hbm
-                            for gid, at in state.pinned.items()),
-                           key=lambda item: item[:2])
-            for _at, gid, state in items:
-                if total <= share:
-                    break
-                del state.pinned[gid]
-                self.unpin([gid], now)
-                total -= self.pages[gid].view.size_bytes if gid in self.pages else 0
-                revoked += 1
-        return revoked
+        every other tenant above that share until it is within it (``pin_share``). The
+        revoked pages become evictable; their holder's ``complete_load`` then finds them
+        gone (NotFound) and prepares the load again. Returns how many were revoked."""
+        here = [(key, state) for key, state in self.sessions.items() if state.hbm == hbm]
+        pins = [HeldPin(tenant=t, session=s, gid=gid, at=at, size=self.pages[gid].view.size_bytes
+                        if gid in self.pages else 0)
+                for (t, s), state in here for gid, at in state.pinned.items()]
+        chosen = revocations(self.hbms[hbm].capacity, tenant, (t for (t, _), _ in here), pins)
+        for pin in chosen:
+            del self.sessions[(pin.tenant, pin.session)].pinned[pin.gid]
+            self.unpin([pin.gid], now)
+        return len(chosen)
 
     # -- erasure freeze -----------------------------------------------------------------------
     def begin_erase(self, tenant: str) -> None:
@@ -384,12 +367,18 @@ class PageTable:
         self.by_pid.forget_tenant(tenant)
         sessions = [k for k in self.sessions if k[0] == tenant]
         for key in sessions:
-            state = self.sessions.pop(key)
-            if state.hbm in self.hbms:
-                self.hbms[state.hbm].sessions -= 1
+            self.drop_session(*key)
         self.erasures[tenant] += 1
         self.changed()
         return len(sessions)
+
+    def drop_session(self, tenant: str, session: str) -> SessionState | None:
+        """Forget a session's record (closed, or its tenant erased; its pages, pins and
+        page ids went first). None if it was not open."""
+        state = self.sessions.pop((tenant, session), None)
+        if state is not None and state.hbm in self.hbms:
+            self.hbms[state.hbm].sessions -= 1
+        return state
 
     def end_erase(self, tenant: str) -> None:
         """The erasure is done everywhere: the tenant name may start again, empty."""

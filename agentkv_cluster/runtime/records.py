@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agentkv_cluster.lifecycle.types import StateType
+from agentkv_cluster.lifecycle.types import SessionKey, StateType
 from agentkv_cluster.policy.base import EvictionPolicy, GapPlan, PageView
 from store.types import KV_DTYPE_BYTES, Codec, Tier
 
@@ -214,6 +214,9 @@ class PageMeta:
     tokens: int
     shape: KvShape | None = None  # None: opaque bytes, only Codec.FULL applies
     content_hash: bytes = b""  # BLAKE2b-128 of the page's bytes (for the audit summary)
+    @property
+    def session_key(self) -> SessionKey:
+        return SessionKey(self.tenant, self.session)
 
 
 class HbmFull(Exception):
@@ -313,7 +316,7 @@ class Action:
     keep: bool = False  # DEMOTE only: copy to the pool but keep the HBM copy (write-through)
     start_at: float = 0.0
     reason: Reason = Reason.PRESSURE
-    session: str = ""
+    session: SessionKey | None = None  # whose link credits the move takes (link_credits.py)
     tenant: str = ""  # DELETE: the page's key namespace
     key: bytes = b""  # DELETE: the record is gone from the controller by then
     pool: str = ""  # DELETE: the pool holding its copies

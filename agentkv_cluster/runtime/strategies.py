@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from agentkv_cluster.lifecycle import events as ev
+from agentkv_cluster.lifecycle.types import SessionKey
 from agentkv_cluster.policy.agentkv import AgentKvConfig, AgentKvPolicy
 from agentkv_cluster.policy.base import CostModel, EvictionPolicy, GapPlan, PageView, ToolStart
 from agentkv_cluster.policy.baselines import LruPolicy
@@ -83,6 +84,8 @@ class Strategy(Protocol):
 
     def forget_tenant(self, tenant: str) -> None: ...
 
+    def forget_session(self, tenant: str, session: str) -> None: ...
+
 
 @dataclass(frozen=True, kw_only=True)
 class Learned:
@@ -151,6 +154,9 @@ class LruStrategy:
 
     def forget_tenant(self, tenant: str) -> None:
         pass  # nor per tenant
+
+    def forget_session(self, tenant: str, session: str) -> None:
+        pass  # nor per session
 
     def calibration(self) -> PredictorHealth | None:
         return None
@@ -265,6 +271,11 @@ class AgentKvStrategy:
             for policy in self._policies:
                 policy.forget_tool(tool)
 
+    def forget_session(self, tenant: str, session: str) -> None:
+        """The session closed: its latest tool class goes (what was learned of the class
+        stays: other sessions call it too)."""
+        self._last_tool.pop((tenant, session), None)
+
     def learned(self) -> Learned:
         return Learned(policy=self.name, predictor=self.predictor)
 
@@ -326,6 +337,7 @@ class AgentKvStrategy:
         start = ToolStart(session=event.session, call_id=event.call_id, tool_class=event.tool,
                           started_at=now)
         plan = policy.on_tool_start(start, [r.view for r in recs], now)
+        owner = SessionKey(event.tenant, event.session)  # its moves take its link credits
         actions = []
         for m in plan.migrations:
             rec = by_id[m.page_id]
@@ -334,13 +346,13 @@ class AgentKvStrategy:
                 codec, reference = exact_form()
             actions.append(Action(kind=ActionKind.DEMOTE, gid=m.page_id, hbm=rec.hbm,
                                   tier=m.to_tier, codec=codec, reference=reference,
-                                  start_at=m.start_at, reason=Reason.GAP, session=event.session))
+                                  start_at=m.start_at, reason=Reason.GAP, session=owner))
         for f in plan.prefetches:
             rec = by_id[f.page_id]
             codec = clamp(f.codec, rec.meta.shape is not None)
             actions.append(Action(kind=ActionKind.RESTORE, gid=f.page_id, hbm=rec.hbm,
                                   tier=f.from_tier, codec=codec, start_at=f.start_at,
-                                  reason=Reason.PREFETCH, session=event.session))
+                                  reason=Reason.PREFETCH, session=owner))
         return actions, plan
 
     def prefetch_at(self, rec: PageRecord, plan: GapPlan | None, tier: Tier, codec: Codec,

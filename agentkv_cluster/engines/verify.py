@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from agentkv_cluster.engines.hf import drop_cache, prefill
+from agentkv_cluster.engines.hf import drop_cache, prefill, token_list
 
 
 class VerificationError(ValueError):
@@ -71,6 +71,7 @@ class CheckpointVerifier:
         new_ids: Sequence[int],
     ) -> VerifiedOutput:
         """Decode after ``context_ids`` (held by both caches) and ``new_ids`` (held by neither)."""
+        context_ids, new_ids = token_list(context_ids), token_list(new_ids)
         if not new_ids:
             raise VerificationError("new_ids must hold at least one token (the observation)")
         for name, cache in (("working", working), ("reference", reference)):

@@ -3,6 +3,7 @@ host pool and the AgentKV service (built in-process, no Ray), each real."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 import uuid
@@ -14,7 +15,11 @@ import torch
 from agentkv_cluster.config import load_config
 from agentkv_cluster.engines.hf import AdapterConfig, DynamicCache, HfKVAdapter, cache_to_kv
 from agentkv_cluster.engines.model import LoadedModel
-from agentkv_cluster.engines.page_store import HostPoolPageStore, ServicePageStore
+from agentkv_cluster.engines.page_store import (
+    HostPoolPageStore,
+    OneFormPerPage,
+    ServicePageStore,
+)
 from agentkv_cluster.lifecycle.identity import PageIdentity
 from agentkv_cluster.runtime.service import Service
 from store.codecs import CodecSpec
@@ -95,3 +100,17 @@ def test_adapter_round_trip_restores_identical_kv(store):
     assert torch.equal(k, k0) and torch.equal(v, v0)
     assert adapter.release("s") == 3
     assert adapter.restore("s", tokens, recompute=False).restored_tokens == 0
+
+
+def test_the_service_refuses_a_second_form_of_a_page_with_a_typed_error(service):
+    client = service.client(TENANT)
+    try:
+        session = f"s-{uuid.uuid4().hex[:8]}"
+        store = ServicePageStore(client.open_session(session))
+        page = dataclasses.replace(_identity(0, 16), session=session)
+        store.put(b"full", b"f" * 4096, page)
+        with pytest.raises(OneFormPerPage, match=r"\[0, 16\).*one form per page"):
+            store.put(b"int8", b"q" * 1024, page)
+        assert b"int8" not in store and bytes(store.get(b"full")[1]) == b"f" * 4096
+    finally:
+        client.close()

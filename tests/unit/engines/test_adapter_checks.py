@@ -19,32 +19,11 @@ from agentkv_cluster.engines.hf import (
     prefill,
 )
 from agentkv_cluster.engines.model import LoadedModel
-from agentkv_cluster.lifecycle.identity import PageIdentity
 from store.codecs import CodecSpec
-from store.types import Lookup
+from tests.unit.engines.standins import DictPageStore
 
 LAYERS, HEADS, TOKENS, DIM = 2, 2, 40, 8
 MAX_POSITIONS = 64
-
-
-class DictPageStore:
-    """The smallest `PageStore`: bytes in a dict, so a test can change them in place."""
-
-    def __init__(self) -> None:
-        self.blobs: dict[bytes, bytearray] = {}
-
-    def put(self, key: bytes, data: bytes | memoryview, identity: PageIdentity) -> None:
-        self.blobs.setdefault(key, bytearray(data))
-
-    def get(self, key: bytes) -> tuple[Lookup, bytes | None]:
-        blob = self.blobs.get(key)
-        return (Lookup.MISS, None) if blob is None else (Lookup.HIT, bytes(blob))
-
-    def delete(self, key: bytes) -> None:
-        self.blobs.pop(key, None)
-
-    def __contains__(self, key: bytes) -> bool:
-        return key in self.blobs
 
 
 def _loaded() -> LoadedModel:

@@ -11,8 +11,8 @@ behind a full set of them (Ray Serve gives its health checks their own group the
   waited so, the drops that would free one queued behind them until each wait gave up with
   ``ArenaFull``.
 
-``group`` marks a method; ``remote_class`` makes an actor class remote with ``GROUPS``. In
-local mode (no Ray) the marks are inert.
+``group`` marks a method; ``remote_class`` makes an actor class remote with ``GROUPS`` and
+puts its ``ping`` in ``HEALTH``. In local mode (no Ray) the marks are inert.
 """
 
 from __future__ import annotations
@@ -43,7 +43,11 @@ def group(name: str) -> Callable[[F], F]:
 
 
 def remote_class(cls: type) -> Any:
-    """``cls`` as a Ray actor class with these groups (what ``wiring`` spawns)."""
+    """``cls`` as a Ray actor class with these groups (what ``wiring`` spawns); its ``ping``
+    (every actor of the service has one) is a health check and runs in ``HEALTH``."""
     import ray
 
+    ping = getattr(cls, "ping", None)
+    if ping is not None and getattr(ping, "__ray_concurrency_group__", None) is None:
+        ray.method(concurrency_group=HEALTH)(ping)
     return ray.remote(concurrency_groups=dict(GROUPS))(cls)

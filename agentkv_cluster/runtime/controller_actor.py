@@ -13,12 +13,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from agentkv_cluster.lifecycle.events import EventValidationError, TaskEnd
+from agentkv_cluster.runtime.actor_watch import ActorWatch, Liveness, liveness
 from agentkv_cluster.runtime.controller import Controller, HbmFull
 from agentkv_cluster.runtime.directory_glue import held_elsewhere
 from agentkv_cluster.runtime.event_planner import AuditSummary, SessionClosed
 from agentkv_cluster.runtime.executor import Executor
 from agentkv_cluster.runtime.guard import Guarded
-from agentkv_cluster.runtime.handles import ActorGone, HbmHandle, PoolHandle
+from agentkv_cluster.runtime.handles import ActorGone, ActorSlow, HbmHandle, PoolHandle
 from agentkv_cluster.runtime.link_credits import LinkCredits
 from agentkv_cluster.runtime.loads import EngineLoader
 from agentkv_cluster.runtime.mover import RemoteSpan
@@ -38,6 +39,7 @@ from agentkv_cluster.runtime.records import (
     UnknownSession,
 )
 from agentkv_cluster.runtime.strategies import Learned, make_strategy
+from store.hbm import ArenaFull
 from store.types import Codec, Tier
 
 
@@ -77,8 +79,8 @@ class ControllerActor:
         self._stop = threading.Event()
         self._loop = threading.Thread(target=self._reconcile, name="agentkv-reconcile", daemon=True)
         self._loop.start()
-        self._health = threading.Thread(target=self._watch, name="agentkv-health", daemon=True)
-        self._health.start()
+        self._health = ActorWatch(self.hbms, self.pools, self._restarting, stop=self._stop,
+                                  hbm_gone=self.remove_hbm, pool_gone=self._forget_pool).start()
 
     def ping(self) -> str:
         return "controller"
@@ -130,26 +132,9 @@ class ControllerActor:
                 continue
             self.executor.submit(self.controller.due(now))
 
-    def _watch(self) -> None:
-        """Notice dead actors: an HBM actor's pages fall back to their pool copies; a dead
-        pool's copies are forgotten (pages that had no other copy become lost, never wrong)."""
-        while not self._stop.wait(0.5):
-            try:
-                self._sweep()
-            except Exception:  # noqa: BLE001, S112 - the watcher must outlive any one failure
-                continue
-
-    def _sweep(self) -> None:
-        for name, handle in list(self.hbms.items()):
-            if not handle.alive(5.0):
-                self.remove_hbm(name)
-        for name, handle in list(self.pools.items()):
-            if name in self._restarting:
-                continue
-            if not handle.alive(5.0) and self.pools.get(name) is handle \
-                    and name not in self._restarting:
-                self.pools.pop(name, None)
-                self.controller.remove_pool(name)
+    def _forget_pool(self, name: str) -> None:
+        self.pools.pop(name, None)
+        self.controller.remove_pool(name)
 
     def topology(self) -> dict[str, list[str]]:
         return {"hbms": sorted(self.hbms), "pools": sorted(self.pools)}
@@ -215,6 +200,8 @@ class ControllerActor:
                     try:
                         self._ingest(hbm, gid, metas[i], spans[i])
                         ok = True
+                    except ArenaFull:  # the budget had room, the arena not yet: pages
+                        retry.append(i)  # moving out free theirs at the drop; admit again
                     finally:
                         copies = self.controller.ingested([gid], ok)
                     self._check(self.executor.run(copies))
@@ -222,22 +209,23 @@ class ControllerActor:
             if pending:
                 if time.monotonic() > deadline:
                     raise RequestRefused("HBM is full of pinned pages; release some and retry")
-                time.sleep(0.02)  # pinned pages fill the HBM: wait for a release
+                time.sleep(0.02)  # pinned pages fill the HBM (or its arena): wait for room
         return [gids[i] for i in range(len(metas))]
 
     def _ingest(self, hbm: str, gid: int, meta: PageMeta, span: RemoteSpan) -> None:
         try:
             self.hbms[hbm].ingest(meta.key, span)
-        except ActorGone:
-            self.remove_hbm(hbm)
+        except ActorGone as exc:
+            if not isinstance(exc, ActorSlow):  # a slow one is the watcher's to judge
+                self.remove_hbm(hbm)
             raise
 
     def _check(self, results: list[TransferResult]) -> None:
         for r in results:
             if r.outcome is Outcome.ACTOR_GONE:
                 a = r.action
-                if a.hbm in self.hbms and not self.hbms[a.hbm].alive(5.0):
-                    self.remove_hbm(a.hbm)
+                if a.hbm in self.hbms and liveness(self.hbms[a.hbm]) is Liveness.GONE:
+                    self.remove_hbm(a.hbm)  # a slow one is the watcher's to judge
 
     def event(self, tenant: str, session: str, data: dict[str, Any]) -> dict[str, Any]:
         now = time.monotonic()

@@ -50,6 +50,11 @@ class ActorGone(Exception):
     """The actor behind a handle died or cannot be reached."""
 
 
+class ActorSlow(ActorGone):
+    """No answer within the call's timeout: the actor may be alive and busy
+    (``actor_watch`` forgets one only after several missed pings)."""
+
+
 class ActorHandle:
     """A picklable reference to an actor (or a local object) plus its service name."""
 
@@ -118,7 +123,7 @@ class ActorHandle:
         except (rex.RayActorError, rex.ActorUnavailableError) as exc:
             raise ActorGone(f"{self.name}: {type(exc).__name__}") from None
         except rex.GetTimeoutError as exc:
-            raise ActorGone(f"{self.name}: no answer in {timeout_s} s") from exc
+            raise ActorSlow(f"{self.name}: no answer in {timeout_s} s") from exc
 
     # -- what every actor answers -----------------------------------------------------------
     def ping(self) -> str:

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from agentkv_cluster.runtime.actor_groups import HEALTH, MOVE_OUT, group
+from agentkv_cluster.runtime.actor_groups import MOVE_OUT, group
 from agentkv_cluster.runtime.mover import Endpoint, Mover, RemoteSpan
 from agentkv_cluster.runtime.records import (
     DemoteReceipt,
@@ -73,7 +73,6 @@ class HbmActor:
     def _pool(self, pool: PoolHandle | str) -> PoolHandle:
         return self._pools[pool] if isinstance(pool, str) else pool
 
-    @group(HEALTH)
     def ping(self) -> str:
         return self.spec.name
 

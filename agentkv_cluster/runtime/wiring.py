@@ -1,4 +1,5 @@
-"""The only module that calls ``ray.remote``: makes the actor classes remote and places them.
+"""Makes the actor classes remote (``actor_groups.remote_class``, the one ``ray.remote``) and
+places them.
 
 ``deploy`` starts, on a running Ray cluster, one pool actor per node advertising
 ``akv_pool`` (every node when none does), one HBM actor
@@ -141,8 +142,7 @@ def controller_spec(cfg: AgentKvConfig, policy: str | None = None,
 
 
 def spawn_pool(topo: Topology, spec: PoolSpec, node_id: str) -> PoolHandle:
-    ray = _ray()
-    cls = ray.remote(PoolShell)
+    cls = remote_class(PoolShell)
     opts = {"num_cpus": 0, "max_concurrency": 8, "name": f"akv-pool-{spec.name}",
             **_affinity(node_id)}
     handle = PoolHandle.create(cls, spec.name, opts, spec, topo.directory)
@@ -171,7 +171,7 @@ def deploy(cfg: AgentKvConfig, workdir: Path | None = None, *, policy: str | Non
         directory: DirectoryHandle | RedisSpec = RedisSpec(url=cfg.directory.redis_url,
                                                            prefix=cfg.directory.prefix)
     else:
-        directory = DirectoryHandle.create(ray.remote(DirectoryShell), "directory",
+        directory = DirectoryHandle.create(remote_class(DirectoryShell), "directory",
                                            {"num_cpus": 0, "max_concurrency": 8, **_here()})
     controller = spawn_controller(controller_spec(cfg, policy, credits), directory)
     topo = Topology(controller=controller, directory=directory, workdir=workdir)
@@ -189,8 +189,7 @@ def _here() -> dict[str, Any]:
 
 def spawn_controller(spec: ControllerSpec, directory: DirectoryHandle | RedisSpec
                      ) -> ControllerHandle:
-    ray = _ray()
-    return ControllerHandle.create(ray.remote(ControllerShell), "controller",
+    return ControllerHandle.create(remote_class(ControllerShell), "controller",
                                    {"num_cpus": 0, "max_concurrency": 64, **_here()}, spec,
                                    directory)
 

@@ -84,6 +84,19 @@ def _text(name: str, value: Any, limit: int = 128) -> str:
     return value
 
 
+def _seconds(value: Any) -> float | None:
+    """``expected_s``: a finite number >= 0 (an integer too large for a float is not)."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value) if type(value) in (int, float) else math.nan
+    except OverflowError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds < 0:
+        raise HintError("expected_s must be a finite number >= 0")
+    return seconds
+
+
 def parse_event(raw: Any) -> HintEvent:
     if not isinstance(raw, dict):
         raise HintError("an event must be an object with a 'kind'")
@@ -96,10 +109,7 @@ def parse_event(raw: Any) -> HintEvent:
     extra = set(raw) - {"kind"} - _EVENT_FIELDS[kind]
     if extra:
         raise HintError(f"{kind.value} does not take {sorted(extra)!r:.80}")
-    expected = raw.get("expected_s")
-    if expected is not None and (type(expected) not in (int, float) or
-                                 not math.isfinite(expected) or expected < 0):
-        raise HintError("expected_s must be a finite number >= 0")
+    expected = _seconds(raw.get("expected_s"))
     if kind is HintKind.TOOL_START and "tool" not in raw:
         raise HintError("tool_start needs the tool class ('tool')")
     if "ok" in raw and type(raw["ok"]) is not bool:
@@ -108,7 +118,7 @@ def parse_event(raw: Any) -> HintEvent:
         kind=kind,
         tool=_text("tool", raw["tool"]) if "tool" in raw else "",
         call_id=_text("call_id", raw["call_id"]) if "call_id" in raw else "",
-        expected_s=float(expected) if expected is not None else None,
+        expected_s=expected,
         branch=_text("branch", raw["branch"]) if "branch" in raw else "",
     )
 
@@ -136,9 +146,11 @@ def parse_hints(params: Any) -> AgentHints:
     if token is not None and (not isinstance(token, str) or not 0 < len(token) <= _MAX_TOKEN):
         raise HintError(f"token must be a string of 1..{_MAX_TOKEN} characters")
     events_raw = raw.get("events", [])
+    if not isinstance(events_raw, list):  # checked before 'event' joins it: never dropped
+        raise HintError(f"events must be a list of at most {_MAX_EVENTS} objects")
     if "event" in raw:
-        events_raw = [raw["event"], *(events_raw if isinstance(events_raw, list) else [])]
-    if not isinstance(events_raw, list) or len(events_raw) > _MAX_EVENTS:
+        events_raw = [raw["event"], *events_raw]
+    if len(events_raw) > _MAX_EVENTS:
         raise HintError(f"events must be a list of at most {_MAX_EVENTS} objects")
     publish = raw.get("publish", False)
     if type(publish) is not bool:

@@ -39,6 +39,7 @@ class RequestOps:
 class AgentKVConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
     requests: list[RequestOps] = field(default_factory=list)
     events: list[tuple[Caller, HintEvent]] = field(default_factory=list)
+    outages: int = 0  # service backend: failures the scheduler saw (the worker forgets)
 
 
 @dataclass

@@ -219,7 +219,8 @@ class SchedulerSide:
                                     async_load=self.async_load))
 
     def build_connector_meta(self, so: Any) -> AgentKVConnectorMetadata:
-        meta = AgentKVConnectorMetadata(requests=self._ops)
+        meta = AgentKVConnectorMetadata(requests=self._ops,
+                                        outages=getattr(self.backend, "outages", 0))
         self._ops = []
         if self.hints is not None:
             self._standalone_hints()
@@ -278,14 +279,16 @@ class SchedulerSide:
                 hints = parse_hints(raw if isinstance(raw, dict) else "not JSON")
                 if not hints.events:
                     raise HintError("a standalone hint needs events")
+                if self._pool is not None:  # remote: never on the scheduler's thread
+                    self._pool.submit(self._apply_hints, hints)
+                else:
+                    self._apply_hints(hints)
             except HintError as exc:
                 self.counters.add(hint_errors=1)
                 log.warning("AgentKV: standalone hint ignored: %s", exc)
-                continue
-            if self._pool is not None:  # remote: never on the scheduler's thread
-                self._pool.submit(self._apply_hints, hints)
-            else:
-                self._apply_hints(hints)
+            except Exception:  # never into vLLM's scheduler: a datagram cannot stop it
+                self.counters.add(hint_errors=1)
+                log.exception("AgentKV: standalone hint failed; ignored")
 
     def _apply_hints(self, hints: AgentHints) -> None:
         st = _Req(request=None, hints=hints)

@@ -64,6 +64,8 @@ class ServiceBackend:
         # new token (a tenant made anew after an erasure) starts its task again
         self._started: set[tuple[str | None, str]] = set()
         self._down_until = 0.0
+        self.outages = 0  # failures this process saw (the scheduler's go to the worker)
+        self._peer_outages = 0
 
     # -- transport ------------------------------------------------------------------
     def _session(self, caller: Caller) -> SessionClient:
@@ -91,6 +93,7 @@ class ServiceBackend:
             log.warning("AgentKV service %s failed (%s); recomputing for %.0f s",
                         self.address, exc, self.retry_after_s)
         self._down_until = time.monotonic() + self.retry_after_s
+        self.outages += 1
         self._drop_clients_locked()
         self._keys.clear()
         self._started.clear()
@@ -224,6 +227,18 @@ class ServiceBackend:
             self._call(caller, lambda sc: sc.event(kind, **fields))
         except RemoteError as exc:
             raise ValueError(f"the service rejected {kind}: {exc}") from None
+
+    def peer_outages(self, count: int) -> None:
+        """The other process (vLLM's scheduler) saw the service fail ``count`` times: it
+        may have come back empty, so what this one remembers (keys of blocks it stored,
+        tasks it started, connections) is forgotten; without a failure of its own, the
+        worker would otherwise skip saving every block it had stored before."""
+        with self._lock:
+            if count > self._peer_outages:
+                self._peer_outages = count
+                self._drop_clients_locked()
+                self._keys.clear()
+                self._started.clear()
 
     def close(self) -> None:
         with self._lock:

@@ -125,6 +125,9 @@ class WorkerSide:
             self.counters.add(step_wait_us=int((time.perf_counter() - t0) * 1e6))
 
     def _begin(self, meta: AgentKVConnectorMetadata) -> None:
+        sync = getattr(self.backend, "peer_outages", None)  # the service backend
+        if sync is not None:  # before this step's saves ask what it holds
+            sync(meta.outages)
         for caller, event in meta.events:
             try:
                 self.backend.event(caller, event)

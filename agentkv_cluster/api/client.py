@@ -27,7 +27,27 @@ EVENT_KINDS = (  # agentkv_cluster.lifecycle.events.EventKind values
 )
 
 
-class AgentKvClient:
+class _ClosedOnExit:
+    """``with`` closes it (``close``); after the block's own exception, a close that fails
+    too is not raised over it."""
+
+    def close(self) -> Any:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:  # the block's own exception is the one to see, not a failed close after it
+            self.close()
+        except (OSError, p.RemoteError, p.ProtocolError):
+            pass
+
+
+class AgentKvClient(_ClosedOnExit):
     """A connection to one AgentKV server, authenticated by a bearer token."""
 
     def __init__(self, sock: socket.socket, token: str | None,
@@ -49,18 +69,6 @@ class AgentKvClient:
 
     def close(self) -> None:
         self._sock.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
-        if exc_type is None:
-            self.close()
-            return
-        try:  # the block's own exception is the one to see, not a failed close after it
-            self.close()
-        except (OSError, p.RemoteError, p.ProtocolError):
-            pass
 
     def _recv_exact(self, n: int) -> bytes:
         buf = bytearray(n)
@@ -135,7 +143,7 @@ def _dial(address: tuple[str, int] | str, timeout: float) -> socket.socket:
     return sock
 
 
-class SessionClient:
+class SessionClient(_ClosedOnExit):
     """Calls scoped to one session: the eight workflow events and the engine-side calls.
     ``opened`` is the ``open_session`` result (tenant, HBM actor, whether it may publish).
     As a context manager it closes the session on exit (``close``), exception or not."""
@@ -154,18 +162,6 @@ class SessionClient:
         task's end would retire them, and the service forgets it. Idempotent: closing
         again answers ``closed`` false. The name may be opened again, afresh."""
         return self._call("close_session")
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
-        if exc_type is None:
-            self.close()
-            return
-        try:  # the block's own exception is the one to see, not a failed close after it
-            self.close()
-        except (OSError, p.RemoteError, p.ProtocolError):
-            pass
 
     # -- orchestrator events (field names follow agentkv_cluster.lifecycle.events) --
     def event(self, kind: str, **fields: Any) -> dict[str, Any]:

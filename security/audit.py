@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import json
 import os
 import re
 import threading
@@ -229,7 +228,7 @@ def _head_signed_by(path: Path, verifier: Verifier) -> bool:
     """Whether the head file's signature verifies under ``verifier`` (a missing or
     malformed head file is ``verify_log``'s finding, not a sign of another key)."""
     try:
-        head = json.loads(head_path(path).read_bytes())
+        head = loads_finite(head_path(path).read_bytes())
         sig, count, top = bytes.fromhex(head["sig"]), int(head["count"]), str(head["head"])
     except (OSError, ValueError, KeyError, TypeError):
         return True
@@ -252,7 +251,7 @@ def _check_checkpoint(rec: dict, seq: int, prev: str, verifier: Verifier) -> str
 def _check_head(path: Path, hashes: list[str], verifier: Verifier) -> list[str]:
     hp = head_path(path)
     try:
-        head = json.loads(hp.read_bytes())
+        head = loads_finite(hp.read_bytes())
         count, head_hash, sig = int(head["count"]), str(head["head"]), bytes.fromhex(head["sig"])
     except FileNotFoundError:
         return [f"head file {hp} is missing (cannot rule out truncation)"]
@@ -305,8 +304,11 @@ def verify_log(path: str | os.PathLike[str], public_key: Verifier, *,
     if not problems:
         problems.extend(_check_head(path, hashes, public_key))
     for anchor in anchors:
-        if anchor.seq >= len(hashes) or hashes[anchor.seq] != anchor.hash:
+        if anchor.seq >= len(hashes):
             problems.append(f"rollback: anchored record seq {anchor.seq} is not in the log")
+        elif hashes[anchor.seq] != anchor.hash:
+            problems.append(f"anchored record seq {anchor.seq} is another record in this log "
+                            "(the log was rewritten, or the anchor comes from another log)")
     return VerifyReport(ok=not problems, records=len(hashes), checkpoints=checkpoints,
                         head=prev, problems=tuple(problems))
 

@@ -135,7 +135,9 @@ def verify_receipt(receipt: str | bytes | ErasureReceipt, public_key: Verifier) 
     """Parse (if needed) and verify a receipt; raises ``InvalidReceipt``."""
     parsed = receipt if isinstance(receipt, ErasureReceipt) else _parse(receipt)
     if parsed.signer != fingerprint(public_key.raw):
-        raise InvalidReceipt("receipt was signed by a different key")
+        shown = parsed.signer if re.fullmatch(r"[0-9a-f]{1,64}", parsed.signer) else "(not hex)"
+        raise InvalidReceipt(f"receipt was signed by a different key (receipt signer "
+                             f"{shown}, public key {fingerprint(public_key.raw)})")
     try:
         sig = bytes.fromhex(parsed.signature)
     except ValueError:

@@ -144,7 +144,15 @@ class TenantKeyring:
         return f"{namespace}/g{generation}/{prim.hkdf_sha256(kek, b'agentkv/key-id/v1', 8).hex()}"
 
     def blind_secret(self, namespace: str) -> bytes:
-        return self.source.read(blind_name(validate_namespace(namespace)))
+        """KeyUnavailable naming the tenant when it has no keys at all (never created, or
+        erased); the source's own error when only this key is missing."""
+        try:
+            return self.source.read(blind_name(validate_namespace(namespace)))
+        except KeyUnavailable:
+            if not self.has_keys(namespace):
+                raise KeyUnavailable(f"tenant {namespace} has no keys (never created or "
+                                     "already erased)") from None
+            raise
 
     # -- data keys -------------------------------------------------------------
     def seal_key(self, namespace: str, generation: int, uses: int = 1) -> tuple[int, prim.Aead]:

@@ -49,8 +49,12 @@ def _finite_float(text: str) -> float:
 
 
 def loads_finite(data: str | bytes) -> object:
-    """``json.loads`` that refuses non-finite numbers (raises ``NonFiniteNumber``)."""
-    return json.loads(data, parse_constant=_reject_constant, parse_float=_finite_float)
+    """``json.loads`` that refuses non-finite numbers (raises ``NonFiniteNumber``), and
+    raises ValueError, not RecursionError, for JSON nested past the parser's stack."""
+    try:
+        return json.loads(data, parse_constant=_reject_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
 
 
 def fingerprint(public_raw: bytes) -> str:

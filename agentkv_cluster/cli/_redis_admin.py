@@ -25,15 +25,20 @@ def connect_admin(url: str) -> Any:
 
 def namespace_deleter(url: str, namespace: str, prefix: str = "akv") -> Callable[[object], int]:
     """A tier deleter for the eraser: drops every directory key of one tenant namespace
-    (``prefix``: the service's ``directory.prefix``)."""
+    (``prefix``: the service's ``directory.prefix``) with the directory's own
+    ``delete_namespace``, as the running service's erasure does; counts entries removed."""
+    from store.directory.redis_backend import RedisDirectory
+
     try:  # it goes into a SCAN pattern: a glob character would match other keys
         check_namespace(prefix)
     except InvalidEntry as exc:
         raise CliError(f"--redis-prefix {prefix!r:.40}: {exc}") from None
-    admin = redis.Redis.from_url(url)
+    directory = RedisDirectory(url, prefix=prefix)
 
     def delete(scope: object) -> int:
-        keys = list(admin.scan_iter(match=f"{prefix}:{{{namespace}}}:*", count=1000))
-        return int(admin.delete(*keys)) if keys else 0
+        try:
+            return directory.delete_namespace(namespace)
+        finally:
+            directory.close()
 
     return delete

@@ -13,7 +13,8 @@ mark, destroy), then runs the tiers in order, each reporting what it did:
    copies (host slots zeroed, NVMe payloads zeroed in place before the tombstone);
    ``host-scrub`` / ``nvme-scrub``: free host slots and dead NVMe records zeroed.
    ``redis-user``: the tenant's Redis ACL user and its credentials file removed.
-4. ``directory``: the tenant's entries deleted under its blinded namespace.
+4. ``directory``: the tenant's blinded namespace deleted (on Redis every key of it,
+   ``meta`` and the per-node write counts included), its count the entries removed.
 
 Only then is the receipt signed; it lists each tier with its count (-1 and the tier
 in ``failed_tiers`` when a tier could not finish). ``ErasureWatcher`` runs steps 1-3
@@ -172,8 +173,14 @@ class ClusterErasure:
         return out
 
     def _directory(self, namespace: str, keys: list[bytes]) -> int:
+        """The tenant's directory entries removed (their count). A backend that drops a
+        whole namespace (Redis) leaves nothing of it, its ``meta`` and write counts
+        included; the embedded one, in its actor, is erased entry by entry."""
         d = open_directory(self.topo.directory)
         try:
+            drop = getattr(d, "delete_namespace", None)
+            if drop is not None:
+                return int(drop(namespace))
             return sum(d.delete(namespace, k) is Lookup.HIT for k in keys)
         finally:
             if d is not self.topo.directory:  # a Redis client opened for this erase

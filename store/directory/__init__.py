@@ -2,6 +2,7 @@
 
 from store.directory.base import (
     CredentialsRefused,
+    DeletesNamespaces,
     DirectoryAccessDenied,
     DirectoryBackend,
     DirectoryEntry,
@@ -20,6 +21,7 @@ from store.directory.embedded import EmbeddedDirectory
 
 __all__ = [
     "CredentialsRefused",
+    "DeletesNamespaces",
     "DirectoryAccessDenied",
     "DirectoryBackend",
     "DirectoryEntry",

@@ -157,3 +157,14 @@ class ReportsLostWrites(Protocol):
 
     def lost_writes(self) -> list[str]:
         """The namespaces in which writes this client made are gone since the last call."""
+
+
+@runtime_checkable
+class DeletesNamespaces(Protocol):
+    """A backend that drops a whole namespace at once (tenant erasure): every entry
+    whatever its references, and the namespace's own bookkeeping (generations, write
+    counts). Callers look for it with ``getattr``; a backend without it is erased entry
+    by entry with ``delete``."""
+
+    def delete_namespace(self, namespace: str) -> int:
+        """Nothing of ``namespace`` is left in the backend; the number of entries removed."""

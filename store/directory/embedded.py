@@ -155,6 +155,14 @@ class EmbeddedDirectory:
             ]
         return sorted(found, key=lambda e: (e.generation, e.key))
 
+    def delete_namespace(self, namespace: str) -> int:
+        """Erasure: the namespace's entries (whatever their references) and its generation
+        state forgotten; the number of entries removed."""
+        check_namespace(namespace)
+        with self._lock:
+            space = self._spaces.pop(namespace, None)
+        return 0 if space is None else len(space.entries)
+
     def close(self) -> None:
         """Nothing to release; present for the contract."""
 

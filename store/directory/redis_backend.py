@@ -9,6 +9,8 @@ Key layout, one namespace per tenant (or tenant prefix family)::
     {prefix}:{<ns>}:gens          set of generations that have entries (and maybe the current one)
     {prefix}:{<ns>}:w:<node>      entries of that node written (counted by each put)
 
+``delete_namespace`` (tenant erasure) removes all of them.
+
 The braces are literal: a Redis Cluster hash tag, so a namespace's keys share a
 slot and its scripts stay single-slot; an ACL key pattern ``~akv:{<ns>}:*``
 confines a tenant's user to its namespace. Changes run as Lua scripts.
@@ -56,7 +58,8 @@ _ERRORS: dict[str, type[DirectoryError]] = {
     "AKV_UNDERFLOW": RefcountUnderflow,
     "AKV_MISSING": MissingEntry,
 }
-_BATCH = 1000  # keys per MGET in get_many
+_BATCH = 1000  # keys per MGET in get_many, per SCAN step and DEL in delete_namespace
+_ERASE_ROUNDS = 8
 T = TypeVar("T")
 
 
@@ -250,6 +253,34 @@ class RedisDirectory:
                 if entry is not None and entry.refcount == 0 and entry.generation == gen:
                     found.append(entry)
         return found
+
+    def delete_namespace(self, namespace: str) -> int:
+        """Erasure: no key of ``namespace`` left (entries whatever their references,
+        reference counts, generation sets, ``meta`` and every ``w:<node>`` count); the
+        number of entries removed. The keys are listed with SCAN (the service's connection:
+        a tenant's ACL user may not list keys) and deleted, in rounds until a SCAN finds
+        none, so an entry written meanwhile goes too; DirectoryError if writes still come
+        after ``_ERASE_ROUNDS`` rounds. This client forgets the namespace's generation
+        floor and write marks; another client that holds them lifts ``meta`` back to its
+        floor if it touches the namespace again (an erased tenant's is never touched:
+        its name cannot be derived without the keys)."""
+        base = self._base(namespace)
+        with self._marks_lock:  # nor will this client lift the namespace back to its floor
+            self._floor.pop(namespace, None)
+            self._lost.discard(namespace)
+            for mark in [m for m in self._marks if m[0] == namespace]:
+                del self._marks[mark]
+        removed = 0
+        for _ in range(_ERASE_ROUNDS):
+            keys = _call(lambda: list(self._client.scan_iter(match=f"{base}*", count=_BATCH)))
+            if not keys:
+                return removed
+            removed += sum(k.startswith(f"{base}e:".encode()) for k in keys)
+            for i in range(0, len(keys), _BATCH):
+                batch = keys[i:i + _BATCH]
+                _call(lambda b=batch: self._client.delete(*b))
+        raise DirectoryError(f"namespace {namespace} still written to after "
+                             f"{_ERASE_ROUNDS} rounds of deletion")
 
     def close(self) -> None:
         self._client.close()

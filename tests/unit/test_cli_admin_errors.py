@@ -183,3 +183,30 @@ def test_create_removes_the_folders_it_made_when_a_deeper_one_fails(tmp_path, ca
     rc, _, err = _run(capsys, "tenant", "create", "acme", "--keys-dir", str(tmp_path / "a" / "keys"))
     assert rc == 2 and "Permission denied" in err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("tenant", ["nobody", "acme"], ids=["unknown", "erased-already"])
+@pytest.mark.parametrize("redis", [False, True], ids=["keys-only", "with-redis-url"])
+def test_erase_of_a_tenant_without_keys_says_so_whatever_the_options(
+        capsys, admin_files, tenant, redis):
+    """The same one line with or without ``--redis-url`` (which used to answer with the
+    name of a missing key file, as it looked up the namespace first); no Redis is reached."""
+    if tenant == "acme":
+        assert _erase(capsys, admin_files)[0] == 0
+    extra = ("--redis-url", "redis://127.0.0.1:1/0") if redis else ()
+    rc, out, err = _run(capsys, "tenant", "erase", tenant, "--keys-dir", admin_files["keys"],
+                        "--audit-log", admin_files["log"], "--signing-key", admin_files["sk"],
+                        *extra)
+    assert (rc, out) == (2, "")
+    assert err == (f"agentkv tenant: error: tenant {tenant} has no keys (never created or "
+                   "already erased)\n")
+
+
+@pytest.mark.parametrize("tenant", ["nobody", "acme"], ids=["unknown", "erased"])
+def test_namespace_of_a_tenant_without_keys_says_so(capsys, admin_files, tenant):
+    if tenant == "acme":
+        assert _erase(capsys, admin_files)[0] == 0
+    rc, out, err = _run(capsys, "tenant", "namespace", tenant, "--keys-dir", admin_files["keys"])
+    assert (rc, out) == (2, "")
+    assert err == (f"agentkv tenant: error: tenant {tenant} has no keys (never created or "
+                   "already erased)\n")

@@ -230,3 +230,33 @@ def test_two_writer_processes_extend_one_chain_without_forking_it(tmp_path, sign
     assert report.ok, report.problems
     kinds = [json.loads(line)["kind"] for line in path.read_text().splitlines()]
     assert kinds.count("erasure") == 80  # every append of both writers, on one chain
+
+
+def test_anchor_from_another_log_is_named_as_such(tmp_path, signer):
+    """A receipt of another service (same key, its own log) anchors a seq this log has,
+    with another record there: not reported as missing, but as a different record."""
+    ours, theirs = AuditLog(tmp_path / "a.log", signer), AuditLog(tmp_path / "b.log", signer)
+    for log_ in (ours, theirs):
+        log_.append("key.create", {"tenant": "acme"}, 1.0)
+    erased = theirs.append("erasure", {"tenant": "acme"}, 2.0)
+    ours.append("erasure", {"tenant": "globex"}, 2.0)
+    ours.close()
+    theirs.close()
+    report = verify_log(tmp_path / "a.log", Verifier(signer.public_raw()), anchors=[erased])
+    expected = (f"anchored record seq {erased.seq} is another record in this log (the log "
+                "was rewritten, or the anchor comes from another log)")
+    assert not report.ok and report.problems == (expected,)
+
+
+def test_a_line_or_head_nested_past_the_parser_stack_is_a_finding(log):
+    """It used to end ``verify_log`` (and ``agentkv audit verify``) with a RecursionError."""
+    path, verifier, _ = log
+    deep = b"[" * 100_000 + b"]" * 100_000
+    lineno = len(_lines(path)) + 1
+    _write(path, _lines(path) + [deep + b"\n"])
+    report = verify_log(path, verifier)
+    assert not report.ok and report.problems == (f"line {lineno}: not a JSON record (edited or cut)",)
+    _write(path, _lines(path)[:-1])
+    head_path(path).write_bytes(deep)
+    report = verify_log(path, verifier)
+    assert not report.ok and report.problems == (f"head file {head_path(path)} is malformed",)

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from security.blinding import DirectoryBlinder, size_bucket
-from security.errors import InvalidName
+from security.errors import InvalidName, KeyUnavailable
 
 DIGEST = bytes(range(32))
 
@@ -42,7 +42,7 @@ def test_blinding_survives_a_new_process_and_dies_with_the_tenant(keyring):
     before = DirectoryBlinder(keyring).directory_key("alice", DIGEST)
     assert DirectoryBlinder(type(keyring)(keyring.source)).directory_key("alice", DIGEST) == before
     keyring.destroy_tenant("alice")
-    with pytest.raises(Exception, match="does not exist"):
+    with pytest.raises(KeyUnavailable, match="tenant alice has no keys"):
         DirectoryBlinder(type(keyring)(keyring.source)).blind_key("alice", DIGEST)
 
 

@@ -9,7 +9,7 @@ import pytest
 from security.audit import AuditLog, verify_log
 from security.erasure import Eraser, EraseScope, verify_receipt
 from security.errors import InvalidReceipt, InvalidSeal
-from security.signing import Signer, Verifier
+from security.signing import Signer, Verifier, fingerprint
 
 DIGEST = b"z" * 32
 
@@ -77,10 +77,14 @@ def test_tampered_receipt_fails(eraser, signer, field):
         verify_receipt(json.dumps(receipt), Verifier(signer.public_raw()))
 
 
-def test_receipt_from_another_signer_fails(eraser):
+def test_receipt_from_another_signer_fails_naming_both_keys(eraser, signer):
     text = eraser.erase_tenant("alice", now=9.0).to_json()
-    with pytest.raises(InvalidReceipt, match="different key"):
-        verify_receipt(text, Verifier(Signer.generate().public_raw()))
+    other = Signer.generate()
+    with pytest.raises(InvalidReceipt, match="different key") as failed:
+        verify_receipt(text, Verifier(other.public_raw()))
+    mine, theirs = fingerprint(signer.public_raw()), fingerprint(other.public_raw())
+    assert str(failed.value) == (f"receipt was signed by a different key (receipt signer "
+                                 f"{mine}, public key {theirs})")
 
 
 def _malformed(good: dict) -> list[tuple[object, str]]:
@@ -98,6 +102,7 @@ def _malformed(good: dict) -> list[tuple[object, str]]:
         (json.dumps({**good, "counts": [[1, 2]]}), "wrong type"),
         (json.dumps({**good, "signature": "zz"}), "not hex"),
         ("x" * 70_000, "larger than 64 KiB"),
+        ("[" * 30_000 + "]" * 30_000, "not JSON"),  # nested past the parser's stack
     ]
 
 

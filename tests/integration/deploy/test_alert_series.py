@@ -91,3 +91,36 @@ def test_verification_rejects_alert_keeps_the_pool_it_tells_to_investigate(tmp_p
         {"eval_time": "12m", "alertname": "AgentKVVerificationRejects", "exp_alerts": [
             {"exp_labels": {"job": "agentkv", "pool": "pool-3", "severity": "critical"},
              "exp_annotations": notes}]}])
+
+
+def test_scrape_part_unanswered_fires_per_part_after_minutes_of_silence(tmp_path):
+    """A pool that stops answering scrapes pages after 5 minutes and names the part; a part
+    that misses a scrape or two now and then, and the parts that answer, never do."""
+    rules, alerts = _rules(tmp_path)
+    rule = alerts["AgentKVScrapePartUnanswered"]
+    assert rule["for"] == "5m"
+    m = ServiceMetrics()
+    m.set_scrape_parts({"controller": True, "pool/pool-1": True, "pool/pool-2": True})
+    ok = _sample(m, "agentkv_scrape_part_ok", part="pool/pool-1")
+    m.set_scrape_parts({"controller": True, "pool/pool-1": False, "pool/pool-2": False})
+    hung = _sample(m, "agentkv_scrape_part_ok", part="pool/pool-1")
+    assert (ok, hung) == ("1", "0")
+    assert _sample(m, "agentkv_scrape_part_ok", part="controller") == "1"
+    notes = {k: v.replace("{{ $labels.part }}", "pool/pool-1")
+             for k, v in rule["annotations"].items()}
+    assert "pool/pool-1" in notes["summary"]
+    series = [  # scrapes every 30 s
+        {"series": 'agentkv_scrape_part_ok{job="agentkv",part="controller"}',
+         "values": f"{ok}x40"},
+        # hung from 2 min on, for good
+        {"series": 'agentkv_scrape_part_ok{job="agentkv",part="pool/pool-1"}',
+         "values": f"{ok}x3 {hung}x36"},
+        # a slow scrape every few minutes, answered by the next one
+        {"series": 'agentkv_scrape_part_ok{job="agentkv",part="pool/pool-2"}',
+         "values": " ".join([f"{ok} {ok} {ok} {ok} {ok} {hung}"] * 6)},
+    ]
+    _promtool_test(tmp_path, rules, series, [
+        {"eval_time": "6m", "alertname": "AgentKVScrapePartUnanswered", "exp_alerts": []},
+        {"eval_time": "8m", "alertname": "AgentKVScrapePartUnanswered", "exp_alerts": [
+            {"exp_labels": {"job": "agentkv", "part": "pool/pool-1", "severity": "warning"},
+             "exp_annotations": notes}]}])

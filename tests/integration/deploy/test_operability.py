@@ -86,7 +86,8 @@ def test_prometheus_rule_is_optional_and_passes_promtool(tmp_path):
     path, rule = _rule_groups(tmp_path)
     alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
     assert {"AgentKVRestoreP95High", "AgentKVDirectoryUnreachable", "AgentKVTierNearFull",
-            "AgentKVVerificationRejects", "AgentKVErasureFailed"} <= alerts
+            "AgentKVVerificationRejects", "AgentKVErasureFailed",
+            "AgentKVScrapePartUnanswered"} <= alerts
     exported = exported_metric_names()
     for group in rule["spec"]["groups"]:
         for r in group["rules"]:
@@ -94,7 +95,7 @@ def test_prometheus_rule_is_optional_and_passes_promtool(tmp_path):
     done = subprocess.run([_promtool(), "check", "rules", path], capture_output=True,
                           text=True, check=False, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 6 rules found" in done.stdout
+    assert "SUCCESS: 7 rules found" in done.stdout
 
 
 def test_alerts_fire_on_the_series_that_should_page(tmp_path):
@@ -354,3 +355,12 @@ def test_notes_list_every_missing_secret():
                 *(u["passwordSecret"]["name"] for u in merged["redis"]["bundled"]["tenantUsers"])}
     assert set(missing) == expected and len(missing) == len(expected)
     assert "MISSING SECRETS" in notes
+
+
+def test_notes_of_the_embedded_directory_name_no_redis_secret():
+    """cpu-demo's directory is embedded: no Redis Secret is read, and none may be listed
+    (an empty line "  - : Redis URL with credentials" was)."""
+    notes = _rendered(chart.load_values("cpu-demo"))["agentkv/templates/NOTES.txt"]
+    listed = re.findall(r"^  - ([^:]*): (.*)$", notes, flags=re.MULTILINE)
+    assert listed and all(name for name, _ in listed), listed
+    assert not [what for _, what in listed if "Redis" in what], listed

@@ -35,6 +35,14 @@ SCHEMA_CASES = [
     ("Ray token auth without a Secret", {"ray": {"auth": {"secretName": ""}}},
      "/ray/auth/secretName"),
     ("pool below the smallest page", {"pool": {"hostPoolBytes": 4096}}, "/pool/hostPoolBytes"),
+    # Sizes past int64 once summed rendered a negative /dev/shm sizeLimit ("-8796093021951Mi")
+    # and passed the memory-limit check; 1 PiB is the most any one size may be.
+    ("pool and object store that overflow /dev/shm",
+     {"pool": {"hostPoolBytes": 1 << 62, "objectStoreBytes": 1 << 62,
+               "resources": {"requests": {"memory": "8Ei"}, "limits": {"memory": "8Ei"}}}},
+     "/pool/hostPoolBytes"),
+    ("NVMe shard past int64 once its headroom is added", {"pool": {"nvme": {"bytes": 9 * 10**18}}},
+     "/pool/nvme/bytes"),
     ("pool size not an integer", {"pool": {"hostPoolBytes": "16Gi"}}, "/pool/hostPoolBytes"),
     ("misspelt key", {"pool": {"replica": 3}}, "replica"),
     ("pool smaller than a page",
@@ -51,13 +59,48 @@ SCHEMA_CASES = [
      {"redis": {"bundled": {"tenantUsers": [{"username": "akv-a", "namespace": "a:b",
                                              "passwordSecret": {"name": "s", "key": "p"}}]}}},
      "/redis/bundled/tenantUsers/0/namespace"),
+    # A PDB over the single head or Redis pod: 0 was rendered as 1 (`default` drops a 0).
+    ("head PDB with minAvailable 0",
+     {"head": {"podDisruptionBudget": {"enabled": True, "minAvailable": 0}}},
+     "/head/podDisruptionBudget/minAvailable"),
+    ("Redis PDB over more pods than there are",
+     {"redis": {"bundled": {"podDisruptionBudget": {"enabled": True, "minAvailable": 2}}}},
+     "/redis/bundled/podDisruptionBudget/minAvailable"),
+    # The schema names a bad property name, not its place.
+    ("label key Kubernetes refuses", {"commonLabels": {"team name": "kv"}}, "'team name'"),
+    ("label value Kubernetes refuses", {"gpuWorkers": {"podLabels": {"team": "kv store"}}},
+     "/gpuWorkers/podLabels/team"),
+    # Object names the API server refuses.
+    ("Redis CA Secret name Kubernetes refuses",
+     {"redis": {"mode": "external", "external": {"urlSecret": {"name": "redis-url"},
+                                                 "caSecret": {"name": "Redis_CA"}}}},
+     "/redis/external/caSecret/name"),
+    ("NVMe storage class name Kubernetes refuses",
+     {"pool": {"nvme": {"storageClass": "Local_NVMe"}}}, "/pool/nvme/storageClass"),
+    ("Redis storage class name Kubernetes refuses",
+     {"redis": {"bundled": {"persistence": {"storageClass": "Fast SSD"}}}},
+     "/redis/bundled/persistence/storageClass"),
 ]
+
+
+def _tenant_user(username: str) -> dict:
+    return {"username": username, "namespace": "n0123456789abcdef01234567",
+            "passwordSecret": {"name": f"redis-{username}", "key": "password"}}
+
 
 # Checks across fields, done by templates/validate.yaml (the message names the field too).
 # `helm lint` evaluates `fail` in lint mode (logged, not raised), so only render is checked.
 TEMPLATE_CASES = [
     ("no node hosts a pool", {"pool": {"enabled": False}}, "/pool/enabled"),
     ("no HBM page actor", {"gpuWorkers": {"enabled": False}}, "/gpuWorkers/enabled"),
+    # Zero replicas rendered a cluster with no HBM actor (or no pool) at all.
+    ("no GPU worker and no HBM slot on the head", {"gpuWorkers": {"replicas": 0}},
+     "/gpuWorkers/replicas"),
+    ("no pool pod and no pool elsewhere", {"pool": {"replicas": 0}}, "/pool/replicas"),
+    ("GPU workers' pools with no GPU worker",
+     {"pool": {"enabled": False}, "head": {"hbmSlots": 1},
+      "gpuWorkers": {"hostPool": True, "replicas": 0, "scratchBytes": 120 << 30}},
+     "/pool/enabled"),
     ("page over the frame limit", {"service": {"maxFrameBytes": 1 << 20}}, "/service/pageBytes"),
     ("page plus envelope over the frame limit",
      {"service": {"pageBytes": 32 << 20, "maxFrameBytes": (32 << 20) + (64 << 10) - 1}},
@@ -68,6 +111,65 @@ TEMPLATE_CASES = [
      "/head/scratchBytes"),
     ("GPU worker pool's NVMe shard over its emptyDir", {"gpuWorkers": {"hostPool": True}},
      "/gpuWorkers/scratchBytes"),
+    # A limit given with a decimal ("17.1Gi") used to skip the check: the pod was rendered,
+    # then OOM-killed once its pool filled.
+    ("pool's /dev/shm over a decimal memory limit",
+     {"pool": {"resources": {"requests": {"memory": "17Gi"}, "limits": {"memory": "17.1Gi"}}}},
+     "/pool/resources/limits/memory"),
+    ("pool's /dev/shm over a limit in Ti",
+     {"pool": {"resources": {"requests": {"memory": "16Gi"}, "limits": {"memory": "0.016Ti"}}}},
+     "/pool/resources/limits/memory"),
+    # Limits below requests: every pod of the workload was refused by the API server.
+    ("service memory limit below its request",
+     {"service": {"resources": {"requests": {"memory": "16Gi"}, "limits": {"memory": "8Gi"}}}},
+     "/service/resources/limits/memory"),
+    ("pool CPU limit below its request",
+     {"pool": {"resources": {"requests": {"cpu": "8"}, "limits": {"cpu": "4"}}}},
+     "/pool/resources/limits/cpu"),
+    ("GPU worker CPU limit in millicores below its request",
+     {"gpuWorkers": {"resources": {"requests": {"cpu": "8"}, "limits": {"cpu": "7500m"}}}},
+     "/gpuWorkers/resources/limits/cpu"),
+    ("head memory limit below its request",
+     {"head": {"resources": {"requests": {"memory": "16Gi"}, "limits": {"memory": "8Gi"}}}},
+     "/head/resources/limits/memory"),
+    ("Redis memory limit below its request",
+     {"redis": {"bundled": {"resources": {"requests": {"memory": "6Gi"},
+                                          "limits": {"memory": "5Gi"}}}}},
+     "/redis/bundled/resources/limits/memory"),
+    # Ports: a Service with one port twice is refused; a port Ray holds in the head pod
+    # fails to bind in the agentkv container.
+    ("wire and metrics on one port", {"service": {"wirePort": 9420}}, "/service/metricsPort"),
+    ("wire port on the Ray GCS", {"service": {"wirePort": 6379}}, "/service/wirePort"),
+    ("metrics port on the Ray dashboard", {"service": {"metricsPort": 8265}},
+     "/service/metricsPort"),
+    ("wire port in Ray's worker port range", {"service": {"wirePort": 12000}},
+     "/service/wirePort"),
+    # Prometheus timed the scrape out (at the interval) when a hung actor made it wait 2 s.
+    ("scrape interval under the scrape's 2 s wait",
+     {"serviceMonitor": {"enabled": True, "interval": "2s"}}, "/serviceMonitor/interval"),
+    ("scrape interval in milliseconds",
+     {"serviceMonitor": {"enabled": True, "interval": "4999ms"}}, "/serviceMonitor/interval"),
+    # Pod labels that replace the chart's own: the StatefulSet's selector no longer
+    # matched its pods (the API server refuses it), or the NetworkPolicy lost the pod.
+    ("pod label replacing the selector's component",
+     {"pool": {"podLabels": {"app.kubernetes.io/component": "x"}}}, "/pool/podLabels"),
+    ("common label replacing the release instance",
+     {"commonLabels": {"app.kubernetes.io/instance": "other-release"}}, "/commonLabels"),
+    ("pod label replacing the Ray member label",
+     {"head": {"podLabels": {"agentkv.io/ray-member": "false"}}}, "/head/podLabels"),
+    ("common label the chart sets on every object",
+     {"commonLabels": {"app.kubernetes.io/version": "1"}}, "/commonLabels"),
+    # Redis aborted its start on the ACL file (WARNING: Duplicate user 'agentkv' found).
+    ("tenant user named like the service's user",
+     {"redis": {"bundled": {"tenantUsers": [_tenant_user("agentkv")]}}},
+     "/redis/bundled/tenantUsers/0/username"),
+    ("tenant user named like the admin user",
+     {"redis": {"bundled": {"tenantUsers": [_tenant_user("default")]}}},
+     "/redis/bundled/tenantUsers/0/username"),
+    ("two tenant users of one name",
+     {"redis": {"bundled": {"tenantUsers": [_tenant_user("akv-acme"), _tenant_user("akv-b"),
+                                            _tenant_user("akv-acme")]}}},
+     "/redis/bundled/tenantUsers/2/username"),
 ]
 
 

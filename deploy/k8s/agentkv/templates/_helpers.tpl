@@ -216,16 +216,35 @@ topologySpreadConstraints:
 {{- end }}
 {{- end -}}
 
-{{/* Bytes of a Kubernetes quantity ("24Gi", "512M", 1073741824); 0 when unset. */}}
-{{- define "agentkv.quantityBytes" -}}
+{{/* A Kubernetes quantity ("24Gi", "17.5Gi", "500m", 2) as a float in base units (bytes,
+     cores); 0 when unset. Every suffix values.schema.json accepts is known here. */}}
+{{- define "agentkv.quantity" -}}
 {{- $q := toString (default "0" .) -}}
-{{- $units := dict "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "Ti" 1099511627776 "k" 1000 "M" 1000000 "G" 1000000000 "T" 1000000000000 -}}
-{{- $num := regexFind "^[0-9]+" $q -}}
+{{- $units := dict "" 1.0 "m" 0.001 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "P" 1e15 "E" 1e18 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "Pi" 1125899906842624.0 "Ei" 1152921504606846976.0 -}}
+{{- $num := regexFind "^[0-9]+([.][0-9]+)?" $q -}}
 {{- $unit := trimPrefix $num $q -}}
-{{- if $unit -}}
-{{- mul (int64 $num) (int64 (get $units $unit)) -}}
-{{- else -}}
-{{- int64 $num -}}
+{{- if not (hasKey $units $unit) -}}
+{{- fail (printf "values: %q is not a Kubernetes quantity the chart knows (a number with one of the suffixes m, k, Ki, M, Mi, G, Gi, T, Ti, P, Pi, E, Ei)" $q) -}}
+{{- end -}}
+{{- mulf (float64 $num) (get $units $unit) -}}
+{{- end -}}
+
+{{/* Bytes of a Kubernetes quantity ("24Gi", "17.5Gi", 1073741824), rounded up; 0 when unset. */}}
+{{- define "agentkv.quantityBytes" -}}
+{{- int64 (ceil (float64 (include "agentkv.quantity" .))) -}}
+{{- end -}}
+
+{{/* Fail rendering when a container's limit is below its request (the API server would
+     refuse every pod of the workload). Argument: dict "name" <values path> "resources". */}}
+{{- define "agentkv.checkRequests" -}}
+{{- $res := .resources | default dict -}}
+{{- $requests := $res.requests | default dict -}}
+{{- $limits := $res.limits | default dict -}}
+{{- range $kind, $limit := $limits -}}
+{{- $request := get $requests $kind -}}
+{{- if and $request (lt (float64 (include "agentkv.quantity" $limit)) (float64 (include "agentkv.quantity" $request))) -}}
+{{- fail (printf "values: at '/%s/resources/limits/%s': the limit %v is below the request %v; Kubernetes refuses such a pod. Raise the limit or lower %s.resources.requests.%s" $.name $kind $limit $request (replace "/" "." $.name) $kind) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 

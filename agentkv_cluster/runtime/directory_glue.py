@@ -259,6 +259,9 @@ class DirectoryShell:
     def restore(self, entries: list[Any]) -> None:
         self.inner.restore(entries)
 
+    def delete_namespace(self, namespace: str) -> int:
+        return self.inner.delete_namespace(namespace)
+
 
 def held_elsewhere(directory: Any, pools: dict[str, PoolHandle], metas: Sequence[PageMeta],
                    namespaces: Sequence[str], first: int = 0

@@ -173,9 +173,9 @@ class ClusterErasure:
         return out
 
     def _directory(self, namespace: str, keys: list[bytes]) -> int:
-        """The tenant's directory entries removed (their count). A backend that drops a
-        whole namespace (Redis) leaves nothing of it, its ``meta`` and write counts
-        included; the embedded one, in its actor, is erased entry by entry."""
+        """The tenant's directory entries removed (their count). The whole namespace goes
+        (Redis: entries, generations, ``meta`` and write counts; the embedded one in its
+        actor: entries and generation state), whatever the entries' references."""
         d = open_directory(self.topo.directory)
         try:
             drop = getattr(d, "delete_namespace", None)

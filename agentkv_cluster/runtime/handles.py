@@ -385,3 +385,6 @@ class DirectoryHandle(ActorHandle):
 
     def restore(self, entries: list[DirectoryEntry]) -> None:
         self._call("restore", entries)
+
+    def delete_namespace(self, namespace: str) -> int:
+        return self._call("delete_namespace", namespace)

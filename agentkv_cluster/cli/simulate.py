@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -12,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from agentkv_cluster.cli import CliError, ProgressLines, check_writable_dir, check_writable_file
+from agentkv_cluster.cli._simulate_args import Given, GivenBool, check_args
 
 TRACE_FORMATS = ("agentkv", "mooncake", "azure", "tracelab")
 
@@ -21,22 +21,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "simulate", help="event-level simulator of the paper's evaluation; trace replay",
         description="Compare LRU, TTL, semantic, AgentKV and ARC on the Table-3 workload "
                     "or on a replayed trace.")
-    p.add_argument("--budget", type=float, default=0.35,
+    p.add_argument("--budget", type=float, default=0.35, action=Given,
                    help="HBM budget as a fraction of each batch's working set (default 0.35)")
-    p.add_argument("--noise", type=float, default=0.35,
+    p.add_argument("--noise", type=float, default=0.35, action=Given,
                    help="prediction log-error sigma (default 0.35)")
-    p.add_argument("--batches", type=int, default=3000, help="synthetic batches (default 3000)")
+    p.add_argument("--batches", type=int, default=3000, action=Given,
+                   help="synthetic batches (default 3000)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--policies", default="lru,ttl,semantic,agentkv,arc",
+    p.add_argument("--policies", default="lru,ttl,semantic,agentkv,arc", action=Given,
                    help="comma-separated policies to run (default: all five)")
     p.add_argument("--json", type=Path, metavar="OUT", help="write the results as JSON")
-    p.add_argument("--workload", choices=("paper", "agent-loop"), default="paper",
+    p.add_argument("--workload", choices=("paper", "agent-loop"), default="paper", action=Given,
                    help="synthetic preset: the paper's Table-3 batches (default) or agent "
                         "loops whose model calls re-read the whole context")
-    p.add_argument("--fair", action=argparse.BooleanOptionalAction, default=True,
+    p.add_argument("--fair", action=GivenBool, default=True,
                    help="also run every baseline acting on the end-of-life signals "
                         "(fair_policies in the JSON; default on)")
-    p.add_argument("--signal-miss", type=float, default=0.0, metavar="P",
+    p.add_argument("--signal-miss", type=float, default=0.0, metavar="P", action=Given,
                    help="probability that an end-of-life signal is lost (default 0)")
     p.add_argument("--signal-delay", type=float, default=0.0, metavar="S",
                    help="seconds every delivered signal is late (default 0)")
@@ -52,10 +53,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            "signal loss (0-0.9)")
     mode.add_argument("--ablation", action="store_true",
                       help="Table 5: AgentKV with each mechanism switched off")
-    p.add_argument("--out-dir", type=Path, default=Path("."),
+    p.add_argument("--out-dir", type=Path, default=Path("."), action=Given,
                    help="folder for the PNG plots of a sweep (default: .)")
     p.add_argument("--trace", type=Path, metavar="FILE", help="replay a trace instead")
-    p.add_argument("--trace-format", choices=TRACE_FORMATS, default="agentkv",
+    p.add_argument("--trace-format", choices=TRACE_FORMATS, default="agentkv", action=Given,
                    help="format of --trace (default: agentkv JSON lines)")
     p.add_argument("--strict-trace", action="store_true",
                    help="fail when any trace line is malformed (default: report and skip)")
@@ -81,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
         WorkloadConfig,
     )
 
+    check_args(args)  # a flag with no effect in this mode, trace-only flags, their values
     console = Console()
     if not console.is_terminal:  # pipes and CI logs: do not squeeze the tables to 80 columns
         console = Console(width=150)
@@ -94,18 +96,6 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
     _check_policies(policies)
-    if args.trace is None and (args.export_trace or args.strict_trace or args.idle_timeout
-                               is not None or args.trace_sessions is not None
-                               or args.trace_skip):
-        raise CliError("--export-trace, --strict-trace, --idle-timeout, --trace-sessions and "
-                       "--trace-skip need --trace")
-    if args.idle_timeout is not None and not (args.idle_timeout > 0
-                                              and math.isfinite(args.idle_timeout)):
-        raise CliError("--idle-timeout must be a finite number > 0")
-    if args.trace_sessions is not None and args.trace_sessions < 1:
-        raise CliError("--trace-sessions must be >= 1")
-    if args.trace_skip < 0:
-        raise CliError("--trace-skip must be >= 0")
     if args.trace is not None:
         from agentkv_cluster.cli._simulate_trace import check_trace_outputs
 
@@ -172,7 +162,9 @@ def _progress(console: Any, total: int, label: str) -> Iterator[Callable[[int], 
         yield lambda n: bar.advance(task, n)
 
 
-def _print_config(cfg: Any, console: Any, source: str) -> None:
+def _print_config(cfg: Any, console: Any, source: str, swept: str | None = None) -> None:
+    """The whole configuration; the axis a sweep varies is printed as swept, not as the
+    default it never uses."""
     from rich.table import Table
 
     wl = cfg.workload
@@ -182,7 +174,9 @@ def _print_config(cfg: Any, console: Any, source: str) -> None:
              f"sigma {wl.size_sigma:g})" if source.startswith("synthetic")
              else f"batches={wl.batches} from the trace")
     console.print(
-        f"[bold]workload[/bold] {source}  budget={cfg.budget}  noise={cfg.noise}  "
+        f"[bold]workload[/bold] {source}  "
+        f"budget={'swept' if swept == 'budget' else cfg.budget}  "
+        f"noise={'swept' if swept == 'noise' else cfg.noise}  "
         f"seed={cfg.seed}  {shape}  link {link.bandwidth_gbps:g} GB/s + "
         f"{link.fixed_overhead_ms:g} ms + Exp({link.jitter_mean_ms:g} ms)  "
         f"compression {cfg.compression_ratio:g}:1")
@@ -253,9 +247,10 @@ def _tables(result: Any, title: str, console: Any) -> None:
                        f"AgentKV", result.fair_policies, console)
 
 
-def _signal_line(cfg: Any, console: Any) -> None:
+def _signal_line(cfg: Any, console: Any, swept: str | None = None) -> None:
     q = cfg.signals
-    console.print(f"[bold]signals[/bold] miss {q.miss:g}  delay {q.delay_s:g} s  "
+    miss = "swept" if swept == "signal" else f"{q.miss:g}"
+    console.print(f"[bold]signals[/bold] miss {miss}  delay {q.delay_s:g} s  "
                   f"false {q.false_rate:g}  cost-model error sigma {cfg.cost_error:g}")
 
 
@@ -294,8 +289,9 @@ def _sweep(args: argparse.Namespace, cfg: Any, policies: tuple[str, ...],
 
     values = {"budget": BUDGET_SWEEP, "noise": NOISE_SWEEP, "signal": SIGNAL_SWEEP}[args.sweep]
     source = str(args.trace) if build is not None else cfg.workload.preset
-    _print_config(cfg, console, source if build is not None else f"synthetic(seed={cfg.seed})")
-    _signal_line(cfg, console)
+    _print_config(cfg, console, source if build is not None else f"synthetic(seed={cfg.seed})",
+                  swept=args.sweep)
+    _signal_line(cfg, console, swept=args.sweep)
     first = (build or make_workload)(cfg)
     total = len(values) * len(first) * runs_per_comparison(policies, args.fair)
     with _progress(console, total, f"sweeping {args.sweep}") as advance:

@@ -25,8 +25,9 @@ years: anything larger is a unit mistake), token counts at most ``MAX_TOKENS``
 with its 1-based line number; nothing is dropped silently. A session name may be
 reused: its ``task_end`` closes one task and its next event starts another; a
 ``task_end`` before every model call of its task ends nothing and is a line error
-(``tasks.py``). A UTF-8 byte-order mark
-is ignored and a gzip-compressed file is read as its text.
+(``tasks.py``), and so are a ``tool_start`` repeated exactly (duration > 0) and a
+block id given another ``block_tokens`` than before (``conflicts.py``). A UTF-8
+byte-order mark is ignored and a gzip-compressed file is read as its text.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from agentkv_cluster.lifecycle.types import StateType
+from agentkv_cluster.sim.trace.conflicts import find_conflicts
 from agentkv_cluster.sim.trace.tasks import split_tasks
 
 KINDS = ("model_call", "tool_start", "observation_return", "task_end")
@@ -181,8 +183,10 @@ def event_from_dict(d: Any) -> TraceEvent:
 
 
 def parse_lines(lines: Iterable[str]) -> ParseResult:
-    """Parse AgentKV trace lines; blank lines are skipped, bad ones reported, and so is
-    a ``task_end`` that ends no task (``sim/trace/tasks.py``)."""
+    """Parse AgentKV trace lines; blank lines are skipped, bad ones reported, and so are
+    a line that contradicts an earlier one (a repeated ``tool_start``, a block resized:
+    ``sim/trace/conflicts.py``) and a ``task_end`` that ends no task
+    (``sim/trace/tasks.py``)."""
     out = ParseResult()
     numbers: list[int] = []
     for no, raw in enumerate(lines, start=1):
@@ -196,12 +200,18 @@ def parse_lines(lines: Iterable[str]) -> ParseResult:
             out.errors.append(LineError(no, f"invalid JSON ({exc.msg})"))
         except _Bad as exc:
             out.errors.append(LineError(no, str(exc)))
+    conflicts = find_conflicts(out.events, numbers)
+    if conflicts:
+        refused = {c.index for c in conflicts}
+        out.errors.extend(LineError(numbers[c.index], c.reason) for c in conflicts)
+        out.events = [e for i, e in enumerate(out.events) if i not in refused]
+        numbers = [n for i, n in enumerate(numbers) if i not in refused]
     strays = split_tasks(out.events).strays
     if strays:
         refused = {s.index for s in strays}
         out.errors.extend(LineError(numbers[s.index], s.reason) for s in strays)
-        out.errors.sort(key=lambda e: e.line)
         out.events = [e for i, e in enumerate(out.events) if i not in refused]
+    out.errors.sort(key=lambda e: e.line)
     return out
 
 

@@ -47,6 +47,7 @@ import numpy as np
 
 from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.sim.config import MB, SimConfig
+from agentkv_cluster.sim.trace.conflicts import find_conflicts
 from agentkv_cluster.sim.trace.format import TraceEvent, TraceFormatError
 from agentkv_cluster.sim.trace.tasks import split_tasks
 from agentkv_cluster.sim.workload import TYPE_ORDER, Batch, Workload, noise_rng
@@ -118,7 +119,13 @@ class _Session:
 def sessions_of(events: Sequence[TraceEvent]) -> list[_Session]:
     """One ``_Session`` per task with a model call, by first call; a session name reused
     after its ``task_end`` gives one per task (``tasks.split_tasks``). A ``task_end`` that
-    ends no task is a ``TraceFormatError`` (the parser reports it as a line error)."""
+    ends no task, a repeated ``tool_start`` and a block given two sizes
+    (``conflicts.find_conflicts``) are a ``TraceFormatError`` (the parser reports each
+    as a line error)."""
+    conflicts = find_conflicts(events)
+    if conflicts:
+        raise TraceFormatError(f"{len(conflicts)} event(s) contradict an earlier one; "
+                               f"first: event {conflicts[0].index + 1}: {conflicts[0].reason}")
     split = split_tasks(events)
     if split.strays:
         raise TraceFormatError(f"{len(split.strays)} task_end event(s) end no task; "

@@ -148,7 +148,8 @@ def test_ablation_and_sweep_work_with_a_trace(tmp_path, mode):
     trace = tmp_path / "t.jsonl"
     trace.write_text(TRACE)
     out = tmp_path / "r.json"
-    assert main(["simulate", "--trace", str(trace), *mode, "--out-dir", str(tmp_path),
+    figures = ["--out-dir", str(tmp_path)] if mode[0] == "--sweep" else []
+    assert main(["simulate", "--trace", str(trace), *mode, *figures,
                  "--json", str(out)]) == 0
     data = json.loads(out.read_text())
     assert ("ablation" in data) if mode[0] == "--ablation" else ("sweep" in data)

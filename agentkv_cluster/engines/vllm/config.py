@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from agentkv_cluster.engines.vllm.blocks import EngineVersions
+from agentkv_cluster.engines.vllm.sessions import DEFAULT_MAX_SESSIONS
 from security.errors import InvalidName
 from security.keyring import PUBLIC_NAMESPACE, validate_namespace
 
@@ -36,6 +37,7 @@ class ConnectorConfig:
     service_token: str | None = None  # for requests that carry no token of their own
     service_timeout_s: float = 5.0
     retry_after_s: float = 5.0  # after a failure, recompute without trying for this long
+    service_max_sessions: int = DEFAULT_MAX_SESSIONS  # sessions cached per process (LRU)
     lookup_timeout_s: float = 2.0
     save_queue: int = 256
     # "async": a restored request waits off the step until its blocks are in (get_finished);
@@ -79,7 +81,7 @@ class ConnectorConfig:
         if cfg.min_tail_tokens < 0 or not cfg.prefetch_lead_s >= 0:  # (NaN too)
             raise ConnectorConfigError("min_tail_tokens and prefetch_lead_s must be >= 0")
         for name in ("host_blocks", "save_queue", "service_timeout_s", "retry_after_s",
-                     "lookup_timeout_s"):
+                     "lookup_timeout_s", "service_max_sessions"):
             if not getattr(cfg, name) > 0:  # (NaN too)
                 raise ConnectorConfigError(f"{name} must be > 0, got {getattr(cfg, name)!r}")
         if cfg.nvme_blocks < 0:

@@ -85,7 +85,8 @@ class AgentKVConnector(KVConnectorBase_V1):
     def _service(self) -> ServiceBackend:
         cfg = self.config
         return ServiceBackend(cfg.address(), default_token=cfg.service_token,
-                              timeout_s=cfg.service_timeout_s, retry_after_s=cfg.retry_after_s)
+                              timeout_s=cfg.service_timeout_s, retry_after_s=cfg.retry_after_s,
+                              max_sessions=cfg.service_max_sessions)
 
     # ------------------------------------------------------------------ worker role
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:

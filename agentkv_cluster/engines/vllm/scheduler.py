@@ -368,8 +368,11 @@ class SchedulerSide:
         delay = False
         try:
             delay = self._save_tail(st, request, block_ids)
-        except Exception:  # never into vLLM's scheduler: the tail is just not saved
-            log.exception("AgentKV: saving the tail of %s failed", request.request_id)
+            end = getattr(self.backend, "end_session", None)  # the service: episode over
+            if end and self._pool is not None and st.hints and st.hints.ends_task:
+                self._pool.submit(lambda: st.caller and end(st.caller))  # after its admission
+        except Exception:  # never into vLLM's scheduler: no tail saved, or the session kept
+            log.exception("AgentKV: finishing %s failed", request.request_id)
         if st.errors:
             report["errors"] = st.errors
         return delay, {KEY: report}

@@ -97,6 +97,26 @@ def test_restore_through_the_service_is_token_exact(service, engine):
     assert "errors" not in report(again), report(again)
 
 
+def test_the_request_that_ends_the_task_closes_its_session(service, engine):
+    """``task_end``: once its request finished, the session is closed on the service and
+    the blocks only it held retire, so another session of the tenant restores none of
+    them (the session used to stay open, holding them, for as long as the engine ran)."""
+    _, workdir, secret = service
+    token, text = _token(secret, "acme"), prompt(12)
+    before = int((workdir / "pages").read_text())
+    first = generate(engine, text, {"session": "agent-e1", "token": token}, max_tokens=12)
+    blocks = (len(first.prompt_token_ids) - 1) // BLOCK
+    _wait_saved(workdir, before + blocks)
+    assert engine.reset_prefix_cache()
+    end = generate(engine, text, {"session": "agent-e1", "token": token,
+                                  "events": [{"kind": "task_end"}]}, max_tokens=12)
+    assert report(end)["restored_tokens"] == blocks * BLOCK  # restored before the close
+    assert "errors" not in report(end), report(end)
+    assert engine.reset_prefix_cache()
+    other = generate(engine, text, {"session": "agent-e2", "token": token}, max_tokens=12)
+    assert report(other)["restored_tokens"] == 0, report(other)
+
+
 def test_killing_the_service_mid_run_every_request_completes(service, engine):
     from vllm import SamplingParams
 

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 IDLE_TIMEOUT_S = 900.0  # an authenticated orchestrator may sit silent through a tool call
 READ_LIMIT = 1 << 16  # StreamReader buffer per connection between frames
+DRAIN_S = 30.0  # how long ``stop`` waits for requests already running (a store waits 30 s)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,6 +125,8 @@ class ApiServer:
         self.authenticator = authenticator
         self.metrics = metrics
         self._pool = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="agentkv-api")
+        self._running = 0  # requests handed to the pool and not done (``stop`` drains them)
+        self._done = threading.Condition()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None
         self._thread: threading.Thread | None = None
@@ -180,6 +183,17 @@ class ApiServer:
         if self._thread is not None:
             self._thread.join(10)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        # Requests already running end before the caller tears down what they call (a Ray
+        # driver shut down under one ends the process with status 1, hiding why it stopped).
+        with self._done:
+            if not self._done.wait_for(lambda: self._running == 0, DRAIN_S):
+                log.warning("%d request(s) still running %.0f s after stop", self._running,
+                            DRAIN_S)
+
+    def _finished(self, _future: Any) -> None:
+        with self._done:
+            self._running -= 1
+            self._done.notify_all()
 
     # -- connections ----------------------------------------------------------------
     async def _serve_conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -334,9 +348,11 @@ class ApiServer:
         principal = self._authenticate(req.auth)
         if req.auth is not None:
             self._promote(conn)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._pool, _dispatch, self.backend, principal, req.op, req.args)
+        job = self._pool.submit(_dispatch, self.backend, principal, req.op, req.args)
+        with self._done:
+            self._running += 1
+        job.add_done_callback(self._finished)  # cancelled at stop, too
+        return await asyncio.wrap_future(job)
 
     def _authenticate(self, token: str | None) -> Any:
         if token is None:

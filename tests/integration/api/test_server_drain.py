@@ -1,0 +1,59 @@
+"""``ApiServer.stop`` returns once the requests already running have ended (at most
+``DRAIN_S``): the service tears down what they call only then. ``agentkv demo
+--sessions 600`` stopped its service with requests still running; one of them called Ray
+after ``ray.shutdown``, Ray ended the process with status 1, and the demo's own error was
+never printed."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from tests.support.local_service import local_service
+
+pytestmark = pytest.mark.integration
+
+
+class _Slow:
+    """The service's own backend, with an ``open_session`` that takes a while."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner, self.ended = inner, threading.Event()
+
+    def open_session(self, principal: object, session: str) -> dict:
+        time.sleep(0.5)
+        try:
+            return self.inner.open_session(principal, session)  # type: ignore[attr-defined]
+        finally:
+            self.ended.set()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+def test_stop_waits_for_the_requests_already_running() -> None:
+    with local_service("agentkv-drain-", page_bytes=1 << 16, hbm_pages=4,
+                       pool_bytes=1 << 20) as svc:
+        server = svc.server
+        slow = _Slow(server.backend)
+        server.backend = slow
+        client = svc.client("acme")
+        caller = threading.Thread(target=lambda: _quiet(client.open_session, "s"), daemon=True)
+        caller.start()
+        deadline = time.monotonic() + 10
+        while server._running == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert server._running == 1  # the request is in the pool
+        server.stop()
+        assert slow.ended.is_set()  # it ended before stop returned
+        assert server._running == 0
+        client.close()
+
+
+def _quiet(call: object, *args: object) -> None:
+    try:
+        call(*args)  # type: ignore[operator]
+    except Exception:  # noqa: BLE001, S110 - the server went away under it: expected
+        pass

@@ -271,9 +271,9 @@ class EventPlanner:
         open tasks end as their ``TaskEnd`` would (``EventGraph.end_session``) and each of
         its pages goes as their end retires it: a page another session holds stays, only
         this session's hold goes (so does a PUBLIC page: it is the namespace's, and no
-        task's end ever retires it); an audited page leaves its §5.2 summary first. Unlike a task's end, nothing
-        is kept for the session (a current fixed prefix, a page no event produced): the
-        session that kept them is gone. Its scheduled moves are cancelled, its pins
+        task's end ever retires it); an audited page leaves its §5.2 summary first. Unlike
+        a task's end, nothing is kept for the session (a current fixed prefix, a page no
+        event produced): the session that kept them is gone. Its scheduled moves are cancelled, its pins
         released, and every record of it forgotten (page table, page ids, event graph,
         strategy): opened again, the session starts afresh. Returns what it did and the
         deletions to run."""

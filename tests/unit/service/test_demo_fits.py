@@ -57,3 +57,33 @@ def test_the_cli_refuses_at_once_with_status_2():
                            "100000"], check=False, capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 2, done.stderr
     assert "--sessions 100000 needs" in done.stderr and "at most --sessions" in done.stderr
+
+
+def test_the_warm_up_runs_a_few_synthetic_sessions_at_once(monkeypatch):
+    """600 quick sessions at once, unstaggered, pinned more than the HBM budget holds and
+    were refused (bad_args) in the warm-up; its quick round runs at most WARMUP_SESSIONS,
+    the default workload's count, so the default demo's warm-up is unchanged."""
+    from agentkv_cluster.api import workload
+    from agentkv_cluster.api.workload import Results
+    from agentkv_cluster.cli import demo
+
+    ran: list[tuple[str, int]] = []
+
+    def run_workload(_connect, spec, run, *_a):
+        ran.append((run, spec.sessions))
+        return Results()
+
+    class _Service:
+        hbm_capacity = 1 << 30
+
+        def use_policy(self, _policy: str) -> None:
+            pass
+
+        def client(self, _tenant: str) -> None:
+            return None
+
+    monkeypatch.setattr(workload, "run_workload", run_workload)
+    for sessions, quick in ((600, demo.WARMUP_SESSIONS), (8, 8), (3, 3)):
+        ran.clear()
+        demo._warm_up(_Service(), WorkloadSpec(sessions=sessions))
+        assert ran == [("warmup", quick), ("train", sessions)]

@@ -115,6 +115,11 @@ class Machine:
     mem_available: int  # bytes the kernel can hand out without swapping (MemAvailable)
     open_files: int  # this process's soft limit on open files, after raising it to the hard one
 
+    def holds(self, spec: Any, capacity: int) -> bool:
+        """Whether a demo of ``spec`` with HBM budget ``capacity`` fits (``demo_needs``)."""
+        memory, files = demo_needs(spec, capacity)
+        return memory <= self.mem_available and files <= self.open_files
+
 
 def demo_needs(spec: Any, capacity: int) -> tuple[int, int]:
     """Memory (bytes) and open files a demo of ``spec`` with HBM budget ``capacity`` needs:
@@ -126,9 +131,9 @@ def demo_needs(spec: Any, capacity: int) -> tuple[int, int]:
 def check_fits(spec: Any, capacity: int, machine: Machine, budget: float) -> None:
     """Refuse, before anything starts, a demo this machine cannot hold, naming the largest
     ``--sessions`` that fits (synthetic workloads only: a trace's sessions are its own)."""
-    memory, files = demo_needs(spec, capacity)
-    if memory <= machine.mem_available and files <= machine.open_files:
+    if machine.holds(spec, capacity):
         return
+    memory, files = demo_needs(spec, capacity)
     what = (f"an HBM arena, pool and local Ray of {memory / 2**30:.1f} GiB, "
             f"{machine.mem_available / 2**30:.1f} GiB available"
             if memory > machine.mem_available else
@@ -140,10 +145,10 @@ def check_fits(spec: Any, capacity: int, machine: Machine, budget: float) -> Non
         low, high = 0, spec.sessions  # the largest session count that fits, by bisection
         while low < high:
             mid = (low + high + 1) // 2
-            trial, cap = hbm_capacity(replace(spec, sessions=mid), budget)
-            need, fds = demo_needs(trial, cap)
-            low, high = (mid, high) if need <= machine.mem_available and \
-                fds <= machine.open_files else (low, mid - 1)
+            if machine.holds(*hbm_capacity(replace(spec, sessions=mid), budget)):
+                low = mid
+            else:
+                high = mid - 1
         hint = f"; at most --sessions {low} fits" if low else "; no session count fits"
     raise CliError(f"--sessions {spec.sessions} needs {what}{hint}")
 
@@ -219,8 +224,9 @@ def _warm_up(service: Any, spec: Any) -> None:
     """Untimed, before any measured run:
 
     - one short round (the first ``WARMUP_SESSIONS`` sessions, or for a trace as many as
-      its HBM budget holds resuming at once; one quick tool call, AgentKV so both lossy codecs run): the first transfers between two processes set up NIXL connections and the
-      first codec calls load kernels. Without it whichever policy runs first pays for
+      its HBM budget holds resuming at once; one quick tool call, AgentKV so both lossy
+      codecs run): the first transfers between two processes set up NIXL connections and
+      the first codec calls load kernels. Without it whichever policy runs first pays for
       that;
     - for a synthetic workload, one AgentKV run of the same kind of workload on another
       seed (``TRAIN_SEED_OFFSET`` higher): a running service has seen such agents

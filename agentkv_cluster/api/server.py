@@ -348,9 +348,13 @@ class ApiServer:
         principal = self._authenticate(req.auth)
         if req.auth is not None:
             self._promote(conn)
-        job = self._pool.submit(_dispatch, self.backend, principal, req.op, req.args)
-        with self._done:
+        with self._done:  # counted before it can finish, so the count never dips below 0
             self._running += 1
+        try:
+            job = self._pool.submit(_dispatch, self.backend, principal, req.op, req.args)
+        except BaseException:  # the pool is shut down: nothing will run
+            self._finished(None)
+            raise
         job.add_done_callback(self._finished)  # cancelled at stop, too
         return await asyncio.wrap_future(job)
 

@@ -111,6 +111,7 @@ class ControllerConfig:
     policy: str = "agentkv"
     tick_s: float = 0.05
     hbm_budget_fraction: float = 0.35
+    idle_session_s: float = 86400.0  # an open session unused this long is closed (0: never)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -208,6 +209,7 @@ _BOUNDS: dict[str, tuple[int, bool]] = {
         "controller.tick_s", "ray.object_store_memory", "directory.retry_max_s")},
     "api.max_frame_bytes": (1024, True),
     "hbm.landing_pages": (0, True),
+    "controller.idle_session_s": (0, True),
     "ray.num_cpus": (0, True),  # unset: wiring.LOCAL_RAY_CPUS for a local Ray
 }
 

@@ -20,6 +20,7 @@ from agentkv_cluster.runtime.event_planner import AuditSummary, SessionClosed
 from agentkv_cluster.runtime.executor import Executor
 from agentkv_cluster.runtime.guard import Guarded
 from agentkv_cluster.runtime.handles import ActorGone, ActorSlow, HbmHandle, PoolHandle
+from agentkv_cluster.runtime.idle_sessions import IdleSessions
 from agentkv_cluster.runtime.link_credits import LinkCredits
 from agentkv_cluster.runtime.loads import EngineLoader
 from agentkv_cluster.runtime.mover import RemoteSpan
@@ -56,6 +57,7 @@ class ControllerSpec:
     host_bytes: int = 0  # each pool's host tier (the placement's capacity; 0: unbounded)
     nvme_bytes: int = 0  # each pool's NVMe shard
     learned: Learned | None = None  # what an earlier controller of this policy learned
+    idle_session_s: float = 86400.0  # an open session unused this long is closed (0: never)
 
 
 class ControllerActor:
@@ -76,6 +78,7 @@ class ControllerActor:
         self.directory = directory
         self.loader = EngineLoader(self.controller, self.executor, self._check)
         self._restarting: set[str] = set()
+        self.idle = IdleSessions(spec.idle_session_s)
         self._stop = threading.Event()
         self._loop = threading.Thread(target=self._reconcile, name="agentkv-reconcile", daemon=True)
         self._loop.start()
@@ -122,8 +125,9 @@ class ControllerActor:
             for result in finished:
                 self.controller.finished(result, now)
             self._check(finished)
-            if now >= expire_at:  # pins of loads never released
+            if now >= expire_at:  # pins of loads never released, sessions abandoned
                 self.controller.table.expire_held(now, self.spec.pin_timeout_s)
+                self.idle.sweep(now, lambda t, s: self.close_session(t, s).closed)
                 expire_at = now + 1.0
             nxt = self.controller.schedule.next_due()
             if nxt is None or nxt > now:
@@ -161,14 +165,17 @@ class ControllerActor:
     # -- engine and orchestrator calls -----------------------------------------------------
     def open_session(self, tenant: str, session: str) -> str:
         try:
-            return self.controller.table.open_session(tenant, session)
+            hbm = self.controller.table.open_session(tenant, session)
         except HbmFull as exc:
             raise RequestRefused(str(exc)) from None
+        self.idle.touch(tenant, session, time.monotonic())
+        return hbm
 
     def close_session(self, tenant: str, session: str) -> SessionClosed:
         """``EventPlanner.close_session``; its deletions run in the background."""
         closed, deletions = self.controller.events.close_session(tenant, session,
                                                                  time.monotonic())
+        self.idle.forget(tenant, session)
         self.executor.submit(deletions)
         return closed
 
@@ -210,6 +217,7 @@ class ControllerActor:
                 if time.monotonic() > deadline:
                     raise RequestRefused("HBM is full of pinned pages; release some and retry")
                 time.sleep(0.02)  # pinned pages fill the HBM (or its arena): wait for room
+        self.idle.touch(tenant, session, time.monotonic())
         return [gids[i] for i in range(len(metas))]
 
     def _ingest(self, hbm: str, gid: int, meta: PageMeta, span: RemoteSpan) -> None:
@@ -239,6 +247,7 @@ class ControllerActor:
         self.executor.submit(actions)
         if isinstance(event, TaskEnd):  # the session's task is over: so are its pins
             self.controller.table.release_held(tenant, session, None, now)
+        self.idle.touch(tenant, session, now)
         return {"kind": event.kind.value, "actions": len(actions),
                 "retired": sum(a.kind is ActionKind.DELETE for a in actions)}
 
@@ -258,6 +267,7 @@ class ControllerActor:
                 f"{type(exc).__name__}: {exc}") from None
         if self._erased_since(tenant, epoch):
             raise TenantErased("the tenant was erased during this load")
+        self.idle.touch(tenant, session, time.monotonic())
         return reports
 
     def _erased_since(self, tenant: str, epoch: int) -> bool:
@@ -269,14 +279,18 @@ class ControllerActor:
             gids = self.controller.table.resolve(tenant, session, keys)
         except (UnknownSession, UnknownPageKey) as exc:
             raise RefusedNotFound(str(exc)) from None
-        self.controller.table.release_held(tenant, session, gids, time.monotonic())
+        now = time.monotonic()
+        self.controller.table.release_held(tenant, session, gids, now)
+        self.idle.touch(tenant, session, now)
         return len(gids)
 
     def hbm_of(self, tenant: str, session: str) -> str:
         try:
-            return self.controller.table.hbm_of(tenant, session)
+            hbm = self.controller.table.hbm_of(tenant, session)
         except UnknownSession as exc:
             raise RefusedNotFound(str(exc)) from None
+        self.idle.touch(tenant, session, time.monotonic())
+        return hbm
 
     # -- prefix sharing --------------------------------------------------------------------
     def lookup(self, tenant: str, session: str, metas: list[PageMeta], namespaces: list[str]
@@ -324,6 +338,7 @@ class ControllerActor:
         if an HBM actor could not be reached (the caller records the tier as failed)."""
         try:
             gone = self.controller.forget_tenant(tenant, wake=self.executor.credits.wake)
+            self.idle.forget_tenant(tenant)
             purged = [handle.purge(gone.keys.get(name, []))
                       for name, handle in list(self.hbms.items())]
             return ControllerErased(forgotten=replace(gone, keys={}),
@@ -338,15 +353,13 @@ class ControllerActor:
         return sum(int(p.republish()) for p in self.pools.values())
 
     def metrics_since(self, cursor: int) -> MetricsSince:
-        """What the metrics exporter needs: credit waits after ``cursor`` (at most 10,000;
-        the counters restart with fresh credits), the phases of loads since the last call,
-        HBM bytes in use, and the cumulative counts per tenant."""
+        """For the metrics exporter: credit waits after ``cursor`` (at most 10,000; fresh
+        credits restart it), load phases since the last call, HBM in use, per-tenant counts."""
         end, waits = self.executor.credits.waits_since(cursor)
         hbm = sum(self.controller.table.hbm_used().values())
         traffic = {k: v for k, v in self.executor.traffic.by_tenant_tier.items()
                    if k[1] != "hbm"}  # bytes into HBM are counted by the API front
-        unexported = self.loader.unexported
-        phases = [unexported.popleft() for _ in range(len(unexported))]
+        phases = [self.loader.unexported.popleft() for _ in range(len(self.loader.unexported))]
         return MetricsSince(cursor=end, waits=_wait_labels(waits),
                             phases=phases, hbm_used=hbm,
                             recompute=dict(self.loader.recompute_tokens), traffic=traffic,
@@ -378,6 +391,7 @@ class ControllerActor:
                 "credit_waits": _wait_labels(self.executor.credits.waits_since(0)[1]),
                 "load_phases": list(self.loader.phases),
                 "prefetches_gave_room": self.executor.gave_room,
+                "sessions_idle_closed": self.idle.expired,
                 "errors": list(self.executor.errors)}
 
 

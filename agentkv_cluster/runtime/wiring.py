@@ -138,7 +138,8 @@ def controller_spec(cfg: AgentKvConfig, policy: str | None = None,
                           per_link=cfg.credits.per_link, per_session=cfg.credits.per_session,
                           credits=credits, tick_s=cfg.controller.tick_s,
                           landing_pages=cfg.hbm.landing_pages, page_bytes=cfg.hbm.page_bytes,
-                          host_bytes=cfg.pool.pool_bytes, nvme_bytes=cfg.pool.nvme_bytes)
+                          host_bytes=cfg.pool.pool_bytes, nvme_bytes=cfg.pool.nvme_bytes,
+                          idle_session_s=cfg.controller.idle_session_s)
 
 
 def spawn_pool(topo: Topology, spec: PoolSpec, node_id: str) -> PoolHandle:

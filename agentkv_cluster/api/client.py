@@ -21,6 +21,11 @@ from agentkv_cluster.api import protocol as p
 # connection has no effect, so it is tried again on a fresh connection, this many times.
 HELLO_RETRIES = 6
 
+# Under HBM pressure a prepared load's pins may be revoked for another tenant (or time
+# out) before its ``complete_load``, which then answers ``not_found``: ``SessionClient.load``
+# prepares it again, backing off, this many times in all.
+LOAD_ATTEMPTS = 4
+
 EVENT_KINDS = (  # agentkv_cluster.lifecycle.events.EventKind values
     "task_start", "model_call", "tool_start", "observation_return",
     "branch_create", "verification_pass", "rollback", "task_end",
@@ -217,10 +222,22 @@ class SessionClient(_ClosedOnExit):
         return {"pages": pages}
 
     def load(self, keys: list[bytes]) -> list[bytes]:
-        """prepare + complete in one go; returns page bytes in ``keys`` order."""
-        prep = self.prepare_load(keys)
-        done = self.complete_load(prep["load_id"])
-        return [pg["data"] for pg in done["pages"]]
+        """prepare + complete in one go; returns page bytes in ``keys`` order. A load whose
+        pages left HBM between the two (pins revoked for another tenant, or timed out:
+        ``complete_load`` answers ``not_found``) is prepared again, backing off, up to
+        ``LOAD_ATTEMPTS`` times in all; a ``not_found`` of ``prepare_load`` itself (the
+        session is not open, a key is not stored) is raised at once."""
+        for attempt in range(LOAD_ATTEMPTS):
+            prep = self.prepare_load(keys)
+            try:
+                done = self.complete_load(prep["load_id"])
+            except p.RemoteError as exc:
+                if exc.code != p.ErrorCode.NOT_FOUND.value or attempt == LOAD_ATTEMPTS - 1:
+                    raise
+                time.sleep(min(1.0, 0.02 * 2 ** attempt) * random.uniform(0.5, 1.5))
+                continue
+            return [pg["data"] for pg in done["pages"]]
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def release(self, keys: list[bytes]) -> int:
         return self._call("release", keys=keys)["released"]

@@ -31,10 +31,10 @@ def load_values(name: str) -> dict[str, Any] | None:
     return helm.values_from_yaml((VALUES_DIR / f"{name}.yaml").read_text())
 
 
-def render_values(values: dict[str, Any] | None) -> dict[str, str]:
+def render_values(values: dict[str, Any] | None, release: str = RELEASE) -> dict[str, str]:
     """Template path -> rendered text, as `helm template` would produce it."""
     with helm.Chart.load(CHART) as chart:
-        return chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+        return chart.render(values, name=release, namespace=NAMESPACE, is_install=True)
 
 
 @functools.cache

@@ -222,6 +222,8 @@ def _knob_values() -> dict:
         "redis": {"bundled": {**copy.deepcopy(KNOBS), "capabilities": [],
                               "updateStrategy": {"type": "OnDelete"},
                               "podDisruptionBudget": {"enabled": True}}},
+        # IPC_LOCK is outside the restricted Pod Security Standard: an explicit choice.
+        "containerSecurity": {"allowCapabilitiesBeyondRestricted": True},
     }
 
 

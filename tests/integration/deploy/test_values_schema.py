@@ -6,6 +6,7 @@ import helm_python as helm
 import pytest
 
 from tests.integration.deploy import chart
+from tests.integration.deploy import test_security_values as pss
 
 pytestmark = pytest.mark.integration
 
@@ -171,6 +172,11 @@ TEMPLATE_CASES = [
                                             _tenant_user("akv-acme")]}}},
      "/redis/bundled/tenantUsers/2/username"),
 ]
+
+
+# With the restricted Pod Security Standard's and the external Redis TLS cases.
+SCHEMA_CASES = SCHEMA_CASES + pss.SCHEMA_CASES
+TEMPLATE_CASES = TEMPLATE_CASES + pss.TEMPLATE_CASES
 
 
 @pytest.mark.parametrize("case,values,field", SCHEMA_CASES, ids=[c[0] for c in SCHEMA_CASES])

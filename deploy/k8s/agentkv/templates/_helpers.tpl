@@ -4,17 +4,31 @@
 {{- end -}}
 
 {{/* The RayCluster is named after the release too, so keep room for KubeRay's
-     "-head-svc" and worker-pod suffixes (KubeRay truncates names to 63 itself). */}}
+     "-head-svc" and worker-pod suffixes ("-hbm-gpu-worker-xxxxx"), the chart's own
+     ("-dashboard" at most) and a StatefulSet's pod and revision-hash suffixes within the
+     63-character DNS label limit: a full name over 40 characters keeps its first
+     31, then "-" and 8 hex digits of the SHA-256 of the whole name, so two long release
+     names that share a prefix still name different objects. Names of 40 or fewer stay as
+     they are (an upgrade keeps them). */}}
 {{- define "agentkv.fullname" -}}
-{{- if .Values.fullnameOverride -}}
-{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
-{{- else -}}
+{{- $full := .Values.fullnameOverride -}}
+{{- if not $full -}}
 {{- $name := default .Chart.Name .Values.nameOverride -}}
-{{- if contains $name .Release.Name -}}
-{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
-{{- else -}}
-{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- $full = ternary .Release.Name (printf "%s-%s" .Release.Name $name) (contains $name .Release.Name) -}}
 {{- end -}}
+{{- include "agentkv.boundedName" (dict "name" $full "max" 40) -}}
+{{- end -}}
+
+{{/* A name of at most .max characters (40 or fewer, 63 the DNS label limit): kept whole
+     when it fits, else cut to leave room for "-<8 hex of the SHA-256 of the whole name>";
+     trailing "-" and "." trimmed either way. Argument: dict "name" "max". */}}
+{{- define "agentkv.boundedName" -}}
+{{- $name := toString .name -}}
+{{- $max := int .max -}}
+{{- if le (len $name) $max -}}
+{{- regexReplaceAll "[-.]+$" $name "" -}}
+{{- else -}}
+{{- printf "%s-%s" (regexReplaceAll "[-.]+$" (trunc (sub $max 9 | int) $name) "") (sha256sum $name | trunc 8) -}}
 {{- end -}}
 {{- end -}}
 

@@ -13,6 +13,7 @@ import math
 import os
 import re
 import typing
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -256,10 +257,28 @@ def validate(cfg: AgentKvConfig) -> AgentKvConfig:
         raise ConfigError("controller.policy", f"must be one of {POLICIES}")
     if not 0 < cfg.controller.hbm_budget_fraction <= 1:
         raise ConfigError("controller.hbm_budget_fraction", "must be in (0, 1]")
-    url = cfg.directory.redis_url
-    if url is not None and not url.startswith(("redis://", "rediss://", "unix://")):
-        raise ConfigError("directory.redis_url", f"not a redis URL: {url!r}")
+    if cfg.directory.redis_url is not None:
+        _check_redis_url(cfg.directory.redis_url)
     return cfg
+
+
+_NO_VERIFY = {"ssl_cert_reqs": ("none", "optional"),
+              "ssl_check_hostname": ("0", "f", "false", "n", "no", "off")}
+
+
+def _check_redis_url(url: str) -> None:
+    """A redis://, rediss:// or unix:// URL whose TLS, if any, verifies the server (the
+    URL holds the directory's password: no message repeats it)."""
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme not in ("redis", "rediss", "unix"):
+        raise ConfigError("directory.redis_url", "not a redis URL: it must start with "
+                          f"redis://, rediss:// or unix:// (it starts {scheme or 'otherwise'!r})")
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)
+    for option, off in _NO_VERIFY.items():
+        if any(v.strip().lower() in off for v in query.get(option, [])):
+            raise ConfigError("directory.redis_url", f"its {option} option turns off the "
+                              "verification of the Redis server's TLS certificate: remove it "
+                              "and name the CA that signed it with ssl_ca_certs=PATH")
 
 
 def _coerce(name: str, hint: Any, raw: Any) -> Any:

@@ -68,3 +68,22 @@ def test_optional_fields_accept_none_spellings() -> None:
                            "AGENTKV_POOL_NVME_DIR": "none"})
     assert cfg.directory.redis_url == "redis://127.0.0.1:7000/0"
     assert cfg.pool.nvme_dir is None
+
+
+@pytest.mark.parametrize("url", [
+    "rediss://agentkv:s3cret@redis:6380/0?ssl_cert_reqs=none",
+    "rediss://agentkv:s3cret@redis:6380/0?ssl_ca_certs=/ca.crt&ssl_cert_reqs=OPTIONAL",
+    "rediss://agentkv:s3cret@redis:6380/0?ssl_check_hostname=False",
+    "http://agentkv:s3cret@redis:6380/0",
+])
+def test_a_redis_url_that_skips_verification_is_refused_without_repeating_it(url: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(env={"AGENTKV_DIRECTORY_REDIS_URL": url})
+    assert info.value.field == "directory.redis_url"
+    assert "s3cret" not in str(info.value)  # the URL holds the directory's password
+
+
+def test_a_redis_url_that_verifies_is_accepted() -> None:
+    for url in ("rediss://agentkv:pw@redis:6380/0?ssl_ca_certs=/ca.crt&ssl_cert_reqs=required",
+                "redis://127.0.0.1:6379/0", "unix:///run/redis.sock"):
+        assert load_config(env={"AGENTKV_DIRECTORY_REDIS_URL": url}).directory.redis_url == url

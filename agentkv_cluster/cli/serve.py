@@ -198,30 +198,17 @@ def format_address(address: Any) -> str:
 
 
 def _watch_directory(cfg: Any, service: Any) -> Any:
-    """Probe the Redis directory now and keep watching it (error log + backoff; republish on
-    recovery, also when it came back empty between two probes). None with the embedded directory (it lives and dies with the head)."""
+    """Probe the Redis directory now and keep watching it (error log + backoff; a restart
+    that emptied it between two probes is logged too). The pools repair their own entries
+    (``pool_publisher``): the watch reports, and feeds ``agentkv_directory_up``. None with
+    the embedded directory (it lives and dies with the head)."""
     if not cfg.directory.redis_url:
         return None
-    from agentkv_cluster.runtime.directory_glue import (
-        Backoff,
-        DirectoryWatch,
-        RedisSpec,
-        directory_emptied,
-        probe,
-    )
+    from agentkv_cluster.runtime.directory_glue import RedisSpec, watch_redis
 
-    spec = RedisSpec(url=cfg.directory.redis_url, prefix=cfg.directory.prefix)
-
-    def check() -> tuple[bool, str]:
-        ok, detail = probe(spec)
-        service.metrics.set_directory_up(ok)  # agentkv_directory_up, for the alert
-        return ok, detail
-
-    watch = DirectoryWatch(
-        check,
-        on_recover=lambda: service.topo.controller.options(timeout_s=120.0).republish(),
-        backoff=Backoff(first_s=0.5, max_s=max(0.5, cfg.directory.retry_max_s)),
-        emptied=lambda: directory_emptied(spec))  # a restart between two probes
+    watch = watch_redis(RedisSpec(url=cfg.directory.redis_url, prefix=cfg.directory.prefix),
+                        on_probe=service.metrics.set_directory_up,
+                        retry_max_s=cfg.directory.retry_max_s)
     first = watch.probe_once()
     return watch.start(first_wait_s=first)
 

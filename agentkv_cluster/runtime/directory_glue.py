@@ -5,10 +5,12 @@ directory is unreachable"): every process's ``GuardedDirectory`` answers reads w
 (prefix lookups find only pages this service already tracks; the engine recomputes the
 rest), refuses writes with ``DirectoryUnavailable`` (pools keep their copies and publish
 them later), and, between attempts, fails fast instead of waiting on a socket. The head's
-``DirectoryWatch`` logs the outage at error level, retries with exponential backoff, and on
-recovery asks every pool to republish what it holds. Each pool also repairs its own
-entries (``pool_publisher``): after a write of its failed, or a loss of writes Redis had
-acknowledged, it republishes once the directory answers, whatever the watch saw.
+``DirectoryWatch`` (``watch_redis``) logs the outage at error level, retries with
+exponential backoff, and logs the recovery and a restart that emptied Redis between two
+probes. The repair has one owner, each pool (``pool_publisher``): after a write of its
+failed, a loss of writes Redis had acknowledged, or its own restart, it republishes once
+the directory answers. A watch given ``on_recover`` republishes every pool as well, which
+doubles the directory's writes after a restart; ``watch_redis`` gives it none.
 """
 
 from __future__ import annotations
@@ -150,7 +152,7 @@ class GuardedDirectory:
 class DirectoryWatch:
     """The head's watch on the directory: probes it every ``interval_s`` while it answers;
     after a failure logs at error level and retries with ``backoff``; on recovery logs it
-    and calls ``on_recover`` (republish every pool's copies: an emptied Redis fills again)."""
+    and calls ``on_recover`` if given (retried with ``backoff`` until it succeeds)."""
 
     def __init__(self, check: Callable[[], tuple[bool, str]], *, on_recover: Callable[[], Any]
                  | None = None, interval_s: float = 5.0, backoff: Backoff = Backoff(),
@@ -288,6 +290,21 @@ def held_elsewhere(directory: Any, pools: dict[str, PoolHandle], metas: Sequence
 
 # The watch's marker, shaped like a blinded namespace (never a tenant's: those are keyed hashes)
 WATCH_NAMESPACE = "n" + "0" * 24
+
+
+def watch_redis(spec: RedisSpec, *, on_probe: Callable[[bool], Any] = lambda _ok: None,
+                retry_max_s: float = 30.0) -> DirectoryWatch:
+    """The head's watch on a Redis directory, not started: it probes with ``probe``, tells
+    ``on_probe`` each result (the ``agentkv_directory_up`` gauge), and sees an empty
+    restart between two probes (``directory_emptied``). It logs; it does not republish:
+    each pool's repair loop owns its entries (module doc)."""
+    def check() -> tuple[bool, str]:
+        ok, detail = probe(spec)
+        on_probe(ok)
+        return ok, detail
+
+    return DirectoryWatch(check, backoff=Backoff(first_s=0.5, max_s=max(0.5, retry_max_s)),
+                          emptied=lambda: directory_emptied(spec))
 
 
 def directory_emptied(spec: RedisSpec, timeout_s: float = 2.0) -> bool:

@@ -14,7 +14,9 @@ mark, destroy), then runs the tiers in order, each reporting what it did:
    ``host-scrub`` / ``nvme-scrub``: free host slots and dead NVMe records zeroed.
    ``redis-user``: the tenant's Redis ACL user and its credentials file removed.
 4. ``directory``: the tenant's blinded namespace deleted (on Redis every key of it,
-   ``meta`` and the per-node write counts included), its count the entries removed.
+   ``meta`` and the per-node write counts included), its count the entries removed. An
+   unreachable (or stalled) directory is retried for ``DIRECTORY_RETRY_S``: once the keys
+   are shredded nothing can name the namespace again.
 
 Only then is the receipt signed; it lists each tier with its count (-1 and the tier
 in ``failed_tiers`` when a tier could not finish). ``ErasureWatcher`` runs steps 1-3
@@ -36,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentkv_cluster.runtime.directory_glue import open_directory
+from agentkv_cluster.runtime.directory_glue import GUARD_BACKOFF, open_directory
 from agentkv_cluster.runtime.handles import ActorGone
 from security.audit import AuditLog
 from security.blinding import DirectoryBlinder
@@ -52,6 +54,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 WATCH_POLL_S = 1.0  # how soon an erasure made by another process is enforced here
+DIRECTORY_RETRY_S = 60.0  # how long the directory step retries an unreachable directory
 _MARK_RE = re.compile(r"(?P<ns>[a-z0-9_][a-z0-9_-]*)\.erased\.(?P<ms>\d{13})")
 
 # Tier names in receipt order; each maps to a count in the purge report.
@@ -176,12 +179,24 @@ class ClusterErasure:
         """The tenant's directory entries removed (their count). The whole namespace goes
         (Redis: entries, generations, ``meta`` and write counts; the embedded one in its
         actor: entries and generation state), whatever the entries' references."""
+        from store.directory.base import DirectoryUnavailable
+
         d = open_directory(self.topo.directory)
+        deadline, delay = time.monotonic() + DIRECTORY_RETRY_S, None
         try:
-            drop = getattr(d, "delete_namespace", None)
-            if drop is not None:
-                return int(drop(namespace))
-            return sum(d.delete(namespace, k) is Lookup.HIT for k in keys)
+            while True:
+                try:
+                    drop = getattr(d, "delete_namespace", None)
+                    if drop is not None:
+                        return int(drop(namespace))
+                    return sum(d.delete(namespace, k) is Lookup.HIT for k in keys)
+                except DirectoryUnavailable:  # the guard's own delays: each wait outlasts it
+                    delay = GUARD_BACKOFF.after(delay)
+                    if time.monotonic() + delay > deadline:
+                        raise
+                    log.warning("erasure: the directory is unreachable; retrying in %.1f s",
+                                delay)
+                    time.sleep(delay)
         finally:
             if d is not self.topo.directory:  # a Redis client opened for this erase
                 d.close()

@@ -3,10 +3,15 @@
 The pool's own index is the truth for its copies; the directory is the shared hint other
 nodes read for cross-node prefix sharing. A write that fails (Redis unreachable for a
 moment, the directory actor gone) leaves the publisher **stale**; a server that lost
-writes it had acknowledged (restarted from an older snapshot, flushed) is found by the
-backend's ``lost_writes``. Either way the publisher's own thread has the pool republish
-everything it holds once the directory answers again, backing off between attempts; the
-store path only sets a flag and never waits for it.
+writes it had acknowledged (restarted from an older snapshot or empty, flushed, a key
+deleted by hand) is found by the backend's ``lost_writes``; a namespace erased on purpose
+(tenant erasure) is not a loss and is not republished. Copies found at start-up (a
+restarted actor) leave it stale too: nothing in this process has written their entries,
+so nothing here could see them lost. Either way the publisher's own thread has the pool
+republish everything it holds once the directory answers, backing off between attempts;
+the store path only sets a flag and never waits for it. This loop is the one owner of
+the pool's entries: the head's ``DirectoryWatch`` reports outages and emptied restarts
+but need not republish.
 """
 
 from __future__ import annotations
@@ -151,7 +156,8 @@ class PoolPublisher:
             return self._retry_later()
         if lost:
             log.error("the directory lost writes of this pool in %d namespaces (restarted from "
-                      "an older snapshot, flushed, or a tenant erased); republishing", len(lost))
+                      "an older snapshot or empty, flushed, or keys deleted); republishing",
+                      len(lost))
             self.failed()
         if not self.stale:
             self._delay = None
@@ -165,8 +171,8 @@ class PoolPublisher:
                     "retrying in %.1f s", type(exc).__name__, exc, delay)
             return delay
         self.repairs += 1
-        log.warning("republished %s directory entries of this pool after failed or lost "
-                    "writes", n)
+        log.warning("republished %s directory entries of this pool (failed or lost writes, "
+                    "or copies found at start-up)", n)
         if self.stale:  # a write failed while it ran: that copy may be missing, go again
             return self._retry_later()
         self._delay = None
@@ -177,7 +183,11 @@ class PoolPublisher:
         return self._delay
 
     def start(self, republish: Callable[[], int]) -> PoolPublisher:
-        """Run ``sync`` in a daemon thread until ``close``; a failed write wakes it early."""
+        """Run ``sync`` in a daemon thread until ``close``; a failed write wakes it early.
+        With copies found at start-up (``saw``) the first round republishes them."""
+        if self._seen:  # stale: the directory may miss copies this process never wrote
+            self.failed()
+
         def loop() -> None:
             wait = self.interval_s
             while True:

@@ -165,3 +165,13 @@ local cur, sealed = cur_gen(KEYS[1], tonumber(ARGV[1]))
 return {cur, sealed}
 """
 )
+
+# KEYS: tombstones (sorted set)   ARGV: namespace, how many tombstones to keep
+# Scores are a sequence, never a time: the newest ``keep`` erasures stay.
+TOMBSTONE = """
+local top = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+local seq = (tonumber(top[2] or '0') or 0) + 1
+redis.call('ZADD', KEYS[1], seq, ARGV[1])
+redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -(tonumber(ARGV[2]) + 1))
+return seq
+"""

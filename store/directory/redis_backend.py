@@ -9,7 +9,10 @@ Key layout, one namespace per tenant (or tenant prefix family)::
     {prefix}:{<ns>}:gens          set of generations that have entries (and maybe the current one)
     {prefix}:{<ns>}:w:<node>      entries of that node written (counted by each put)
 
-``delete_namespace`` (tenant erasure) removes all of them.
+``delete_namespace`` (tenant erasure) removes all of them, first adding the namespace to
+``{prefix}:{<TOMBSTONES>}:erased`` (sorted set, score an erasure sequence number, never a
+time; the newest ``ERASED_KEEP`` stay). An erased tenant's blinded name cannot be linked to
+it: its blinding secret was shredded with its keys.
 
 The braces are literal: a Redis Cluster hash tag, so a namespace's keys share a
 slot and its scripts stay single-slot; an ACL key pattern ``~akv:{<ns>}:*``
@@ -18,7 +21,13 @@ confines a tenant's user to its namespace. Changes run as Lua scripts.
 Lost writes: each ``put`` gets back its node's write count in the namespace, and the
 client keeps the highest one (its *mark*). A server that comes back from an older
 snapshot, or emptied, has a lower count than the mark: ``lost_writes`` (and the next
-``put``, whose count is not above the mark) tells the caller, who republishes.
+``put``, whose count is not above the mark) tells the caller, who republishes. A
+namespace with a tombstone was erased on purpose: its marks are forgotten, never reported.
+
+Erasure races: a write of an entry reads the tombstone in the same round trip, after its
+script. The erasure adds the tombstone before it deletes, so a write either ran before the
+deletion (which removes it) or finds the tombstone and deletes the namespace again itself
+(on one redis-server; a Redis Cluster may run the two on different shards in any order).
 """
 
 from __future__ import annotations
@@ -60,6 +69,8 @@ _ERRORS: dict[str, type[DirectoryError]] = {
 }
 _BATCH = 1000  # keys per MGET in get_many, per SCAN step and DEL in delete_namespace
 _ERASE_ROUNDS = 8
+ERASED_KEEP = 100_000  # tombstones kept: far more erasures than any client's marks outlive
+TOMBSTONES = "n" + "0" * 23 + "e"  # reserved, like the watch's marker namespace "n000..0"
 T = TypeVar("T")
 
 
@@ -72,12 +83,15 @@ class RedisDirectory:
         )
         self._scripts = {
             name: self._client.register_script(getattr(_lua, name))
-            for name in ("PUT", "ADJUST", "DELETE", "OPEN", "SEAL", "ADVANCE", "STATE", "PRUNE")
+            for name in ("PUT", "ADJUST", "DELETE", "OPEN", "SEAL", "ADVANCE", "STATE", "PRUNE",
+                         "TOMBSTONE")
         }
         self._floor: dict[str, int] = {}  # highest generation seen per namespace
         self._marks: dict[tuple[str, str], int] = {}  # (ns, node) -> highest write count
         self._lost: set[str] = set()  # namespaces a put found behind, until ``lost_writes``
         self._marks_lock = threading.Lock()
+        self._erased = f"{prefix}:{{{TOMBSTONES}}}:erased"  # namespaces erased on purpose
+        self._tombstones = True  # False once refused: a tenant's ACL user sees only its own
 
     # ------------------------------------------------------------------ keys
     def _base(self, ns: str) -> str:
@@ -92,6 +106,44 @@ class RedisDirectory:
     def _run(self, name: str, keys: list[str], args: list[Any]) -> Any:
         return _call(lambda: self._scripts[name](keys=keys, args=args))
 
+    def _write(self, name: str, keys: list[str], args: list[Any], ns: str) -> tuple[Any, bool]:
+        """Script ``name``, then in the same round trip: has ``ns`` a tombstone?"""
+        script = self._scripts[name]
+
+        def run() -> tuple[Any, bool]:
+            for _ in range(2):  # a restarted server lost its scripts: load, then once more
+                pipe = self._client.pipeline(transaction=False)
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+                if self._tombstones:
+                    pipe.zscore(self._erased, ns)
+                result, *erased = pipe.execute(raise_on_error=False)
+                if not isinstance(result, rexc.NoScriptError):
+                    break
+                self._client.script_load(script.script)
+            if isinstance(result, Exception):
+                raise result
+            return result, self._tombstone(erased[0] if erased else None)
+
+        return _call(run)
+
+    def _tombstone(self, score: Any) -> bool:
+        """Whether a tombstone read found one. A refused read stops this client reading them
+        (a tenant's ACL user: an erasure removes the user before the namespace)."""
+        if isinstance(score, rexc.NoPermissionError):
+            self._tombstones = False
+            return False
+        if isinstance(score, Exception):
+            raise score
+        return score is not None
+
+    def _forget(self, ns: str) -> None:
+        """Drop this client's generation floor, write marks and loss flag of ``ns``."""
+        with self._marks_lock:
+            self._floor.pop(ns, None)
+            self._lost.discard(ns)
+            for mark in [m for m in self._marks if m[0] == ns]:
+                del self._marks[mark]
+
     def _seen(self, ns: str, generation: int) -> int:
         if generation > self._floor.get(ns, 0):
             self._floor[ns] = generation
@@ -101,26 +153,19 @@ class RedisDirectory:
     def put(self, entry: DirectoryEntry) -> None:
         self._put(entry, restore=False)
 
-    def _put(self, entry: DirectoryEntry, restore: bool) -> None:
+    def _put(self, entry: DirectoryEntry, restore: bool) -> bool:
+        """Write ``entry``; False if its namespace turned out erased (the write taken back)."""
         if not isinstance(entry, DirectoryEntry):
             raise InvalidEntry(f"expected a DirectoryEntry, got {type(entry).__name__}")
         ns = entry.tenant_ns
         base = self._base(ns)
         ekey, rkey, hexkey = self._entry_keys(ns, entry.key)
-        packed = msgpack.packb(
-            [
-                int(entry.tier),
-                entry.node,
-                entry.location,
-                int(entry.codec),
-                entry.size_bucket,
-                entry.generation,
-            ]
-        )
+        packed = msgpack.packb([int(entry.tier), entry.node, entry.location, int(entry.codec),
+                                entry.size_bucket, entry.generation])
         mark = (ns, entry.node)
         with self._marks_lock:
             sent = self._marks.get(mark, 0)
-        cur, written = self._run(
+        (cur, written), erased = self._write(
             "PUT",
             [f"{base}meta", ekey, rkey, f"{base}g:{entry.generation}", f"{base}gens",
              f"{base}w:{entry.node}"],
@@ -133,25 +178,45 @@ class RedisDirectory:
                 0 if restore else entry.refcount,
                 int(restore),
             ],
+            ns,
         )
+        if erased:  # the namespace was erased meanwhile: take this write back
+            self._forget(ns)
+            self._drop(ns)
+            return False
         self._seen(ns, int(cur))
         with self._marks_lock:  # counts only go up: one not above the mark was lost
             if int(written) <= sent:
                 self._lost.add(ns)
             if int(written) <= sent or int(written) > self._marks.get(mark, 0):
                 self._marks[mark] = int(written)
+        return True
 
     def lost_writes(self) -> list[str]:
         """The namespaces in which writes this client made are gone from the server since
         the last call (it came back from an older snapshot, or empty): entries to
-        republish. One read of each (namespace, node) count this client wrote; each loss
-        is told once (the mark follows the server's count)."""
+        republish. One round trip: each (namespace, node) count this client wrote, and
+        each namespace's tombstone; an erased namespace is forgotten, not reported. Each
+        loss is told once (the mark follows the server's count)."""
         with self._marks_lock:
             marks = dict(self._marks)
-        pipe = self._client.pipeline(transaction=False)
-        for ns, node in marks:
-            pipe.get(f"{self._base(ns)}w:{node}")
-        counts = _call(pipe.execute) if marks else []
+            names = sorted({ns for ns, _ in marks} | self._lost)
+        if not names:
+            return []
+
+        def read() -> tuple[list[Any], set[str]]:
+            pipe = self._client.pipeline(transaction=False)
+            for ns, node in marks:
+                pipe.get(f"{self._base(ns)}w:{node}")
+            for ns in names if self._tombstones else ():
+                pipe.zscore(self._erased, ns)
+            replies = pipe.execute(raise_on_error=False)
+            if errors := [r for r in replies[:len(marks)] if isinstance(r, Exception)]:
+                raise errors[0]
+            return replies[:len(marks)], {ns for ns, score in zip(names, replies[len(marks):])
+                                          if self._tombstone(score)}
+
+        counts, erased = _call(read)
         with self._marks_lock:
             lost, self._lost = self._lost, set()
             for (mark, sent), count in zip(marks.items(), counts):
@@ -159,7 +224,9 @@ class RedisDirectory:
                     lost.add(mark[0])
                     if self._marks.get(mark) == sent:
                         self._marks[mark] = int(count or 0)
-        return sorted(lost)
+        for ns in erased:
+            self._forget(ns)
+        return sorted(lost - erased)
 
     def get(self, namespace: str, key: bytes) -> tuple[Lookup, DirectoryEntry | None]:
         return self.get_many(namespace, [key])[0]
@@ -234,8 +301,10 @@ class RedisDirectory:
                 current[ns] = self.current_generation(ns)
             if entry.generation > current[ns]:
                 raise UnknownGeneration(f"{ns} has no generation {entry.generation}")
+        erased: set[str] = set()
         for entry in entries:
-            self._put(entry, restore=True)
+            if entry.tenant_ns not in erased and not self._put(entry, restore=True):
+                erased.add(entry.tenant_ns)  # erased meanwhile: none of its entries
 
     def reclaimable(self, namespace: str) -> list[DirectoryEntry]:
         cur, sealed = self._state(namespace)
@@ -256,20 +325,33 @@ class RedisDirectory:
 
     def delete_namespace(self, namespace: str) -> int:
         """Erasure: no key of ``namespace`` left (entries whatever their references,
-        reference counts, generation sets, ``meta`` and every ``w:<node>`` count); the
-        number of entries removed. The keys are listed with SCAN (the service's connection:
-        a tenant's ACL user may not list keys) and deleted, in rounds until a SCAN finds
-        none, so an entry written meanwhile goes too; DirectoryError if writes still come
-        after ``_ERASE_ROUNDS`` rounds. This client forgets the namespace's generation
-        floor and write marks; another client that holds them lifts ``meta`` back to its
-        floor if it touches the namespace again (an erased tenant's is never touched:
-        its name cannot be derived without the keys)."""
+        reference counts, generation sets, ``meta``, ``w:<node>`` counts); the number of
+        entries removed. The tombstone first (module doc); then the keys, listed with SCAN
+        (a tenant's ACL user may not) and deleted in rounds until a SCAN finds none;
+        DirectoryError if writes still come after ``_ERASE_ROUNDS`` rounds."""
+        self._base(namespace)  # a bad name is refused before anything is written
+        self._forget(namespace)
+        if self._tombstone_for(namespace):
+            return self._drop(namespace)
+        removed = self._drop(namespace)  # refused (out of memory): deleting frees some
+        if self._tombstone_for(namespace):
+            removed += self._drop(namespace)  # what raced in before the tombstone
+        return removed
+
+    def _tombstone_for(self, namespace: str) -> bool:
+        """Add ``namespace``'s tombstone; False if Redis refused the write (out of memory:
+        an erasure then stands without it, and its writers report a loss once)."""
+        try:
+            self._run("TOMBSTONE", [self._erased], [namespace, ERASED_KEEP])
+        except (DirectoryUnavailable, DirectoryAccessDenied):
+            raise
+        except DirectoryError:
+            return False
+        return True
+
+    def _drop(self, namespace: str) -> int:
+        """Delete every key of ``namespace`` (module doc of ``delete_namespace``)."""
         base = self._base(namespace)
-        with self._marks_lock:  # nor will this client lift the namespace back to its floor
-            self._floor.pop(namespace, None)
-            self._lost.discard(namespace)
-            for mark in [m for m in self._marks if m[0] == namespace]:
-                del self._marks[mark]
         removed = 0
         for _ in range(_ERASE_ROUNDS):
             keys = _call(lambda: list(self._client.scan_iter(match=f"{base}*", count=_BATCH)))
@@ -288,17 +370,9 @@ class RedisDirectory:
 
 def _decode(ns: str, key: bytes, raw: bytes, ref: bytes | None) -> DirectoryEntry:
     tier, node, location, codec, bucket, gen = msgpack.unpackb(raw)
-    return DirectoryEntry(
-        key=key,
-        tenant_ns=ns,
-        tier=Tier(tier),
-        node=node,
-        location=location,
-        codec=Codec(codec),
-        size_bucket=bucket,
-        generation=gen,
-        refcount=int(ref or 0),
-    )
+    return DirectoryEntry(key=key, tenant_ns=ns, tier=Tier(tier), node=node, location=location,
+                          codec=Codec(codec), size_bucket=bucket, generation=gen,
+                          refcount=int(ref or 0))
 
 
 def _call(fn: Callable[[], T]) -> T:

@@ -1,0 +1,302 @@
+"""A tenant erasure is not a loss of the pools' directory writes, on a real redis-server.
+
+A pool (in this process: real NIXL, /dev/shm, AES-GCM) publishes a tenant's pages; the
+service's ``ClusterErasure`` purges the pool and deletes the tenant's namespace. The
+pool's repair loop must not take that for lost writes (no error, no republish), a write
+of the pool racing the erasure must not leave any key of the erased namespace, and a
+real loss (Redis restarted empty, keys deleted by hand) must still be repaired.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import redis as redis_py
+
+from agentkv_cluster.config import load_config
+from agentkv_cluster.lifecycle.types import StateType
+from agentkv_cluster.runtime import wiring
+from agentkv_cluster.runtime.directory_glue import RedisSpec, open_directory
+from agentkv_cluster.runtime.erasure import ClusterErasure
+from agentkv_cluster.runtime.mover import Mover
+from agentkv_cluster.runtime.pool_actor import PoolActor
+from agentkv_cluster.runtime.records import ControllerErased, PageMeta, TenantForgotten
+from agentkv_cluster.runtime.tenants import ensure_tenant
+from security.audit import AuditLog
+from security.signing import Signer
+from store.directory import DirectoryEntry
+from store.directory.redis_backend import RedisDirectory
+from store.types import Codec, Lookup, Tier
+from tests.support.redis_proc import RedisProcess
+
+pytestmark = pytest.mark.integration
+MIB = 1 << 20
+PAGE = 64 * 1024
+LOGGER = "agentkv_cluster.runtime.pool_publisher"
+
+
+@pytest.fixture
+def redis():
+    server = RedisProcess().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def pool(tmp_path, redis):
+    cfg = load_config(env={}, overrides={
+        "pool": {"pool_bytes": 4 * MIB, "slot_bytes": MIB, "nvme_dir": str(tmp_path / "nv")},
+        "security": {"tenant_keys_dir": str(tmp_path / "keys")}})
+    spec = wiring.pool_spec(cfg, f"node-{uuid.uuid4().hex[:6]}", tmp_path)
+    for tenant in ("acme", "globex"):
+        ensure_tenant(spec.keys_dir, tenant)
+    actor = PoolActor(spec, open_directory(RedisSpec(url=redis.url)))
+    actor.publisher.close()  # the test runs the repair loop's rounds itself
+    front = Mover(f"test-front-{uuid.uuid4().hex[:6]}", PAGE, 1)
+    wiring.introduce(actor, front)
+    yield actor, front
+    actor.close()
+    front.close()
+
+
+class _Controller:
+    def options(self, *, timeout_s: float | None) -> _Controller:
+        return self
+
+    def freeze_tenant(self, tenant: str) -> None:
+        pass
+
+    def thaw_tenant(self, tenant: str) -> None:
+        pass
+
+    def erase_tenant(self, tenant: str) -> ControllerErased:
+        gone = TenantForgotten(keys={}, pages=0, resident=0, sessions=0, pins=0, cancelled=0,
+                               straggling=0)
+        return ControllerErased(forgotten=gone, hbm_pages=0, hbm_free_zeroed=0, hbm_actors=0)
+
+
+class _PoolHandle:
+    """The real pool behind the handle's ``options(...).purge_tenant``."""
+
+    def __init__(self, actor: PoolActor) -> None:
+        self.actor = actor
+
+    def options(self, *, timeout_s: float | None) -> _PoolHandle:
+        return self
+
+    def purge_tenant(self, tenant: str):
+        return self.actor.purge_tenant(tenant)
+
+
+class _Topology:
+    def __init__(self, url: str, actor: PoolActor) -> None:
+        self.controller = _Controller()
+        self.pools = {actor.name: _PoolHandle(actor)}
+        self.directory = RedisSpec(url=url)
+
+
+def _erasure(tmp_path, redis, actor: PoolActor) -> ClusterErasure:
+    signer = Signer.generate()
+    return ClusterErasure(_Topology(redis.url, actor), None, actor.spec.keys_dir,
+                          AuditLog(tmp_path / "audit.log", signer), signer)
+
+
+def _store(pool: PoolActor, front: Mover, tenant: str, i: int) -> bytes:
+    key = bytes([i]) * 32
+    meta = PageMeta(key=key, digest=b"d" * 32, tenant=tenant, namespace=tenant, session="s",
+                    page_id=i, state_type=StateType.EVIDENCE, length=PAGE, tokens=1)
+    front.slot_view(0, PAGE)[:] = np.full(PAGE, i, dtype=np.uint8)
+    pool.store_from(meta, Tier.HOST, Codec.FULL, front.slot_span(0, PAGE))
+    return key
+
+
+def _counted(actor: PoolActor) -> Callable[[], int]:
+    def republish() -> int:
+        republish.calls += 1
+        return actor.republish()
+    republish.calls = 0
+    return republish
+
+
+def _keys_of(admin: redis_py.Redis, ns: str) -> list[bytes]:
+    return sorted(admin.scan_iter(match=f"akv:{{{ns}}}:*"))
+
+
+def test_an_erased_namespace_is_not_taken_for_lost_writes(pool, redis, tmp_path, caplog) -> None:
+    actor, front = pool
+    erased = actor.blinder.namespace("acme")
+    _store(actor, front, "acme", 1)
+    kept = _store(actor, front, "globex", 2)
+    _erasure(tmp_path, redis, actor).erase("acme")
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    republish = _counted(actor)
+    assert actor.publisher.sync(republish) == actor.publisher.interval_s
+    assert republish.calls == 0 and not actor.publisher.stale
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    admin = redis_py.Redis.from_url(redis.url)
+    assert _keys_of(admin, erased) == []
+    other = RedisDirectory(redis.url)
+    assert other.get(actor.blinder.namespace("globex"), kept)[0] is Lookup.HIT
+    other.close()
+    admin.close()
+
+
+def test_a_republish_racing_an_erasure_leaves_no_key_of_the_namespace(pool, redis,
+                                                                      tmp_path) -> None:
+    """The republish reads the pool's copies, the erasure runs to its end, then the
+    republish writes: what it wrote into the erased namespace is taken back."""
+    actor, front = pool
+    erased = actor.blinder.namespace("acme")
+    _store(actor, front, "acme", 1)
+    _store(actor, front, "acme", 3)  # the first write finds the tombstone, the second too
+    kept = _store(actor, front, "globex", 2)
+    erasure = _erasure(tmp_path, redis, actor)
+    restore = actor.publisher.restore
+
+    def erased_first(entries: list[DirectoryEntry]) -> None:
+        assert {e.tenant_ns for e in entries} >= {erased}  # the snapshot has acme's page
+        erasure.erase("acme")
+        restore(entries)
+
+    actor.publisher.restore = erased_first
+    assert actor.republish() == 1  # globex's page; acme's entries went back out
+    admin = redis_py.Redis.from_url(redis.url)
+    assert _keys_of(admin, erased) == []
+    other = RedisDirectory(redis.url)
+    assert other.get(actor.blinder.namespace("globex"), kept)[0] is Lookup.HIT
+    assert actor.publisher.directory.lost_writes() == []
+    other.close()
+    admin.close()
+
+
+def test_a_put_after_the_erasure_of_its_namespace_is_taken_back(redis) -> None:
+    """A pool's entry write that lands after another client erased the namespace (a store
+    committed before the purge, published after the directory step)."""
+    pool_client, eraser = RedisDirectory(redis.url), RedisDirectory(redis.url)
+    ns = "n" + "a" * 24
+    gen = pool_client.open_generation(ns)
+    entry = DirectoryEntry(key=b"k" * 32, tenant_ns=ns, tier=Tier.HOST, node="node-a",
+                           location="host:1", codec=Codec.FULL, size_bucket=4096,
+                           generation=gen)
+    pool_client.put(entry)
+    assert eraser.delete_namespace(ns) == 1
+    pool_client.put(entry)  # the client still holds the namespace's floor and mark
+    admin = redis_py.Redis.from_url(redis.url)
+    assert _keys_of(admin, ns) == []
+    assert pool_client.lost_writes() == []
+    admin.close()
+    pool_client.close()
+    eraser.close()
+
+
+@pytest.mark.parametrize("loss", ["restart-empty", "namespace-deleted-by-hand",
+                                  "write-count-deleted-by-hand"])
+def test_a_real_loss_after_an_erasure_is_still_repaired(pool, redis, tmp_path, loss,
+                                                        caplog) -> None:
+    actor, front = pool
+    erased, live = actor.blinder.namespace("acme"), actor.blinder.namespace("globex")
+    _store(actor, front, "acme", 1)
+    kept = _store(actor, front, "globex", 2)
+    _erasure(tmp_path, redis, actor).erase("acme")
+    admin = redis_py.Redis.from_url(redis.url)
+    if loss == "restart-empty":
+        redis.restart()
+    elif loss == "namespace-deleted-by-hand":
+        admin.delete(*_keys_of(admin, live))
+    else:
+        admin.delete(f"akv:{{{live}}}:w:{actor.name}")
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    republish = _counted(actor)
+    actor.publisher.sync(republish)
+    assert republish.calls == 1 and not actor.publisher.stale
+    assert any(r.levelno == logging.ERROR and "lost writes" in r.getMessage()
+               for r in caplog.records)
+    other = RedisDirectory(redis.url)
+    assert other.get(live, kept)[0] is Lookup.HIT
+    assert _keys_of(admin, erased) == []  # the erased tenant is not written back
+    other.close()
+    admin.close()
+
+
+def test_the_erasure_tombstone_passes_the_isolation_audit(pool, redis, tmp_path) -> None:
+    """The tombstone lives under a name shaped like a blinded namespace and stores no time."""
+    from security.isolation import scan_for_leaks
+
+    actor, front = pool
+    _store(actor, front, "acme", 1)
+    _store(actor, front, "globex", 2)
+    _erasure(tmp_path, redis, actor).erase("acme")
+    admin = redis_py.Redis.from_url(redis.url)
+    assert any(b"erased" in k for k in admin.scan_iter())  # the test's premise
+    assert scan_for_leaks(admin) == []
+    admin.close()
+
+
+def test_an_out_of_memory_redis_still_loses_every_key_of_an_erased_namespace(redis) -> None:
+    """Redis at ``maxmemory`` refuses the tombstone (a write) but not deletions: the keys go
+    first, which frees memory, then the tombstone; no erasure is failed for want of it."""
+    d = RedisDirectory(redis.url)
+    ns = "n" + "a" * 24
+    gen = d.open_generation(ns)
+    for i in range(5):
+        d.put(DirectoryEntry(key=bytes([i]) * 32, tenant_ns=ns, tier=Tier.HOST, node="node-a",
+                             location="host:1", codec=Codec.FULL, size_bucket=4096,
+                             generation=gen))
+    admin = redis_py.Redis.from_url(redis.url)
+    admin.config_set("maxmemory-policy", "noeviction")
+    admin.config_set("maxmemory", admin.info("memory")["used_memory"] + 1024)
+    with pytest.raises(redis_py.exceptions.ResponseError, match="OOM|maxmemory"):
+        admin.set("filler", b"x" * 100_000)  # the test's premise: writes are refused
+    try:
+        assert RedisDirectory(redis.url).delete_namespace(ns) == 5
+        assert _keys_of(admin, ns) == []
+    finally:
+        admin.config_set("maxmemory", 0)
+        admin.close()
+        d.close()
+
+
+@pytest.mark.parametrize("trouble", ["writes-stalled", "restarted"])
+def test_the_directory_step_waits_out_a_stalled_or_restarting_redis(pool, redis, tmp_path,
+                                                                   trouble) -> None:
+    """Once the keys are shredded nothing can name the namespace again: a directory step
+    that gave up on a Redis stalled past the socket timeout (or down for a restart) would
+    leave the erased tenant's keys in Redis for good."""
+    actor, front = pool
+    erased = actor.blinder.namespace("acme")
+    _store(actor, front, "acme", 1)
+    admin = redis_py.Redis.from_url(redis.url)
+    if trouble == "writes-stalled":  # longer than the erasure client's 2 s socket timeout
+        admin.execute_command("CLIENT", "PAUSE", 3000, "WRITE")
+        back = None
+    else:
+        redis.stop()
+        back = threading.Timer(3.0, redis.start)
+        back.start()
+    receipt = _erasure(tmp_path, redis, actor).erase("acme")
+    if back is not None:
+        back.join()
+    assert receipt.failed_tiers == ()
+    assert _keys_of(admin, erased) == []
+    admin.close()
+
+
+def test_tombstones_keep_the_newest_erasures_numbered_not_timed(redis, monkeypatch) -> None:
+    from store.directory import redis_backend
+
+    monkeypatch.setattr(redis_backend, "ERASED_KEEP", 2)
+    d = RedisDirectory(redis.url)
+    names = ["n" + c * 24 for c in "abc"]
+    for ns in names + names[1:2]:  # the second erased twice: it moves up
+        d.delete_namespace(ns)
+    admin = redis_py.Redis.from_url(redis.url)
+    key = f"akv:{{{redis_backend.TOMBSTONES}}}:erased"
+    assert admin.zrange(key, 0, -1, withscores=True) == [(names[2].encode(), 3.0),
+                                                         (names[1].encode(), 4.0)]
+    admin.close()
+    d.close()

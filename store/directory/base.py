@@ -19,6 +19,9 @@ from store.types import Codec, Lookup, Tier
 NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")  # safe inside keys and ACL glob patterns
 MAX_KEY_BYTES = 64
 MAX_FIELD_CHARS = 256
+# Erased namespaces each backend remembers (the newest), so that a write racing a tenant
+# erasure is taken back: far more erasures than any writer's view of them outlives.
+ERASED_KEEP = 100_000
 
 
 class DirectoryError(Exception):

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from store.directory.base import (
+    ERASED_KEEP,
     DirectoryEntry,
     EntryInUse,
     GenerationRegression,
@@ -35,6 +37,9 @@ class EmbeddedDirectory:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._spaces: dict[str, _Namespace] = {}
+        # Namespaces erased on purpose (the newest ERASED_KEEP), as the Redis backend's
+        # tombstones: a write racing the erasure is taken back, not left behind.
+        self._erased: OrderedDict[str, None] = OrderedDict()
 
     def _space(self, namespace: str, create: bool = True) -> _Namespace:
         """The namespace's state; reads of an unknown namespace do not create it."""
@@ -50,6 +55,8 @@ class EmbeddedDirectory:
         if not isinstance(entry, DirectoryEntry):
             raise InvalidEntry(f"expected a DirectoryEntry, got {type(entry).__name__}")
         with self._lock:
+            if entry.tenant_ns in self._erased:
+                return  # erased meanwhile: taken back, as on Redis
             space = self._space(entry.tenant_ns)
             _check_writable(space, entry.generation)
             old = space.entries.get(entry.key)
@@ -134,6 +141,7 @@ class EmbeddedDirectory:
 
     def restore(self, entries: Sequence[DirectoryEntry]) -> None:
         with self._lock:
+            entries = [e for e in entries if e.tenant_ns not in self._erased]
             for entry in entries:  # validate all first: nothing changes on a bad batch
                 if entry.generation > self._space(entry.tenant_ns).generation:
                     raise UnknownGeneration(
@@ -157,9 +165,14 @@ class EmbeddedDirectory:
 
     def delete_namespace(self, namespace: str) -> int:
         """Erasure: the namespace's entries (whatever their references) and its generation
-        state forgotten; the number of entries removed."""
+        state forgotten, and a tombstone left (later writes into it are dropped); the
+        number of entries removed."""
         check_namespace(namespace)
         with self._lock:
+            self._erased[namespace] = None
+            self._erased.move_to_end(namespace)
+            while len(self._erased) > ERASED_KEEP:
+                self._erased.popitem(last=False)
             space = self._spaces.pop(namespace, None)
         return 0 if space is None else len(space.entries)
 

@@ -42,6 +42,7 @@ from redis import exceptions as rexc
 
 from store.directory import _lua
 from store.directory.base import (
+    ERASED_KEEP,
     CredentialsRefused,
     DirectoryAccessDenied,
     DirectoryEntry,
@@ -69,7 +70,6 @@ _ERRORS: dict[str, type[DirectoryError]] = {
 }
 _BATCH = 1000  # keys per MGET in get_many, per SCAN step and DEL in delete_namespace
 _ERASE_ROUNDS = 8
-ERASED_KEEP = 100_000  # tombstones kept: far more erasures than any client's marks outlive
 TOMBSTONES = "n" + "0" * 23 + "e"  # reserved, like the watch's marker namespace "n000..0"
 T = TypeVar("T")
 
@@ -120,9 +120,10 @@ class RedisDirectory:
                 if not isinstance(result, rexc.NoScriptError):
                     break
                 self._client.script_load(script.script)
-            if isinstance(result, Exception):
+            gone = self._tombstone(erased[0] if erased else None)
+            if isinstance(result, Exception) and not gone:  # erased: refused or not, dropped
                 raise result
-            return result, self._tombstone(erased[0] if erased else None)
+            return result, gone
 
         return _call(run)
 
@@ -165,7 +166,7 @@ class RedisDirectory:
         mark = (ns, entry.node)
         with self._marks_lock:
             sent = self._marks.get(mark, 0)
-        (cur, written), erased = self._write(
+        result, erased = self._write(
             "PUT",
             [f"{base}meta", ekey, rkey, f"{base}g:{entry.generation}", f"{base}gens",
              f"{base}w:{entry.node}"],
@@ -184,6 +185,7 @@ class RedisDirectory:
             self._forget(ns)
             self._drop(ns)
             return False
+        cur, written = result
         self._seen(ns, int(cur))
         with self._marks_lock:  # counts only go up: one not above the mark was lost
             if int(written) <= sent:
@@ -295,13 +297,16 @@ class RedisDirectory:
 
     def restore(self, entries: Sequence[DirectoryEntry]) -> None:
         current: dict[str, int] = {}
+        erased: set[str] = set()  # none of their entries: erased (before or meanwhile)
         for entry in entries:  # validate all first: nothing changes on a bad batch
             ns = entry.tenant_ns
             if ns not in current:
                 current[ns] = self.current_generation(ns)
-            if entry.generation > current[ns]:
-                raise UnknownGeneration(f"{ns} has no generation {entry.generation}")
-        erased: set[str] = set()
+            if entry.generation > current[ns] and ns not in erased:
+                if not self._tombstone(_call(lambda n=ns: self._client.zscore(self._erased, n))
+                                       if self._tombstones else None):
+                    raise UnknownGeneration(f"{ns} has no generation {entry.generation}")
+                erased.add(ns)
         for entry in entries:
             if entry.tenant_ns not in erased and not self._put(entry, restore=True):
                 erased.add(entry.tenant_ns)  # erased meanwhile: none of its entries

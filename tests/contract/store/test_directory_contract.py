@@ -255,3 +255,17 @@ def test_concurrent_increments_are_atomic(directory):
     for t in threads:
         t.join()
     assert directory.get(NS, b"a")[1].refcount == 400
+
+
+def test_a_write_racing_the_erasure_of_its_namespace_is_taken_back(directory):
+    """A writer that still holds the namespace (a pool's store or republish that read it
+    before a tenant erasure) writes after ``delete_namespace``: nothing of it stays, and
+    other namespaces' entries in the same batch still land."""
+    gen = directory.open_generation(NS)
+    directory.put(entry(b"k" * 32, gen))
+    assert directory.delete_namespace(NS) == 1
+    directory.put(entry(b"k" * 32, gen))
+    other = directory.open_generation("globex")
+    directory.restore([entry(b"j" * 32, gen), entry(b"o" * 32, other, ns="globex")])
+    assert directory.get_many(NS, [b"k" * 32, b"j" * 32]) == [(Lookup.MISS, None)] * 2
+    assert directory.get("globex", b"o" * 32)[0] is Lookup.HIT

@@ -175,6 +175,10 @@ class AgentKVConnector(KVConnectorBase_V1):
             self._scheduler.backend.close()
 
     # --------------------------------------------------------------- scheduler role
+    def on_new_request(self, request: Request) -> None:
+        if self._scheduler is not None:
+            self._scheduler.arrived(request)  # in flight: a task_end's close waits for it
+
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int
                                    ) -> tuple[int | None, bool]:
         assert self._scheduler is not None
@@ -194,6 +198,8 @@ class AgentKVConnector(KVConnectorBase_V1):
         if self._scheduler is not None and isinstance(meta, AgentKVWorkerMeta):
             self._scheduler.forget(meta.dropped)
             self._scheduler.load_failed(meta.failed_loads)
+        if self._scheduler is not None:  # blocks freed: the closes they held back go out
+            self._scheduler.released(connector_output.finished_sending)
 
     def request_finished(self, request: Request, block_ids: list[int]
                          ) -> tuple[bool, dict[str, Any] | None]:

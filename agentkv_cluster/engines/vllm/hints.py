@@ -9,8 +9,11 @@ An agent framework sends them with each model call (an OpenAI client's ``extra_b
         "publish": false}}}              # admins only: write the prefix to the PUBLIC namespace
 
 Everything else in ``kv_transfer_params`` belongs to other connectors and is ignored.
-A hint that does not parse raises ``HintError``; the connector then serves the request
-without AgentKV and reports the error in the response's ``kv_transfer_params``.
+A hint that does not parse raises ``HintError`` (``HintFieldError``, naming the field, for
+a name field out of its rule); the connector then serves the request without AgentKV and
+reports the error in the response's ``kv_transfer_params``. Names (``session``, ``branch``,
+``tool``, ``call_id``) take one rule: letters, digits and ``_ . : @ / -``, so no control
+character, newline or blank reaches a log line, an event or the service.
 """
 
 from __future__ import annotations
@@ -22,7 +25,10 @@ from dataclasses import dataclass
 from typing import Any
 
 KEY = "agentkv"
-_SESSION_RE = re.compile(r"[A-Za-z0-9_.:@/-]{1,256}")
+_NAME_CHARS = "A-Za-z0-9_.:@/-"  # session, branch, tool and call id names
+_NAME_RE = re.compile(f"[{_NAME_CHARS}]+")
+_MAX_SESSION = 256
+_MAX_NAME = 128  # branch, tool, call_id
 _FIELDS = frozenset({"session", "token", "events", "event", "publish", "branch"})
 _MAX_EVENTS = 16
 _MAX_TOKEN = 4096
@@ -30,6 +36,14 @@ _MAX_TOKEN = 4096
 
 class HintError(ValueError):
     """Malformed or unknown lifecycle hints."""
+
+
+class HintFieldError(HintError):
+    """A name field (``session``, ``branch``, ``tool``, ``call_id``) out of its rule."""
+
+    def __init__(self, field: str, limit: int) -> None:
+        super().__init__(f"{field} must match [{_NAME_CHARS}]{{1,{limit}}}")
+        self.field = field
 
 
 class HintKind(enum.Enum):
@@ -83,9 +97,11 @@ class AgentHints:
 NO_HINTS = AgentHints()
 
 
-def _text(name: str, value: Any, limit: int = 128) -> str:
-    if not isinstance(value, str) or not 0 < len(value) <= limit:
-        raise HintError(f"{name} must be a string of 1..{limit} characters")
+def _name(field: str, value: Any, limit: int = _MAX_NAME) -> str:
+    """A name hint: a string of 1..``limit`` characters of the name rule, else
+    ``HintFieldError`` naming ``field`` (the value itself is never echoed)."""
+    if not isinstance(value, str) or len(value) > limit or not _NAME_RE.fullmatch(value):
+        raise HintFieldError(field, limit)
     return value
 
 
@@ -121,10 +137,10 @@ def parse_event(raw: Any) -> HintEvent:
         raise HintError("ok must be a bool")
     return HintEvent(
         kind=kind,
-        tool=_text("tool", raw["tool"]) if "tool" in raw else "",
-        call_id=_text("call_id", raw["call_id"]) if "call_id" in raw else "",
+        tool=_name("tool", raw["tool"]) if "tool" in raw else "",
+        call_id=_name("call_id", raw["call_id"]) if "call_id" in raw else "",
         expected_s=expected,
-        branch=_text("branch", raw["branch"]) if "branch" in raw else "",
+        branch=_name("branch", raw["branch"]) if "branch" in raw else "",
     )
 
 
@@ -144,9 +160,8 @@ def parse_hints(params: Any) -> AgentHints:
         raise HintError(f"unknown hint fields {sorted(unknown)!r:.80}; "
                         f"expected some of {sorted(_FIELDS)}")
     session = raw.get("session")
-    if session is not None and (not isinstance(session, str) or
-                                not _SESSION_RE.fullmatch(session)):
-        raise HintError("session must match [A-Za-z0-9_.:@/-]{1,256}")
+    if session is not None:
+        session = _name("session", session, _MAX_SESSION)
     token = raw.get("token")
     if token is not None and (not isinstance(token, str) or not 0 < len(token) <= _MAX_TOKEN):
         raise HintError(f"token must be a string of 1..{_MAX_TOKEN} characters")
@@ -163,7 +178,7 @@ def parse_hints(params: Any) -> AgentHints:
     events = tuple(parse_event(e) for e in events_raw)
     if events and session is None:
         raise HintError("events need the session they belong to")
-    branch = _text("branch", raw["branch"]) if "branch" in raw else ""
+    branch = _name("branch", raw["branch"]) if "branch" in raw else ""
     if branch and session is None:
         raise HintError("a branch needs the session it belongs to")
     return AgentHints(session=session, token=token, events=events, publish=publish,

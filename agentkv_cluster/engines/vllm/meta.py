@@ -33,6 +33,7 @@ class RequestOps:
     saves: tuple[BlockOp, ...] = ()
     async_load: bool = False  # load off the step; done when get_finished reports req_id
     release: bool = False  # vLLM holds the finished request's blocks until these saves
+    barrier: bool = False  # ... and until every save queued before them is written
 
 
 @dataclass

@@ -30,17 +30,17 @@ from agentkv_cluster.engines.vllm.hints import (
     AgentHints,
     HintError,
     HintEvent,
-    HintKind,
     parse_hints,
 )
 from agentkv_cluster.engines.vllm.hintsock import HintSocket
 from agentkv_cluster.engines.vllm.matching import PrefixMatcher
 from agentkv_cluster.engines.vllm.meta import AgentKVConnectorMetadata, BlockOp, RequestOps
+from agentkv_cluster.engines.vllm.retiring import CloseSender, hold_retiring
 from agentkv_cluster.lifecycle.identity import PageIdentity
 from security.keyring import PUBLIC_NAMESPACE
 
 log = logging.getLogger(__name__)
-_RETIRING = (HintKind.TASK_END, HintKind.BRANCH_ABANDONED)
+CLOSE_FLUSH_S = 10.0  # at shutdown, how long the session closes not sent yet may take
 
 
 @dataclass(slots=True)
@@ -80,6 +80,7 @@ class SchedulerSide:
         self._ops: list[RequestOps] = []  # loads and releases for the next metadata
         self._held: list[tuple[Caller, HintEvent]] = []  # events for the next metadata
         self.matcher = PrefixMatcher(backend, versions, block_size)
+        self.closes = CloseSender.of(backend, self._pool)  # the service: task_end's close
 
     # -- per request ---------------------------------------------------------------------
     def _state(self, request: Any) -> _Req:
@@ -95,7 +96,16 @@ class SchedulerSide:
             log.warning("request %s: %s; served without AgentKV", request.request_id, exc)
             return st
         st.hints = hints
+        if self.closes is not None:
+            self.closes.arrived(hints)
         return st
+
+    def arrived(self, request: Any) -> None:
+        """vLLM took the request (``on_new_request``): from now on it is in flight."""
+        try:
+            self._state(request)
+        except Exception:  # never into vLLM's scheduler
+            log.exception("AgentKV: reading the hints of %s failed", request.request_id)
 
     def _admit(self, st: _Req) -> None:
         """Verify the caller and forward the events (on the lookup thread when remote)."""
@@ -249,43 +259,20 @@ class SchedulerSide:
             self._plan(meta, st, req_id, cached.num_computed_tokens[i],
                        so.num_scheduled_tokens.get(req_id, 0))
         take_events = getattr(self.backend, "take_events", None)  # embedded: to the worker
-        if take_events is not None:
-            meta.events = self._after_loads(meta, take_events())
+        if take_events is not None:  # a retiring event waits while its session loads
+            loading = {(r.caller.tenant, r.caller.session) for r in meta.requests if r.loads}
+            meta.events, self._held = hold_retiring(loading, self._held, take_events())
         return meta
-
-    def _after_loads(self, meta: AgentKVConnectorMetadata,
-                     events: list[tuple[Caller, HintEvent]]) -> list[tuple[Caller, HintEvent]]:
-        """The step's events for the worker, which applies them before the step's loads: a
-        session's retiring event (task_end, branch_abandoned) while it loads in this step,
-        and its later events, wait for the next step (applied first, a task_end retired the
-        blocks its own request was restoring, which were then recomputed)."""
-        loading = {(r.caller.tenant, r.caller.session) for r in meta.requests if r.loads}
-        out, self._held, waiting = self._held, [], set()
-        for caller, event in events:
-            sess = (caller.tenant, caller.session)
-            if sess in waiting or (sess in loading and event.kind in _RETIRING):
-                waiting.add(sess)
-                self._held.append((caller, event))
-            else:
-                out.append((caller, event))
-        return out
 
     def _standalone_hints(self) -> None:
         """Apply the hints sent on their own (a tool started, ...) since the last step."""
         assert self.hints is not None
-        for raw in self.hints.drain():
-            self.counters.add(hints_received=1)
+        for hints in self.hints.take(self.counters):
             try:
-                hints = parse_hints(raw if isinstance(raw, dict) else "not JSON")
-                if not hints.events:
-                    raise HintError("a standalone hint needs events")
                 if self._pool is not None:  # remote: never on the scheduler's thread
                     self._pool.submit(self._apply_hints, hints)
                 else:
                     self._apply_hints(hints)
-            except HintError as exc:
-                self.counters.add(hint_errors=1)
-                log.warning("AgentKV: standalone hint ignored: %s", exc)
             except Exception:  # never into vLLM's scheduler: a datagram cannot stop it
                 self.counters.add(hint_errors=1)
                 log.exception("AgentKV: standalone hint failed; ignored")
@@ -368,9 +355,8 @@ class SchedulerSide:
         delay = False
         try:
             delay = self._save_tail(st, request, block_ids)
-            end = getattr(self.backend, "end_session", None)  # the service: episode over
-            if end and self._pool is not None and st.hints and st.hints.ends_task:
-                self._pool.submit(lambda: st.caller and end(st.caller))  # after its admission
+            if self.closes is not None and st.hints is not None:  # see retiring.py
+                delay = self.closes.finish(request.request_id, st, self._ops, delay)
         except Exception:  # never into vLLM's scheduler: no tail saved, or the session kept
             log.exception("AgentKV: finishing %s failed", request.request_id)
         if st.errors:
@@ -393,8 +379,22 @@ class SchedulerSide:
         self._ops.append(RequestOps(request.request_id, st.caller, saves=(op,), release=True))
         return True
 
-    def close(self) -> None:
+    def released(self, req_ids: set[str] | None) -> None:
+        """vLLM freed these finished requests' blocks (``finished_sending``)."""
+        if self.closes is not None and req_ids:
+            self.closes.released(req_ids)
+
+    def close(self, timeout_s: float = CLOSE_FLUSH_S) -> None:
+        """Stop; the session closes not sent yet are sent first, for at most ``timeout_s``
+        (the requests they waited for will not finish now)."""
         if self.hints is not None:
             self.hints.close()
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._pool is None:
+            return
+        for st in self._reqs.values():
+            if st.lookup is not None:  # one not started yet would only delay the closes
+                st.lookup.cancel()
+        if self.closes is not None:
+            self.closes.flush(((rid, st) for rid, st in self._reqs.items()
+                               if st.hints is not None), timeout_s)
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -15,10 +15,12 @@ layer order, at full precision.
   reported through ``get_block_ids_with_load_errors`` and vLLM recomputes them (the
   connector sets ``kv_load_failure_policy="recompute"``).
 - Saves are gathered in ``wait_for_save`` (after the forward wrote the step's KV) into
-  host memory, then written by a background thread, so vLLM frees or reuses the blocks
-  at once and never waits for the store; a full queue skips the save (a counted miss).
+  host memory, then written by a background thread (``writer.py``), so vLLM frees or
+  reuses the blocks at once and never waits for the store; a full queue skips the save
+  (a counted miss).
   A finished request's partly filled last block (its tail) is gathered the same way
-  while vLLM holds the request's blocks; ``get_finished`` then releases them.
+  while vLLM holds the request's blocks; ``get_finished`` then releases them (the
+  request that carries its session's close: once every save queued before is written).
 - Between steps the loader thread also runs the embedded store's prefetch (a paused
   session's blocks back to the host pool before its tool is predicted to return).
 
@@ -33,7 +35,6 @@ import queue
 import re
 import threading
 import time
-from typing import Any
 
 import torch
 
@@ -47,9 +48,9 @@ from agentkv_cluster.engines.vllm.blocks import (
     BlockGeometry,
     BlockMismatch,
     open_block,
-    seal_block,
 )
 from agentkv_cluster.engines.vllm.meta import AgentKVConnectorMetadata, RequestOps
+from agentkv_cluster.engines.vllm.writer import BlockWriter
 
 log = logging.getLogger(__name__)
 _LAYER_RE = re.compile(r"layers\.(\d+)\.")
@@ -71,27 +72,20 @@ class WorkerSide:
         # an accelerator), or between forwards on vLLM's thread: on a CPU-only engine the
         # forward's OpenMP threads hold every core, and work beside them slows it down
         self.background = background
-        self._warned = False
         self.layers: list[torch.Tensor] = []
         self.geometry: BlockGeometry | None = None
         self._errors: set[int] = set()
-        self._pending: dict[bytes, torch.Tensor] = {}  # queued saves, servable before written
-        self._pending_lock = threading.Lock()
-        self._failed_saves: set[bytes] = set()
+        self.writer = BlockWriter(backend, counters, save_queue)
+        self._pending_lock = self.writer.lock
         self._failed_loads: dict[str, int] = {}  # req id -> tokens not restored
         self._names: dict[str, int] = {}
         self._begun: AgentKVConnectorMetadata | None = None
         self._step_loader: threading.Thread | None = None
         self._layer_done: list[threading.Event] = []
         self._recved: set[str] = set()  # async loads done, for get_finished
-        self._sent: set[str] = set()  # delayed-free requests whose blocks were copied out
-        self._queue: queue.Queue = queue.Queue(maxsize=save_queue)
         self._jobs: queue.Queue = queue.Queue()  # async loads and prefetches
-        self._writer = threading.Thread(target=self._write_loop, name="agentkv-save",
-                                        daemon=True)
         self._loader = threading.Thread(target=self._load_loop, name="agentkv-load",
                                         daemon=True)
-        self._writer.start()
         self._loader.start()
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -106,6 +100,7 @@ class WorkerSide:
             self.background = first.device.type != "cpu"
         self.geometry = BlockGeometry(layers=len(self.layers), per_layer=tuple(first.shape[1:]),
                                       dtype=str(first.dtype).removeprefix("torch."))
+        self.writer.geometry = self.geometry
         log.info("AgentKV: %d KV layers, block %s %s, %d blocks on %s", len(self.layers),
                  self.geometry.per_layer, self.geometry.dtype, first.shape[0], first.device)
 
@@ -232,9 +227,9 @@ class WorkerSide:
 
     def get_finished(self) -> tuple[set[str] | None, set[str] | None]:
         """(saves done, loads done) of requests vLLM handed over asynchronously."""
+        sent = self.writer.take_released()
         with self._pending_lock:
             recved, self._recved = self._recved, set()
-            sent, self._sent = self._sent, set()
         return sent or None, recved or None
 
     def _load(self, req: RequestOps) -> None:
@@ -250,8 +245,7 @@ class WorkerSide:
         out: list[tuple[int, torch.Tensor]] = []
         try:
             for i, op in enumerate(req.loads):
-                with self._pending_lock:
-                    queued = self._pending.get(op.identity.digest())
+                queued = self.writer.queued(op.identity.digest())
                 if queued is not None:  # saved this step or just before: still in memory
                     out.append((op.block_id, queued))
                     self.counters.add(restored_tokens=op.identity.end - op.identity.start)
@@ -307,11 +301,11 @@ class WorkerSide:
         except Exception:  # a save is an optimisation: never fail vLLM's step for it
             log.exception("AgentKV: gathering blocks to save failed; skipped")
             self.counters.add(save_failures=1)
-        finally:  # copied out (or given up): vLLM may free the finished requests' blocks
-            released = {req.req_id for req in meta.requests if req.release}
-            if released:
-                with self._pending_lock:
-                    self._sent |= released
+        finally:  # copied out (or given up): vLLM may free the finished requests' blocks;
+            # a barrier's once every save queued before is written (synchronous: now)
+            for req in meta.requests:
+                if req.release:
+                    self.writer.release(req.req_id, barrier=req.barrier and self.background)
         us = int((time.perf_counter() - t0) * 1e6)
         self.counters.add(step_wait_us=us, gather_us=us)
 
@@ -325,75 +319,24 @@ class WorkerSide:
                 except (BackendUnavailable, CallerRefused):
                     pass  # the writer will find out and count it
                 host = torch.stack([kv[op.block_id] for kv in self.layers]).to("cpu")
-                digest = op.identity.digest()
-                if not self.background:
-                    self._write((req.caller, op.identity, host))
-                    continue
-                with self._pending_lock:
-                    self._pending[digest] = host
-                try:
-                    self._queue.put_nowait((req.caller, op.identity, host))
-                except queue.Full:
-                    self.counters.add(save_dropped=1)
-                    with self._pending_lock:
-                        self._pending.pop(digest, None)
-                        self._failed_saves.add(digest)
+                if self.background:
+                    self.writer.submit(req.caller, op.identity, host)
+                else:
+                    self.writer.write(req.caller, op.identity, host)
 
     def take_dropped(self) -> set[bytes]:
         """Digests the scheduler must stop matching: dropped by the store, or never saved."""
-        with self._pending_lock:
-            dropped, self._failed_saves = self._failed_saves, set()
+        dropped = self.writer.take_failed()
         take = getattr(self.backend, "take_dropped", None)
         if take is not None:
             dropped |= take()
         return dropped
 
-    def _write_loop(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is _STOP:
-                self._queue.task_done()
-                return
-            try:
-                self._write(item)
-            finally:
-                self._queue.task_done()
-
-    def _write(self, item: tuple[Any, Any, torch.Tensor]) -> None:
-        caller, identity, host = item
-        try:
-            self._put(caller, identity, host)
-            self._warned = False
-        except Exception as exc:  # noqa: BLE001 - a failed save is a later miss, nothing more
-            self.counters.add(save_failures=1)
-            with self._pending_lock:
-                self._failed_saves.add(identity.digest())
-            if not self._warned:  # once per outage, not once per block
-                log.warning("AgentKV: saving blocks failed: %s", exc)
-                self._warned = True
-        finally:
-            with self._pending_lock:
-                self._pending.pop(identity.digest(), None)
-
-    def _put(self, caller: Any, identity: Any, host: torch.Tensor) -> None:
-        assert self.geometry is not None
-        t0 = time.perf_counter()
-        page = seal_block(identity, self.geometry, host.contiguous().view(torch.uint8).numpy())
-        self.backend.put(caller, identity, page)
-        self.counters.add(saved_blocks=1, write_us=int((time.perf_counter() - t0) * 1e6))
-
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until every queued save is written; False on timeout."""
-        end = time.monotonic() + timeout_s
-        while self._queue.unfinished_tasks and time.monotonic() < end:
-            time.sleep(0.01)
-        return not self._queue.unfinished_tasks
+        return self.writer.flush(timeout_s)
 
     def close(self) -> None:
         self._jobs.put(_STOP)
-        try:
-            self._queue.put(_STOP, timeout=5.0)
-        except queue.Full:
-            pass
+        self.writer.close()
         self._loader.join(10.0)
-        self._writer.join(10.0)

@@ -42,8 +42,8 @@ def test_full_hints_parse():
     ({"agentkv": {"session": "x", "events": [{}] * 17}}, "at most 16"),
     ({"agentkv": {"session": "x", "publish": "yes"}}, "publish must be a bool"),
     ({"agentkv": {"branch": "b1"}}, "branch needs the session"),
-    ({"agentkv": {"session": "x", "branch": ""}}, "branch must be a string"),
-    ({"agentkv": {"session": "x", "branch": 3}}, "branch must be a string"),
+    ({"agentkv": {"session": "x", "branch": ""}}, "branch must match"),
+    ({"agentkv": {"session": "x", "branch": 3}}, "branch must match"),
 ])
 def test_bad_hints_name_the_problem(raw, fragment):
     with pytest.raises(HintError, match=fragment):

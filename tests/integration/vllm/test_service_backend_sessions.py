@@ -197,6 +197,7 @@ def test_the_request_that_ends_the_task_closes_the_session_when_it_finishes(svc)
         backend.put(other, shared, _page(shared, 2))  # held by the other episode too
         sched = _finished_request(backend, {"session": "episode-1", "token": token,
                                             "events": [{"kind": "task_end"}]})
+        sched.released({"r1"})  # the worker wrote its saves: vLLM freed its blocks
         sched._pool.shutdown(wait=True)  # the close runs on the lookup thread
         sched.close()
         assert backend.sessions.get(token, "episode-1") is None

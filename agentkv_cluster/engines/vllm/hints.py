@@ -88,11 +88,6 @@ class AgentHints:
     def present(self) -> bool:
         return self.session is not None or self.token is not None or bool(self.events)
 
-    @property
-    def ends_task(self) -> bool:
-        """A ``task_end`` is among the events: the agent session (one episode) is over."""
-        return any(e.kind is HintKind.TASK_END for e in self.events)
-
 
 NO_HINTS = AgentHints()
 

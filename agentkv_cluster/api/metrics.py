@@ -31,6 +31,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from store.directory.base import WriteRefusal
+
 if TYPE_CHECKING:  # the service hands its loads' phases in; no import at run time
     from agentkv_cluster.runtime.records import LoadPhases
 
@@ -169,6 +171,11 @@ class ServiceMetrics:
             "agentkv_directory_up", "1 while the directory (Redis) answers, 0 during an outage",
             registry=r)
         self.directory_up.set(1)
+        self.directory_refuses_writes = Gauge(
+            "agentkv_directory_refuses_writes", "1 while the directory (Redis) answers reads "
+            "but refuses writes, by reason (out_of_memory: maxmemory reached), else 0",
+            ["reason"], registry=r)
+        self.set_directory_refusal(None)  # every reason's series from 0
         self.erasures = Counter(
             "agentkv_erasures", "Tenant erasures run by the service, by result (failed: keys "
             "destroyed but a tier's pages could not be deleted)", ["result"], registry=r)
@@ -263,6 +270,12 @@ class ServiceMetrics:
 
     def set_directory_up(self, up: bool) -> None:
         self.directory_up.set(1 if up else 0)
+
+    def set_directory_refusal(self, refusal: WriteRefusal | None) -> None:
+        """Why the directory refuses writes now (None: it does not, or cannot be reached)."""
+        for reason in WriteRefusal:
+            self.directory_refuses_writes.labels(reason=reason.value).set(
+                1 if reason is refusal else 0)
 
     def erased(self, tenant: str, failed: bool) -> None:
         """A tenant erasure finished: count it and stop naming the tenant."""

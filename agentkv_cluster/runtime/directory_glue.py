@@ -11,6 +11,11 @@ probes. The repair has one owner, each pool (``pool_publisher``): after a write 
 failed, a loss of writes Redis had acknowledged, or its own restart, it republishes once
 the directory answers. A watch given ``on_recover`` republishes every pool as well, which
 doubles the directory's writes after a restart; ``watch_redis`` gives it none.
+
+A Redis that answers but refuses writes (out of memory) is not an outage: reads, so
+sharing what is published, still work and ``/readyz`` stays ready (its line says so). The
+head's probe asks without writing (``check_writes``); the watch logs the refusal once at
+error level and feeds ``agentkv_directory_refuses_writes``; pools republish once it ends.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from store.types import Lookup
 if TYPE_CHECKING:
     from agentkv_cluster.runtime.handles import PoolHandle
     from agentkv_cluster.runtime.records import PageMeta, PoolHolding
+    from store.directory.base import WriteRefusal
 
 log = logging.getLogger(__name__)
 
@@ -293,15 +299,23 @@ WATCH_NAMESPACE = "n" + "0" * 24
 
 
 def watch_redis(spec: RedisSpec, *, on_probe: Callable[[bool], Any] = lambda _ok: None,
+                on_refusal: Callable[[WriteRefusal | None], Any] = lambda _why: None,
                 retry_max_s: float = 30.0) -> DirectoryWatch:
-    """The head's watch on a Redis directory, not started: it probes with ``probe``, tells
-    ``on_probe`` each result (the ``agentkv_directory_up`` gauge), and sees an empty
-    restart between two probes (``directory_emptied``). It logs; it does not republish:
-    each pool's repair loop owns its entries (module doc)."""
+    """The head's watch on a Redis directory, not started: it probes with ``probe_redis``,
+    tells ``on_probe`` whether it answers (the ``agentkv_directory_up`` gauge) and
+    ``on_refusal`` why it refuses writes, None if it does not or cannot be reached
+    (``agentkv_directory_refuses_writes``), and sees an empty restart between two probes
+    (``directory_emptied``). It logs; it does not republish: each pool's repair loop owns
+    its entries (module doc)."""
+    refusals = RefusalLog()
+
     def check() -> tuple[bool, str]:
-        ok, detail = probe(spec)
-        on_probe(ok)
-        return ok, detail
+        seen = probe_redis(spec)
+        on_probe(seen.up)
+        on_refusal(seen.refusal)
+        if seen.up:
+            refusals.seen(seen.refusal, seen.detail)
+        return seen.up, seen.detail
 
     return DirectoryWatch(check, backoff=Backoff(first_s=0.5, max_s=max(0.5, retry_max_s)),
                           emptied=lambda: directory_emptied(spec))
@@ -323,24 +337,63 @@ def directory_emptied(spec: RedisSpec, timeout_s: float = 2.0) -> bool:
         client.close()
 
 
+@dataclass(frozen=True, kw_only=True)
+class DirectoryProbe:
+    """One look at the Redis directory: does it answer a read, and if so, why it refuses
+    writes (None: it accepts them, or it cannot be reached); ``detail`` is one line."""
+
+    up: bool
+    refusal: WriteRefusal | None
+    detail: str
+
+
+class RefusalLog:
+    """Logs a streak of refused writes once: at error level when the directory starts
+    refusing writes, at warning level when it accepts them again."""
+
+    def __init__(self) -> None:
+        self.refusal: WriteRefusal | None = None
+
+    def seen(self, refusal: WriteRefusal | None, detail: str) -> None:
+        if refusal is not None and self.refusal is None:
+            log.error("%s; pools keep their copies and publish them once it accepts writes "
+                      "(see docs/operations.md)", detail)
+        elif refusal is None and self.refusal is not None:
+            log.warning("directory accepts writes again")
+        self.refusal = refusal
+
+
+def probe_redis(spec: RedisSpec, timeout_s: float = 2.0) -> DirectoryProbe:
+    """One real read, then ``check_writes`` (which writes nothing, so a full Redis is not
+    filled by its own probe)."""
+    from store.directory.base import DirectoryError, DirectoryFull
+    from store.directory.redis_backend import RedisDirectory
+
+    try:
+        client = RedisDirectory(spec.url, spec.prefix, socket_timeout_s=timeout_s)
+    except Exception as exc:  # noqa: BLE001 - a bad URL is "not ready", with the reason
+        return DirectoryProbe(up=False, refusal=None,
+                              detail=f"directory: {type(exc).__name__}: {exc}")
+    try:
+        client.get("readyz", b"readyz")
+        client.check_writes()
+        return DirectoryProbe(up=True, refusal=None, detail="directory ok")
+    except DirectoryFull as exc:
+        return DirectoryProbe(up=True, refusal=exc.reason,
+                              detail=f"directory answers reads but refuses writes: {exc}")
+    except DirectoryError as exc:
+        return DirectoryProbe(up=False, refusal=None,
+                              detail=f"directory unreachable: {type(exc).__name__}: {exc}")
+    finally:
+        client.close()
+
+
 def probe(directory: Any, timeout_s: float = 2.0) -> tuple[bool, str]:
-    """Readiness: can this process reach the directory? (Redis: one real read.)"""
-    from store.directory.base import DirectoryError
-
+    """Readiness: can this process reach the directory? (Redis: ``probe_redis``; one that
+    refuses writes is ready, and its line says so.)"""
     if isinstance(directory, RedisSpec):
-        from store.directory.redis_backend import RedisDirectory
-
-        try:
-            client = RedisDirectory(directory.url, directory.prefix, socket_timeout_s=timeout_s)
-        except Exception as exc:  # noqa: BLE001 - a bad URL is "not ready", with the reason
-            return False, f"directory: {type(exc).__name__}: {exc}"
-        try:
-            client.get("readyz", b"readyz")
-            return True, "directory ok"
-        except DirectoryError as exc:
-            return False, f"directory unreachable: {type(exc).__name__}: {exc}"
-        finally:
-            client.close()
+        seen = probe_redis(directory, timeout_s)
+        return seen.up, seen.detail
     if hasattr(directory, "alive") and not directory.alive(timeout_s):
         return False, "directory actor unreachable"
     return True, "directory ok"

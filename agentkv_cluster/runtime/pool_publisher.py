@@ -11,7 +11,8 @@ so nothing here could see them lost. Either way the publisher's own thread has t
 republish everything it holds once the directory answers, backing off between attempts;
 the store path only sets a flag and never waits for it. This loop is the one owner of
 the pool's entries: the head's ``DirectoryWatch`` reports outages and emptied restarts
-but need not republish.
+but need not republish. A directory that refuses writes (``DirectoryFull``: Redis out of
+memory) is logged at error level once per streak, whatever failed before it.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class PoolPublisher:
         self._state = threading.Lock()
         self._failures = 0  # failed writes so far; a republish clears only those before it
         self._delay: float | None = None
+        self._refused = False  # the last republish was refused for memory (logged once)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -162,14 +164,25 @@ class PoolPublisher:
         if not self.stale:
             self._delay = None
             return self.interval_s
+        from store.directory.base import DirectoryFull
+
         try:
             n = republish()
+        except DirectoryFull as exc:
+            delay = self._retry_later()
+            if not self._refused:
+                log.error("the directory refuses this pool's writes (%s); its copies stay "
+                          "unpublished, other nodes cannot share them; retrying in %.1f s",
+                          exc, delay)
+            self._refused = True
+            return delay
         except Exception as exc:  # noqa: BLE001 - the pool's guard may still be backing off
             level = logging.WARNING if self._delay is None else logging.DEBUG  # once a streak
             delay = self._retry_later()
             log.log(level, "republishing this pool's directory entries failed (%s: %s); "
                     "retrying in %.1f s", type(exc).__name__, exc, delay)
             return delay
+        self._refused = False
         self.repairs += 1
         log.warning("republished %s directory entries of this pool (failed or lost writes, "
                     "or copies found at start-up)", n)

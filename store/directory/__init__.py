@@ -7,6 +7,7 @@ from store.directory.base import (
     DirectoryBackend,
     DirectoryEntry,
     DirectoryError,
+    DirectoryFull,
     DirectoryUnavailable,
     EntryInUse,
     GenerationRegression,
@@ -16,6 +17,7 @@ from store.directory.base import (
     RefcountUnderflow,
     ReportsLostWrites,
     UnknownGeneration,
+    WriteRefusal,
 )
 from store.directory.embedded import EmbeddedDirectory
 
@@ -26,6 +28,7 @@ __all__ = [
     "DirectoryBackend",
     "DirectoryEntry",
     "DirectoryError",
+    "DirectoryFull",
     "DirectoryUnavailable",
     "EmbeddedDirectory",
     "EntryInUse",
@@ -36,4 +39,5 @@ __all__ = [
     "RefcountUnderflow",
     "ReportsLostWrites",
     "UnknownGeneration",
+    "WriteRefusal",
 ]

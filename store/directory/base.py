@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from enum import Enum
 from typing import Protocol, runtime_checkable
 
 from store.types import Codec, Lookup, Tier
@@ -58,6 +59,21 @@ class MissingEntry(DirectoryError):
 
 class DirectoryUnavailable(DirectoryError):
     """The backing service cannot be reached."""
+
+
+class WriteRefusal(Enum):
+    """Why the backing service refuses every write while it still answers reads."""
+
+    OUT_OF_MEMORY = "out_of_memory"  # Redis at ``maxmemory`` with nothing it may evict
+
+
+class DirectoryFull(DirectoryError):
+    """The backing service refuses writes for want of memory (Redis at ``maxmemory`` under
+    ``noeviction``, or with no key its policy may evict); nothing was changed. Reads and
+    deletions still work: writers keep their copies and publish them once it accepts
+    writes again."""
+
+    reason = WriteRefusal.OUT_OF_MEMORY
 
 
 class DirectoryAccessDenied(DirectoryError):

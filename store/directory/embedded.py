@@ -42,12 +42,13 @@ class EmbeddedDirectory:
         self._erased: OrderedDict[str, None] = OrderedDict()
 
     def _space(self, namespace: str, create: bool = True) -> _Namespace:
-        """The namespace's state; reads of an unknown namespace do not create it."""
+        """The namespace's state; reads of an unknown namespace do not create it, nor does
+        anything an erased one (a generation opened in it is forgotten, as on Redis)."""
         check_namespace(namespace)
         space = self._spaces.get(namespace)
         if space is None:
             space = _Namespace()
-            if create:
+            if create and namespace not in self._erased:
                 self._spaces[namespace] = space
         return space
 

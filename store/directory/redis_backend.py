@@ -1,4 +1,5 @@
-"""RedisDirectory: the directory on a real redis-server (the only module importing redis).
+"""RedisDirectory: the directory on a real redis-server (redis is imported here and in
+``redis_errors`` only).
 
 Key layout, one namespace per tenant (or tenant prefix family)::
 
@@ -24,17 +25,24 @@ snapshot, or emptied, has a lower count than the mark: ``lost_writes`` (and the 
 ``put``, whose count is not above the mark) tells the caller, who republishes. A
 namespace with a tombstone was erased on purpose: its marks are forgotten, never reported.
 
-Erasure races: a write of an entry reads the tombstone in the same round trip, after its
-script. The erasure adds the tombstone before it deletes, so a write either ran before the
+Erasure races: every script that may write a namespace's keys (an entry, and ``meta``:
+opening, advancing or sealing a generation, and any script that lifts ``meta`` to the
+client's generation floor) reads the tombstone in the same round trip, after the script.
+The erasure adds the tombstone before it deletes, so a write either ran before the
 deletion (which removes it) or finds the tombstone and deletes the namespace again itself
 (on one redis-server; a Redis Cluster may run the two on different shards in any order).
+Erased, ``open_generation`` answers the generation it opened (taken back, as later writes
+into it are), ``current_generation`` 0; refusals (``MissingEntry``...) are raised as usual.
+
+Refused writes: Redis at ``maxmemory`` refuses every write (``DirectoryFull``) but still
+answers reads and deletions; ``check_writes`` asks without writing anything.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 import msgpack
 import redis
@@ -43,35 +51,22 @@ from redis import exceptions as rexc
 from store.directory import _lua
 from store.directory.base import (
     ERASED_KEEP,
-    CredentialsRefused,
     DirectoryAccessDenied,
     DirectoryEntry,
     DirectoryError,
     DirectoryUnavailable,
-    EntryInUse,
-    GenerationRegression,
     InvalidEntry,
-    MissingEntry,
-    ReadOnlyGeneration,
-    RefcountUnderflow,
     UnknownGeneration,
     check_key,
     check_namespace,
 )
+from store.directory.redis_errors import as_directory_error
+from store.directory.redis_errors import call as _call
 from store.types import Codec, Lookup, Tier
 
-_ERRORS: dict[str, type[DirectoryError]] = {
-    "AKV_READONLY": ReadOnlyGeneration,
-    "AKV_UNKNOWN_GEN": UnknownGeneration,
-    "AKV_REGRESSION": GenerationRegression,
-    "AKV_IN_USE": EntryInUse,
-    "AKV_UNDERFLOW": RefcountUnderflow,
-    "AKV_MISSING": MissingEntry,
-}
 _BATCH = 1000  # keys per MGET in get_many, per SCAN step and DEL in delete_namespace
 _ERASE_ROUNDS = 8
 TOMBSTONES = "n" + "0" * 23 + "e"  # reserved, like the watch's marker namespace "n000..0"
-T = TypeVar("T")
 
 
 class RedisDirectory:
@@ -92,6 +87,7 @@ class RedisDirectory:
         self._marks_lock = threading.Lock()
         self._erased = f"{prefix}:{{{TOMBSTONES}}}:erased"  # namespaces erased on purpose
         self._tombstones = True  # False once refused: a tenant's ACL user sees only its own
+        self._probe = f"{prefix}:{{{TOMBSTONES}}}:write-probe"  # never exists (check_writes)
 
     # ------------------------------------------------------------------ keys
     def _base(self, ns: str) -> str:
@@ -106,8 +102,11 @@ class RedisDirectory:
     def _run(self, name: str, keys: list[str], args: list[Any]) -> Any:
         return _call(lambda: self._scripts[name](keys=keys, args=args))
 
-    def _write(self, name: str, keys: list[str], args: list[Any], ns: str) -> tuple[Any, bool]:
-        """Script ``name``, then in the same round trip: has ``ns`` a tombstone?"""
+    def _write(self, name: str, keys: list[str], args: list[Any], ns: str, *,
+               quiet_if_erased: bool = False) -> tuple[Any, bool]:
+        """Script ``name``, then in the same round trip: has ``ns`` a tombstone? If it has,
+        what the script wrote is taken back (the namespace dropped again, and forgotten
+        here); the script's refusal is raised all the same unless ``quiet_if_erased``."""
         script = self._scripts[name]
 
         def run() -> tuple[Any, bool]:
@@ -121,11 +120,17 @@ class RedisDirectory:
                     break
                 self._client.script_load(script.script)
             gone = self._tombstone(erased[0] if erased else None)
-            if isinstance(result, Exception) and not gone:  # erased: refused or not, dropped
+            if isinstance(result, Exception) and not gone:
                 raise result
             return result, gone
 
-        return _call(run)
+        result, gone = _call(run)
+        if gone:
+            self._forget(ns)
+            self._drop(ns)
+            if isinstance(result, Exception) and not quiet_if_erased:
+                raise as_directory_error(result)
+        return result, gone
 
     def _tombstone(self, score: Any) -> bool:
         """Whether a tombstone read found one. A refused read stops this client reading them
@@ -180,10 +185,9 @@ class RedisDirectory:
                 int(restore),
             ],
             ns,
+            quiet_if_erased=True,
         )
-        if erased:  # the namespace was erased meanwhile: take this write back
-            self._forget(ns)
-            self._drop(ns)
+        if erased:  # the namespace was erased meanwhile: the write was taken back
             return False
         cur, written = result
         self._seen(ns, int(cur))
@@ -266,18 +270,24 @@ class RedisDirectory:
 
     def _adjust(self, namespace: str, key: bytes, delta: int) -> int:
         ekey, rkey, _ = self._entry_keys(namespace, key)
-        meta = f"{self._base(namespace)}meta"
-        return int(self._run("ADJUST", [meta, ekey, rkey], [delta, self._floor.get(namespace, 0)]))
+        meta = f"{self._base(namespace)}meta"  # lifted to the floor: may write it
+        count, _erased = self._write("ADJUST", [meta, ekey, rkey],
+                                     [delta, self._floor.get(namespace, 0)], namespace)
+        return int(count)
 
     # ------------------------------------------------------------------ generations
     def open_generation(self, namespace: str) -> int:
         base = self._base(namespace)
-        return self._seen(namespace, int(self._run(
-            "OPEN", [f"{base}meta", f"{base}gens"], [self._floor.get(namespace, 0), f"{base}g:"])))
+        gen, erased = self._write("OPEN", [f"{base}meta", f"{base}gens"],
+                                  [self._floor.get(namespace, 0), f"{base}g:"], namespace)
+        return int(gen) if erased else self._seen(namespace, int(gen))
 
     def _state(self, namespace: str) -> tuple[int, bool]:
-        meta = f"{self._base(namespace)}meta"
-        cur, sealed = self._run("STATE", [meta], [self._floor.get(namespace, 0)])
+        meta = f"{self._base(namespace)}meta"  # lifted to the floor: may write it
+        (cur, sealed), erased = self._write("STATE", [meta], [self._floor.get(namespace, 0)],
+                                            namespace)
+        if erased:
+            return 0, False
         return self._seen(namespace, int(cur)), bool(int(sealed))
 
     def current_generation(self, namespace: str) -> int:
@@ -285,15 +295,24 @@ class RedisDirectory:
 
     def seal_generation(self, namespace: str, generation: int) -> None:
         meta = f"{self._base(namespace)}meta"
-        self._seen(
-            namespace, int(self._run("SEAL", [meta], [generation, self._floor.get(namespace, 0)]))
-        )
+        cur, erased = self._write("SEAL", [meta], [generation, self._floor.get(namespace, 0)],
+                                  namespace)
+        if not erased:
+            self._seen(namespace, int(cur))
 
     def advance_generation(self, namespace: str, generation: int) -> None:
         base = self._base(namespace)
-        self._seen(namespace, int(self._run(
-            "ADVANCE", [f"{base}meta", f"{base}gens"],
-            [generation, self._floor.get(namespace, 0), f"{base}g:"])))
+        gen, erased = self._write("ADVANCE", [f"{base}meta", f"{base}gens"],
+                                  [generation, self._floor.get(namespace, 0), f"{base}g:"],
+                                  namespace)
+        if not erased:
+            self._seen(namespace, int(gen))
+
+    def check_writes(self) -> None:
+        """``DirectoryFull`` if Redis refuses writes now (out of memory), without writing:
+        ``SET ... XX`` of a key that never exists is refused for memory before Redis looks
+        at the key, as every write is, and changes nothing when it is accepted."""
+        _call(lambda: self._client.set(self._probe, b"", xx=True))
 
     def restore(self, entries: Sequence[DirectoryEntry]) -> None:
         current: dict[str, int] = {}
@@ -379,22 +398,3 @@ def _decode(ns: str, key: bytes, raw: bytes, ref: bytes | None) -> DirectoryEntr
                           codec=Codec(codec), size_bucket=bucket, generation=gen,
                           refcount=int(ref or 0))
 
-
-def _call(fn: Callable[[], T]) -> T:
-    """Run one Redis call, translating its failures into directory errors."""
-    try:
-        return fn()
-    except rexc.AuthenticationError as exc:  # a ConnectionError in redis-py: test it first
-        raise CredentialsRefused(f"redis refused the credentials: {exc}") from exc
-    except (rexc.ConnectionError, rexc.TimeoutError) as exc:
-        raise DirectoryUnavailable(f"redis unreachable: {exc}") from exc
-    except rexc.NoPermissionError as exc:
-        raise DirectoryAccessDenied(str(exc)) from exc
-    except rexc.ResponseError as exc:
-        message = str(exc)
-        for tag, error in _ERRORS.items():
-            if tag in message:
-                raise error(message.split(tag, 1)[1].strip()) from None
-        if message.startswith("NOPERM"):
-            raise DirectoryAccessDenied(message) from exc
-        raise DirectoryError(message) from exc

@@ -124,3 +124,27 @@ def test_scrape_part_unanswered_fires_per_part_after_minutes_of_silence(tmp_path
         {"eval_time": "8m", "alertname": "AgentKVScrapePartUnanswered", "exp_alerts": [
             {"exp_labels": {"job": "agentkv", "part": "pool/pool-1", "severity": "warning"},
              "exp_annotations": notes}]}])
+
+
+def test_directory_refuses_writes_fires_after_minutes_and_names_the_reason(tmp_path):
+    """A Redis at maxmemory pages after 5 minutes of refusals; a refusal that clears within
+    a minute or two does not."""
+    from store.directory.base import WriteRefusal
+
+    rules, alerts = _rules(tmp_path)
+    rule = alerts["AgentKVDirectoryRefusesWrites"]
+    m = ServiceMetrics()
+    ok = _sample(m, "agentkv_directory_refuses_writes", reason="out_of_memory")
+    m.set_directory_refusal(WriteRefusal.OUT_OF_MEMORY)
+    full = _sample(m, "agentkv_directory_refuses_writes", reason="out_of_memory")
+    assert (ok, full) == ("0", "1")
+    notes = {k: v.replace("{{ $labels.reason }}", "out_of_memory")
+             for k, v in rule["annotations"].items()}
+    series = [  # scrapes every 30 s: full for 1 min at 1 min, then for good from 4 min on
+        {"series": 'agentkv_directory_refuses_writes{job="agentkv",reason="out_of_memory"}',
+         "values": f"{ok}x1 {full}x2 {ok}x4 {full}x30"}]
+    _promtool_test(tmp_path, rules, series, [
+        {"eval_time": "3m", "alertname": "AgentKVDirectoryRefusesWrites", "exp_alerts": []},
+        {"eval_time": "10m", "alertname": "AgentKVDirectoryRefusesWrites", "exp_alerts": [
+            {"exp_labels": {"job": "agentkv", "reason": "out_of_memory", "severity": "critical"},
+             "exp_annotations": notes}]}])

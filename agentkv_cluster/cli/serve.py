@@ -12,6 +12,7 @@ import argparse
 import logging
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -53,10 +54,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--state-dir", metavar="DIR",
                    help="where keys, the token secret, the audit key and log and (unless "
                         "--nvme-dir) NVMe shards persist across restarts (default "
-                        "$XDG_STATE_HOME/agentkv, i.e. ~/.local/state/agentkv)")
+                        "$XDG_STATE_HOME/agentkv, i.e. ~/.local/state/agentkv); one service "
+                        "per folder: a second serve on it is refused, naming the first's pid")
     p.add_argument("--pool-bytes", metavar="SIZE", help=f"host pool size per node ({SIZE_HELP})")
     p.add_argument("--nvme-dir", metavar="DIR",
-                   help="NVMe shard directory (default: STATE_DIR/nvme)")
+                   help="NVMe shard directory (default: STATE_DIR/nvme); with a local Ray, "
+                        "one service per folder, and a warning at start when the file "
+                        "system cannot hold --nvme-bytes")
     p.add_argument("--nvme-bytes", metavar="SIZE", help=f"NVMe shard quota ({SIZE_HELP})")
     p.add_argument("--keys-dir", "--tenant-keys-dir", dest="tenant_keys_dir", metavar="DIR",
                    help="tenant key directory, as `agentkv tenant --keys-dir` writes it "
@@ -208,6 +212,7 @@ def _watch_directory(cfg: Any, service: Any) -> Any:
 
     watch = watch_redis(RedisSpec(url=cfg.directory.redis_url, prefix=cfg.directory.prefix),
                         on_probe=service.metrics.set_directory_up,
+                        on_refusal=service.metrics.set_directory_refusal,
                         retry_max_s=cfg.directory.retry_max_s)
     first = watch.probe_once()
     return watch.start(first_wait_s=first)
@@ -224,10 +229,27 @@ def _log_to_stderr() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from agentkv_cluster.cli._serve_paths import claim_local_paths
+    from agentkv_cluster.cli._serve_ports import check_ports
+
     cfg = config_from_args(args)
     if cfg.role != "head":
         return _join_worker(cfg)
     root = prepare_state(cfg)
+    # Before Ray starts: a taken port, a second serve on these folders or an NVMe folder
+    # it cannot use is a one-line error now, not a failure seconds later that names
+    # neither the flag nor the cause.
+    check_ports(cfg)
+    claim, nvme_warning = claim_local_paths(cfg, root)
+    try:
+        if nvme_warning:
+            print(f"agentkv serve: warning: {nvme_warning}", file=sys.stderr, flush=True)
+        return _serve(cfg, root)
+    finally:
+        claim.release()
+
+
+def _serve(cfg: Any, root: Path) -> int:
     from agentkv_cluster.runtime.service import Service
 
     _log_to_stderr()

@@ -28,6 +28,7 @@ from store.nvme.types import (
     ShardIOError,
     ShardLocked,
     ShardStats,
+    ShardUnavailable,
 )
 
 __all__ = [
@@ -46,4 +47,5 @@ __all__ = [
     "ShardIOError",
     "ShardLocked",
     "ShardStats",
+    "ShardUnavailable",
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from store.nvme.types import (
 )
 
 SEGMENT_GLOB = "seg-*.akv"  # seg-00000012.akv; indices only grow
+_SEGMENT_NAME = re.compile(r"seg-([0-9]+)\.akv")
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 _FREE_MARGIN = 256 << 20  # re-read free space when the estimate gets this close
 _ZEROS = memoryview(bytes(fmt.MAX_KEY_BYTES))
@@ -74,8 +76,8 @@ class SegmentFiles:
         ``visit(segment, record)``; then cut a torn tail off the newest segment so the next
         append starts on clean ground (or start segment 0 in an empty directory)."""
         last_end = 0
-        for path in sorted(self.path.glob(SEGMENT_GLOB)):
-            seg = self._open(int(path.stem.split("-")[1]))
+        for index in segment_indices(self.path):
+            seg = self._open(index)
             last_end = 0
             for rec in fmt.scan_segment(seg.fd, seg.size, self.config.align):
                 seg.keys.add(rec.header.key)
@@ -88,7 +90,7 @@ class SegmentFiles:
             self._active.size = last_end
 
     def _open(self, index: int) -> Segment:
-        path = self.path / f"seg-{index:08d}.akv"
+        path = self.path / segment_name(index)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         if self.config.fsync is not FsyncPolicy.NONE:
             fsync_dir(self.path)
@@ -273,6 +275,23 @@ class SegmentFiles:
             os.close(seg.fd)
         self._segments.clear()
         os.close(self._lock_fd)
+
+
+def segment_indices(directory: Path) -> list[int]:
+    """The indices of the segment files in ``directory``, in order. Only names the shard
+    gives its segments count: another file that matches ``SEGMENT_GLOB`` (an operator's
+    copy, ``seg-00000003.old.akv``) is left alone, neither read nor changed."""
+    indices = []
+    for path in directory.glob(SEGMENT_GLOB):
+        m = _SEGMENT_NAME.fullmatch(path.name)
+        if m and path.name == segment_name(int(m.group(1))):
+            indices.append(int(m.group(1)))
+    return sorted(indices)
+
+
+def segment_name(index: int) -> str:
+    """The file name of segment ``index`` (``seg-00000012.akv``)."""
+    return f"seg-{index:08d}.akv"
 
 
 def _zero_range(fd: int, offset: int, length: int) -> bool:

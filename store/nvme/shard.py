@@ -39,7 +39,9 @@ from store.nvme.types import (
     RecordExtent,
     RecordLocation,
     ShardClosed,
+    ShardError,
     ShardStats,
+    ShardUnavailable,
 )
 from store.types import Lookup
 
@@ -53,16 +55,23 @@ class NvmeShard:
         self.config = config or NvmeShardConfig()
         self.path = Path(directory)
         self._lock = threading.Lock()
-        self._files = SegmentFiles(self.path, self.config)
+        try:
+            self._files = SegmentFiles(self.path, self.config)
+        except ShardError:
+            raise
+        except OSError as exc:
+            raise _unavailable(self.path, exc) from exc
         self._index = RecordIndex()
         self._corrupt = 0
         self._closed = False
         try:
             self._files.load(self._index.recover)
             self._index.finish_recovery()
-        except BaseException:
+        except BaseException as exc:
             self._files.close()  # no descriptors or lock left behind by a failed open
             self._closed = True
+            if isinstance(exc, OSError) and not isinstance(exc, ShardError):
+                raise _unavailable(self.path, exc) from exc
             raise
 
     # ---------------------------------------------------------------- records
@@ -327,3 +336,10 @@ class NvmeShard:
     def _check_open(self) -> None:
         if self._closed:
             raise ShardClosed(f"shard {self.path} is closed")
+
+
+def _unavailable(path: Path, exc: OSError) -> ShardUnavailable:
+    """``exc`` (raised while opening the shard at ``path``) as the shard's own error."""
+    where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(path) else ""
+    return ShardUnavailable(exc.errno, f"cannot open NVMe shard {path}{where}: "
+                                       f"{exc.strerror or exc}")

@@ -41,6 +41,12 @@ class ShardLocked(ShardError):
     """Another process holds this shard directory."""
 
 
+class ShardUnavailable(ShardError, OSError):
+    """The shard directory or one of its files cannot be opened (no permission, not a
+    directory, a read-only file system); an ``OSError`` with the cause's errno. Nothing
+    in the directory was changed."""
+
+
 class ShardClosed(ShardError):
     """The shard was used after ``close()``."""
 

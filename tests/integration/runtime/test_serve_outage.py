@@ -153,6 +153,22 @@ def test_unreachable_redis_is_logged_retried_and_recovered(tmp_path) -> None:
             serve.wait_log(r"ERROR .*directory lost its entries since the last probe")
             _wait_entries(redis.url, republished)  # each pool's repair loop refills it
             assert s.lookup_prefix([i.pack() for i in ids])["length"] == 8
+
+            # Full (maxmemory reached, noeviction): still up and ready, but it refuses
+            # writes, and the head says so in its log and its gauge until it accepts them.
+            full = 'agentkv_directory_refuses_writes{reason="out_of_memory"} 1.0'
+            admin = redis_py.Redis.from_url(redis.url)
+            try:
+                admin.config_set("maxmemory-policy", "noeviction")
+                admin.config_set("maxmemory", 1)
+                serve.wait_log(r"ERROR .*directory answers reads but refuses writes")
+                assert full in serve.get("/metrics")[1]
+                assert serve.get("/readyz")[0] == 200
+                admin.config_set("maxmemory", 0)
+                serve.wait_log(r"directory accepts writes again")
+                assert full not in serve.get("/metrics")[1]
+            finally:
+                admin.close()
     finally:
         rc = serve.stop()
         redis.close()

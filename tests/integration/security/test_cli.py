@@ -8,8 +8,11 @@ import pytest
 import redis
 
 from agentkv_cluster.cli import main
+from store.directory.redis_backend import TOMBSTONES
 
 pytestmark = pytest.mark.integration
+
+_TOMBSTONES = f"akv:{{{TOMBSTONES}}}:erased".encode()  # what erasures leave (one key)
 
 
 def _run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -108,8 +111,9 @@ def test_erase_deletes_the_tenants_directory_keys(tmp_path, capsys, acl_redis):
     rc, out, _ = _run(capsys, "tenant", "erase", "acme", "--keys-dir", keys, "--audit-log", log,
                       "--signing-key", sk, "--redis-url", acl_redis.url)
     assert rc == 0 and json.loads(out)["counts"] == [["directory", 3]]
-    remaining = sorted(admin.keys("*"))
+    remaining = sorted(k for k in admin.keys("*") if k != _TOMBSTONES)
     assert len(remaining) == 3 and all(blinder.namespace("globex").encode() in k for k in remaining)
+    assert admin.zrange(_TOMBSTONES, 0, -1) == [blinder.namespace("acme").encode()]
     admin.close()
 
 
@@ -133,7 +137,8 @@ def test_erase_follows_the_services_directory_prefix(tmp_path, capsys, acl_redis
     assert rc == 2 and "--redis-prefix" in err
     rc, out, _ = _run(capsys, *args, "--redis-prefix", "custom")
     assert rc == 0 and json.loads(out)["counts"] == [["directory", 2]]
-    assert admin.keys("*") == []
+    # Only the erasure tombstones are left, under the service's prefix (store/directory).
+    assert admin.keys("*") == [_TOMBSTONES.replace(b"akv:", b"custom:")]
     admin.close()
 
 

@@ -27,6 +27,13 @@ class Unauthenticated(ServiceError):
     code = ErrorCode.UNAUTHENTICATED
 
 
+class Stopping(ServiceError):
+    """The service is stopping: the request was refused and changed nothing; retry on
+    another instance."""
+
+    code = ErrorCode.BUSY
+
+
 class TenantErased(ServiceError):
     """The tenant was erased while the request ran (or is being erased): nothing of it
     was served. A token issued after the erasure starts the tenant again, empty."""

@@ -10,9 +10,11 @@ behind a full set of them (Ray Serve gives its health checks their own group the
   like). A new page waits for a free arena page (``HbmActor._alloc``); when every thread
   waited so, the drops that would free one queued behind them until each wait gave up with
   ``ArenaFull``.
+- ``STOP``: ``close``. The controller's ``close`` ends the waits of loads blocked for room;
+  behind a full set of such loads it would wait for their deadlines itself.
 
 ``group`` marks a method; ``remote_class`` makes an actor class remote with ``GROUPS`` and
-puts its ``ping`` in ``HEALTH``. In local mode (no Ray) the marks are inert.
+puts its ``ping`` in ``HEALTH`` and its ``close`` in ``STOP``. In local mode (no Ray) the marks are inert.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ F = TypeVar("F", bound=Callable[..., object])
 
 HEALTH = "health"
 MOVE_OUT = "move_out"
-GROUPS = {HEALTH: 1, MOVE_OUT: 4}
+STOP = "stop"
+GROUPS = {HEALTH: 1, MOVE_OUT: 4, STOP: 1}
+OWN_GROUP = {"ping": HEALTH, "close": STOP}  # methods ``remote_class`` groups by name
 
 
 def group(name: str) -> Callable[[F], F]:
@@ -44,10 +48,12 @@ def group(name: str) -> Callable[[F], F]:
 
 def remote_class(cls: type) -> Any:
     """``cls`` as a Ray actor class with these groups (what ``wiring`` spawns); its ``ping``
-    (every actor of the service has one) is a health check and runs in ``HEALTH``."""
+    (every actor of the service has one) is a health check and runs in ``HEALTH``, its
+    ``close`` in ``STOP`` (``OWN_GROUP``), unless marked otherwise."""
     import ray
 
-    ping = getattr(cls, "ping", None)
-    if ping is not None and getattr(ping, "__ray_concurrency_group__", None) is None:
-        ray.method(concurrency_group=HEALTH)(ping)
+    for name, own in OWN_GROUP.items():
+        method = getattr(cls, name, None)
+        if method is not None and getattr(method, "__ray_concurrency_group__", None) is None:
+            ray.method(concurrency_group=own)(method)
     return ray.remote(concurrency_groups=dict(GROUPS))(cls)

@@ -22,6 +22,7 @@ from agentkv_cluster.runtime.handles import ActorGone, ActorHandle, ActorSlow
 SWEEP_S = 0.5  # between two sweeps
 PING_TIMEOUT_S = 5.0  # one sweep's wait for a ping's answer
 STRIKES = 3  # sweeps in a row without an answer before a silent actor counts as dead
+DEATH_PING_S = 1.0  # ``forget_dead``'s wait for each answer (a silent actor is left alone)
 
 
 class Liveness(enum.Enum):
@@ -84,6 +85,18 @@ class ActorWatch:
                 self.sweep()
             except Exception:  # noqa: BLE001, S112 - the watcher must outlive any one failure
                 continue
+
+    def forget_dead(self) -> None:
+        """Forget now every actor Ray says died (``Liveness.GONE``), not at the next sweeps:
+        a move failed because an actor died, and a load retries it at once. A silent actor
+        is left to the sweeps' strikes."""
+        for name, handle in list(self.hbms.items()):
+            if liveness(handle, DEATH_PING_S) is Liveness.GONE:
+                self.hbm_gone(name)
+        for name, handle in list(self.pools.items()):
+            if name not in self.restarting and liveness(handle, DEATH_PING_S) is Liveness.GONE \
+                    and self.pools.get(name) is handle and name not in self.restarting:
+                self.pool_gone(name)
 
     def sweep(self) -> None:
         for name, handle in list(self.hbms.items()):

@@ -9,7 +9,7 @@ waiting (``runtime/guard.py``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from agentkv_cluster.lifecycle import events as ev
 from agentkv_cluster.lifecycle.types import StateType
@@ -57,9 +57,9 @@ class Controller:
         """``PageTable.remove_hbm``; the pages left with no copy count as lost."""
         return self._lost(self.table.remove_hbm(name))
 
-    def remove_pool(self, name: str) -> list[int]:
+    def remove_pool(self, name: str, survivors: Sequence[str] = ()) -> list[int]:
         """``PageTable.remove_pool``; the pages left with no copy count as lost."""
-        return self._lost(self.table.remove_pool(name))
+        return self._lost(self.table.remove_pool(name, survivors))
 
     def _lost(self, gids: list[int]) -> list[int]:
         self.stats["lost"] += len(gids)
@@ -331,15 +331,15 @@ class Controller:
                 rec.copies[codec] = tier
                 rec.stored[tier] = rec.stored.get(tier, 0) + n
                 table.ledger.add(rec.pool, rec.gid, tier, n)
-            if not ok and rec.hbm in table.hbms and not rec.resident and not action.keep:
-                # the HBM copy was kept on failure: track it again
-                self._insert(rec, now, rec.resident_codec)
+            here = rec.hbm == action.hbm and rec.hbm in table.hbms  # not died meanwhile
+            if not ok and here and not rec.resident and not action.keep:
+                self._insert(rec, now, rec.resident_codec)  # kept on failure: track it again
             elif ok and rec.resident and not action.keep:  # kept (``keep_if_room``): clean
                 rec.clean_copy = rec.copy_for(action.codec)
         elif action.kind is ActionKind.RESTORE:
             if ok:
                 rec.hidden_s = result.elapsed_s if action.reason is Reason.PREFETCH else 0.0
-            elif rec.resident and rec.hbm in table.hbms:
+            elif rec.resident and rec.hbm == action.hbm and rec.hbm in table.hbms:
                 table.evict(rec, tracked=True)
                 rec.pins, rec.view.pinned = 0, False
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from agentkv_cluster.lifecycle.events import EventValidationError, TaskEnd
-from agentkv_cluster.runtime.actor_watch import ActorWatch, Liveness, liveness
+from agentkv_cluster.runtime.actor_watch import ActorWatch
 from agentkv_cluster.runtime.controller import Controller, HbmFull
 from agentkv_cluster.runtime.directory_glue import held_elsewhere
 from agentkv_cluster.runtime.event_planner import AuditSummary, SessionClosed
@@ -69,10 +69,9 @@ class ControllerActor:
         self.controller = Guarded(Controller(strategy, spec.page_bytes, capacity))
         self.hbms: dict[str, HbmHandle] = {}
         self.pools: dict[str, PoolHandle] = {}
-        self.hbm_pool: dict[str, str] = {}
         self._wake = threading.Event()  # a background transfer finished
-        self.executor = Executor(
-            self.controller, self.hbms, self.pools, self.hbm_pool,
+        self.executor = Executor(  # pairs HBM actors with pools as the page table does
+            self.controller, self.hbms, self.pools, self.controller.table.hbm_pool,
             LinkCredits(spec.per_link, spec.per_session, enabled=spec.credits),
             landing_pages=spec.landing_pages, on_finished=self._wake.set)
         self.directory = directory
@@ -94,7 +93,6 @@ class ControllerActor:
 
     def add_hbm(self, name: str, handle: HbmHandle, capacity: int, pool: str) -> None:
         self.hbms[name] = handle
-        self.hbm_pool[name] = pool
         self.controller.add_hbm(name, capacity, pool)
 
     def remove_hbm(self, name: str) -> int:
@@ -138,7 +136,7 @@ class ControllerActor:
 
     def _forget_pool(self, name: str) -> None:
         self.pools.pop(name, None)
-        self.controller.remove_pool(name)
+        self.controller.remove_pool(name, sorted(self.pools))  # its HBM actors: another
 
     def topology(self) -> dict[str, list[str]]:
         return {"hbms": sorted(self.hbms), "pools": sorted(self.pools)}
@@ -160,6 +158,7 @@ class ControllerActor:
     def close(self) -> None:
         self._stop.set()
         self._wake.set()
+        self.controller.stop()  # waiting loads and stores end now (``ServiceStopping``)
         self.executor.close()
 
     # -- engine and orchestrator calls -----------------------------------------------------
@@ -216,7 +215,7 @@ class ControllerActor:
             if pending:
                 if time.monotonic() > deadline:
                     raise RequestRefused("HBM is full of pinned pages; release some and retry")
-                time.sleep(0.02)  # pinned pages fill the HBM (or its arena): wait for room
+                self.controller.pause(0.02)  # pinned pages fill the HBM (or arena)
         self.idle.touch(tenant, session, time.monotonic())
         return [gids[i] for i in range(len(metas))]
 
@@ -229,11 +228,10 @@ class ControllerActor:
             raise
 
     def _check(self, results: list[TransferResult]) -> None:
-        for r in results:
-            if r.outcome is Outcome.ACTOR_GONE:
-                a = r.action
-                if a.hbm in self.hbms and liveness(self.hbms[a.hbm]) is Liveness.GONE:
-                    self.remove_hbm(a.hbm)  # a slow one is the watcher's to judge
+        """A move failed as an actor died: the dead HBM actors and pools go now, so a load's
+        retry restores elsewhere (a slow actor is the watcher's to judge)."""
+        if any(r.outcome is Outcome.ACTOR_GONE for r in results):
+            self._health.forget_dead()
 
     def event(self, tenant: str, session: str, data: dict[str, Any]) -> dict[str, Any]:
         now = time.monotonic()
@@ -384,8 +382,7 @@ class ControllerActor:
             predictor = c.strategy.calibration()
             counters = dict(c.stats)
         return {"controller": counters, "pages": pages, "hbm_used": occupancy,
-                "predictor": predictor,
-                "traffic": dict(self.executor.traffic.by_tier),
+                "predictor": predictor, "traffic": dict(self.executor.traffic.by_tier),
                 "max_in_flight": {str(link): n for link, n  # copied first: threads add links
                                   in dict(self.executor.credits.max_in_flight).items()},
                 "credit_waits": _wait_labels(self.executor.credits.waits_since(0)[1]),

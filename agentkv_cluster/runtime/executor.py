@@ -16,13 +16,14 @@ import time
 import uuid
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from agentkv_cluster.runtime.guard import Guarded
-from agentkv_cluster.runtime.handles import ActorGone
+from agentkv_cluster.runtime.actor_watch import DEATH_PING_S, Liveness, liveness
+from agentkv_cluster.runtime.guard import Guarded, ServiceStopping
+from agentkv_cluster.runtime.handles import ActorGone, ActorHandle
 from agentkv_cluster.runtime.landing import LandingPages
 from agentkv_cluster.runtime.link_credits import Abandoned, Link, LinkCredits
 from agentkv_cluster.runtime.records import (
@@ -87,6 +88,7 @@ class Executor:
         # (hbm, pool) -> the handles the HBM actor was last given
         self._told: dict[tuple[str, str], tuple[HbmHandle, PoolHandle]] = {}
         self._lock = threading.Lock()
+        self.closed = False  # ``close`` ran: no new move starts (the service is stopping)
         self._finished: deque[TransferResult] = deque()
         self._on_finished = on_finished
         self.landing = LandingPages(f"executor-{uuid.uuid4().hex[:12]}", landing_pages,
@@ -98,9 +100,12 @@ class Executor:
         self.credits = LinkCredits(c.per_link, c.per_session, enabled=enabled)
 
     def submit(self, actions: list[Action]) -> None:
-        """Start background work; its results come back through ``get_finished``."""
+        """Start background work; its results come back through ``get_finished``. Once
+        closed, nothing starts (the service is stopping)."""
         with self._lock:
             for a in actions:
+                if self.closed:
+                    return
                 future = self._bg.submit(self._background, a)
                 if a.kind is not ActionKind.DELETE:
                     self._queued[a.gid] = (future, a)
@@ -176,15 +181,23 @@ class Executor:
         as soon as the demotions that make its own room have copied their pages out (not
         after every victim of the batch, nor after the victims' drops, which free arena
         pages an allocation waits for anyway): restores pipeline behind the victims'
-        encode-and-seal instead of queueing behind all of them."""
+        encode-and-seal instead of queueing behind all of them. Once closed it refuses
+        (``ServiceStopping``): the service is stopping, and its moves were cancelled."""
         copied = {a.gid: threading.Event() for a in actions if a.kind is not ActionKind.RESTORE}
-        futures = [self._pool.submit(self._reported, [], a, copied[a.gid])
-                   for a in actions if a.kind is not ActionKind.RESTORE]
-        for a in actions:
-            if a.kind is ActionKind.RESTORE:
-                deps = [copied[g] for g in self.controller.take_victims(a.gid) if g in copied]
-                futures.append(self._pool.submit(self._reported, deps, a))
-        return [f.result() for f in futures]
+        try:
+            futures = [self._pool.submit(self._reported, [], a, copied[a.gid])
+                       for a in actions if a.kind is not ActionKind.RESTORE]
+            for a in actions:
+                if a.kind is ActionKind.RESTORE:
+                    deps = [copied[g] for g in self.controller.take_victims(a.gid)
+                            if g in copied]
+                    futures.append(self._pool.submit(self._reported, deps, a))
+            return [f.result() for f in futures]
+        except (RuntimeError, CancelledError):  # submitted after, or cancelled by, close
+            if self.closed:
+                raise ServiceStopping("the service is stopping; retry on another "
+                                      "instance") from None
+            raise
 
     def _reported(self, deps: list[threading.Event], action: Action,
                   copied: threading.Event | None = None) -> TransferResult:
@@ -220,11 +233,24 @@ class Executor:
             outcome, error = Outcome.ERASED, f"TenantErased: {exc}"
         except Exception as exc:  # noqa: BLE001 - reported to the controller and the caller
             error = f"{type(exc).__name__}: {exc}"
-            if isinstance(exc, ActorGone):
+            if isinstance(exc, ActorGone) or self._hbm_died(action):
                 outcome = Outcome.ACTOR_GONE
             self.errors.append(f"{action.kind.value} {action.reason.value}: {error[:300]}")
         return TransferResult(action=action, outcome=outcome, error=error,
                               elapsed_s=time.monotonic() - t0)
+
+    def _hbm_died(self, a: Action) -> bool:
+        """A restore that failed otherwise is the dead HBM actor's when it was forgotten
+        meanwhile (a ``KeyError`` here) or Ray says it died (a pool's push into a dead actor
+        fails as a transfer error): the load restores the page elsewhere instead of refusing
+        it. A local object cannot die."""
+        if a.kind is not ActionKind.RESTORE:
+            return False
+        hbm = self.hbms.get(a.hbm)
+        if hbm is None:
+            return True
+        return isinstance(hbm, ActorHandle) and hbm.remote \
+            and liveness(hbm, DEATH_PING_S) is Liveness.GONE
 
     def _moot(self, gid: int) -> bool:
         """A background move gives way: its page is wanted now, or its tenant erased."""
@@ -322,6 +348,8 @@ class Executor:
             self.pools[a.pool].delete(a.key, a.tenant)
 
     def close(self) -> None:
+        with self._lock:
+            self.closed = True
         self._bg.shutdown(wait=True, cancel_futures=True)
         self._pool.shutdown(wait=True, cancel_futures=True)
         self.landing.release()

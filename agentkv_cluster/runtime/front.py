@@ -24,12 +24,14 @@ from agentkv_cluster.api.errors import (
     AccessDenied,
     InvalidArgument,
     NotFound,
+    Stopping,
     TenantErased,
     Unauthenticated,
 )
 from agentkv_cluster.api.metrics import ServiceMetrics
 from agentkv_cluster.config import FRAME_ENVELOPE_BYTES
-from agentkv_cluster.runtime.handles import ControllerHandle, HbmHandle
+from agentkv_cluster.runtime.guard import ServiceStopping
+from agentkv_cluster.runtime.handles import ActorGone, ActorSlow, ControllerHandle, HbmHandle
 from agentkv_cluster.runtime.loads import LOAD_TTL_S, PreparedLoad, PreparedLoads
 from agentkv_cluster.runtime.mover import Mover
 from agentkv_cluster.runtime.page_naming import PageNaming
@@ -181,6 +183,8 @@ class ServiceFront:
             return method(*args)
         except ErasedInController as exc:
             raise TenantErased(str(exc)) from None
+        except ServiceStopping as exc:
+            raise Stopping(str(exc)) from None
         except RefusedNotFound as exc:
             raise NotFound(str(exc)) from None
         except RequestRefused as exc:
@@ -317,6 +321,11 @@ class ServiceFront:
             self.loads.take(load_id)
             raise NotFound("a page of this load left HBM (its pin was released, timed out "
                            "or revoked for another tenant): prepare the load again") from None
+        except ActorGone as exc:  # the HBM actor holding its pins, or the pool of a reference
+            self.loads.take(load_id)
+            how = "did not answer" if isinstance(exc, ActorSlow) else "is gone"
+            raise NotFound(f"an actor serving this load {how} ({exc}): prepare the load "
+                           "again (pages with no copy left are refused as PageLost)") from None
         return {"pages": pages} if start is None else \
             {"pages": pages, "next": end if end < n else None}
 

@@ -6,7 +6,9 @@ each call of the manager under one lock and wakes waiters whenever a call change
 page table's ``changes`` counter (a pin dropped, a move ended, a tenant erased). The waits
 the service needs live here, never in the manager: an engine load waiting for its pages
 to stop moving, a blocked load waiting for any change, an erasure waiting for the
-tenant's transfers in flight.
+tenant's transfers in flight. Once the service stops (``stop``), every wait ends at once
+with ``ServiceStopping``: a load blocked for room would otherwise hold its server thread,
+and the service's stop, until its deadline.
 """
 
 from __future__ import annotations
@@ -16,9 +18,14 @@ from collections.abc import Callable
 from typing import Any
 
 from agentkv_cluster.runtime.controller import Controller
-from agentkv_cluster.runtime.records import Action, TenantForgotten
+from agentkv_cluster.runtime.records import Action, RuntimeError_, TenantForgotten
 
 LOAD_WAIT_S = 60.0  # an engine load waits at most this long for its pages to stop moving
+
+
+class ServiceStopping(RuntimeError_):
+    """The service is stopping: a call that would wait (for room, for pages to move) is
+    refused instead; what it had started was undone."""
 
 
 class Guarded:
@@ -28,12 +35,29 @@ class Guarded:
     def __init__(self, manager: Controller) -> None:
         self.manager = manager
         self.cv = threading.Condition(threading.RLock())
+        self.stopping = False  # ``stop`` ran: every wait ends with ``ServiceStopping``
         self.table = _Locked(manager.table, self)
         self.events = _Locked(manager.events, self)
         self.schedule = _Locked(manager.schedule, self)
 
     def __getattr__(self, name: str) -> Any:
         return _locked(getattr(self.manager, name), self)
+
+    def stop(self) -> None:
+        """End every wait now, and refuse later ones (``ServiceStopping``)."""
+        with self.cv:
+            self.stopping = True
+            self.cv.notify_all()
+
+    def _stopped(self) -> None:
+        if self.stopping:
+            raise ServiceStopping("the service is stopping; retry on another instance")
+
+    def pause(self, timeout_s: float) -> None:
+        """Sleep ``timeout_s`` (a retry's back-off), cut short by ``stop``."""
+        with self.cv:
+            self.cv.wait_for(lambda: self.stopping, timeout_s)
+            self._stopped()
 
     def wait_idle(self, gids: list[int], timeout_s: float) -> bool:
         """Block until no page of ``gids`` is being moved out of HBM (``PageTable.settled``).
@@ -43,9 +67,11 @@ class Guarded:
             table = self.manager.table
             table.want(gids, 1)
             try:
-                done = self.cv.wait_for(lambda: table.settled(gids), timeout_s)
+                done = self.cv.wait_for(lambda: self.stopping or table.settled(gids),
+                                        timeout_s)
             finally:
                 table.want(gids, -1)
+            self._stopped()
             table.check_alive(gids)
             return done
 
@@ -54,7 +80,8 @@ class Guarded:
         a load pins such a page as it is and runs its own restores alongside)."""
         with self.cv:
             table = self.manager.table
-            done = self.cv.wait_for(lambda: table.arrived(gids), timeout_s)
+            done = self.cv.wait_for(lambda: self.stopping or table.arrived(gids), timeout_s)
+            self._stopped()
             table.check_alive(gids)
             return done
 
@@ -71,7 +98,8 @@ class Guarded:
         the change count."""
         with self.cv:
             table = self.manager.table
-            self.cv.wait_for(lambda: table.changes != seen, timeout_s)
+            self.cv.wait_for(lambda: self.stopping or table.changes != seen, timeout_s)
+            self._stopped()
             return table.changes
 
     def forget_tenant(self, tenant: str, wait_s: float = 30.0,

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from agentkv_cluster.runtime.executor import Executor
-from agentkv_cluster.runtime.guard import LOAD_WAIT_S, Guarded
+from agentkv_cluster.runtime.guard import LOAD_WAIT_S, Guarded, ServiceStopping
 from agentkv_cluster.runtime.records import (
     ActionKind,
     LoadPhases,
@@ -143,7 +143,7 @@ class EngineLoader:
                 t = time.monotonic()
                 try:
                     self.controller.wait_arrived(gids, LOAD_WAIT_S)
-                except (TenantErased, UnknownPageKey):  # a page went meanwhile: no pin stays
+                except (TenantErased, UnknownPageKey, ServiceStopping):  # no pin stays
                     self.controller.table.unpin(gids, time.monotonic())
                     raise
                 phases.arrival_s += time.monotonic() - t

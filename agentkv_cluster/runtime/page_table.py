@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from agentkv_cluster.policy.base import EvictionPolicy, PageView
 from agentkv_cluster.runtime.page_ids import PageIds
@@ -90,8 +90,16 @@ class PageTable:
         self.changed()
         return lost
 
-    def remove_pool(self, name: str) -> list[int]:
-        """A pool actor (or its node) is gone: its copies are. Returns gids left with none."""
+    def remove_pool(self, name: str, survivors: Sequence[str] = ()) -> list[int]:
+        """A pool actor (or its node) is gone: its copies are. Returns gids left with none.
+        HBM actors that demoted into it demote into one of ``survivors`` (the live pools)
+        from now on, the one fewest HBM actors use: with none, their pages could never leave
+        HBM again (every demotion failed, and their budgets overflowed)."""
+        paired = Counter(p for p in self.hbm_pool.values() if p in survivors)
+        for hbm, pool in self.hbm_pool.items():
+            if pool == name and survivors:
+                self.hbm_pool[hbm] = min(survivors, key=lambda p: (paired[p], p))
+                paired[self.hbm_pool[hbm]] += 1
         lost = []
         self.ledger.forget_pool(name)
         for rec in self.pages.values():

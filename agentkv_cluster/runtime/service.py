@@ -245,6 +245,11 @@ class Service:
             self._watcher.join(30.0)
         if self.http is not None:
             self.http.stop()
+        if self.topo is not None:  # loads blocked for room end now, not at their deadline:
+            try:  # the server's stop waits for its running requests
+                self.topo.controller.options(timeout_s=10.0).close()
+            except Exception:  # noqa: BLE001 - the controller is gone: nothing waits in it
+                log.warning("could not close the controller before the wire server")
         if self.server is not None:
             self.server.stop()
         if self._auditor is not None:

@@ -59,3 +59,19 @@ def test_the_watch_forgets_dead_actors_and_spares_busy_ones() -> None:
         watch.sweep()
     assert gone.count("busy") == 1 and gone.count("pool/p1") == 1
     assert "well" not in gone
+
+
+def test_forget_dead_forgets_only_what_ray_says_died_and_strikes_no_one() -> None:
+    """A move failed as an actor died: the dead go at once (a load retries elsewhere); a
+    silent one gets no strike from it (only the sweeps judge those)."""
+    busy = ActorHandle.local(_Actor(ActorSlow("no answer")), "busy")
+    dead = ActorHandle.local(_Actor(ActorGone("RayActorError")), "dead")
+    well = ActorHandle.local(_Actor(), "well")
+    gone: list[str] = []
+    watch = ActorWatch({"busy": busy, "dead": dead, "well": well},
+                       {"p0": dead, "p1": busy, "p2": dead}, {"p2"}, hbm_gone=gone.append,
+                       pool_gone=lambda name: gone.append(f"pool/{name}"),
+                       stop=threading.Event())
+    for _ in range(STRIKES + 1):
+        watch.forget_dead()
+    assert set(gone) == {"dead", "pool/p0"}  # p2 restarts; busy and p1 are the sweeps'

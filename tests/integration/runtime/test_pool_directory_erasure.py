@@ -11,32 +11,25 @@ from __future__ import annotations
 
 import logging
 import threading
-import uuid
 from collections.abc import Callable
 
-import numpy as np
 import pytest
 import redis as redis_py
 
-from agentkv_cluster.config import load_config
-from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.runtime import wiring
 from agentkv_cluster.runtime.directory_glue import RedisSpec, open_directory
 from agentkv_cluster.runtime.erasure import ClusterErasure
-from agentkv_cluster.runtime.mover import Mover
 from agentkv_cluster.runtime.pool_actor import PoolActor
-from agentkv_cluster.runtime.records import ControllerErased, PageMeta, TenantForgotten
-from agentkv_cluster.runtime.tenants import ensure_tenant
+from agentkv_cluster.runtime.records import ControllerErased, TenantForgotten
 from security.audit import AuditLog
 from security.signing import Signer
 from store.directory import DirectoryEntry
 from store.directory.redis_backend import RedisDirectory
 from store.types import Codec, Lookup, Tier
+from tests.support.pool_pages import front_mover, pool_spec, store_page
 from tests.support.redis_proc import RedisProcess
 
 pytestmark = pytest.mark.integration
-MIB = 1 << 20
-PAGE = 64 * 1024
 LOGGER = "agentkv_cluster.runtime.pool_publisher"
 
 
@@ -49,15 +42,10 @@ def redis():
 
 @pytest.fixture
 def pool(tmp_path, redis):
-    cfg = load_config(env={}, overrides={
-        "pool": {"pool_bytes": 4 * MIB, "slot_bytes": MIB, "nvme_dir": str(tmp_path / "nv")},
-        "security": {"tenant_keys_dir": str(tmp_path / "keys")}})
-    spec = wiring.pool_spec(cfg, f"node-{uuid.uuid4().hex[:6]}", tmp_path)
-    for tenant in ("acme", "globex"):
-        ensure_tenant(spec.keys_dir, tenant)
-    actor = PoolActor(spec, open_directory(RedisSpec(url=redis.url)))
+    actor = PoolActor(pool_spec(tmp_path, ("acme", "globex")),
+                      open_directory(RedisSpec(url=redis.url)))
     actor.publisher.close()  # the test runs the repair loop's rounds itself
-    front = Mover(f"test-front-{uuid.uuid4().hex[:6]}", PAGE, 1)
+    front = front_mover()
     wiring.introduce(actor, front)
     yield actor, front
     actor.close()
@@ -106,15 +94,6 @@ def _erasure(tmp_path, redis, actor: PoolActor) -> ClusterErasure:
                           AuditLog(tmp_path / "audit.log", signer), signer)
 
 
-def _store(pool: PoolActor, front: Mover, tenant: str, i: int) -> bytes:
-    key = bytes([i]) * 32
-    meta = PageMeta(key=key, digest=b"d" * 32, tenant=tenant, namespace=tenant, session="s",
-                    page_id=i, state_type=StateType.EVIDENCE, length=PAGE, tokens=1)
-    front.slot_view(0, PAGE)[:] = np.full(PAGE, i, dtype=np.uint8)
-    pool.store_from(meta, Tier.HOST, Codec.FULL, front.slot_span(0, PAGE))
-    return key
-
-
 def _counted(actor: PoolActor) -> Callable[[], int]:
     def republish() -> int:
         republish.calls += 1
@@ -130,8 +109,8 @@ def _keys_of(admin: redis_py.Redis, ns: str) -> list[bytes]:
 def test_an_erased_namespace_is_not_taken_for_lost_writes(pool, redis, tmp_path, caplog) -> None:
     actor, front = pool
     erased = actor.blinder.namespace("acme")
-    _store(actor, front, "acme", 1)
-    kept = _store(actor, front, "globex", 2)
+    store_page(actor, front, tenant="acme", i=1)
+    kept = store_page(actor, front, tenant="globex", i=2)
     _erasure(tmp_path, redis, actor).erase("acme")
     caplog.set_level(logging.WARNING, logger=LOGGER)
     republish = _counted(actor)
@@ -152,9 +131,9 @@ def test_a_republish_racing_an_erasure_leaves_no_key_of_the_namespace(pool, redi
     republish writes: what it wrote into the erased namespace is taken back."""
     actor, front = pool
     erased = actor.blinder.namespace("acme")
-    _store(actor, front, "acme", 1)
-    _store(actor, front, "acme", 3)  # the first write finds the tombstone, the second too
-    kept = _store(actor, front, "globex", 2)
+    store_page(actor, front, tenant="acme", i=1)
+    store_page(actor, front, tenant="acme", i=3)  # the first write finds the tombstone, the second too
+    kept = store_page(actor, front, tenant="globex", i=2)
     erasure = _erasure(tmp_path, redis, actor)
     restore = actor.publisher.restore
 
@@ -200,8 +179,8 @@ def test_a_real_loss_after_an_erasure_is_still_repaired(pool, redis, tmp_path, l
                                                         caplog) -> None:
     actor, front = pool
     erased, live = actor.blinder.namespace("acme"), actor.blinder.namespace("globex")
-    _store(actor, front, "acme", 1)
-    kept = _store(actor, front, "globex", 2)
+    store_page(actor, front, tenant="acme", i=1)
+    kept = store_page(actor, front, tenant="globex", i=2)
     _erasure(tmp_path, redis, actor).erase("acme")
     admin = redis_py.Redis.from_url(redis.url)
     if loss == "restart-empty":
@@ -228,8 +207,8 @@ def test_the_erasure_tombstone_passes_the_isolation_audit(pool, redis, tmp_path)
     from security.isolation import scan_for_leaks
 
     actor, front = pool
-    _store(actor, front, "acme", 1)
-    _store(actor, front, "globex", 2)
+    store_page(actor, front, tenant="acme", i=1)
+    store_page(actor, front, tenant="globex", i=2)
     _erasure(tmp_path, redis, actor).erase("acme")
     admin = redis_py.Redis.from_url(redis.url)
     assert any(b"erased" in k for k in admin.scan_iter())  # the test's premise
@@ -269,7 +248,7 @@ def test_the_directory_step_waits_out_a_stalled_or_restarting_redis(pool, redis,
     leave the erased tenant's keys in Redis for good."""
     actor, front = pool
     erased = actor.blinder.namespace("acme")
-    _store(actor, front, "acme", 1)
+    store_page(actor, front, tenant="acme", i=1)
     admin = redis_py.Redis.from_url(redis.url)
     if trouble == "writes-stalled":  # longer than the erasure client's 2 s socket timeout
         admin.execute_command("CLIENT", "PAUSE", 3000, "WRITE")

@@ -8,16 +8,11 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-import uuid
 from collections.abc import Callable
 
-import numpy as np
 import pytest
 import redis as redis_py
 
-from agentkv_cluster.config import load_config
-from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.runtime import wiring
 from agentkv_cluster.runtime.directory_glue import (
     GUARD_BACKOFF,
@@ -26,20 +21,16 @@ from agentkv_cluster.runtime.directory_glue import (
     directory_emptied,
     open_directory,
 )
-from agentkv_cluster.runtime.mover import Mover
 from agentkv_cluster.runtime.pool_actor import PoolActor
 from agentkv_cluster.runtime.pool_publisher import PoolPublisher
-from agentkv_cluster.runtime.records import PageMeta
-from agentkv_cluster.runtime.tenants import ensure_tenant
 from security.keyring import FileKeySource, TenantKeyring
 from store.directory import DirectoryEntry, DirectoryUnavailable
 from store.directory.redis_backend import RedisDirectory
 from store.types import Codec, Lookup, Tier
+from tests.support.pool_pages import front_mover, pool_spec, store_page, wait_until
 from tests.support.redis_proc import RedisProcess
 
 pytestmark = pytest.mark.integration
-MIB = 1 << 20
-PAGE = 64 * 1024
 
 
 @pytest.fixture
@@ -51,33 +42,12 @@ def redis():
 
 @pytest.fixture
 def pool(tmp_path, redis):
-    cfg = load_config(env={}, overrides={
-        "pool": {"pool_bytes": 4 * MIB, "slot_bytes": MIB, "nvme_dir": str(tmp_path / "nv")},
-        "security": {"tenant_keys_dir": str(tmp_path / "keys")}})
-    spec = wiring.pool_spec(cfg, f"node-{uuid.uuid4().hex[:6]}", tmp_path)
-    ensure_tenant(spec.keys_dir, "acme")
-    actor = PoolActor(spec, open_directory(RedisSpec(url=redis.url)))
-    front = Mover(f"test-front-{uuid.uuid4().hex[:6]}", PAGE, 1)
+    actor = PoolActor(pool_spec(tmp_path), open_directory(RedisSpec(url=redis.url)))
+    front = front_mover()
     wiring.introduce(actor, front)
     yield actor, front
     actor.close()
     front.close()
-
-
-def _store(pool: PoolActor, front: Mover, i: int) -> bytes:
-    key = bytes([i]) * 32
-    meta = PageMeta(key=key, digest=b"d" * 32, tenant="acme", namespace="acme", session="s",
-                    page_id=i, state_type=StateType.EVIDENCE, length=PAGE, tokens=1)
-    front.slot_view(0, PAGE)[:] = np.full(PAGE, i, dtype=np.uint8)
-    pool.store_from(meta, Tier.HOST, Codec.FULL, front.slot_span(0, PAGE))
-    return key
-
-
-def _wait(cond, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
 
 
 def test_a_write_failed_in_a_blip_is_published_once_redis_answers(pool, redis) -> None:
@@ -86,17 +56,17 @@ def test_a_write_failed_in_a_blip_is_published_once_redis_answers(pool, redis) -
     other = RedisDirectory(redis.url)  # another node's view of the directory
     ns = actor.blinder.namespace("acme")
     directory_emptied(spec)  # the head's watch marks the directory
-    first = _store(actor, front, 1)
+    first = store_page(actor, front, 1)
     assert other.get(ns, first)[0] is Lookup.HIT
     redis_py.Redis.from_url(redis.url).save()
     redis.stop()  # a blip shorter than the watch's 5 s between probes
-    second = _store(actor, front, 2)  # stored locally; its entry cannot be written
+    second = store_page(actor, front, 2)  # stored locally; its entry cannot be written
     assert actor.publisher.stale
     redis.start()  # back with everything it had: the watch sees nothing to republish
     assert not directory_emptied(spec)
     try:
-        _wait(lambda: other.get(ns, second)[0] is Lookup.HIT)
-        _wait(lambda: not actor.publisher.stale)
+        wait_until(lambda: other.get(ns, second)[0] is Lookup.HIT)
+        wait_until(lambda: not actor.publisher.stale)
         assert other.get(ns, first)[0] is Lookup.HIT
         assert other.get(ns, second)[1].node == actor.name
     finally:
@@ -109,16 +79,16 @@ def test_entries_a_snapshot_restart_dropped_are_published_again(pool, redis) -> 
     other = RedisDirectory(redis.url)
     ns = actor.blinder.namespace("acme")
     directory_emptied(spec)
-    kept = _store(actor, front, 1)
+    kept = store_page(actor, front, 1)
     redis_py.Redis.from_url(redis.url).save()
-    newest = [_store(actor, front, i) for i in (2, 3)]  # after the snapshot
+    newest = [store_page(actor, front, i) for i in (2, 3)]  # after the snapshot
     assert all(other.get(ns, k)[0] is Lookup.HIT for k in newest)
     redis.restart()  # from the snapshot: the newest entries are gone, the marker is not
     assert not directory_emptied(spec)
     assert [other.get(ns, k)[0] for k in (kept, *newest)] == [Lookup.HIT, Lookup.MISS,
                                                                Lookup.MISS]
     try:
-        _wait(lambda: all(other.get(ns, k)[0] is Lookup.HIT for k in newest))
+        wait_until(lambda: all(other.get(ns, k)[0] is Lookup.HIT for k in newest))
         assert not actor.publisher.stale and actor.publisher.repairs == 1
     finally:
         other.close()
@@ -130,7 +100,7 @@ def test_republish_leaves_out_a_tenant_erased_by_another_process(pool, redis) ->
     in between must not write the erased tenant's entries back."""
     actor, front = pool
     ns = actor.blinder.namespace("acme")  # cached in the pool, as in a running service
-    key = _store(actor, front, 1)
+    key = store_page(actor, front, 1)
     TenantKeyring(FileKeySource(actor.spec.keys_dir)).destroy_tenant("acme")
     admin = redis_py.Redis.from_url(redis.url)
     admin.delete(*admin.keys(f"akv:{{{ns}}}:*"))
@@ -254,8 +224,8 @@ def test_a_failed_write_wakes_the_loop_and_never_waits_for_the_republish() -> No
         directory.down = False
         assert not release.is_set() and republish.calls == 0
         release.set()
-        _wait(lambda: republish.calls >= 1)
-        _wait(lambda: not publisher.stale)  # the second failure got a republish of its own
+        wait_until(lambda: republish.calls >= 1)
+        wait_until(lambda: not publisher.stale)  # the second failure got a republish of its own
         assert republish.calls == 2
     finally:
         release.set()

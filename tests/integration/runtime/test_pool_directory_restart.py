@@ -10,28 +10,19 @@ repaired without the watch.
 
 from __future__ import annotations
 
-import time
-import uuid
-
-import numpy as np
 import pytest
 import redis as redis_py
 
-from agentkv_cluster.config import load_config
-from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.runtime import wiring
 from agentkv_cluster.runtime.directory_glue import RedisSpec, open_directory, watch_redis
 from agentkv_cluster.runtime.mover import Mover
 from agentkv_cluster.runtime.pool_actor import PoolActor
-from agentkv_cluster.runtime.records import PageMeta
-from agentkv_cluster.runtime.tenants import ensure_tenant
 from store.directory.redis_backend import RedisDirectory
-from store.types import Codec, Lookup, Tier
+from store.types import Lookup
+from tests.support.pool_pages import front_mover, pool_spec, store_page, wait_until
 from tests.support.redis_proc import RedisProcess
 
 pytestmark = pytest.mark.integration
-MIB = 1 << 20
-PAGE = 64 * 1024
 PAGES = 3
 
 
@@ -44,17 +35,12 @@ def redis():
 
 @pytest.fixture
 def spec(tmp_path):
-    cfg = load_config(env={}, overrides={
-        "pool": {"pool_bytes": 4 * MIB, "slot_bytes": MIB, "nvme_dir": str(tmp_path / "nv")},
-        "security": {"tenant_keys_dir": str(tmp_path / "keys")}})
-    spec = wiring.pool_spec(cfg, f"node-{uuid.uuid4().hex[:6]}", tmp_path)
-    ensure_tenant(spec.keys_dir, "acme")
-    return spec
+    return pool_spec(tmp_path)
 
 
 @pytest.fixture
 def front():
-    mover = Mover(f"test-front-{uuid.uuid4().hex[:6]}", PAGE, 1)
+    mover = front_mover()
     yield mover
     mover.close()
 
@@ -65,29 +51,13 @@ def _open(spec, redis, front: Mover) -> PoolActor:
     return actor
 
 
-def _store(pool: PoolActor, front: Mover, i: int) -> bytes:
-    key = bytes([i]) * 32
-    meta = PageMeta(key=key, digest=b"d" * 32, tenant="acme", namespace="acme", session="s",
-                    page_id=i, state_type=StateType.EVIDENCE, length=PAGE, tokens=1)
-    front.slot_view(0, PAGE)[:] = np.full(PAGE, i, dtype=np.uint8)
-    pool.store_from(meta, Tier.HOST, Codec.FULL, front.slot_span(0, PAGE))
-    return key
-
-
-def _wait(cond, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
 @pytest.mark.parametrize("first", ["watch", "pool"])
 def test_after_an_empty_restart_each_entry_is_written_back_once(spec, redis, front,
                                                                 first) -> None:
     actor = _open(spec, redis, front)
     actor.publisher.close()  # the test runs the repair loop's rounds itself
     try:
-        keys = [_store(actor, front, i) for i in range(1, PAGES + 1)]
+        keys = [store_page(actor, front, i) for i in range(1, PAGES + 1)]
         watch = watch_redis(RedisSpec(url=redis.url))
         assert watch.probe_once() == watch.interval_s  # up, and the marker is set
         redis.restart()  # no persistence: the server comes back empty
@@ -114,11 +84,11 @@ def test_after_an_empty_restart_each_entry_is_written_back_once(spec, redis, fro
 
 def test_a_restarted_pool_sees_a_later_empty_restart_of_redis(spec, redis, front) -> None:
     actor = _open(spec, redis, front)
-    keys = [_store(actor, front, i) for i in range(1, PAGES + 1)]
+    keys = [store_page(actor, front, i) for i in range(1, PAGES + 1)]
     actor.close(unlink=False)
     actor = _open(spec, redis, front)  # adopts its copies from the host segment
     try:
-        _wait(lambda: actor.publisher.repairs == 1)  # the start-up republish
+        wait_until(lambda: actor.publisher.repairs == 1)  # the start-up republish
         actor.publisher.close()
         redis.restart()  # empty, and no watch to tell anyone
         actor.publisher.sync(actor.republish)

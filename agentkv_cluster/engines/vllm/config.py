@@ -18,10 +18,29 @@ from security.keyring import PUBLIC_NAMESPACE, validate_namespace
 
 BACKENDS = ("embedded", "service")
 LOAD_MODES = ("auto", "async", "layerwise")
+STRATEGIES = ("lru", "agentkv")  # the embedded store's eviction
 
 
 class ConnectorConfigError(ValueError):
     """A bad ``kv_connector_extra_config`` (the engine refuses to start)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class EmbeddedSpec:
+    """The embedded store (``embedded.py``), built from `ConnectorConfig` in the worker."""
+
+    slot_bytes: int  # one block page (header + KV of all layers)
+    host_blocks: int = 256
+    nvme_blocks: int = 1024  # 0: no NVMe tier
+    nvme_dir: str | None = None  # None: a fresh temporary folder
+    strategy: str = "agentkv"
+    prefetch_lead_s: float = 1.0  # agentkv: promote before a predicted tool return
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        if self.host_blocks < 1 or self.nvme_blocks < 0 or self.slot_bytes < 1:
+            raise ValueError("host_blocks >= 1, nvme_blocks >= 0 and slot_bytes >= 1")
 
 
 @dataclass(frozen=True, kw_only=True)

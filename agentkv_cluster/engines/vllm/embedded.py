@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentkv_cluster.engines.vllm.backend import BackendUnavailable, Caller, CallerRefused
+from agentkv_cluster.engines.vllm.config import EmbeddedSpec
 from agentkv_cluster.engines.vllm.directory import (
     EmbeddedDirectory,
     TokenResolver,
@@ -43,24 +44,7 @@ from store.types import Lookup, Tier
 __all__ = ["EmbeddedBackend", "EmbeddedDirectory", "EmbeddedSpec", "TokenResolver",
            "check_access"]
 log = logging.getLogger(__name__)
-STRATEGIES = ("lru", "agentkv")
 _DEFAULT_GAP_S = 2.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class EmbeddedSpec:
-    slot_bytes: int  # one block page (header + KV of all layers)
-    host_blocks: int = 256
-    nvme_blocks: int = 1024  # 0: no NVMe tier
-    nvme_dir: str | None = None  # None: a fresh temporary folder
-    strategy: str = "agentkv"
-    prefetch_lead_s: float = 1.0  # agentkv: promote before a predicted tool return
-
-    def __post_init__(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
-        if self.host_blocks < 1 or self.nvme_blocks < 0 or self.slot_bytes < 1:
-            raise ValueError("host_blocks >= 1, nvme_blocks >= 0 and slot_bytes >= 1")
 
 
 @dataclass(slots=True)
@@ -116,7 +100,6 @@ class EmbeddedBackend:
     def resolve(self, token: str | None, session: str | None) -> Caller:
         raise CallerRefused("the worker-side store receives callers from the scheduler")
 
-
     # -- blocks ----------------------------------------------------------------------
     def lookup(self, caller: Caller, identities: Sequence[PageIdentity]) -> int:
         n = 0
@@ -133,6 +116,22 @@ class EmbeddedBackend:
         check_access(caller, identity, write=False)
         with self._lock:
             return identity.digest() in self._blocks
+
+    def claim(self, caller: Caller, identities: Sequence[PageIdentity]) -> None:
+        """``caller`` uses these blocks in this step (it restores them, or computed them or
+        found them in vLLM's own cache while held here): one of their readers from now,
+        so another session's retiring event keeps them. Blocks it may not read, or not
+        held, are left as they are."""
+        with self._lock:
+            for ident in identities:
+                try:
+                    check_access(caller, ident, write=False)
+                except CallerRefused:
+                    continue
+                key, block = ident.digest(), self._blocks.get(ident.digest())
+                if block is not None and block.sessions is not None:
+                    block.sessions.add(_reader(caller))
+                    self._sessions.setdefault((caller.tenant, caller.session), set()).add(key)
 
     def get(self, caller: Caller, identity: PageIdentity) -> bytes | None:
         check_access(caller, identity, write=False)

@@ -1,30 +1,34 @@
 """When a session's retiring hints take effect, so that nothing in flight loses its blocks.
 
-Embedded store (``hold_retiring``): the worker applies a step's events before the step's
-loads, so a session's retiring event (``task_end``, ``branch_abandoned``) while it loads
-in this step, and its later events, wait for the next step (applied first, a ``task_end``
-retired the blocks its own request was restoring, which were then recomputed).
-
-Service (``SessionCloses``, pure, and ``CloseSender``, its shell): ``task_end`` ends a
-session's episode, and the service is then told to close the session (``close_session``:
-the blocks only it holds retire). Requests of the session may still
-be in flight then: running, waiting in vLLM's queue, or finished with saves the worker
-has not written yet. A close sent at once made their saves and loads fail. So, like
-vLLM's own connectors with delayed block freeing:
+``task_end`` ends a session's episode and ``branch_abandoned`` one branch of it: the
+blocks only they hold retire (embedded store), or the service is told to close the
+session (``close_session``). Requests of the session may still be in flight then:
+running, waiting in vLLM's queue, or finished with saves the worker has not written yet.
+Taking effect at once made their planned loads fail (recomputed) and let their saves land
+after the retire. So, like vLLM's own connectors with delayed block freeing, both
+backends use one ledger (``SessionCloses``, pure):
 
 1. every request of a session counts as in flight from its arrival (vLLM's
    ``on_new_request``) to its ``request_finished``;
-2. a session whose task ended is closed only once none of its requests is in flight; the
-   last one to finish *carries* the close: ``request_finished`` keeps its blocks (returns
-   True) and the worker reports it finished (``get_finished``) only after every save it
-   queued before has been written;
-3. then the close is due (``released``) and the scheduler sends it, after any lookup
-   already queued for the session.
+2. a session with a retiring hint waiting takes it only once none of its requests is in
+   flight; the last one to finish *carries* it: ``request_finished`` keeps its blocks
+   (returns True) and the worker reports it finished (``get_finished``) only after every
+   save it queued before has been written;
+3. then the hint is due (``released``) and takes effect:
 
-A request of the session carrying ``task_start`` that arrives before the close is sent
-begins a new episode under that name: the close is dropped (the old episode's blocks are
-left to the service's eviction, as for a session that never sent ``task_end``). Any
-other request that arrives meanwhile is in flight like the rest: the close waits for it.
+   - service (``CloseSender``): ``task_end``'s close goes out on the scheduler's lookup
+     thread, after any lookup already queued for the session. Its session is the hints'
+     (token, session): the service keeps sessions per token;
+   - embedded (``RetireHold``): the held ``task_end`` / ``branch_abandoned`` events go to
+     the worker with the next step's metadata (a request of the session that arrived
+     meanwhile holds them again). Its session is the verified caller's (tenant, session),
+     as the store keeps it; a hint sent on its own (the hint socket) waits the same way.
+
+A request of the session carrying ``task_start`` that arrives before the hint takes
+effect begins a new episode under that name: the waiting hint is dropped (the old
+episode's blocks are left to the eviction policy, as for a session that never sent
+``task_end``). Any other request that arrives meanwhile is in flight like the rest: the
+hint waits for it.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from typing import Any, Protocol
 
-from agentkv_cluster.engines.vllm.backend import Caller
+from agentkv_cluster.engines.vllm.backend import Caller, CallerRefused
 from agentkv_cluster.engines.vllm.hints import AgentHints, HintEvent, HintKind
 from agentkv_cluster.engines.vllm.meta import RequestOps
 
@@ -43,27 +47,12 @@ log = logging.getLogger(__name__)
 _RETIRING = (HintKind.TASK_END, HintKind.BRANCH_ABANDONED)
 Events = list[tuple[Caller, HintEvent]]
 
-SessionKey = tuple[str, str]  # (the hints' token, or "" for the engine's default; session)
-
-
-def hold_retiring(loading: set[tuple[str, str]], held: Events, events: Events
-                  ) -> tuple[Events, Events]:
-    """(the step's events for the worker, the events held for the next step): ``held``
-    first, then ``events`` except a retiring one of a session in ``loading`` (its
-    (tenant, session) loads in this step) and every later one of that session."""
-    out, later, waiting = list(held), [], set()
-    for caller, event in events:
-        sess = (caller.tenant, caller.session)
-        if sess in waiting or (sess in loading and event.kind in _RETIRING):
-            waiting.add(sess)
-            later.append((caller, event))
-        else:
-            out.append((caller, event))
-    return out, later
+# (the hints' token or "", session) for the service; (tenant, session) for the embedded store
+SessionKey = tuple[str, str]
 
 
 def session_key(hints: AgentHints) -> SessionKey | None:
-    """The session a request belongs to, or None (no session named)."""
+    """The service session a request belongs to, or None (no session named)."""
     return None if hints.session is None else (hints.token or "", hints.session)
 
 
@@ -119,17 +108,20 @@ class SessionCloses:
         self._carriers[req_id] = key
         return True
 
-    def released(self, req_ids: Iterable[str]) -> list[Admitted]:
+    def hold(self, key: SessionKey) -> None:
+        """A retiring hint of ``key`` waits for its requests in flight (embedded store)."""
+        self._ending.setdefault(key, None)
+
+    def released(self, req_ids: Iterable[str]) -> dict[SessionKey, Admitted | None]:
         """The worker released these requests (every save queued before them is written):
-        the sessions now to close. One whose request arrived meanwhile waits for it."""
-        due: list[Admitted] = []
+        the sessions whose hint is now due, with the request that carried it. One whose
+        request arrived meanwhile waits for it."""
+        due: dict[SessionKey, Admitted | None] = {}
         for req_id in req_ids:
             key = self._carriers.pop(req_id, None)
-            if key is None or self.in_flight(key):
+            if key is None or self.in_flight(key) or key not in self._ending:
                 continue
-            request = self._ending.pop(key, None)
-            if request is not None:
-                due.append(request)
+            due[key] = self._ending.pop(key)
         return due
 
     def drain(self) -> list[Admitted]:
@@ -140,53 +132,134 @@ class SessionCloses:
         return due
 
 
-class CloseSender:
-    """The shell around ``SessionCloses``: sends each close it makes due on the scheduler's
-    lookup thread (after any lookup queued before it: a next request's admission, queued
-    after, opens the session again), and at shutdown every close not sent yet."""
+class _InFlight:
+    """What both shells share: the ledger, each request's session taken on its arrival,
+    and the release that makes the request carrying its session's hint wait for its
+    saves. A shell says only how a request's hints name its session (``key``)."""
 
-    def __init__(self, pool: ThreadPoolExecutor, end: Callable[[Caller], bool]) -> None:
+    def __init__(self) -> None:
         self.ledger = SessionCloses()
-        self._pool = pool
-        self._end = end  # ``ServiceBackend.end_session``
-        self._sent: list[Future] = []
+        self._keys: dict[str, SessionKey] = {}  # req id -> its session, from its arrival
 
-    @classmethod
-    def of(cls, backend: object, pool: ThreadPoolExecutor | None) -> CloseSender | None:
-        """The sender for a remote backend that closes sessions (``end_session``)."""
-        end = getattr(backend, "end_session", None)
-        return cls(pool, end) if pool is not None and end is not None else None
+    def key(self, hints: AgentHints) -> SessionKey | None:
+        raise NotImplementedError
 
-    def arrived(self, hints: AgentHints) -> None:
-        key = session_key(hints)
+    def arrived(self, req_id: str, hints: AgentHints) -> SessionKey | None:
+        key = self.key(hints)
         if key is not None:
+            self._keys[req_id] = key
             self.ledger.arrived(key, hints)
+        return key
 
     def finished(self, req_id: str, st: Any) -> bool:
-        """``SessionCloses.finished`` for the scheduler's request ``st`` (its ``hints``)."""
-        key = session_key(st.hints)
+        """``SessionCloses.finished`` for the scheduler's request ``st``."""
+        key = self._keys.pop(req_id, None)
         return key is not None and self.ledger.finished(req_id, key, st)
 
     def finish(self, req_id: str, st: Any, ops: list[RequestOps], delay: bool) -> bool:
-        """The scheduler's request ``st`` (its ``hints`` and ``caller``) finished; ``delay``:
-        vLLM keeps its blocks for its tail save. When it carries its session's close, vLLM
-        keeps them (True) until the worker wrote every save queued before it: a
-        ``barrier`` release in the next step's ``ops`` (on its tail save's, if any)."""
+        """The scheduler's request ``st`` (its ``caller``) finished; ``delay``: vLLM keeps
+        its blocks for its tail save. When it carries its session's hint, vLLM keeps them
+        (True) until the worker wrote every save queued before it: a ``barrier`` release
+        in the next step's ``ops`` (on its tail save's, if any)."""
+        key = self._keys.get(req_id)
         if not self.finished(req_id, st):
             return delay
         if delay:
             ops[-1] = replace(ops[-1], barrier=True)
         else:  # a release only: no save or load reads its caller
-            key = session_key(st.hints)
             caller = st.caller or Caller(tenant="", session=key[1] if key else "")
             ops.append(RequestOps(req_id, caller, release=True, barrier=True))
         return True
 
+
+def retiring_for(backend: Any, pool: ThreadPoolExecutor | None
+                 ) -> CloseSender | RetireHold | None:
+    """The shell for ``backend``: the embedded store's directory (``take_events``) holds
+    retiring events, a remote backend that closes sessions (``end_session``) sends
+    closes on the lookup thread ``pool``."""
+    if getattr(backend, "take_events", None) is not None:
+        return RetireHold(backend.resolve)
+    end = getattr(backend, "end_session", None)
+    return CloseSender(pool, end) if pool is not None and end is not None else None
+
+
+class RetireHold(_InFlight):
+    """Embedded store: the step's lifecycle events for the worker, each ``task_end`` and
+    ``branch_abandoned`` held until no request of its session is in flight."""
+
+    def __init__(self, resolve: Callable[[str | None, str | None], Caller]) -> None:
+        super().__init__()
+        self._resolve = resolve  # the directory's: tokens verified on arrival
+        self._held: dict[SessionKey, Events] = {}
+        self._due: list[SessionKey] = []
+
+    def key(self, hints: AgentHints) -> SessionKey | None:
+        """The store's session: (tenant, session) of the verified caller; None for a
+        caller refused (it is not admitted either: no events, loads or saves)."""
+        try:
+            caller = self._resolve(hints.token, hints.session)
+        except CallerRefused:
+            return None
+        return (caller.tenant, caller.session)
+
+    def arrived(self, req_id: str, hints: AgentHints) -> SessionKey | None:
+        key = super().arrived(req_id, hints)
+        if key is not None and any(e.kind is HintKind.TASK_START for e in hints.events):
+            self._held.pop(key, None)  # a new episode: the old one's hints are dropped
+        return key
+
+    @property
+    def held(self) -> int:
+        """Retiring events waiting."""
+        return sum(len(events) for events in self._held.values())
+
+    def released(self, req_ids: Iterable[str]) -> None:
+        """vLLM freed these requests' blocks: their sessions' hints go out next step."""
+        self._due.extend(self.ledger.released(tuple(req_ids)))
+
+    def take(self, events: Events) -> Events:
+        """The events for this step's metadata: those now due first, then ``events``
+        (the directory's, in order) except the retiring ones of a session in flight or
+        with one held already."""
+        out: Events = []
+        for key in self._due:
+            if key not in self._held:  # dropped: a new episode began
+                continue
+            if self.ledger.in_flight(key):  # one arrived since: the last to finish carries
+                self.ledger.hold(key)
+            else:
+                out.extend(self._held.pop(key, ()))
+        self._due = []
+        for caller, event in events:
+            key = (caller.tenant, caller.session)
+            if event.kind in _RETIRING and (key in self._held or self.ledger.in_flight(key)):
+                self._held.setdefault(key, []).append((caller, event))
+                self.ledger.hold(key)
+            else:
+                out.append((caller, event))
+        return out
+
+
+class CloseSender(_InFlight):
+    """Service: sends each close the ledger makes due on the scheduler's lookup thread
+    (after any lookup queued before it: a next request's admission, queued after, opens
+    the session again), and at shutdown every close not sent yet."""
+
+    def __init__(self, pool: ThreadPoolExecutor, end: Callable[[Caller], bool]) -> None:
+        super().__init__()
+        self._pool = pool
+        self._end = end  # ``ServiceBackend.end_session``
+        self._sent: list[Future] = []
+
+    def key(self, hints: AgentHints) -> SessionKey | None:
+        return session_key(hints)
+
     def released(self, req_ids: Iterable[str]) -> None:
         """vLLM freed these requests' blocks: send the closes now due (never raises)."""
         try:
-            for request in self.ledger.released(tuple(req_ids)):
-                self._send(request)
+            for request in self.ledger.released(tuple(req_ids)).values():
+                if request is not None:
+                    self._send(request)
         except Exception:  # never into vLLM's scheduler: that session stays open
             log.exception("AgentKV: sending a session close failed")
 

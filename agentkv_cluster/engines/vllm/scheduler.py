@@ -29,13 +29,12 @@ from agentkv_cluster.engines.vllm.hints import (
     KEY,
     AgentHints,
     HintError,
-    HintEvent,
     parse_hints,
 )
 from agentkv_cluster.engines.vllm.hintsock import HintSocket
 from agentkv_cluster.engines.vllm.matching import PrefixMatcher
 from agentkv_cluster.engines.vllm.meta import AgentKVConnectorMetadata, BlockOp, RequestOps
-from agentkv_cluster.engines.vllm.retiring import CloseSender, hold_retiring
+from agentkv_cluster.engines.vllm.retiring import CloseSender, RetireHold, retiring_for
 from agentkv_cluster.lifecycle.identity import PageIdentity
 from security.keyring import PUBLIC_NAMESPACE
 
@@ -78,9 +77,8 @@ class SchedulerSide:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="agentkv-lookup") if remote else None
         self._reqs: dict[str, _Req] = {}
         self._ops: list[RequestOps] = []  # loads and releases for the next metadata
-        self._held: list[tuple[Caller, HintEvent]] = []  # events for the next metadata
         self.matcher = PrefixMatcher(backend, versions, block_size)
-        self.closes = CloseSender.of(backend, self._pool)  # the service: task_end's close
+        self.closes = retiring_for(backend, self._pool)  # task_end waits for in-flight work
 
     # -- per request ---------------------------------------------------------------------
     def _state(self, request: Any) -> _Req:
@@ -97,7 +95,7 @@ class SchedulerSide:
             return st
         st.hints = hints
         if self.closes is not None:
-            self.closes.arrived(hints)
+            self.closes.arrived(request.request_id, hints)
         return st
 
     def arrived(self, request: Any) -> None:
@@ -216,7 +214,7 @@ class SchedulerSide:
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int
                                  ) -> None:
         st = self._reqs.get(request.request_id)
-        if st is None or st.caller is None or num_external_tokens <= 0:
+        if st is None or st.caller is None:
             return
         block_ids = blocks.get_block_ids()[0]
         first = st.local_tokens // self.block_size
@@ -224,9 +222,14 @@ class SchedulerSide:
         loads = [BlockOp(st.matched[i], block_ids[i]) for i in range(first, last)]
         if st.tail is not None and st.local_tokens + num_external_tokens == st.tail.end:
             loads.append(BlockOp(st.tail, block_ids[last]))
-        st.load_tokens = num_external_tokens
-        self._ops.append(RequestOps(request.request_id, st.caller, tuple(loads),
-                                    async_load=self.async_load))
+        st.load_tokens = num_external_tokens or st.load_tokens  # (0: resumed, none now)
+        # embedded: vLLM's own hit's held blocks as saves: the worker, skipping them, makes
+        # this session one of their readers (no other session's retire drops them then)
+        local = min(first, st.resave_from, len(st.matched)) if hasattr(self.backend, "expect") else 0
+        held = tuple(BlockOp(st.matched[i], block_ids[i]) for i in range(local))
+        if loads or held:
+            self._ops.append(RequestOps(request.request_id, st.caller, tuple(loads), held,
+                                        async_load=self.async_load and bool(loads)))
 
     def build_connector_meta(self, so: Any) -> AgentKVConnectorMetadata:
         meta = AgentKVConnectorMetadata(requests=self._ops,
@@ -258,10 +261,8 @@ class SchedulerSide:
                 continue
             self._plan(meta, st, req_id, cached.num_computed_tokens[i],
                        so.num_scheduled_tokens.get(req_id, 0))
-        take_events = getattr(self.backend, "take_events", None)  # embedded: to the worker
-        if take_events is not None:  # a retiring event waits while its session loads
-            loading = {(r.caller.tenant, r.caller.session) for r in meta.requests if r.loads}
-            meta.events, self._held = hold_retiring(loading, self._held, take_events())
+        if isinstance(self.closes, RetireHold):  # embedded: the events go to the worker,
+            meta.events = self.closes.take(self.backend.take_events())  # see retiring.py
         return meta
 
     def _standalone_hints(self) -> None:
@@ -292,9 +293,8 @@ class SchedulerSide:
                 st.errors.append(f"{tokens} tokens could not be restored; recomputed")
 
     def forget(self, dropped: set[bytes]) -> None:
-        forget = getattr(self.backend, "forget", None)
-        if forget is not None and dropped:
-            forget(dropped)
+        if dropped and hasattr(self.backend, "forget"):  # the embedded directory's mirror
+            self.backend.forget(dropped)
 
     def _plan(self, meta: AgentKVConnectorMetadata, st: _Req, req_id: str, computed: int,
               scheduled: int) -> None:
@@ -394,7 +394,7 @@ class SchedulerSide:
         for st in self._reqs.values():
             if st.lookup is not None:  # one not started yet would only delay the closes
                 st.lookup.cancel()
-        if self.closes is not None:
+        if isinstance(self.closes, CloseSender):
             self.closes.flush(((rid, st) for rid, st in self._reqs.items()
                                if st.hints is not None), timeout_s)
         self._pool.shutdown(wait=False, cancel_futures=True)

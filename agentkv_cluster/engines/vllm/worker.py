@@ -123,6 +123,10 @@ class WorkerSide:
         sync = getattr(self.backend, "peer_outages", None)  # the service backend
         if sync is not None:  # before this step's saves ask what it holds
             sync(meta.outages)
+        claim = getattr(self.backend, "claim", None)  # the embedded store: the blocks this
+        for req in meta.requests if claim is not None else ():  # step reads or finds held
+            if req.loads or req.saves:  # stay when an event below retires another session
+                claim(req.caller, [op.identity for op in (*req.loads, *req.saves)])
         for caller, event in meta.events:
             try:
                 self.backend.event(caller, event)
@@ -311,10 +315,13 @@ class WorkerSide:
 
     def _gather(self, meta: AgentKVConnectorMetadata) -> None:
         assert self.geometry is not None
+        claim = getattr(self.backend, "claim", None)
         for req in meta.requests:
             for op in req.saves:
                 try:
                     if self.backend.contains(req.caller, op.identity):
+                        if claim is not None:  # held (another session wrote it): a
+                            claim(req.caller, [op.identity])  # reader of it from now on
                         continue
                 except (BackendUnavailable, CallerRefused):
                     pass  # the writer will find out and count it

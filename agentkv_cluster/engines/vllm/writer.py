@@ -6,8 +6,9 @@ later miss). A block queued and not yet written is served to loads from memory
 (``queued``). Finished requests whose blocks vLLM holds for the connector are released
 (``take_released``, reported by ``get_finished``) as soon as their blocks are copied out,
 or, with a *barrier*, only once every save queued before them is written: the release of
-the request that carries its session's close (``retiring.py``), so the close reaches the
-service after the session's last saves.
+the request that carries its session's ``task_end`` or ``branch_abandoned``
+(``retiring.py``), so the retire (embedded store) or the close (service) comes after the
+session's last saves.
 """
 
 from __future__ import annotations

@@ -23,9 +23,21 @@ def require_vllm() -> None:
         pytest.skip(f"no model folder at {MODEL_DIR}; run scripts/prepare_vllm_model.py")
 
 
-def start_engine(extra: dict, *, gpu_blocks: int = 24):
+def token_secret(tmp_path_factory) -> tuple[bytes, str]:
+    """A fresh token secret and the file that holds it (hex), for an engine that verifies
+    the tokens in its hints."""
+    import secrets
+
+    secret = secrets.token_bytes(32)
+    path = tmp_path_factory.mktemp("agentkv-vllm") / "token.secret"
+    path.write_text(secret.hex())
+    return secret, str(path)
+
+
+def start_engine(extra: dict, *, gpu_blocks: int = 24, **engine: object):
     """An offline ``LLM`` with the AgentKV connector; vLLM's KV cache holds ``gpu_blocks``
-    blocks (of 128 tokens on CPU), so the tests control what it evicts."""
+    blocks (of 128 tokens on CPU), so the tests control what it evicts; ``engine``: more
+    of vLLM's engine arguments (``max_num_seqs``, ...)."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from vllm import LLM
@@ -36,7 +48,7 @@ def start_engine(extra: dict, *, gpu_blocks: int = 24):
     return LLM(model=str(MODEL_DIR), dtype="float32", enforce_eager=True, max_model_len=2048,
                kv_transfer_config=KVTransferConfig(**kv_transfer_config(**extra)),
                num_gpu_blocks_override=gpu_blocks, enable_prefix_caching=True,
-               disable_log_stats=False, seed=0)
+               disable_log_stats=False, seed=0, **engine)
 
 
 def prompt(seed: int, words: int = 700) -> str:

@@ -4,7 +4,6 @@ recomputed, tenants never share blocks, PUBLIC only on opt-in, bad hints are ans
 
 from __future__ import annotations
 
-import secrets
 import time
 
 import pytest
@@ -17,6 +16,7 @@ from tests.integration.vllm.conftest import (
     report,
     require_vllm,
     start_engine,
+    token_secret,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -28,11 +28,9 @@ def engine(tmp_path_factory):
     require_vllm()
     from security.principals import TokenIssuer
 
-    secret = secrets.token_bytes(32)
-    secret_file = tmp_path_factory.mktemp("agentkv-vllm") / "token.secret"
-    secret_file.write_text(secret.hex())
+    secret, secret_file = token_secret(tmp_path_factory)
     llm = start_engine({"backend": "embedded", "strategy": "agentkv", "host_blocks": 16,
-                        "nvme_blocks": 32, "token_secret_file": str(secret_file),
+                        "nvme_blocks": 32, "token_secret_file": secret_file,
                         "default_tenant": None})
     issuer = TokenIssuer(secret)
 

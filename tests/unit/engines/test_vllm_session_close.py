@@ -139,7 +139,7 @@ def test_the_ledger_alone():
     assert closes.finished("c", key, c) is False
     assert closes.finished("d", key, d) is True  # the last one carries it
     assert closes.waiting == 1
-    assert closes.released({"b", "c", "d"}) == [d]
+    assert closes.released({"b", "c", "d"}) == {key: d}
     assert closes.waiting == 0 and closes.drain() == []
     closes.arrived(key, parse_hints({"agentkv": {"session": "s", "events": [END]}}))
     closes.arrived(key, parse_hints({"agentkv": {"session": "s", "events": [

@@ -195,6 +195,12 @@ def _is_size(section: str, name: str) -> bool:
     return name.endswith("_bytes") or name == "object_store_memory"
 
 
+def nvme_root(cfg: AgentKvConfig, workdir: Path) -> Path:
+    """The folder every pool's NVMe shard lives under: ``pool.nvme_dir``, else
+    ``WORKDIR/nvme``."""
+    return Path(cfg.pool.nvme_dir) if cfg.pool.nvme_dir else workdir / "nvme"
+
+
 # What a frame carries beside its pages' bytes (msgpack envelope: op, token, keys, digests):
 # requests with a full page must fit in it, and the front pages its replies by it.
 FRAME_ENVELOPE_BYTES = 64 << 10

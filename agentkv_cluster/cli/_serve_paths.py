@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from agentkv_cluster.cli import CliError
+from agentkv_cluster.config import nvme_root
 
 LOCK_NAME = "serve.lock"
 SEGMENT_GLOB = "*/seg-*.akv"  # the shard files of every pool under the NVMe directory
@@ -74,12 +75,6 @@ class ServeClaim:
         fds, self._fds = self._fds, []
         for fd in fds:
             os.close(fd)  # drops the flock; the file stays (a later serve reuses it)
-
-
-def nvme_root(cfg: Any, state: Path) -> Path:
-    """The folder the pools' NVMe shards live under: ``--nvme-dir``, else ``STATE_DIR/nvme``
-    (the rule ``runtime.wiring.pool_spec`` applies)."""
-    return Path(cfg.pool.nvme_dir).expanduser() if cfg.pool.nvme_dir else state / "nvme"
 
 
 def prepare_nvme(root: Path) -> None:
@@ -135,7 +130,7 @@ def claim_local_paths(cfg: Any, state: Path) -> tuple[ServeClaim, str | None]:
         claim.lock("--state-dir", state)
         if cfg.ray.address:
             return claim, None
-        root = nvme_root(cfg, state)
+        root = nvme_root(cfg, state)  # the pools' own rule (``wiring.pool_spec``)
         prepare_nvme(root)
         if root.resolve() != state.resolve():  # one lock per file: a second would block
             claim.lock("--nvme-dir", root)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentkv_cluster.config import AgentKvConfig
+from agentkv_cluster.config import AgentKvConfig, nvme_root
 from agentkv_cluster.runtime.actor_groups import remote_class
 from agentkv_cluster.runtime.controller_actor import ControllerActor, ControllerSpec
 from agentkv_cluster.runtime.directory_glue import DirectoryShell, RedisSpec, open_directory
@@ -117,7 +117,7 @@ def _hbm_slots(node: dict[str, Any], resource: str) -> tuple[str, int]:
 
 
 def pool_spec(cfg: AgentKvConfig, name: str, workdir: Path) -> PoolSpec:
-    nvme = Path(cfg.pool.nvme_dir) if cfg.pool.nvme_dir else workdir / "nvme"
+    nvme = nvme_root(cfg, workdir)
     keys = cfg.security.tenant_keys_dir or str(workdir / "keys")
     Path(keys).mkdir(parents=True, exist_ok=True)
     slots = max(1, cfg.pool.pool_bytes // cfg.pool.slot_bytes)

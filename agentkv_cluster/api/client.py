@@ -32,6 +32,12 @@ EVENT_KINDS = (  # agentkv_cluster.lifecycle.events.EventKind values
 )
 
 
+def _back_off(first_s: float, attempt: int) -> None:
+    """Sleep before retry ``attempt`` (0 first): ``first_s`` doubling, at most 1 s, with
+    +-50 % jitter so that clients refused together do not retry together."""
+    time.sleep(min(1.0, first_s * 2 ** attempt) * random.uniform(0.5, 1.5))
+
+
 class _ClosedOnExit:
     """``with`` closes it (``close``); after the block's own exception, a close that fails
     too is not raised over it."""
@@ -110,7 +116,7 @@ class AgentKvClient(_ClosedOnExit):
                 if self._redial is None or attempt == HELLO_RETRIES or not (
                         busy or isinstance(exc, ConnectionError)):
                     raise
-            time.sleep(min(1.0, 0.05 * 2 ** attempt) * random.uniform(0.5, 1.5))
+            _back_off(0.05, attempt)
             self._sock.close()
             self._sock = _dial(*self._redial)
 
@@ -234,7 +240,7 @@ class SessionClient(_ClosedOnExit):
             except p.RemoteError as exc:
                 if exc.code != p.ErrorCode.NOT_FOUND.value or attempt == LOAD_ATTEMPTS - 1:
                     raise
-                time.sleep(min(1.0, 0.02 * 2 ** attempt) * random.uniform(0.5, 1.5))
+                _back_off(0.02, attempt)
                 continue
             return [pg["data"] for pg in done["pages"]]
         raise AssertionError("unreachable: the last attempt returns or raises")

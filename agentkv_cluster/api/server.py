@@ -126,6 +126,7 @@ class ApiServer:
         self.metrics = metrics
         self._pool = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="agentkv-api")
         self._running = 0  # requests handed to the pool and not done (``stop`` drains them)
+        self._replying = 0  # requests read and not yet answered (``stop`` lets them answer)
         self._done = threading.Condition()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None
@@ -173,6 +174,11 @@ class ApiServer:
         async def _close() -> None:
             if self._server is not None:
                 self._server.close()
+            # Requests already read are answered before their connections close: their
+            # replies (a ``busy`` from a stopping service included) were lost otherwise.
+            deadline = loop.time() + DRAIN_S
+            while self._replying and loop.time() < deadline:
+                await asyncio.sleep(0.01)
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
             for task in tasks:  # open connections: end their handlers cleanly
                 task.cancel()
@@ -181,7 +187,7 @@ class ApiServer:
 
         asyncio.run_coroutine_threadsafe(_close(), loop)
         if self._thread is not None:
-            self._thread.join(10)
+            self._thread.join(DRAIN_S + 10)
         self._pool.shutdown(wait=False, cancel_futures=True)
         # Requests already running end before the caller tears down what they call (a Ray
         # driver shut down under one ends the process with status 1, hiding why it stopped).
@@ -286,8 +292,12 @@ class ApiServer:
                 payload = await asyncio.wait_for(reader.readexactly(length), timeout)
             finally:
                 self._give_back(conn)
-            writer.write(await self._handle(payload, conn))
-            await writer.drain()
+            self._replying += 1
+            try:
+                writer.write(await self._handle(payload, conn))
+                await writer.drain()
+            finally:
+                self._replying -= 1
 
     def _reserve(self, conn: _Conn, length: int) -> None:
         """Before authentication, a frame above ``preauth.max_frame`` must fit the shared

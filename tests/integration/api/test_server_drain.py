@@ -57,3 +57,35 @@ def _quiet(call: object, *args: object) -> None:
         call(*args)  # type: ignore[operator]
     except Exception:  # noqa: BLE001, S110 - the server went away under it: expected
         pass
+
+
+def test_a_request_running_at_stop_gets_its_reply() -> None:
+    """The request ends after ``stop`` began; its reply still reaches the client before the
+    connection closes (``stop`` cancelled the connections first, and the reply, say a
+    stopping service's ``busy``, was lost as "server closed the connection")."""
+    with local_service("agentkv-drain-reply-", page_bytes=1 << 16, hbm_pages=4,
+                       pool_bytes=1 << 20) as svc:
+        server = svc.server
+        slow = _Slow(server.backend)
+        server.backend = slow
+        client = svc.client("acme")
+        got: list[object] = []
+
+        def call() -> None:
+            try:
+                got.append(client.open_session("s"))
+            except Exception as exc:  # noqa: BLE001 - recorded, asserted below
+                got.append(exc)
+
+        caller = threading.Thread(target=call, daemon=True)
+        caller.start()
+        deadline = time.monotonic() + 10
+        while server._running == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert server._running == 1  # in the pool, 0.5 s from its end
+        server.stop()
+        caller.join(10)
+        (reply,) = got
+        assert not isinstance(reply, Exception), reply
+        assert reply.session == "s" and reply.opened["session"] == "s"
+        client.close()

@@ -54,8 +54,26 @@ def _has_rdma_device(sysfs: str = "/sys/class/infiniband") -> bool:
         return False
 
 
+def _select_ucx_thread_lock(environ: MutableMapping[str, str] = os.environ) -> str | None:
+    """Have UCX guard its workers with a mutex rather than a spinlock.
+
+    Every agent runs NIXL's progress thread beside the threads that submit and wait. A
+    same-host UCX copy (CMA) runs on the thread that holds the worker's lock, for
+    milliseconds per large page; with UCX's default spinlock the other thread spins on a
+    core for that whole time. On the 2-core machine that was a quarter of the pool actor's
+    CPU during a stream of 16 MiB restores (``pthread_spin_lock`` under ``perf``), taken
+    from the AES-GCM opens and the copies themselves. With ``UCX_USE_MT_MUTEX=y`` the
+    waiting thread sleeps (docs/architecture.md has the measurements). An operator's own
+    ``UCX_USE_MT_MUTEX`` always wins. Returns what was set."""
+    if "UCX_USE_MT_MUTEX" in environ:
+        return None
+    environ["UCX_USE_MT_MUTEX"] = "y"
+    return environ["UCX_USE_MT_MUTEX"]
+
+
 # Before the bindings load: UCX reads its configuration when the first agent starts.
 _select_ucx_modules()
+_select_ucx_thread_lock()
 
 try:
     import nixl  # type: ignore[import-not-found]

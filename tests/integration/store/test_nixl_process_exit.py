@@ -72,6 +72,28 @@ def test_operator_ucx_modules_always_win() -> None:
     assert env == {"UCX_MODULES": "ib,cma"}
 
 
+def test_ucx_workers_default_to_a_mutex() -> None:
+    """A thread waiting on a UCX worker sleeps instead of spinning a core (the default
+    spinlock took a quarter of the pool actor's CPU in bench_service's restores)."""
+    env: dict[str, str] = {}
+    assert _nixl._select_ucx_thread_lock(env) == "y"
+    assert env == {"UCX_USE_MT_MUTEX": "y"}
+    probe = "import os, store.transport._nixl; print(os.environ['UCX_USE_MT_MUTEX'])"
+    for given, seen in ((None, "y"), ("n", "n")):  # set on import, before any agent starts
+        child = {k: v for k, v in _env().items() if k != "UCX_USE_MT_MUTEX"}
+        if given:
+            child["UCX_USE_MT_MUTEX"] = given
+        proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                              timeout=120, env=child, cwd=REPO, check=False)
+        assert proc.stdout.strip() == seen, proc.stderr[-2000:]
+
+
+def test_operator_ucx_thread_lock_always_wins() -> None:
+    env = {"UCX_USE_MT_MUTEX": "n"}
+    assert _nixl._select_ucx_thread_lock(env) is None
+    assert env == {"UCX_USE_MT_MUTEX": "n"}
+
+
 def test_rdma_device_detection_reads_sysfs(tmp_path: Path) -> None:
     assert not _nixl._has_rdma_device(str(tmp_path / "absent"))
     assert not _nixl._has_rdma_device(str(tmp_path))

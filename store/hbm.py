@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from store.buffers import aligned_buffer
 from store.types import ArenaError, PageTooLarge
 
 __all__ = ["ArenaError", "ArenaFull", "ArenaStats", "HbmArena", "PageNotAllocated",
@@ -65,8 +66,17 @@ class HbmArena:
         self.device = torch.device(device)
         self.page_bytes = page_bytes
         self.num_pages = num_pages
-        # zeros, not empty: touching every page now keeps first-touch faults off the hot path.
-        self._buf = torch.zeros((num_pages, page_bytes), dtype=torch.uint8, device=self.device)
+        # Zeroed and touched now, so first-touch faults stay off the hot path. On the CPU the
+        # arena comes from ``aligned_buffer`` (2 MiB pages where the kernel allows): a pool
+        # pushes restores into it by CMA, which pins the target's pages one at a time, and
+        # torch's own allocation got 4 KiB pages (bench_service: raw 16 MiB pushes into the
+        # arena 3.7-3.9 GB/s with torch.zeros, 4.4-4.6 with this; docs/BENCHMARKS.md).
+        if self.device.type == "cpu":
+            flat = torch.from_numpy(aligned_buffer(num_pages * page_bytes))
+            self._buf = flat.view(num_pages, page_bytes)
+        else:
+            self._buf = torch.zeros((num_pages, page_bytes), dtype=torch.uint8,
+                                    device=self.device)
         self._free: deque[int] = deque(range(num_pages))
         self._allocated = np.zeros(num_pages, dtype=bool)
         self._pins = np.zeros(num_pages, dtype=np.int64)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -148,3 +150,36 @@ def test_cuda_arena_round_trips_device_tensors():
     assert arena.read(page) == t.cpu().numpy().tobytes()
     arena.write(page, b"host bytes")
     assert arena.read(page) == b"host bytes"
+
+
+def _vm_flags(addr: int) -> list[str]:
+    """The VmFlags of the mapping of this process that holds ``addr``."""
+    flags: list[str] | None = None
+    inside = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and head == "VmFlags:":
+                flags = line.split()[1:]
+    assert flags is not None, f"no mapping holds {addr:#x}"
+    return flags
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux /proc")
+def test_cpu_arena_asks_for_huge_pages() -> None:
+    """Peers copy into the arena by CMA, which pins its pages one at a time: the CPU
+    arena is 2 MiB aligned and advised MADV_HUGEPAGE (VmFlags ``hg``), as the store's
+    other bulk buffers are."""
+    from store import buffers
+
+    if not buffers.HUGE_PAGES:
+        pytest.skip("AGENTKV_HUGE_PAGES=0 turns the advice off")
+    arena = HbmArena(1 << 20, 8, device="cpu")
+    addr = arena.buffer.data_ptr()
+    assert addr % buffers.HUGE_PAGE == 0
+    assert "hg" in _vm_flags(addr)
+    arena.write(arena.alloc(), b"kv")  # still an ordinary arena
+    assert arena.buffer.shape == (8, 1 << 20) and arena.buffer.dtype == torch.uint8

@@ -8,6 +8,7 @@ neither is present the test is skipped.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -44,3 +45,18 @@ def test_helm3_template_and_strict_lint_agree_with_the_library(value_set, tmp_pa
                          check=True, capture_output=True, text=True, timeout=60).stdout
     v3 = sorted((d for d in yaml.safe_load_all(out) if d), key=_key)
     assert v3 == sorted(chart.documents(value_set), key=_key)
+
+
+def test_helm3_template_of_a_dotted_release_names_objects_helm_can_create():
+    """`helm template my.release`: Helm takes the name, and every object it names is a DNS
+    label (a Service name with a dot is refused by the API server)."""
+    helm3 = _helm3()
+    out = subprocess.run([str(helm3), "template", "my.release", str(chart.CHART), "-n",
+                          chart.NAMESPACE, "--kube-version", chart.KUBE_VERSION],
+                         check=True, capture_output=True, text=True, timeout=60).stdout
+    v3 = sorted((d for d in yaml.safe_load_all(out) if d), key=_key)
+    names = {d["metadata"]["name"] for d in v3}
+    assert names and all(re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", n) for n in names), names
+    library = chart.render_values(None, release="my.release")
+    assert v3 == sorted((d for path, text in library.items() if not path.endswith("NOTES.txt")
+                         for d in yaml.safe_load_all(text) if d), key=_key)

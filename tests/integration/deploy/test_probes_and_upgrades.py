@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 
+import helm_python as helm
 import pytest
 import yaml
 
@@ -71,3 +72,41 @@ def test_the_immutable_field_check_sees_a_changed_volume_claim():
     upgrade (docs/operations.md, "Upgrade"), and this check tells the two renders apart."""
     before, after = _immutable(None), _immutable({"pool": {"nvme": {"bytes": 200 << 30}}})
     assert before[("StatefulSet", "agentkv-pool")] != after[("StatefulSet", "agentkv-pool")]
+
+
+AUDIT_OFF = {"security": {"audit": {"persistence": {"enabled": False}}}}
+
+
+def _upgrade_docs(values: dict | None) -> list[dict]:
+    """The objects `helm upgrade` of the default release applies with these values."""
+    with helm.Chart.load(chart.CHART) as loaded:
+        out = loaded.render(values, name=chart.RELEASE, namespace=chart.NAMESPACE,
+                            is_upgrade=True)
+    return [d for path, text in out.items() if not path.endswith("NOTES.txt")
+            for d in yaml.safe_load_all(text) if d]
+
+
+def _audit_volume(docs: list[dict]) -> dict:
+    (cluster,) = [d for d in docs if d["kind"] == "RayCluster"]
+    return chart.volume(cluster["spec"]["headGroupSpec"]["template"], "audit-log")
+
+
+def test_an_upgrade_that_turns_audit_persistence_off_is_refused_unless_acknowledged():
+    """Turning security.audit.persistence off on upgrade rendered without a word: the audit
+    PVC (helm.sh/resource-policy keep) left the release, and the head's next pod wrote a new
+    chain, unlinked to the old log, to an emptyDir it loses with the pod."""
+    before = _upgrade_docs(None)
+    (claim,) = [d for d in before if d["kind"] == "PersistentVolumeClaim"]
+    assert claim["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert _audit_volume(before)["persistentVolumeClaim"]["claimName"] == \
+        claim["metadata"]["name"]
+    with pytest.raises(helm.HelmRenderError) as info:
+        _upgrade_docs(copy.deepcopy(AUDIT_OFF))
+    message = str(info.value)
+    assert "security.audit.persistence.acknowledgeEphemeralLog: true" in message
+    assert claim["metadata"]["name"] in message  # the claim it leaves behind, by name
+    acknowledged = copy.deepcopy(AUDIT_OFF)
+    acknowledged["security"]["audit"]["persistence"]["acknowledgeEphemeralLog"] = True
+    after = _upgrade_docs(acknowledged)
+    assert not [d for d in after if d["kind"] == "PersistentVolumeClaim"]
+    assert _audit_volume(after) == {"name": "audit-log", "emptyDir": {}}

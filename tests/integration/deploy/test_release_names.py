@@ -1,7 +1,9 @@
-"""Object names of long releases: unique per release, within the DNS label limit, stable.
+"""Object names of long or dotted releases: unique per release, valid DNS labels, stable.
 
 Names used to be cut at 40 characters, so two releases whose names shared a 40-character
 prefix rendered the same object names and the second install collided with the first.
+A release name with dots (Helm allows them) named every object with them, the Services
+too, which the API server refuses (a Service name is a DNS-1035 label).
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ LONG_A = "inference-platform-us-east-1-production-agentkv-blue"
 LONG_B = "inference-platform-us-east-1-production-agentkv-blux"
 KUBERAY_SUFFIXES = ("-head-svc", "-head-xxxxx", "-hbm-gpu-worker-xxxxx")  # names KubeRay derives
 REVISION_HASH = "-" + "x" * 10  # controller-revision-hash label: <statefulset>-<hash>
+# Helm accepts release names made of DNS labels joined by dots (a DNS subdomain).
+DOTTED = "my.release"
+LONG_DOTTED = "inference.platform.us-east-1.production.blue"
 
 
 def _docs(release: str, values: dict | None = None) -> list[dict]:
@@ -50,7 +55,7 @@ def _derived_names(docs: list[dict]) -> list[str]:
 
 
 def test_the_test_releases_are_valid_and_share_the_old_cut():
-    for release in (LONG_A, LONG_B):
+    for release in (LONG_A, LONG_B, DOTTED, LONG_DOTTED):
         helm.validate_release_name(release)
     assert LONG_A != LONG_B and LONG_A[:40] == LONG_B[:40]
 
@@ -61,7 +66,8 @@ def test_two_long_releases_sharing_a_prefix_name_no_object_alike():
     assert set(_derived_names(a)).isdisjoint(_derived_names(b))
 
 
-@pytest.mark.parametrize("release", [LONG_A, "a" * 53, "agentkv", "kv-" + "x" * 37 + "-y"])
+@pytest.mark.parametrize("release", [LONG_A, "a" * 53, "agentkv", "kv-" + "x" * 37 + "-y",
+                                     DOTTED, LONG_DOTTED, "agentkv.prod"])
 def test_every_name_is_a_dns_label_of_at_most_63(release):
     docs = _docs(release, {"monitoring": {"dashboard": {"enabled": True},
                                           "prometheusRule": {"enabled": True}},
@@ -99,8 +105,29 @@ def test_names_of_40_characters_or_fewer_are_unchanged():
     assert "agentkv" in {n for k, n in _names(_docs("agentkv")) if k == "RayCluster"}
 
 
-def test_a_long_release_still_wires_its_objects_to_each_other():
-    docs = _docs(LONG_A)
+def test_a_dotted_release_gets_dashes_and_a_hash_of_the_whole_name():
+    full = f"{DOTTED}-agentkv"
+    digest = hashlib.sha256(full.encode()).hexdigest()[:8]
+    docs = _docs(DOTTED)
+    (cluster,) = [d for d in docs if d["kind"] == "RayCluster"]
+    assert cluster["metadata"]["name"] == f"my-release-agentkv-{digest}"
+    assert {n for k, n in _names(docs) if k == "Service"} == {
+        f"my-release-agentkv-{digest}", f"my-release-agentkv-{digest}-pool",
+        f"my-release-agentkv-{digest}-redis"}
+    # Label values may hold dots: the selectors keep the release name as Helm knows it.
+    assert cluster["metadata"]["labels"]["app.kubernetes.io/instance"] == DOTTED
+
+
+def test_a_dotted_release_and_its_dashed_twin_name_no_object_alike():
+    # Both are valid release names, and may live in one namespace.
+    dotted, dashed = _docs(DOTTED), _docs(DOTTED.replace(".", "-"))
+    assert _names(dotted).isdisjoint(_names(dashed))
+    assert set(_derived_names(dotted)).isdisjoint(_derived_names(dashed))
+
+
+@pytest.mark.parametrize("release", [LONG_A, DOTTED])
+def test_a_long_or_dotted_release_still_wires_its_objects_to_each_other(release):
+    docs = _docs(release)
     (cluster,) = [d for d in docs if d["kind"] == "RayCluster"]
     rc = cluster["metadata"]["name"]
     sts = {d["metadata"]["name"]: d for d in docs if d["kind"] == "StatefulSet"}

@@ -1,7 +1,8 @@
 """Values that would weaken the pods or the directory's TLS are refused, naming the value.
 
 The pod securityContext was free-form (a root or unconfined pod rendered without a word),
-any capability could be added, and an external Redis over TLS rendered with no CA to
+any capability could be added, `extraVolumes` could add any volume (hostPath included),
+and an external Redis over TLS rendered with no CA to
 verify its certificate against (and, its URL being in a Secret, nothing checked that URL).
 """
 
@@ -57,6 +58,8 @@ SCHEMA_CASES = [
      "/redis/external/tls/enabled"),
 ]
 
+HOST_ROOT = {"name": "host", "hostPath": {"path": "/"}}
+
 TEMPLATE_CASES = [
     ("external Redis over TLS with no CA", _external(), "/redis/external/caSecret/name"),
     ("external Redis with a CA Secret and the system CAs",
@@ -74,6 +77,22 @@ TEMPLATE_CASES = [
      "/gpuWorkers/capabilities/0"),
     ("CHOWN on Redis", {"redis": {"bundled": {"capabilities": ["CHOWN"]}}},
      "/redis/bundled/capabilities/0"),
+    # extraVolumes rendered a hostPath (or any other) volume as given.
+    ("hostPath volume on the pool", {"pool": {"extraVolumes": [HOST_ROOT]}},
+     "/pool/extraVolumes/0"),
+    ("hostPath after an allowed volume on the head",
+     {"head": {"extraVolumes": [{"name": "scratch", "emptyDir": {}}, HOST_ROOT]}},
+     "/head/extraVolumes/1"),
+    ("NFS volume on the GPU workers",
+     {"gpuWorkers": {"extraVolumes": [{"name": "models",
+                                       "nfs": {"server": "nfs.example", "path": "/models"}}]}},
+     "/gpuWorkers/extraVolumes/0"),
+    ("hostPath volume on Redis", {"redis": {"bundled": {"extraVolumes": [HOST_ROOT]}}},
+     "/redis/bundled/extraVolumes/0"),
+    ("hostPath with only the capabilities opted out",
+     {"pool": {"extraVolumes": [HOST_ROOT]},
+      "containerSecurity": {"allowCapabilitiesBeyondRestricted": True}},
+     "/pool/extraVolumes/0"),
 ]
 
 
@@ -82,6 +101,29 @@ def test_the_no_ca_message_names_both_ways_out():
         chart.render_values(_external())
     assert "redis.external.caSecret.name" in str(info.value)
     assert "redis.external.tls.systemCAs: true" in str(info.value)
+
+
+def test_the_volume_message_names_the_type_and_the_way_out():
+    with pytest.raises(helm.HelmRenderError) as info:
+        chart.render_values({"pool": {"extraVolumes": [HOST_ROOT]}})
+    message = str(info.value)
+    assert "hostPath" in message and "pool.extraVolumes" in message
+    assert "containerSecurity.allowVolumesBeyondRestricted: true" in message
+
+
+def test_volumes_within_the_standard_render_and_others_only_when_opted_in():
+    allowed = [{"name": "models", "persistentVolumeClaim": {"claimName": "models"}},
+               {"name": "extra-config", "configMap": {"name": "extra"}},
+               {"name": "kms", "csi": {"driver": "secrets-store.csi.k8s.io"}}]
+    (pool,) = [d for d in _docs({"pool": {"extraVolumes": allowed}})
+               if d["kind"] == "StatefulSet" and d["metadata"]["name"].endswith("-pool")]
+    names = {v["name"] for v in pool["spec"]["template"]["spec"]["volumes"]}
+    assert {"models", "extra-config", "kms"} <= names
+    opted = _docs({"head": {"extraVolumes": [HOST_ROOT]},
+                   "containerSecurity": {"allowVolumesBeyondRestricted": True}})
+    (cluster,) = [d for d in opted if d["kind"] == "RayCluster"]
+    volumes = cluster["spec"]["headGroupSpec"]["template"]["spec"]["volumes"]
+    assert HOST_ROOT in volumes
 
 
 def _docs(values: dict) -> list[dict]:

@@ -81,7 +81,54 @@ SCHEMA_CASES = [
     ("Redis storage class name Kubernetes refuses",
      {"redis": {"bundled": {"persistence": {"storageClass": "Fast SSD"}}}},
      "/redis/bundled/persistence/storageClass"),
+    # A namespace name is a DNS-1123 label (no dots, at most 63); the patterns took dots.
+    ("engine namespace with a dot", {"networkPolicy": {"engineNamespaces": ["team.inference"]}},
+     "/networkPolicy/engineNamespaces/0"),
+    ("monitoring namespace over 63 characters",
+     {"networkPolicy": {"monitoringNamespaces": ["m" * 64]}},
+     "/networkPolicy/monitoringNamespaces/0"),
+    # Secret, StorageClass, ServiceAccount and SecretProviderClass names are DNS-1123
+    # subdomains: labels joined by single dots; the patterns took "a..b" and "a-.b".
+    ("Secret name with an empty label",
+     {"security": {"tokenSecret": {"secretName": "agentkv..token"}}},
+     "/security/tokenSecret/secretName"),
+    ("Secret name with a label ending in a dash",
+     {"security": {"auditSigningKey": {"secretName": "audit-.key"}}},
+     "/security/auditSigningKey/secretName"),
+    ("tenant key Secret name with a label starting with a dash",
+     {"security": {"tenantKeys": {"secretNames": ["keys.-a"]}}},
+     "/security/tenantKeys/secretNames/0"),
+    ("audit storage class with an empty label",
+     {"security": {"audit": {"persistence": {"storageClass": "fast..ssd"}}}},
+     "/security/audit/persistence/storageClass"),
+    ("ServiceAccount name with an empty label", {"serviceAccount": {"name": "kv..sa"}},
+     "/serviceAccount/name"),
+    ("SecretProviderClass name with an empty label",
+     {"security": {"tenantKeys": {"source": "csi", "csi": {"secretProviderClass": "a..b"}}}},
+     "/security/tenantKeys/csi/secretProviderClass"),
+    # A Secret key is also the file name it is mounted as: never '.', '..' or '..x'.
+    ("Secret key '..'", {"security": {"auditSigningKey": {"key": ".."}}},
+     "/security/auditSigningKey/key"),
+    ("Secret key starting with '..'",
+     {"redis": {"bundled": {"adminPasswordSecret": {"key": "..data"}}}},
+     "/redis/bundled/adminPasswordSecret/key"),
+    # An extended resource name is <DNS subdomain>/<name part of a label key>.
+    ("GPU resource with an empty domain label",
+     {"gpuWorkers": {"gpuResourceName": "nvidia..com/gpu"}}, "/gpuWorkers/gpuResourceName"),
+    ("GPU resource name ending in a dash", {"gpuWorkers": {"gpuResourceName": "nvidia.com/gpu-"}},
+     "/gpuWorkers/gpuResourceName"),
 ]
+
+# Names Kubernetes takes, near the edges of the rules above: each must still pass.
+VALID_NAMES = {
+    "networkPolicy": {"engineNamespaces": ["inference", "team-a-" + "x" * 56],
+                      "monitoringNamespaces": ["0monitoring"]},
+    "security": {"tokenSecret": {"secretName": "agentkv.token-v2", "key": ".secret"},
+                 "auditSigningKey": {"secretName": "a.b.c", "key": "signing..key.pem"},
+                 "audit": {"persistence": {"storageClass": "ebs.csi.aws.com"}}},
+    "serviceAccount": {"name": "agentkv.sa"},
+    "gpuWorkers": {"gpuResourceName": "nvidia.com/mig-1g.10gb"},
+}
 
 
 def _tenant_user(username: str) -> dict:
@@ -171,6 +218,14 @@ TEMPLATE_CASES = [
      {"redis": {"bundled": {"tenantUsers": [_tenant_user("akv-acme"), _tenant_user("akv-b"),
                                             _tenant_user("akv-acme")]}}},
      "/redis/bundled/tenantUsers/2/username"),
+    # Audit persistence turned off rendered without a word, on upgrade too: the audit PVC
+    # left the release and the head's next pod began a new, unlinked chain on an emptyDir.
+    ("audit log on an emptyDir, not acknowledged",
+     {"security": {"audit": {"persistence": {"enabled": False}}}},
+     "/security/audit/persistence/enabled"),
+    ("acknowledgement left set with persistence on",
+     {"security": {"audit": {"persistence": {"acknowledgeEphemeralLog": True}}}},
+     "/security/audit/persistence/acknowledgeEphemeralLog"),
 ]
 
 
@@ -193,6 +248,11 @@ def test_cross_field_checks_name_the_field(case, values, field):
     with pytest.raises(helm.HelmRenderError) as info:
         chart.render_values(values)
     assert f"at '{field}'" in str(info.value), str(info.value)
+
+
+def test_names_kubernetes_takes_still_pass():
+    assert chart.render_values(VALID_NAMES)
+    assert not chart.lint(VALID_NAMES)["errors"]
 
 
 def test_defaults_and_value_sets_pass_the_schema():

@@ -9,7 +9,11 @@
      63-character DNS label limit: a full name over 40 characters keeps its first
      31, then "-" and 8 hex digits of the SHA-256 of the whole name, so two long release
      names that share a prefix still name different objects. Names of 40 or fewer stay as
-     they are (an upgrade keeps them). */}}
+     they are (an upgrade keeps them), unless they hold a dot: Helm takes a release name
+     such as "my.release", but a Service name is a DNS-1035 label and KubeRay's and the
+     StatefulSets' pod names are DNS labels, so dots become "-" and the name ends in the
+     hash of the whole name ("my-release-agentkv-<8 hex>"), never the name of a release
+     "my-release" in the same namespace. */}}
 {{- define "agentkv.fullname" -}}
 {{- $full := .Values.fullnameOverride -}}
 {{- if not $full -}}
@@ -19,16 +23,17 @@
 {{- include "agentkv.boundedName" (dict "name" $full "max" 40) -}}
 {{- end -}}
 
-{{/* A name of at most .max characters (40 or fewer, 63 the DNS label limit): kept whole
-     when it fits, else cut to leave room for "-<8 hex of the SHA-256 of the whole name>";
-     trailing "-" and "." trimmed either way. Argument: dict "name" "max". */}}
+{{/* A DNS label of at most .max characters (40 or fewer, 63 the DNS label limit): a
+     name without dots that fits is kept whole (trailing "-" trimmed); any other has its
+     dots replaced by "-" and is cut to leave room for "-<8 hex of the SHA-256 of the whole
+     name as given>". Argument: dict "name" "max". */}}
 {{- define "agentkv.boundedName" -}}
 {{- $name := toString .name -}}
 {{- $max := int .max -}}
-{{- if le (len $name) $max -}}
-{{- regexReplaceAll "[-.]+$" $name "" -}}
+{{- if and (le (len $name) $max) (not (contains "." $name)) -}}
+{{- regexReplaceAll "-+$" $name "" -}}
 {{- else -}}
-{{- printf "%s-%s" (regexReplaceAll "[-.]+$" (trunc (sub $max 9 | int) $name) "") (sha256sum $name | trunc 8) -}}
+{{- printf "%s-%s" (regexReplaceAll "-+$" (trunc (sub $max 9 | int) (replace "." "-" $name)) "") (sha256sum $name | trunc 8) -}}
 {{- end -}}
 {{- end -}}
 

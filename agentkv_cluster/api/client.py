@@ -3,6 +3,10 @@
     client = AgentKvClient.connect(("127.0.0.1", 7420), token)
     with client.open_session("sess-1") as s:  # closed on exit (``SessionClient.close``)
         s.task_start(task="fix bug"); s.store_pages([...]); s.tool_start(call_id="c1", tool="grep")
+
+Error replies raise ``protocol.RemoteError`` (its ``code`` is the reply's code); a code
+with a class of its own raises that subclass: ``PageLostError`` for ``page_lost`` (the
+service lost a page: recompute it).
 """
 
 from __future__ import annotations
@@ -206,7 +210,9 @@ class SessionClient(_ClosedOnExit):
 
     # -- engine side ------------------------------------------------------------------
     def store_pages(self, pages: list[dict[str, Any]]) -> list[bytes]:
-        """Each page: ``identity`` (PageIdentity.pack()), ``data`` (bytes), ``state_type``."""
+        """Each page: ``identity`` (PageIdentity.pack()), ``data`` (bytes), ``state_type``.
+        Returns their keys once every page is held; ``PageLostError`` when the HBM actors
+        taking them kept dying (none of the call's pages is to be relied on)."""
         return self._call("store_pages", pages=pages)["keys"]
 
     def lookup_prefix(self, identities: list[bytes]) -> dict[str, Any]:
@@ -232,7 +238,8 @@ class SessionClient(_ClosedOnExit):
         pages left HBM between the two (pins revoked for another tenant, or timed out:
         ``complete_load`` answers ``not_found``) is prepared again, backing off, up to
         ``LOAD_ATTEMPTS`` times in all; a ``not_found`` of ``prepare_load`` itself (the
-        session is not open, a key is not stored) is raised at once."""
+        session is not open, a key is not stored) is raised at once, and so is its
+        ``page_lost`` (``PageLostError``: a page has no copy left; recompute it)."""
         for attempt in range(LOAD_ATTEMPTS):
             prep = self.prepare_load(keys)
             try:

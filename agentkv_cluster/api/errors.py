@@ -41,6 +41,15 @@ class TenantErased(ServiceError):
     code = ErrorCode.TENANT_ERASED
 
 
+class PageLost(ServiceError):
+    """Not the caller's fault: a page the request needs has no usable copy left (its HBM
+    actor died with its only copy, or its copies could not be brought back into HBM), or
+    the pages of a store did not outlive the HBM actors that took them. Nothing is held
+    for the request; the client recomputes the pages and stores them again."""
+
+    code = ErrorCode.PAGE_LOST
+
+
 class TenantNotProvisioned(ServiceError):
     """The tenant has no keys and the key directory cannot create them (read-only Secret)."""
 

@@ -35,6 +35,7 @@ class ErrorCode(str, enum.Enum):
     NOT_FOUND = "not_found"  # session / page / load id unknown
     BUSY = "busy"  # too many connections; retry later
     TENANT_ERASED = "tenant_erased"  # the tenant was erased while the request ran
+    PAGE_LOST = "page_lost"  # the service lost a page (no copy left): recompute it
     INTERNAL = "internal"  # a bug or a backend failure; the request had no effect
 
 
@@ -49,12 +50,28 @@ class ProtocolError(Exception):
 
 
 class RemoteError(Exception):
-    """Client side: the server answered with an error reply."""
+    """Client side: the server answered with an error reply (``code``: an ``ErrorCode``
+    value, or a code newer than this client, kept as it came)."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+
+
+class PageLostError(RemoteError):
+    """Client side: ``page_lost``. Not the caller's fault: the service has no usable copy
+    of a page the request needs (its HBM actor died with its only copy, or its copies
+    could not be brought back); recompute the page (re-prefill) and store it again. A
+    subclass of ``RemoteError``, so code that catches that catches this too."""
+
+
+_REMOTE_ERRORS: dict[str, type[RemoteError]] = {ErrorCode.PAGE_LOST.value: PageLostError}
+
+
+def remote_error(code: str, message: str) -> RemoteError:
+    """The client exception of an error reply: its own class where the code has one."""
+    return _REMOTE_ERRORS.get(code, RemoteError)(code, message)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,7 +176,7 @@ def decode_reply(payload: bytes, max_frame: int = DEFAULT_MAX_FRAME) -> dict[str
         raise ProtocolError(ErrorCode.MALFORMED, "reply must be a map with 'ok'")
     if not obj["ok"]:
         err = obj.get("error") or {}
-        raise RemoteError(str(err.get("code", "unknown")), str(err.get("message", "")))
+        raise remote_error(str(err.get("code", "unknown")), str(err.get("message", "")))
     return obj
 
 

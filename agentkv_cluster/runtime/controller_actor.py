@@ -179,10 +179,11 @@ class ControllerActor:
         return closed
 
     def store(self, tenant: str, session: str, metas: list[PageMeta],
-              spans: list[RemoteSpan]) -> list[int]:
-        """Admit pages (making room first), then let the HBM actor pull their bytes."""
+              spans: list[RemoteSpan]) -> list[str]:
+        """Admit pages (making room first), then let the HBM actor pull their bytes; returns
+        the HBM actors that took bytes (``store_survival``: the front checks they held)."""
         pending = list(range(len(metas)))
-        gids: dict[int, int] = {}
+        took: set[str] = set()
         deadline = time.monotonic() + 30.0
         while pending:
             try:
@@ -198,7 +199,6 @@ class ControllerActor:
                 raise TenantErased("the tenant was erased during this store") from None
             retry = []
             for i, (gid, needs) in zip(pending, admitted):
-                gids[i] = gid
                 if needs is None:
                     retry.append(i)
                 elif needs:
@@ -206,6 +206,7 @@ class ControllerActor:
                     try:
                         self._ingest(hbm, gid, metas[i], spans[i])
                         ok = True
+                        took.add(hbm)
                     except ArenaFull:  # the budget had room, the arena not yet: pages
                         retry.append(i)  # moving out free theirs at the drop; admit again
                     finally:
@@ -217,7 +218,7 @@ class ControllerActor:
                     raise RequestRefused("HBM is full of pinned pages; release some and retry")
                 self.controller.pause(0.02)  # pinned pages fill the HBM (or arena)
         self.idle.touch(tenant, session, time.monotonic())
-        return [gids[i] for i in range(len(metas))]
+        return sorted(took)
 
     def _ingest(self, hbm: str, gid: int, meta: PageMeta, span: RemoteSpan) -> None:
         try:

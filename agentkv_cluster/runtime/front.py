@@ -24,6 +24,7 @@ from agentkv_cluster.api.errors import (
     AccessDenied,
     InvalidArgument,
     NotFound,
+    PageLost,
     Stopping,
     TenantErased,
     Unauthenticated,
@@ -32,7 +33,7 @@ from agentkv_cluster.api.metrics import ServiceMetrics
 from agentkv_cluster.config import FRAME_ENVELOPE_BYTES
 from agentkv_cluster.runtime.guard import ServiceStopping
 from agentkv_cluster.runtime.handles import ActorGone, ActorSlow, ControllerHandle, HbmHandle
-from agentkv_cluster.runtime.loads import LOAD_TTL_S, PreparedLoad, PreparedLoads
+from agentkv_cluster.runtime.loads import LOAD_TTL_S, PreparedLoad, PreparedLoads, RefusedPageLost
 from agentkv_cluster.runtime.mover import Mover
 from agentkv_cluster.runtime.page_naming import PageNaming
 from agentkv_cluster.runtime.records import (
@@ -48,6 +49,7 @@ from agentkv_cluster.runtime.request_args import (
     event_depth,
     identity_tokens,
 )
+from agentkv_cluster.runtime.store_survival import store_held
 from agentkv_cluster.runtime.tenants import ensure_tenant
 from security.blinding import DirectoryBlinder
 from security.errors import InvalidToken, KeyUnavailable
@@ -187,6 +189,8 @@ class ServiceFront:
             raise Stopping(str(exc)) from None
         except RefusedNotFound as exc:
             raise NotFound(str(exc)) from None
+        except RefusedPageLost as exc:
+            raise PageLost(str(exc)) from None
         except RequestRefused as exc:
             raise InvalidArgument(str(exc)) from None
 
@@ -226,6 +230,7 @@ class ServiceFront:
     # -- engine side --------------------------------------------------------------------------
     def store_pages(self, principal: Principal, session: str, pages: list[dict[str, Any]]
                     ) -> dict[str, Any]:
+        """Stage and store ``pages``; answered once they are held (``store_survival``)."""
         metas, datas = [], []
         for page in pages:
             data = page.get("data")
@@ -236,20 +241,24 @@ class ServiceFront:
             metas.append(replace(meta, content_hash=hashlib.blake2b(
                 data, digest_size=16, person=b"akv-page").digest()))
             datas.append(data)
-        for i in range(0, len(metas), STAGE_PAGES):
-            self._store_chunk(principal, session, metas[i:i + STAGE_PAGES], datas[i:i + STAGE_PAGES])
+        store_held(lambda: self._store_chunks(principal, session, metas, datas), self.hbms,
+                   self.controller.remove_hbm, self.controller.ping)
         for meta in metas:
             self.metrics.transfer(principal.tenant, "hbm", meta.length)
         return {"keys": [m.key for m in metas]}
 
-    def _store_chunk(self, principal: Principal, session: str, metas: list[PageMeta],
-                     datas: list[bytes]) -> None:
-        with self._staged(len(metas)) as slots:
-            spans = []
-            for slot, data in zip(slots, datas):
-                self.mover.slot_view(slot, len(data))[:] = memoryview(data)
-                spans.append(self.mover.slot_span(slot, len(data)))
-            self._call(self.controller.store, principal.tenant, session, metas, spans)
+    def _store_chunks(self, principal: Principal, session: str, metas: list[PageMeta],
+                      datas: list[bytes]) -> set[str]:
+        took: set[str] = set()  # the HBM actors the pages landed in
+        for i in range(0, len(metas), STAGE_PAGES):  # STAGE_PAGES staging slots at a time
+            chunk = datas[i:i + STAGE_PAGES]
+            with self._staged(len(chunk)) as slots:
+                for slot, data in zip(slots, chunk):
+                    self.mover.slot_view(slot, len(data))[:] = memoryview(data)
+                spans = [self.mover.slot_span(s, len(d)) for s, d in zip(slots, chunk)]
+                took.update(self._call(self.controller.store, principal.tenant, session,
+                                       metas[i:i + STAGE_PAGES], spans))
+        return took
 
     @contextmanager
     def _staged(self, n: int) -> Iterator[list[int]]:
@@ -325,7 +334,7 @@ class ServiceFront:
             self.loads.take(load_id)
             how = "did not answer" if isinstance(exc, ActorSlow) else "is gone"
             raise NotFound(f"an actor serving this load {how} ({exc}): prepare the load "
-                           "again (pages with no copy left are refused as PageLost)") from None
+                           "again (pages with no copy left are refused as page_lost)") from None
         return {"pages": pages} if start is None else \
             {"pages": pages, "next": end if end < n else None}
 

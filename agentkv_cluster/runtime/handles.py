@@ -307,7 +307,7 @@ class ControllerHandle(ActorHandle):
         return self._call("close_session", tenant, session)
 
     def store(self, tenant: str, session: str, metas: list[PageMeta],
-              spans: list[RemoteSpan]) -> list[int]:
+              spans: list[RemoteSpan]) -> list[str]:
         return self._call("store", tenant, session, metas, spans)
 
     def event(self, tenant: str, session: str, data: dict[str, Any]) -> dict[str, Any]:

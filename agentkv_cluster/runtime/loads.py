@@ -4,7 +4,8 @@
 (in the guard) until the pages stop moving, pins them all or none, has the executor run
 the demotions and restores the page manager planned, retries once when an actor died
 mid-restore, and reports per page where the bytes came from and how long the engine
-waited. Pages with no copy left are refused (the engine re-prefills) and counted.
+waited. Pages with no copy left, or whose copies could not be brought back, are refused
+as ``RefusedPageLost`` (the engine re-prefills; lost ones are counted).
 
 ``PreparedLoads`` is the API front's half: each prepared load until ``complete_load``
 has served all its pages, the engine released them, its time ran out (``LOAD_TTL_S``),
@@ -36,6 +37,14 @@ from agentkv_cluster.runtime.records import (
     UnknownSession,
 )
 from store.types import Codec
+
+
+class RefusedPageLost(RequestRefused):
+    """A load refused through no fault of its caller: pages of it have no copy left (their
+    HBM actor died with their only copy), or their restore failed (a copy may still exist,
+    and a later load may find it). Nothing stays pinned; the engine re-prefills the pages
+    (the API's ``page_lost``). A ``RequestRefused``, so the handlers of refusals (an
+    erasure, a session closed meanwhile) still see it first."""
 
 
 class EngineLoader:
@@ -73,8 +82,8 @@ class EngineLoader:
                 self.controller.table.unpin(gids, time.monotonic())
                 gone = any(by_gid[g].outcome is Outcome.ACTOR_GONE for g in failed)
                 if attempt or not gone:
-                    raise RequestRefused(f"{len(failed)} page(s) could not be restored: "
-                                         f"{by_gid[failed[0]].error}")
+                    raise RefusedPageLost(f"{len(failed)} page(s) could not be restored: "
+                                          f"{by_gid[failed[0]].error}")
         except (KeyError, RequestRefused):
             if self._closed(tenant, session):
                 raise RefusedNotFound(f"session {session!r} was closed during this load"
@@ -135,8 +144,8 @@ class EngineLoader:
             if lost:
                 self._count_recompute(lost)
                 self.controller.table.unpin(pinned, time.monotonic())
-                raise RequestRefused(f"PageLost: {len(lost)} page(s) have no copy left; "
-                                     "re-prefill them")
+                raise RefusedPageLost(f"PageLost: {len(lost)} page(s) have no copy left; "
+                                      "re-prefill them")
             if not blocked:
                 # Pages that were on their way in (a prefetch, another load's restore) are
                 # pinned as they are; their transfers ran alongside this load's own.

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentkv_cluster.api.client import AgentKvClient, SessionClient
-from agentkv_cluster.api.protocol import ProtocolError, RemoteError
+from agentkv_cluster.api.protocol import PageLostError, ProtocolError, RemoteError
 from agentkv_cluster.engines.vllm.backend import BackendUnavailable, Caller, CallerRefused
 from agentkv_cluster.engines.vllm.hints import HintEvent, HintKind
 from agentkv_cluster.engines.vllm.sessions import DEFAULT_MAX_SESSIONS, SessionCache, SessionEntry
@@ -182,7 +182,9 @@ class ServiceBackend:
         try:
             return self._call(caller, SessionClient.load, [key])[0]
         except RemoteError as exc:
-            if exc.code == "not_found":
+            # not held any more, or lost by the service (its only copy died): a miss that
+            # vLLM recomputes; the key is forgotten, so a later save stores it again
+            if isinstance(exc, PageLostError) or exc.code == "not_found":
                 self._keys.pop((caller.token, identity.digest()), None)
                 return None
             raise BackendUnavailable(f"load failed: {exc}") from None

@@ -1,0 +1,138 @@
+"""A ``store_pages`` whose HBM actor dies while it runs, on a real Ray cluster (one
+machine, three emulated GPU nodes): its reply names only pages that outlived the death.
+
+The store used to answer with every key even when the HBM actor that took some of its
+pages died before the reply (killed between two of its staged chunks, or after the last
+one landed): those pages had no copy left and answered ``PageLost`` at their first load.
+Now the front checks, once every chunk landed, that the HBM actor holding them still
+answers and that the session did not move meanwhile, and stores the call again onto the
+actor the session moved to (the pages that died are ingested again from the bytes the
+front still holds; those that lived are kept as they are).
+
+One module-scoped cluster and service; each test kills one HBM actor.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agentkv_cluster.api.protocol import PageLostError, RemoteError
+from agentkv_cluster.config import load_config
+from agentkv_cluster.lifecycle.identity import PageIdentity
+from agentkv_cluster.runtime.front import STAGE_PAGES
+from agentkv_cluster.runtime.service import Service
+from tests.support.ray_cluster import NODE, ray_cluster
+
+pytest.importorskip("ray")
+
+pytestmark = pytest.mark.integration
+
+L, H, D, TOKENS = 2, 2, 64, 128
+PAGE = 1 << 17  # one page's bytes (2*L*H*TOKENS*D fp16) and one arena page
+
+
+@pytest.fixture(scope="module")
+def service():
+    with ray_cluster(NODE, NODE) as cluster:
+        workdir = Path(tempfile.mkdtemp(prefix="agentkv-store-death-"))
+        cfg = load_config(env={}, overrides={
+            "api": {"port": 0}, "ray": {"address": cluster.address},
+            "hbm": {"page_bytes": PAGE, "num_pages": 32},
+            "pool": {"pool_bytes": 8 << 20, "slot_bytes": PAGE,
+                     "nvme_dir": str(workdir / "nv")},
+        })
+        svc = Service(cfg, workdir=workdir, policy="lru", hbm_capacity=16 * PAGE).start()
+        assert len(svc.topo.hbms) == 3
+        yield svc
+        svc.stop()
+
+
+def page(pid: int, session: str) -> dict:
+    """A page only HBM holds once stored (``temp_reasoning`` is not written through)."""
+    ident = PageIdentity(model_version="m1", adapter_version="", tokenizer_version="t1",
+                         rope_config="theta=1e4", tenant="acme", session=session,
+                         start=1000 * pid, end=1000 * pid + TOKENS, event_version=1)
+    data = np.random.default_rng([pid, len(session)]).standard_normal(
+        2 * L * H * TOKENS * D, dtype=np.float32).astype(np.float16)
+    return {"page_id": pid, "identity": ident.pack(), "state_type": "temp_reasoning",
+            "data": data.tobytes(), "shape": [L, H, TOKENS, D]}
+
+
+def wait_until(check, what: str, deadline_s: float = 60.0) -> None:
+    """A generous deadline only: the watcher forgets a dead actor within a second."""
+    deadline = time.monotonic() + deadline_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def kill_after_chunk(service, monkeypatch, hbm: str, chunk: int, *, forgotten: bool) -> None:
+    """Kill ``hbm`` as soon as the store's ``chunk``-th chunk (1 first) landed in it, before
+    the front goes on; ``forgotten``: wait until the controller forgot it (its sessions
+    moved), as the watcher does within a second."""
+    controller = service.front.controller
+    store = controller.store
+    sent: list = []
+
+    def store_then_kill(tenant, session, metas, spans):
+        took = store(tenant, session, metas, spans)
+        sent.append(len(metas))
+        if len(sent) == chunk:
+            service.topo.hbms[hbm].kill()
+            if forgotten:
+                wait_until(lambda: hbm not in controller.topology()["hbms"],
+                           "the controller to forget the dead HBM actor")
+        return took
+
+    monkeypatch.setattr(controller, "store", store_then_kill)
+
+
+def load_all(s, keys: list[bytes]) -> list[bytes]:
+    prep = s.prepare_load(keys)
+    got = [pg["data"] for pg in s.complete_load(prep["load_id"])["pages"]]
+    s.release(keys)
+    return got
+
+
+def test_pages_of_a_chunk_whose_hbm_actor_died_mid_store_are_stored_again(
+        service, monkeypatch) -> None:
+    """The session moved to another HBM actor between two chunks of one store: the first
+    chunk's pages died with the first actor, and the reply still named them."""
+    with service.client("acme") as client:
+        s = client.open_session("mid")
+        hbm = s.opened["hbm"]
+        pages = [page(i, "mid") for i in range(2 * STAGE_PAGES)]  # two chunks
+        kill_after_chunk(service, monkeypatch, hbm, 1, forgotten=True)
+        keys = s.store_pages(pages)
+        monkeypatch.undo()
+        assert load_all(s, keys) == [p["data"] for p in pages]  # was PageLost
+        assert service.front.controller.hbm_of("acme", "mid") != hbm
+        s.close()
+
+
+def test_pages_whose_hbm_actor_died_before_the_reply_are_stored_again(
+        service, monkeypatch) -> None:
+    """Every byte landed, then the HBM actor died before the reply (the watcher had not
+    noticed yet): the front finds it dead and stores the call again. A page whose store
+    was answered before the death is lost with it, and says so: ``page_lost``, typed."""
+    with service.client("acme") as client:
+        s = client.open_session("late")
+        hbm = s.opened["hbm"]
+        (early,) = s.store_pages([page(99, "late")])  # answered while its actor lived
+        pages = [page(100 + i, "late") for i in range(2)]  # one chunk
+        kill_after_chunk(service, monkeypatch, hbm, 1, forgotten=False)
+        keys = s.store_pages(pages)
+        monkeypatch.undo()
+        controller = service.front.controller
+        wait_until(lambda: hbm not in controller.topology()["hbms"],
+                   "the controller to forget the dead HBM actor")
+        assert load_all(s, keys) == [p["data"] for p in pages]  # was PageLost
+        with pytest.raises(PageLostError) as info:  # was bad_args
+            s.prepare_load([early])
+        assert info.value.code == "page_lost" and isinstance(info.value, RemoteError)
+        s.close()

@@ -173,7 +173,9 @@ class ServiceMetrics:
         self.directory_up.set(1)
         self.directory_refuses_writes = Gauge(
             "agentkv_directory_refuses_writes", "1 while the directory (Redis) answers reads "
-            "but refuses writes, by reason (out_of_memory: maxmemory reached), else 0",
+            "but refuses writes, by reason (out_of_memory: maxmemory reached; "
+            "read_only_replica: the URL names a replica; persistence_failing: its snapshots "
+            "fail, MISCONF), else 0",
             ["reason"], registry=r)
         self.set_directory_refusal(None)  # every reason's series from 0
         self.erasures = Counter(

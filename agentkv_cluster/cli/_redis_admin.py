@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import sys
 from typing import Any
 
 import redis
@@ -23,22 +23,54 @@ def connect_admin(url: str) -> Any:
     return admin
 
 
-def namespace_deleter(url: str, namespace: str, prefix: str = "akv") -> Callable[[object], int]:
-    """A tier deleter for the eraser: drops every directory key of one tenant namespace
-    (``prefix``: the service's ``directory.prefix``) with the directory's own
-    ``delete_namespace``, as the running service's erasure does; counts entries removed."""
+def erase_namespace(url: str, namespace: str, prefix: str = "akv", *, retry_s: float) -> int:
+    """The directory step of ``tenant erase --redis-url``: every directory key of one tenant
+    namespace dropped (``prefix``: the service's ``directory.prefix``) with the directory's
+    own ``delete_namespace``, as the running service's erasure does; the number of entries
+    removed. An unreachable Redis is retried as the service's erasure retries it (the same
+    backoff, for ``retry_s``), each wait told on stderr; the tenant erasure runs this
+    before it destroys any key, so a failure here (a ``CliError`` saying so) leaves the
+    keys intact and the same command run again completes the erasure."""
+    from agentkv_cluster.runtime.directory_glue import GUARD_BACKOFF
+    from store.directory.base import (
+        CredentialsRefused,
+        DirectoryError,
+        DirectoryUnavailable,
+        WritesRefused,
+    )
     from store.directory.redis_backend import RedisDirectory
+    from store.directory.retry import RetryWait, retry_unavailable
 
     try:  # it goes into a SCAN pattern: a glob character would match other keys
         check_namespace(prefix)
     except InvalidEntry as exc:
         raise CliError(f"--redis-prefix {prefix!r:.40}: {exc}") from None
-    directory = RedisDirectory(url, prefix=prefix)
+    shown = redact_url(url)
+    try:
+        directory = RedisDirectory(url, prefix=prefix)
+    except ValueError as exc:  # not a redis://, rediss:// or unix:// URL
+        raise CliError(f"--redis-url {shown!r}: {str(exc).replace(url, shown)}") from None
 
-    def delete(scope: object) -> int:
-        try:
-            return directory.delete_namespace(namespace)
-        finally:
-            directory.close()
+    def told(wait: RetryWait) -> None:
+        print(f"agentkv tenant erase: Redis at {shown} is unreachable "
+              f"({str(wait.error).replace(url, shown)}); nothing erased yet; retrying in "
+              f"{wait.delay_s:.1f} s ({wait.elapsed_s:.1f} s of --retry-s "
+              f"{wait.budget_s:g} spent)", file=sys.stderr, flush=True)
 
-    return delete
+    try:
+        return retry_unavailable(lambda: directory.delete_namespace(namespace),
+                                 budget_s=retry_s, next_delay=GUARD_BACKOFF.after, on_wait=told)
+    except DirectoryError as exc:
+        detail = str(exc).replace(url, shown)
+        if isinstance(exc, WritesRefused):
+            why, until = f"refuses writes ({exc.reason.value}: {detail})", "it accepts writes"
+        elif isinstance(exc, DirectoryUnavailable) and not isinstance(exc, CredentialsRefused):
+            why = f"could not be reached within --retry-s {retry_s:g} ({detail})"
+            until = "Redis answers"
+        else:
+            why, until = f"refused the erasure ({type(exc).__name__}: {detail})", "that is fixed"
+        raise CliError(f"Redis at {shown} {why}: the tenant was not erased: its keys are "
+                       "intact, and its directory entries were not deleted, or only some of "
+                       f"them; run the same command again once {until}") from None
+    finally:
+        directory.close()

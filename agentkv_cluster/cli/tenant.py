@@ -11,16 +11,20 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agentkv_cluster.cli import (
     CliError,
     add_state_dir,
     check_writable_dir,
     check_writable_file,
-    redact_url,
 )
 
+if TYPE_CHECKING:
+    from security.keyring import TenantKeyring
+
 MAX_TOKEN_TTL_S = 366 * 86400.0  # a token lives at most a year (rotate the secret to revoke)
+MAX_RETRY_S = 86400.0  # tenant erase --retry-s: at most a day of waiting for Redis
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -60,6 +64,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        default=os.environ.get("AGENTKV_DIRECTORY_PREFIX", "akv"),
                        help="the service's directory.prefix (default $AGENTKV_DIRECTORY_PREFIX "
                             "or akv)")
+    erase.add_argument("--retry-s", type=float, metavar="S",
+                       help="with --redis-url: how long an unreachable Redis is retried "
+                            "before the erase gives up, having destroyed no key (default: as "
+                            "the service's own erasure, 60)")
     erase.add_argument("--receipt-out", type=Path, metavar="F", help="write the receipt here too")
     erase.set_defaults(handler=_erase)
 
@@ -178,8 +186,6 @@ def _rotate(args: argparse.Namespace) -> int:
 
 
 def _erase(args: argparse.Namespace) -> int:
-    from agentkv_cluster.cli._redis_admin import namespace_deleter
-    from security.blinding import DirectoryBlinder
     from security.erasure import Eraser
     from security.errors import SecurityError
 
@@ -188,26 +194,23 @@ def _erase(args: argparse.Namespace) -> int:
     audit, signer = _audit(args)
     if audit is None or signer is None:
         raise CliError("erase records its receipt: give --audit-log and --signing-key")
+    if args.retry_s is not None and args.redis_url is None:
+        raise CliError("--retry-s goes with --redis-url (how long its directory step retries)")
+    directory_done = False
     try:
         eraser = Eraser(keyring, audit, signer)
         if args.redis_url is not None:
-            if args.generation is not None:
-                raise CliError("--redis-url deletes whole tenants; the directory retires "
-                               "generations itself")
-            # The namespace comes from the blinding secret, so compute it before the keys go.
-            namespace = DirectoryBlinder(keyring).namespace(args.tenant)
-            try:
-                deleter = namespace_deleter(args.redis_url, namespace, args.redis_prefix)
-            except ValueError as exc:  # not a redis://, rediss:// or unix:// URL
-                raise CliError(f"--redis-url {redact_url(args.redis_url)!r}: {exc}") from None
-            eraser.register_tier("directory", deleter)
+            removed = _erase_directory(args, keyring)
+            directory_done = True
+            eraser.register_tier("directory", lambda _scope: removed)
         now = time.time()
         if args.generation is None:
             receipt = eraser.erase_tenant(args.tenant, now)
         else:
             receipt = eraser.erase_generation(args.tenant, args.generation, now)
     except SecurityError as exc:
-        raise CliError(str(exc)) from None
+        done = "; the tenant's directory entries were deleted before it" if directory_done else ""
+        raise CliError(f"{exc}{done}") from None
     finally:
         audit.close()
     text = receipt.to_json() + "\n"
@@ -218,6 +221,26 @@ def _erase(args: argparse.Namespace) -> int:
               " (what is left there is ciphertext under destroyed keys)", file=sys.stderr)
     _write_receipt(args.receipt_out, text)
     return 1 if receipt.failed_tiers else 0
+
+
+def _erase_directory(args: argparse.Namespace, keyring: TenantKeyring) -> int:
+    """The directory step of an erase with ``--redis-url``, run before any key is destroyed:
+    the namespace is named by the tenant's blinding secret, which the erasure shreds, so a
+    directory step that failed after it could never be finished. Failing here, it leaves
+    the keys intact and the same command run again completes the erasure."""
+    from agentkv_cluster.cli._redis_admin import erase_namespace
+    from agentkv_cluster.runtime.erasure import DIRECTORY_RETRY_S
+    from security.blinding import DirectoryBlinder
+
+    if args.generation is not None:
+        raise CliError("--redis-url deletes whole tenants; the directory retires "
+                       "generations itself")
+    retry_s = DIRECTORY_RETRY_S if args.retry_s is None else args.retry_s
+    if not (math.isfinite(retry_s) and 0 <= retry_s <= MAX_RETRY_S):
+        raise CliError(f"--retry-s must be a number of seconds in [0, {MAX_RETRY_S:.0f}]")
+    namespace = DirectoryBlinder(keyring).namespace(args.tenant)  # no keys: a SecurityError
+    check_writable_dir(args.keys_dir, "--keys-dir")  # the erasure marks the tenant there
+    return erase_namespace(args.redis_url, namespace, args.redis_prefix, retry_s=retry_s)
 
 
 def _write_receipt(path: Path | None, text: str) -> None:

@@ -366,7 +366,7 @@ class RefusalLog:
 def probe_redis(spec: RedisSpec, timeout_s: float = 2.0) -> DirectoryProbe:
     """One real read, then ``check_writes`` (which writes nothing, so a full Redis is not
     filled by its own probe)."""
-    from store.directory.base import DirectoryError, DirectoryFull
+    from store.directory.base import DirectoryError, WritesRefused
     from store.directory.redis_backend import RedisDirectory
 
     try:
@@ -378,7 +378,7 @@ def probe_redis(spec: RedisSpec, timeout_s: float = 2.0) -> DirectoryProbe:
         client.get("readyz", b"readyz")
         client.check_writes()
         return DirectoryProbe(up=True, refusal=None, detail="directory ok")
-    except DirectoryFull as exc:
+    except WritesRefused as exc:
         return DirectoryProbe(up=True, refusal=exc.reason,
                               detail=f"directory answers reads but refuses writes: {exc}")
     except DirectoryError as exc:

@@ -179,24 +179,21 @@ class ClusterErasure:
         """The tenant's directory entries removed (their count). The whole namespace goes
         (Redis: entries, generations, ``meta`` and write counts; the embedded one in its
         actor: entries and generation state), whatever the entries' references."""
-        from store.directory.base import DirectoryUnavailable
+        from store.directory.retry import retry_unavailable
 
         d = open_directory(self.topo.directory)
-        deadline, delay = time.monotonic() + DIRECTORY_RETRY_S, None
-        try:
-            while True:
-                try:
-                    drop = getattr(d, "delete_namespace", None)
-                    if drop is not None:
-                        return int(drop(namespace))
-                    return sum(d.delete(namespace, k) is Lookup.HIT for k in keys)
-                except DirectoryUnavailable:  # the guard's own delays: each wait outlasts it
-                    delay = GUARD_BACKOFF.after(delay)
-                    if time.monotonic() + delay > deadline:
-                        raise
-                    log.warning("erasure: the directory is unreachable; retrying in %.1f s",
-                                delay)
-                    time.sleep(delay)
+
+        def drop() -> int:
+            delete_namespace = getattr(d, "delete_namespace", None)
+            if delete_namespace is not None:
+                return int(delete_namespace(namespace))
+            return sum(d.delete(namespace, k) is Lookup.HIT for k in keys)
+
+        try:  # the guard's own delays: each wait outlasts it
+            return retry_unavailable(
+                drop, budget_s=DIRECTORY_RETRY_S, next_delay=GUARD_BACKOFF.after,
+                on_wait=lambda w: log.warning("erasure: the directory is unreachable; "
+                                              "retrying in %.1f s", w.delay_s))
         finally:
             if d is not self.topo.directory:  # a Redis client opened for this erase
                 d.close()

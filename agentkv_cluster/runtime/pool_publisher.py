@@ -11,8 +11,8 @@ so nothing here could see them lost. Either way the publisher's own thread has t
 republish everything it holds once the directory answers, backing off between attempts;
 the store path only sets a flag and never waits for it. This loop is the one owner of
 the pool's entries: the head's ``DirectoryWatch`` reports outages and emptied restarts
-but need not republish. A directory that refuses writes (``DirectoryFull``: Redis out of
-memory) is logged at error level once per streak, whatever failed before it.
+but need not republish. A directory that refuses writes (``WritesRefused``: Redis out of
+memory, a read-only replica, failing persistence) is logged at error level once per streak, whatever failed before it.
 """
 
 from __future__ import annotations
@@ -164,11 +164,11 @@ class PoolPublisher:
         if not self.stale:
             self._delay = None
             return self.interval_s
-        from store.directory.base import DirectoryFull
+        from store.directory.base import WritesRefused
 
         try:
             n = republish()
-        except DirectoryFull as exc:
+        except WritesRefused as exc:
             delay = self._retry_later()
             if not self._refused:
                 log.error("the directory refuses this pool's writes (%s); its copies stay "

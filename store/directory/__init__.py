@@ -13,11 +13,14 @@ from store.directory.base import (
     GenerationRegression,
     InvalidEntry,
     MissingEntry,
+    PersistenceFailing,
     ReadOnlyGeneration,
+    ReadOnlyReplica,
     RefcountUnderflow,
     ReportsLostWrites,
     UnknownGeneration,
     WriteRefusal,
+    WritesRefused,
 )
 from store.directory.embedded import EmbeddedDirectory
 
@@ -35,9 +38,12 @@ __all__ = [
     "GenerationRegression",
     "InvalidEntry",
     "MissingEntry",
+    "PersistenceFailing",
     "ReadOnlyGeneration",
+    "ReadOnlyReplica",
     "RefcountUnderflow",
     "ReportsLostWrites",
     "UnknownGeneration",
     "WriteRefusal",
+    "WritesRefused",
 ]

@@ -13,7 +13,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 from store.types import Codec, Lookup, Tier
 
@@ -65,15 +65,42 @@ class WriteRefusal(Enum):
     """Why the backing service refuses every write while it still answers reads."""
 
     OUT_OF_MEMORY = "out_of_memory"  # Redis at ``maxmemory`` with nothing it may evict
+    READ_ONLY_REPLICA = "read_only_replica"  # ``READONLY``: a replica (a primary demoted)
+    PERSISTENCE_FAILING = "persistence_failing"  # ``MISCONF``: its RDB or AOF writes fail
 
 
-class DirectoryFull(DirectoryError):
+class WritesRefused(DirectoryError):
+    """The backing service refuses every write for ``reason`` but still answers reads;
+    nothing was changed. Writers keep their copies and publish them once it accepts
+    writes again. One subclass per reason."""
+
+    reason: ClassVar[WriteRefusal]
+
+
+class DirectoryFull(WritesRefused):
     """The backing service refuses writes for want of memory (Redis at ``maxmemory`` under
     ``noeviction``, or with no key its policy may evict); nothing was changed. Reads and
     deletions still work: writers keep their copies and publish them once it accepts
     writes again."""
 
     reason = WriteRefusal.OUT_OF_MEMORY
+
+
+class ReadOnlyReplica(WritesRefused):
+    """The server is a read-only replica (Redis ``READONLY``): the directory's URL names a
+    replica, or its primary was demoted in a failover and the client has not followed.
+    Reads answer from the replica's copy; every write, deletions included, is refused."""
+
+    reason = WriteRefusal.READ_ONLY_REPLICA
+
+
+class PersistenceFailing(WritesRefused):
+    """The server stopped accepting writes because it cannot persist them (Redis
+    ``MISCONF``: an RDB snapshot failed under ``stop-writes-on-bgsave-error yes``, or AOF
+    writes fail). Reads answer; every write, deletions included, is refused until a
+    snapshot succeeds again."""
+
+    reason = WriteRefusal.PERSISTENCE_FAILING
 
 
 class DirectoryAccessDenied(DirectoryError):

@@ -34,8 +34,10 @@ deletion (which removes it) or finds the tombstone and deletes the namespace aga
 Erased, ``open_generation`` answers the generation it opened (taken back, as later writes
 into it are), ``current_generation`` 0; refusals (``MissingEntry``...) are raised as usual.
 
-Refused writes: Redis at ``maxmemory`` refuses every write (``DirectoryFull``) but still
-answers reads and deletions; ``check_writes`` asks without writing anything.
+Refused writes (``WritesRefused``, one class per reason, mapped in ``redis_errors``): Redis
+at ``maxmemory`` (``DirectoryFull``) still answers reads and deletions; a read-only replica
+(``ReadOnlyReplica``) or a server whose persistence fails (``PersistenceFailing``) answers
+reads only, so an erasure is refused there too. ``check_writes`` asks without writing.
 """
 
 from __future__ import annotations
@@ -51,10 +53,9 @@ from redis import exceptions as rexc
 from store.directory import _lua
 from store.directory.base import (
     ERASED_KEEP,
-    DirectoryAccessDenied,
     DirectoryEntry,
     DirectoryError,
-    DirectoryUnavailable,
+    DirectoryFull,
     InvalidEntry,
     UnknownGeneration,
     check_key,
@@ -309,9 +310,9 @@ class RedisDirectory:
             self._seen(namespace, int(gen))
 
     def check_writes(self) -> None:
-        """``DirectoryFull`` if Redis refuses writes now (out of memory), without writing:
-        ``SET ... XX`` of a key that never exists is refused for memory before Redis looks
-        at the key, as every write is, and changes nothing when it is accepted."""
+        """``WritesRefused`` if Redis refuses writes now (out of memory, a replica, failing
+        persistence), without writing: ``SET ... XX`` of a key that never exists is refused
+        before Redis looks at the key, as every write is, and changes nothing if accepted."""
         _call(lambda: self._client.set(self._probe, b"", xx=True))
 
     def restore(self, entries: Sequence[DirectoryEntry]) -> None:
@@ -363,13 +364,12 @@ class RedisDirectory:
         return removed
 
     def _tombstone_for(self, namespace: str) -> bool:
-        """Add ``namespace``'s tombstone; False if Redis refused the write (out of memory:
-        an erasure then stands without it, and its writers report a loss once)."""
+        """Add ``namespace``'s tombstone; False if Redis refused the write for memory (an
+        erasure then stands without it, and its writers report a loss once). Any other
+        refusal is raised: a replica, or a server that cannot persist, deletes nothing."""
         try:
             self._run("TOMBSTONE", [self._erased], [namespace, ERASED_KEEP])
-        except (DirectoryUnavailable, DirectoryAccessDenied):
-            raise
-        except DirectoryError:
+        except DirectoryFull:  # deletions still work there
             return False
         return True
 

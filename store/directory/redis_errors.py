@@ -1,8 +1,12 @@
 """How the Redis directory's failures become directory errors (one place for the mapping).
 
-Redis's own refusals map by their class in redis-py (the reply's prefix: ``OOM``,
-``NOPERM``, a refused ``AUTH``); the scripts' refusals by their ``AKV_<KIND>`` tag
-(``_lua``). Anything else is a plain ``DirectoryError`` with Redis's message.
+Redis's own refusals map by the reply's error prefix, which redis-py turns into a class
+(``OOM``, ``READONLY``, ``NOPERM``, a refused ``AUTH``) or leaves at the head of the message
+(``MISCONF``, which it has no class for); never by words deeper in the message, where a
+script's name or an argument could put them. The refusals of every write (``OOM``,
+``READONLY``, ``MISCONF``) are ``WritesRefused``, one class per ``WriteRefusal``. The
+scripts' refusals map by their ``AKV_<KIND>`` tag (``_lua``). Anything else is a plain
+``DirectoryError`` with Redis's message.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from store.directory.base import (
     EntryInUse,
     GenerationRegression,
     MissingEntry,
+    PersistenceFailing,
     ReadOnlyGeneration,
+    ReadOnlyReplica,
     RefcountUnderflow,
     UnknownGeneration,
 )
@@ -51,7 +57,11 @@ def as_directory_error(exc: Exception) -> Exception:
         return DirectoryAccessDenied(str(exc))
     if isinstance(exc, rexc.OutOfMemoryError):  # a write refused at maxmemory, script or not
         return DirectoryFull(f"redis refuses writes, out of memory: {exc}")
+    if isinstance(exc, rexc.ReadOnlyError):  # a replica, or a primary demoted in a failover
+        return ReadOnlyReplica(f"redis refuses writes, read-only replica: {exc}")
     message = str(exc)
+    if message.split(" ", 1)[0] == "MISCONF":  # no class in redis-py: the prefix stays put
+        return PersistenceFailing(f"redis refuses writes, persistence failing: {message}")
     for tag, error in SCRIPT_ERRORS.items():
         if tag in message:
             return error(message.split(tag, 1)[1].strip())

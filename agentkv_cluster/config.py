@@ -19,6 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentkv_cluster.config_sizes import (
+    FRAME_ENVELOPE_BYTES,  # noqa: F401 - the front imports it from here
+    size_conflicts,
+)
+
 ENV_PREFIX = "AGENTKV_"
 ROLES = ("head", "pool", "hbm")
 POLICIES = ("agentkv", "lru")
@@ -201,10 +206,6 @@ def nvme_root(cfg: AgentKvConfig, workdir: Path) -> Path:
     return Path(cfg.pool.nvme_dir) if cfg.pool.nvme_dir else workdir / "nvme"
 
 
-# What a frame carries beside its pages' bytes (msgpack envelope: op, token, keys, digests):
-# requests with a full page must fit in it, and the front pages its replies by it.
-FRAME_ENVELOPE_BYTES = 64 << 10
-
 # The lowest value of each numeric setting: (bound, whether the bound itself is allowed).
 # Every number in the tree must also be finite, checked once for all in validate() (NaN
 # compares false with everything, so a bound alone would let it through).
@@ -250,15 +251,9 @@ def validate(cfg: AgentKvConfig) -> AgentKvConfig:
     for name, port in (("api.port", cfg.api.port), ("metrics.port", cfg.metrics.port)):
         if not 0 <= port <= 65535:  # 0 asks the OS for a free port
             raise ConfigError(name, f"must be 0..65535, got {port}")
-    frame, page = cfg.api.max_frame_bytes, cfg.hbm.page_bytes
-    if page + FRAME_ENVELOPE_BYTES > frame:  # a store of a full page would be refused
-        raise ConfigError("hbm.page_bytes", (
-            f"a full page ({page} B) plus the request envelope ({FRAME_ENVELOPE_BYTES} B) "
-            f"must fit one wire frame, but api.max_frame_bytes is {frame} B: lower "
-            f"hbm.page_bytes to at most {frame - FRAME_ENVELOPE_BYTES} B or raise "
-            f"api.max_frame_bytes to at least {page + FRAME_ENVELOPE_BYTES} B"))
-    if cfg.pool.slot_bytes > cfg.pool.pool_bytes:
-        raise ConfigError("pool.slot_bytes", "must not exceed pool.pool_bytes")
+    conflicts = size_conflicts(cfg)  # a page must fit a wire frame, a pool slot, the shard
+    if conflicts:
+        raise ConfigError(conflicts[0].field, conflicts[0].message)
     if cfg.controller.policy not in POLICIES:
         raise ConfigError("controller.policy", f"must be one of {POLICIES}")
     if not 0 < cfg.controller.hbm_budget_fraction <= 1:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentkv_cluster.runtime.mover import Endpoint, Mover, RemoteSpan
+from agentkv_cluster.runtime.pool_geometry import host_slot_bytes, staging_slot_bytes
 from agentkv_cluster.runtime.pool_publisher import PoolPublisher
 from agentkv_cluster.runtime.pool_records import (
     ChunkOpener,
@@ -24,8 +25,8 @@ from agentkv_cluster.runtime.pool_records import (
     StoredCopy,
     holding_of,
     read_entry,
-    sealed_total,
 )
+from agentkv_cluster.runtime.pool_tiers import NvmeTierFull, TierWriter
 from agentkv_cluster.runtime.records import PageMeta, PoolPurged, PoolReceipt
 from security.blinding import DirectoryBlinder, size_bucket
 from security.chunked import ChunkedSealer
@@ -33,7 +34,7 @@ from security.errors import KeyUnavailable
 from security.keyring import FileKeySource, TenantKeyring
 from security.sealing import TenantSealer
 from store.directory import DirectoryEntry
-from store.host_pool import HostPool, PoolFull, SlotEmpty, TornRead
+from store.host_pool import HostPool, SlotEmpty, TornRead
 from store.nvme import NvmeShard, NvmeShardConfig
 from store.types import Codec, Lookup, Tier
 
@@ -79,7 +80,7 @@ class PoolActor:
         self.sealer = TenantSealer(self.keyring)
         self.blinder = DirectoryBlinder(self.keyring)
         self.mover = Mover(f"pool-{spec.name}-{secrets.token_hex(3)}",
-                           sealed_total(spec.host_slot_bytes) + 4096, spec.staging_slots)
+                           staging_slot_bytes(spec.host_slot_bytes), spec.staging_slots)
         self.host = self._open_host()
         self.buffers = RecordBuffers(self.host.slot_bytes)  # NVMe records, both ways
         self.chunked = ChunkedSealer(self.keyring)
@@ -87,6 +88,7 @@ class PoolActor:
         self.nvme = NvmeShard(spec.nvme_dir, NvmeShardConfig(max_bytes=spec.nvme_bytes))
         self._index: dict[tuple[bytes, Codec], StoredCopy] = {}
         self._lock = threading.RLock()
+        self.tiers = TierWriter(self.host, self.nvme, self._lock, spec.name)
         self._storing: dict[tuple[bytes, Codec], _Storing] = {}
         self._stored = threading.Condition(self._lock)  # a store of some page committed
         self.opener = ChunkOpener(self.sealer, self.chunked, self.mover, spec.name)
@@ -97,7 +99,7 @@ class PoolActor:
     # -- start-up and recovery ---------------------------------------------------------------
     def _open_host(self) -> HostPool:
         name = self.spec.shm_name
-        slot = sealed_total(self.spec.host_slot_bytes) + 1024
+        slot = host_slot_bytes(self.spec.host_slot_bytes)
         try:
             return HostPool.create(name, slot, self.spec.host_slots)
         except FileExistsError:
@@ -162,7 +164,8 @@ class PoolActor:
         nv = self.nvme.stats()
         return {"name": self.name, "copies": len(self._index), "host_used_bytes": host.used_bytes,
                 "nvme_live_bytes": nv.live_bytes, "rejects": self.opener.rejects,
-                "torn": self.torn}
+                "torn": self.torn, "nvme_full": self.tiers.counts.nvme_full,
+                "refused_full": self.tiers.counts.refused_full}
 
     def holds_many(self, keys: list[bytes]) -> list[tuple | None]:
         """What this pool keeps of each page (None: nothing), as ``PoolHolding.wire()``."""
@@ -182,7 +185,8 @@ class PoolActor:
     # -- data path ------------------------------------------------------------------------------
     def store_from(self, meta: PageMeta, tier: Tier, codec: Codec, src: RemoteSpan
                    ) -> tuple[int, int]:
-        """Pull an encoded page from ``src``, seal it, store it on ``tier`` (HOST spills to NVMe)."""
+        """Pull an encoded page from ``src``, seal it, store it on ``tier`` or, when that one
+        is full, the other (``pool_tiers``); ``NvmeTierFull`` when neither has room."""
         slot = self.mover.take_slot()
         try:
             self.mover.pull(src, self.mover.staging_region, slot * self.mover.slot_bytes)
@@ -207,27 +211,26 @@ class PoolActor:
                           state_type=meta.state_type.value,
                           shape=None if shape is None else shape.stored())
         storing = self._begin_store(meta.key, codec, meta.namespace)
+        sealed = (meta.key, codec, copy, meta.digest, plain)
         try:
-            with self._lock:
-                if tier is Tier.HOST:
-                    with suppress(PoolFull):  # full: spill to NVMe
-                        copy.slot, copy.tier = self.host.alloc(), Tier.HOST
-            if copy.tier is Tier.HOST:
-                self.records.into_slot(self.host, meta.key, codec, copy, meta.digest, plain)
-            else:
-                self.records.to_nvme(self.nvme, meta.key, codec, copy, meta.digest, plain)
-        except BaseException:
+            self.tiers.write(tier, copy, lambda: self.records.into_slot(self.host, *sealed),
+                             lambda: self.records.to_nvme(self.nvme, *sealed))
+        except BaseException as exc:  # nothing written; an older copy of the page stays
             with self._lock:
                 self._end_store(meta.key, codec)
-                if copy.tier is Tier.HOST:
-                    self.host.free(copy.slot)
+                held = self._index.get((meta.key, codec))
+            if isinstance(exc, NvmeTierFull) and held is not None:  # it holds the page already
+                return PoolReceipt(tier=held.tier, nbytes=held.nbytes)
             raise
         with self._lock:
             self._end_store(meta.key, codec)
-            if not storing.cancelled:
+            held = self._index.get((meta.key, codec))  # replaced only now, if at all
+            if storing.cancelled:  # deleted or erased while it was sealed: keep nothing
+                self.tiers.discard(copy, scrub=True)
+            elif held is None or self.tiers.replaced(held, copy):
                 self._index[(meta.key, codec)] = copy
-            else:  # deleted or erased while it was sealed: keep nothing
-                self._discard(copy, scrub=True)
+            else:  # the old copy could not be retired (a full disk): it stays, the new goes
+                return PoolReceipt(tier=held.tier, nbytes=held.nbytes)
         if storing.cancelled:
             plain[:] = 0  # the staging slot held its plaintext (zeroed outside the lock)
             raise PageMissing("the page was deleted or its tenant erased while stored")
@@ -239,12 +242,11 @@ class PoolActor:
         return PoolReceipt(tier=copy.tier, nbytes=len(plain))
 
     def _begin_store(self, key: bytes, codec: Codec, namespace: str) -> _Storing:
-        """Wait for a store of the same copy in flight, drop the old copy, and mark this
-        one as in flight (``delete_copy`` and ``erase_tenant`` cancel it)."""
+        """Wait for a store of the same copy in flight, then mark this one as in flight
+        (``delete_copy`` and ``erase_tenant`` cancel it; the old copy stays until then)."""
         with self._lock:
             while (key, codec) in self._storing:
                 self._stored.wait()
-            self.delete_copy(key, codec)
             storing = self._storing[(key, codec)] = _Storing(namespace)
             return storing
 
@@ -319,7 +321,7 @@ class PoolActor:
                 storing.cancelled = True
             copy = self._index.pop((key, codec), None)
             if copy is not None:
-                self._discard(copy)
+                self.tiers.discard(copy)
             return copy is not None
 
     def delete(self, key: bytes, namespace: str) -> int:
@@ -330,15 +332,6 @@ class PoolActor:
             if gone:
                 self.publisher.delete(self.blinder.namespace(namespace), key)
         return gone
-
-    def _discard(self, copy: StoredCopy, scrub: bool = False) -> None:
-        """Release a copy's bytes (``scrub``: overwrite them too). Under the lock."""
-        if copy.tier is Tier.HOST:
-            self.host.free(copy.slot, scrub=scrub)
-        elif scrub:
-            self.nvme.shred(copy.nkey)
-        else:
-            self.nvme.delete(copy.nkey)
 
     def erase_tenant(self, tenant: str, tier: int) -> list[bytes]:
         """Tenant erasure: drop and scrub every copy of ``tenant``'s own pages held in
@@ -378,7 +371,7 @@ class PoolActor:
         """``delete_copy`` that overwrites the bytes, not only releases them (erasure)."""
         copy = self._index.pop((key, codec), None)
         if copy is not None:
-            self._discard(copy, scrub=True)
+            self.tiers.discard(copy, scrub=True)
         return copy is not None
 
     def reset(self) -> int:
@@ -397,4 +390,4 @@ class PoolActor:
         self.mover.close()
 
 
-__all__ = ["PageMissing", "PoolActor", "PoolSpec", "SealRejected"]
+__all__ = ["NvmeTierFull", "PageMissing", "PoolActor", "PoolSpec", "SealRejected"]

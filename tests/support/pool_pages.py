@@ -27,6 +27,7 @@ def pool_spec(tmp_path: Path, tenants: tuple[str, ...] = ("acme",)) -> PoolSpec:
     """A 4 MiB host pool of 1 MiB slots over an NVMe shard in ``tmp_path``, with keys for
     ``tenants``."""
     cfg = load_config(env={}, overrides={
+        "hbm": {"page_bytes": MIB},  # a slot holds a full page
         "pool": {"pool_bytes": 4 * MIB, "slot_bytes": MIB, "nvme_dir": str(tmp_path / "nv")},
         "security": {"tenant_keys_dir": str(tmp_path / "keys")}})
     spec = wiring.pool_spec(cfg, f"node-{uuid.uuid4().hex[:6]}", tmp_path)

@@ -104,7 +104,7 @@ def test_a_quota_over_the_free_space_warns(tmp_path: Path) -> None:
     claim, warning = claim_local_paths(_cfg(nvme_bytes=1 << 60), tmp_path)
     claim.release()
     assert warning is not None and "does not fit" in warning
-    claim, warning = claim_local_paths(_cfg(nvme_bytes=4096), tmp_path)
+    claim, warning = claim_local_paths(_cfg(nvme_bytes=8 * MiB), tmp_path)  # 2 pages
     claim.release()
     assert warning is None
 

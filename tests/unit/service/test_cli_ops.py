@@ -54,12 +54,17 @@ def test_serve_help_lists_every_environment_variable() -> None:
 @pytest.mark.parametrize(("text", "nbytes"), [
     ("16GiB", 16 << 30), ("512MiB", 512 << 20), ("4Gi", 4 << 30), ("1.5GB", 1_500_000_000),
     ("4096", 4096), ("64 KiB", 64 << 10), ("0x1000", 4096)])
-def test_sizes_accept_units(text: str, nbytes: int) -> None:
-    args = build_parser().parse_args(["serve", "--nvme-bytes", text, "--pool-bytes", "64GiB"])
+def test_sizes_accept_units(text: str, nbytes: int, monkeypatch) -> None:
+    # Pages and pool slots of 4 KiB: a host pool of any of these sizes holds a page.
+    monkeypatch.setenv("AGENTKV_HBM_PAGE_BYTES", "4096")
+    monkeypatch.setenv("AGENTKV_POOL_SLOT_BYTES", "4096")
+    args = build_parser().parse_args(["serve", "--pool-bytes", text, "--nvme-bytes", "64GiB"])
     cfg = config_from_args(args)
-    assert (cfg.pool.nvme_bytes, cfg.pool.pool_bytes) == (nbytes, 64 << 30)
+    assert (cfg.pool.pool_bytes, cfg.pool.nvme_bytes) == (nbytes, 64 << 30)
     frame = str(max(64 << 20, 2 * nbytes))  # a page must fit one wire frame
-    assert load_config(env={"AGENTKV_HBM_PAGE_BYTES": text,
+    assert load_config(env={"AGENTKV_HBM_PAGE_BYTES": text, "AGENTKV_POOL_SLOT_BYTES": text,
+                            "AGENTKV_POOL_POOL_BYTES": str(max(512 << 20, nbytes)),
+                            "AGENTKV_POOL_NVME_BYTES": str(2 * nbytes + (1 << 20)),
                             "AGENTKV_API_MAX_FRAME_BYTES": frame}).hbm.page_bytes == nbytes
 
 

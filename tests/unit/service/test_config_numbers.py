@@ -97,8 +97,9 @@ def test_a_page_plus_envelope_that_fits_is_accepted() -> None:
     with pytest.raises(ConfigError):
         load_config(env={"AGENTKV_HBM_PAGE_BYTES": str(page),
                          "AGENTKV_API_MAX_FRAME_BYTES": str(page + FRAME_ENVELOPE_BYTES - 1)})
-    # The documented maximum page with the default 64 MiB frame.
-    assert load_config(env={"AGENTKV_HBM_PAGE_BYTES": "32MiB"}).hbm.page_bytes == 32 << 20
+    # The documented maximum page with the default 64 MiB frame (and pool slots that hold it).
+    assert load_config(env={"AGENTKV_HBM_PAGE_BYTES": "32MiB",
+                            "AGENTKV_POOL_SLOT_BYTES": "32MiB"}).hbm.page_bytes == 32 << 20
 
 
 def test_local_ray_cpus_follow_the_setting_and_zero_is_not_replaced() -> None:

@@ -34,6 +34,13 @@ class Stopping(ServiceError):
     code = ErrorCode.BUSY
 
 
+class NoRoom(ServiceError):
+    """The service has no room for the request now: the HBM is full of pinned pages, or a
+    pool's tiers are full. Nothing was changed; retry later (or release pages)."""
+
+    code = ErrorCode.BUSY
+
+
 class TenantErased(ServiceError):
     """The tenant was erased while the request ran (or is being erased): nothing of it
     was served. A token issued after the erasure starts the tenant again, empty."""

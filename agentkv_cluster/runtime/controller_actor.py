@@ -1,8 +1,7 @@
 """The controller actor: the ``Controller`` bookkeeping, an ``Executor`` and a reconcile loop.
 
-Every engine call and orchestrator event of the API front lands here; the loop
-starts scheduled gap migrations and prefetches when their time comes. Bytes never
-pass through this actor: it tells HBM and pool actors what to move.
+Every engine call and orchestrator event of the API front lands here; the loop starts
+scheduled gap migrations and prefetches when due. Bytes never pass through this actor.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from agentkv_cluster.runtime.guard import Guarded
 from agentkv_cluster.runtime.handles import ActorGone, ActorSlow, HbmHandle, PoolHandle
 from agentkv_cluster.runtime.idle_sessions import IdleSessions
 from agentkv_cluster.runtime.link_credits import LinkCredits
-from agentkv_cluster.runtime.loads import EngineLoader
+from agentkv_cluster.runtime.loads import EngineLoader, RefusedBusy
 from agentkv_cluster.runtime.mover import RemoteSpan
 from agentkv_cluster.runtime.records import (
     ActionKind,
@@ -191,7 +190,7 @@ class ControllerActor:
                     tenant, session, [metas[i] for i in pending], time.monotonic())
             except UnknownSession as exc:
                 raise RefusedNotFound(str(exc)) from None
-            self._check(self.executor.run(demotes))
+            full = self._check(self.executor.run(demotes))  # no room for the victims' copies
             try:
                 hbm = self.controller.table.hbm_of(tenant, session)
             except (TenantErased, UnknownSession):  # erased meanwhile: undo the admission
@@ -214,8 +213,10 @@ class ControllerActor:
                     self._check(self.executor.run(copies))
             pending = retry
             if pending:
-                if time.monotonic() > deadline:
-                    raise RequestRefused("HBM is full of pinned pages; release some and retry")
+                if full or time.monotonic() > deadline:
+                    raise RefusedBusy("no room for the pages that would make room: a pool's "
+                                      "tiers are full" if full else "HBM is full of pinned "
+                                      "pages; release some and retry")
                 self.controller.pause(0.02)  # pinned pages fill the HBM (or arena)
         self.idle.touch(tenant, session, time.monotonic())
         return sorted(took)
@@ -228,11 +229,13 @@ class ControllerActor:
                 self.remove_hbm(hbm)
             raise
 
-    def _check(self, results: list[TransferResult]) -> None:
+    def _check(self, results: list[TransferResult]) -> bool:
         """A move failed as an actor died: the dead HBM actors and pools go now, so a load's
-        retry restores elsewhere (a slow actor is the watcher's to judge)."""
+        retry restores elsewhere (a slow actor is the watcher's to judge). True when a
+        move found no room (a pool full on every tier, or the arena)."""
         if any(r.outcome is Outcome.ACTOR_GONE for r in results):
             self._health.forget_dead()
+        return any(r.outcome is Outcome.NO_ROOM for r in results)
 
     def event(self, tenant: str, session: str, data: dict[str, Any]) -> dict[str, Any]:
         now = time.monotonic()
@@ -371,8 +374,7 @@ class ControllerActor:
             return self.controller.strategy.learned()
 
     def drain_audit(self) -> list[AuditSummary]:
-        """Summaries of audited pages retired since the last call (the service appends them
-        to its audit log)."""
+        """Audited pages' summaries retired since the last call (for the service's audit log)."""
         return self.controller.events.drain_audit()
 
     def stats(self) -> dict[str, Any]:

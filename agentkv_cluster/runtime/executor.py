@@ -26,6 +26,7 @@ from agentkv_cluster.runtime.guard import Guarded, ServiceStopping
 from agentkv_cluster.runtime.handles import ActorGone, ActorHandle
 from agentkv_cluster.runtime.landing import LandingPages
 from agentkv_cluster.runtime.link_credits import Abandoned, Link, LinkCredits
+from agentkv_cluster.runtime.pool_tiers import NvmeTierFull
 from agentkv_cluster.runtime.records import (
     Action,
     ActionKind,
@@ -34,6 +35,7 @@ from agentkv_cluster.runtime.records import (
     TenantErased,
     TransferResult,
 )
+from store.hbm import ArenaFull
 from store.types import Codec, Tier
 
 if TYPE_CHECKING:
@@ -231,6 +233,8 @@ class Executor:
             outcome, error = Outcome.ABANDONED, f"Abandoned: {exc}"
         except TenantErased as exc:  # not an error: the erasure cancels the move
             outcome, error = Outcome.ERASED, f"TenantErased: {exc}"
+        except (NvmeTierFull, ArenaFull) as exc:  # no room: the caller is refused as busy
+            outcome, error = Outcome.NO_ROOM, f"{type(exc).__name__}: {exc}"
         except Exception as exc:  # noqa: BLE001 - reported to the controller and the caller
             error = f"{type(exc).__name__}: {exc}"
             if isinstance(exc, ActorGone) or self._hbm_died(action):

@@ -24,26 +24,17 @@ from agentkv_cluster.api.errors import (
     AccessDenied,
     InvalidArgument,
     NotFound,
-    PageLost,
-    Stopping,
     TenantErased,
     Unauthenticated,
 )
 from agentkv_cluster.api.metrics import ServiceMetrics
 from agentkv_cluster.config import FRAME_ENVELOPE_BYTES
-from agentkv_cluster.runtime.guard import ServiceStopping
 from agentkv_cluster.runtime.handles import ActorGone, ActorSlow, ControllerHandle, HbmHandle
-from agentkv_cluster.runtime.loads import LOAD_TTL_S, PreparedLoad, PreparedLoads, RefusedPageLost
+from agentkv_cluster.runtime.loads import LOAD_TTL_S, PreparedLoad, PreparedLoads
 from agentkv_cluster.runtime.mover import Mover
 from agentkv_cluster.runtime.page_naming import PageNaming
-from agentkv_cluster.runtime.records import (
-    LoadReport,
-    PageMeta,
-    RefusedNotFound,
-    RequestRefused,
-    UnknownPageKey,
-)
-from agentkv_cluster.runtime.records import TenantErased as ErasedInController
+from agentkv_cluster.runtime.records import LoadReport, PageMeta, UnknownPageKey
+from agentkv_cluster.runtime.refusal_codes import REFUSALS, as_api_error
 from agentkv_cluster.runtime.request_args import (
     MAX_EVENT_DEPTH,
     event_depth,
@@ -183,16 +174,8 @@ class ServiceFront:
         API's errors."""
         try:
             return method(*args)
-        except ErasedInController as exc:
-            raise TenantErased(str(exc)) from None
-        except ServiceStopping as exc:
-            raise Stopping(str(exc)) from None
-        except RefusedNotFound as exc:
-            raise NotFound(str(exc)) from None
-        except RefusedPageLost as exc:
-            raise PageLost(str(exc)) from None
-        except RequestRefused as exc:
-            raise InvalidArgument(str(exc)) from None
+        except REFUSALS as exc:
+            raise as_api_error(exc) from None
 
     # -- sessions and events -----------------------------------------------------------------
     def open_session(self, principal: Principal, session: str) -> dict[str, Any]:

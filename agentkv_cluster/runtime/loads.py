@@ -47,6 +47,12 @@ class RefusedPageLost(RequestRefused):
     erasure, a session closed meanwhile) still see it first."""
 
 
+class RefusedBusy(RequestRefused):
+    """Refused for want of room, not for bad input: the HBM is full of pinned pages, or a
+    pool had room on no tier for the copies that would make room (the API's ``busy``:
+    nothing was changed; retry later, or release pages)."""
+
+
 class EngineLoader:
     def __init__(self, controller: Guarded, executor: Executor,
                  check: Callable[[list[TransferResult]], None]) -> None:
@@ -81,6 +87,9 @@ class EngineLoader:
                     break
                 self.controller.table.unpin(gids, time.monotonic())
                 gone = any(by_gid[g].outcome is Outcome.ACTOR_GONE for g in failed)
+                if all(by_gid[g].outcome is Outcome.NO_ROOM for g in failed):
+                    raise RefusedBusy(f"no room to restore {len(failed)} page(s) (their "
+                                      f"copies are kept): {by_gid[failed[0]].error}")
                 if attempt or not gone:
                     raise RefusedPageLost(f"{len(failed)} page(s) could not be restored: "
                                           f"{by_gid[failed[0]].error}")
@@ -169,7 +178,7 @@ class EngineLoader:
             # All or nothing: holding some pins while waiting for room deadlocks a herd.
             seen = self.controller.table.unpin(pinned, time.monotonic())
             if time.monotonic() > deadline:
-                raise RequestRefused("HBM is full of pinned pages; release some and retry")
+                raise RefusedBusy("HBM is full of pinned pages; release some and retry")
             t = time.monotonic()
             short = {self.controller.table.record(g).hbm for g in blocked}
             with self.executor.room_wanted(short):  # prefetches there give their room back

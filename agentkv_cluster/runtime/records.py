@@ -114,9 +114,8 @@ class RestoreReceipt:
 
 @dataclass(frozen=True, kw_only=True)
 class PoolHolding:
-    """What a pool keeps of one page (``PoolActor.holds``): its copies, and the page's
-    geometry read back from the copies' records (a page found through the directory is
-    adopted with them)."""
+    """What a pool keeps of one page (``PoolActor.holds``): its copies, and the page's geometry
+    read back from their records (a page found through the directory is adopted with them)."""
 
     copies: tuple[tuple[Tier, Codec], ...]
     length: int  # the FULL page's bytes
@@ -328,6 +327,7 @@ class Outcome(enum.Enum):
     ABANDONED = "abandoned"  # a background move gave way: an engine needs the page now
     ERASED = "erased"  # the page's tenant is being erased: the move was cancelled
     ACTOR_GONE = "actor_gone"  # an HBM or pool actor the move needed died
+    NO_ROOM = "no_room"  # a pool had room on no tier (NvmeTierFull), or the arena none
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,17 +15,16 @@ One module-scoped cluster and service; each test kills one HBM actor.
 from __future__ import annotations
 
 import tempfile
-import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from agentkv_cluster.api.protocol import PageLostError, RemoteError
 from agentkv_cluster.config import load_config
-from agentkv_cluster.lifecycle.identity import PageIdentity
 from agentkv_cluster.runtime.front import STAGE_PAGES
 from agentkv_cluster.runtime.service import Service
+from tests.integration.runtime.test_actor_faults import page as fault_page
+from tests.integration.runtime.test_actor_faults import wait_until
 from tests.support.ray_cluster import NODE, ray_cluster
 
 pytest.importorskip("ray")
@@ -54,21 +53,7 @@ def service():
 
 def page(pid: int, session: str) -> dict:
     """A page only HBM holds once stored (``temp_reasoning`` is not written through)."""
-    ident = PageIdentity(model_version="m1", adapter_version="", tokenizer_version="t1",
-                         rope_config="theta=1e4", tenant="acme", session=session,
-                         start=1000 * pid, end=1000 * pid + TOKENS, event_version=1)
-    data = np.random.default_rng([pid, len(session)]).standard_normal(
-        2 * L * H * TOKENS * D, dtype=np.float32).astype(np.float16)
-    return {"page_id": pid, "identity": ident.pack(), "state_type": "temp_reasoning",
-            "data": data.tobytes(), "shape": [L, H, TOKENS, D]}
-
-
-def wait_until(check, what: str, deadline_s: float = 60.0) -> None:
-    """A generous deadline only: the watcher forgets a dead actor within a second."""
-    deadline = time.monotonic() + deadline_s
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
+    return fault_page(pid, session, "temp_reasoning")
 
 
 def kill_after_chunk(service, monkeypatch, hbm: str, chunk: int, *, forgotten: bool) -> None:

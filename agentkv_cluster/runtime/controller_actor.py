@@ -180,7 +180,7 @@ class ControllerActor:
     def store(self, tenant: str, session: str, metas: list[PageMeta],
               spans: list[RemoteSpan]) -> list[str]:
         """Admit pages (making room first), then let the HBM actor pull their bytes; returns
-        the HBM actors that took bytes (``store_survival``: the front checks they held)."""
+        the HBM actors that took bytes (``store_survival``: the front checks it was one)."""
         pending = list(range(len(metas)))
         took: set[str] = set()
         deadline = time.monotonic() + 30.0

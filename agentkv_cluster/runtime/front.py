@@ -224,8 +224,8 @@ class ServiceFront:
             metas.append(replace(meta, content_hash=hashlib.blake2b(
                 data, digest_size=16, person=b"akv-page").digest()))
             datas.append(data)
-        store_held(lambda: self._store_chunks(principal, session, metas, datas), self.hbms,
-                   self.controller.remove_hbm, self.controller.ping)
+        store_held(lambda: self._store_chunks(principal, session, metas, datas),
+                   self.controller.ping)
         for meta in metas:
             self.metrics.transfer(principal.tenant, "hbm", meta.length)
         return {"keys": [m.key for m in metas]}

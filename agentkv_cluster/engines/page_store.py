@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from agentkv_cluster.api.protocol import RemoteError
+from agentkv_cluster.api.protocol import PageLostError, RemoteError
 from agentkv_cluster.lifecycle.identity import PageIdentity
 from store.host_pool import HostPool, PoolFull, SlotEmpty, TornRead
 from store.host_pool import PageTooLarge as SlotTooSmall
@@ -179,9 +179,11 @@ class ServicePageStore:
         try:
             return Lookup.HIT, self._session.load([entry[0]])[0]
         except RemoteError as exc:
-            if exc.code != "not_found":
+            if not isinstance(exc, PageLostError) and exc.code != "not_found":
                 raise
-            self._forget(key)  # evicted or retired: the adapter recomputes, then re-stores
+            # evicted, retired, or lost by the service (its only copy died with an HBM
+            # actor): the adapter recomputes, then re-stores
+            self._forget(key)
             return Lookup.MISS, None
 
     def delete(self, key: bytes) -> None:

@@ -134,6 +134,11 @@ class ServiceMetrics:
         self.verification_rejects = Counter(
             "agentkv_verification_rejects", "Restores rejected by verification or seal",
             ["pool"], registry=r)
+        self.nvme_full_stores = Counter(
+            "agentkv_nvme_full_stores", "Pool stores that found the NVMe tier full (file "
+            "system or pool.nvme_bytes), by outcome (spilled: placed in a free host slot "
+            "instead; refused: no host slot either, nothing stored)", ["pool", "outcome"],
+            registry=r)
         self.lossy_loads = Counter(
             "agentkv_lossy_load_pages", "Lossy working copies handed out by complete_load, by "
             "outcome (reference: replaced by the FULL reference copy; lossy: no reference, "
@@ -236,6 +241,11 @@ class ServiceMetrics:
     def reject(self, pool: str, n: int = 1) -> None:
         """Restores a pool refused: failed seal (AES-GCM tag) or digest check."""
         self.verification_rejects.labels(pool=pool).inc(n)
+
+    def nvme_full(self, pool: str, spilled: int, refused: int) -> None:
+        """Stores a pool placed in a host slot for want of NVMe room, and those it refused."""
+        self.nvme_full_stores.labels(pool=pool, outcome="spilled").inc(spilled)
+        self.nvme_full_stores.labels(pool=pool, outcome="refused").inc(refused)
 
     def verify(self, tenant: str, exact: bool, seconds: float) -> None:
         """One lossy working copy at complete_load: replaced by its FULL reference (exact)

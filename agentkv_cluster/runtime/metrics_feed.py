@@ -53,11 +53,14 @@ class ExportedFigures:
         self._last = {k: v for k, v in self._last.items() if keep(k)}
 
 
+POOL_COUNTS = ("rejects", "spilled", "refused")  # a pool's own cumulative counts, by pool
+
+
 class MetricsFeed:
     """On each scrape, pulls the figures that live in the actors into the service's metrics:
     credit waits, load phases, per-tier occupancy, recompute tokens, bytes and copies per
-    codec written to pool tiers, prefetches that gave their room to a blocked load, and
-    verification rejects."""
+    codec written to pool tiers, prefetches that gave their room to a blocked load,
+    verification rejects and stores that found a pool's NVMe tier full."""
 
     def __init__(self, service: Service, deadline_s: float = SCRAPE_DEADLINE_S) -> None:
         self.service = service
@@ -74,9 +77,9 @@ class MetricsFeed:
         if topo.controller is not self._controller:  # use_policy: its counters start again
             self._controller, self._cursor = topo.controller, 0
             self._asker.forget(CONTROLLER)  # an answer of the old one would count twice
-            # The pools' reject counts are their own and outlive the controller: forgetting
-            # them would export each pool's whole count again as new rejects.
-            self.exported.retain(lambda key: key[0] == "rejects")
+            # The pools' counts are their own and outlive the controller: forgetting them
+            # would export each pool's whole count again as new rejects or full stores.
+            self.exported.retain(lambda key: key[0] in POOL_COUNTS)
         questions: dict[str, Any] = {CONTROLLER: functools.partial(
             topo.controller.options(timeout_s=ANSWER_TIMEOUT_S).metrics_since, self._cursor)}
         pools = dict(topo.pools)  # name -> handle; the watcher changes it as pools come and go
@@ -87,7 +90,7 @@ class MetricsFeed:
         if answers[CONTROLLER].answered:
             self._controller_figures(m, answers[CONTROLLER].value)
         self._pool_figures(m, {p: a for p, a in answers.items() if p != CONTROLLER})
-        self.exported.retain(lambda key: key[0] != "rejects" or key[1] in pools)
+        self.exported.retain(lambda key: key[0] not in POOL_COUNTS or key[1] in pools)
         cfg = self.service.cfg
         m.set_capacity("host", len(pools) * cfg.pool.pool_bytes)
         m.set_capacity("nvme", len(pools) * cfg.pool.nvme_bytes)
@@ -126,14 +129,16 @@ class MetricsFeed:
 
     def _pool_figures(self, m: ServiceMetrics, answers: Mapping[str, Answer]) -> None:
         """Occupancy summed over the pools (a late one counts what it held when it last
-        answered) and each pool's new verification rejects."""
+        answered) and each pool's new verification rejects and NVMe-full stores."""
         self._pools = {p: v for p, v in self._pools.items() if p in answers}
         for part, answer in answers.items():
             if answer.answered:
                 st = answer.value
                 self._pools[part] = (st["host_used_bytes"], st["nvme_live_bytes"])
-                m.reject(st["name"], self.exported.delta(("rejects", st["name"]),
-                                                         st["rejects"]))
+                name, delta = st["name"], self.exported.delta
+                m.reject(name, delta(("rejects", name), st["rejects"]))
+                m.nvme_full(name, delta(("spilled", name), st["nvme_full"] - st["refused_full"]),
+                            delta(("refused", name), st["refused_full"]))
             elif answer.outcome is Outcome.FAILED and isinstance(answer.error, ActorGone):
                 self._pools.pop(part, None)  # a dead pool holds nothing; the watcher forgets it
         m.set_occupancy("host", sum(host for host, _ in self._pools.values()))

@@ -30,13 +30,15 @@ class Controller:
 class Pool:
     def __init__(self, name: str = "node0") -> None:
         self.name, self.rejects = name, 0
+        self.nvme_full = self.refused_full = 0
 
     def options(self, **_: Any) -> Pool:
         return self
 
     def stats(self) -> dict[str, Any]:
         return {"name": self.name, "host_used_bytes": 0, "nvme_live_bytes": 0,
-                "rejects": self.rejects}
+                "rejects": self.rejects, "nvme_full": self.nvme_full,
+                "refused_full": self.refused_full}
 
 
 def counter(m: ServiceMetrics, name: str) -> float:
@@ -64,6 +66,26 @@ def test_a_policy_swap_does_not_count_a_pools_rejects_again() -> None:
     pool.rejects = 4
     feed()
     assert counter(metrics, "agentkv_verification_rejects_total") == 4
+
+
+def full_stores(m: ServiceMetrics) -> dict[str, float]:
+    text = m.exposition().decode()
+    return {s.labels["outcome"]: s.value for fam in text_string_to_metric_families(text)
+            for s in fam.samples if s.name == "agentkv_nvme_full_stores_total"}
+
+
+def test_a_pools_nvme_full_stores_are_counted_once_by_outcome_across_a_policy_swap() -> None:
+    pool, metrics = Pool(), ServiceMetrics()
+    feed, service = feed_for(metrics, Controller(), {"node0": pool})
+    pool.nvme_full, pool.refused_full = 5, 2  # 3 spilled into host slots, 2 refused
+    feed()
+    assert full_stores(metrics) == {"spilled": 3, "refused": 2}
+    service.topo.controller = Controller()  # Service.use_policy: the pool's counts stay
+    feed()
+    assert full_stores(metrics) == {"spilled": 3, "refused": 2}
+    pool.nvme_full = 6
+    feed()
+    assert full_stores(metrics) == {"spilled": 4, "refused": 2}
 
 
 def feed_for(metrics: ServiceMetrics, controller: Any, pools: dict[str, Any] | None = None,

@@ -93,6 +93,31 @@ def test_verification_rejects_alert_keeps_the_pool_it_tells_to_investigate(tmp_p
              "exp_annotations": notes}]}])
 
 
+def test_pool_tiers_full_fires_for_the_pool_that_refused_and_not_for_spills(tmp_path):
+    rules, alerts = _rules(tmp_path)
+    rule = alerts["AgentKVPoolTiersFull"]
+    notes = {k: v.replace("{{ $labels.pool }}", "pool-1")
+             for k, v in rule["annotations"].items()}
+    m = ServiceMetrics()
+    m.nvme_full("pool-1", 0, 0)  # what the feed does for each pool it sees
+    before = _sample(m, "agentkv_nvme_full_stores_total", pool="pool-1", outcome="refused")
+    m.nvme_full("pool-1", 3, 2)
+    after = _sample(m, "agentkv_nvme_full_stores_total", pool="pool-1", outcome="refused")
+    spilled = _sample(m, "agentkv_nvme_full_stores_total", pool="pool-1", outcome="spilled")
+    assert (before, after, spilled) == ("0", "2", "3")
+    series = [
+        {"series": 'agentkv_nvme_full_stores_total{job="agentkv",pool="pool-1",'
+                   'outcome="refused"}', "values": f"{before}x20 {after}x40"},
+        {"series": 'agentkv_nvme_full_stores_total{job="agentkv",pool="pool-0",'
+                   'outcome="spilled"}', "values": "0x20 5x40"},  # spills alone: no alert
+    ]
+    _promtool_test(tmp_path, rules, series, [
+        {"eval_time": "5m", "alertname": "AgentKVPoolTiersFull", "exp_alerts": []},
+        {"eval_time": "12m", "alertname": "AgentKVPoolTiersFull", "exp_alerts": [
+            {"exp_labels": {"job": "agentkv", "pool": "pool-1", "severity": "critical"},
+             "exp_annotations": notes}]}])
+
+
 def test_scrape_part_unanswered_fires_per_part_after_minutes_of_silence(tmp_path):
     """A pool that stops answering scrapes pages after 5 minutes and names the part; a part
     that misses a scrape or two now and then, and the parts that answer, never do."""

@@ -87,7 +87,8 @@ def test_prometheus_rule_is_optional_and_passes_promtool(tmp_path):
     alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
     assert {"AgentKVRestoreP95High", "AgentKVDirectoryUnreachable", "AgentKVTierNearFull",
             "AgentKVVerificationRejects", "AgentKVErasureFailed",
-            "AgentKVScrapePartUnanswered", "AgentKVDirectoryRefusesWrites"} <= alerts
+            "AgentKVScrapePartUnanswered", "AgentKVDirectoryRefusesWrites",
+            "AgentKVPoolTiersFull"} <= alerts
     exported = exported_metric_names()
     for group in rule["spec"]["groups"]:
         for r in group["rules"]:
@@ -95,7 +96,7 @@ def test_prometheus_rule_is_optional_and_passes_promtool(tmp_path):
     done = subprocess.run([_promtool(), "check", "rules", path], capture_output=True,
                           text=True, check=False, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 8 rules found" in done.stdout
+    assert "SUCCESS: 9 rules found" in done.stdout
 
 
 def test_alerts_fire_on_the_series_that_should_page(tmp_path):

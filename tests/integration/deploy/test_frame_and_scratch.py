@@ -54,6 +54,22 @@ def test_the_chart_refuses_what_the_service_would_refuse(tmp_path):
     assert cfg.api.max_frame_bytes == fit
 
 
+@pytest.mark.parametrize("page", PAGE_SIZES)
+def test_an_nvme_quota_the_chart_accepts_holds_a_page_the_service_accepts(page, tmp_path):
+    """Below page + 8 KiB the chart fails at render, naming pool.nvme.bytes; at it the
+    service takes the rendered config (it needs the page's sealed record and header)."""
+    with pytest.raises(helm.HelmRenderError, match=r"at '/pool/nvme/bytes'.*service\.pageBytes"):
+        chart.render_values({"service": {"pageBytes": page},
+                             "pool": {"nvme": {"bytes": page + 8191}}})
+    cfg = _service_config({"service": {"pageBytes": page},
+                           "pool": {"nvme": {"bytes": page + 8192}}}, tmp_path)
+    assert cfg.pool.nvme_bytes == page + 8192
+    with pytest.raises(ConfigError, match=r"pool\.nvme_bytes"):  # the service's own floor
+        load_config(env={"AGENTKV_HBM_PAGE_BYTES": str(page),
+                         "AGENTKV_POOL_SLOT_BYTES": str(page),
+                         "AGENTKV_POOL_NVME_BYTES": str(page)})
+
+
 def _nvme_limits(values: dict) -> dict[str, int]:
     (rc,) = [d for d in _docs(values) if d["kind"] == "RayCluster"]
     templates = {"head": rc["spec"]["headGroupSpec"]["template"]}

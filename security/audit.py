@@ -114,7 +114,9 @@ class AuditLog:
         if not self.path.exists():
             return seq, prev, last_time, since
         for lineno, rec in _read_records(self.path):
-            if isinstance(rec, str) or rec.get("seq") != seq or rec.get("prev") != prev or \
+            if isinstance(rec, str):
+                raise AuditLogError(f"{self.path}: chain broken at {rec}; refusing to append")
+            if rec.get("seq") != seq or rec.get("prev") != prev or \
                     rec.get("hash") != _record_hash(seq, rec["time"], rec["kind"], rec["data"], prev):
                 raise AuditLogError(f"{self.path}: chain broken at line {lineno}; refusing to append")
             seq, prev, last_time = seq + 1, rec["hash"], rec["time"]
@@ -146,9 +148,12 @@ class AuditLog:
         """Append one record; returns its position."""
         if not isinstance(kind, str) or not _KIND_RE.fullmatch(kind) or kind == CHECKPOINT:
             raise ValueError(f"invalid audit record kind: {kind!r:.60}")
-        payload = dict(data)
-        if len(canonical_json(payload)) > _MAX_DATA:
+        encoded = canonical_json(dict(data))
+        if len(encoded) > _MAX_DATA:
             raise ValueError("audit record data is larger than 64 KiB")
+        # Hashed as a verifier will read it back: JSON makes int keys strings (which then
+        # sort differently) and tuples lists, so a hash of ``data`` as given would not match.
+        payload = loads_finite(encoded)
         with self._exclusive():
             pos = self._write(kind, payload, now)
             self._since += 1
@@ -206,22 +211,40 @@ class AuditLog:
 
 
 def _read_records(path: Path) -> Iterable[tuple[int, dict | str]]:
-    """(line number, record) or (line number, problem text) for each line."""
+    """(line number, record) or (line number, problem text) for each line.
+
+    A line must be byte for byte the canonical JSON the writer wrote, newline included:
+    the hash covers the parsed record, so spacing, key order, a duplicate key (the parser
+    keeps the last one; a reader of the text may see the first) or a line ending
+    changed would otherwise leave an edited line that still verifies, and a last line
+    without its newline would merge with the next record appended.
+    """
     with open(path, "rb") as fh:
         for lineno, raw in enumerate(fh, 1):
-            try:
-                rec = loads_finite(raw)
-            except NonFiniteNumber as exc:  # no hash covers it: canonical JSON cannot hold it
-                yield lineno, f"line {lineno}: record holds a {exc} (edited)"
-                continue
-            except ValueError:
-                yield lineno, f"line {lineno}: not a JSON record (edited or cut)"
-                continue
-            if not isinstance(rec, dict) or set(rec) != {"seq", "time", "kind", "data", "prev", "hash"} \
-                    or not isinstance(rec["time"], (int, float)) or not isinstance(rec["kind"], str):
-                yield lineno, f"line {lineno}: record has the wrong shape"
-                continue
-            yield lineno, rec
+            yield lineno, _parse_line(lineno, raw)
+
+
+def _parse_line(lineno: int, raw: bytes) -> dict | str:
+    """The record on one line (``raw`` with its newline), or the problem with it."""
+    if not raw.endswith(b"\n"):
+        return f"line {lineno}: last line is incomplete, no newline (a write cut short, or edited)"
+    try:
+        rec = loads_finite(raw)
+    except NonFiniteNumber as exc:  # no hash covers it: canonical JSON cannot hold it
+        return f"line {lineno}: record holds a {exc} (edited)"
+    except ValueError:
+        return f"line {lineno}: not a JSON record (edited or cut)"
+    if not isinstance(rec, dict) or set(rec) != {"seq", "time", "kind", "data", "prev", "hash"} \
+            or not isinstance(rec["time"], (int, float)) or not isinstance(rec["kind"], str):
+        return f"line {lineno}: record has the wrong shape"
+    try:
+        canonical = canonical_json(rec) + b"\n" == raw
+    except (ValueError, RecursionError):
+        canonical = False
+    if not canonical:
+        return (f"line {lineno}: record is not in the form the writer writes (edited: spacing, "
+                "key order, a duplicate key or the line ending changed)")
+    return rec
 
 
 def _head_signed_by(path: Path, verifier: Verifier) -> bool:
@@ -244,6 +267,10 @@ def _check_checkpoint(rec: dict, seq: int, prev: str, verifier: Verifier) -> str
     except (TypeError, ValueError):
         sig = b""
     if not verifier.verify(sig, _checkpoint_message(seq, prev)):
+        mine, theirs = fingerprint(verifier.raw), data.get("key")
+        if isinstance(theirs, str) and re.fullmatch(r"[0-9a-f]{16}", theirs) and theirs != mine:
+            return (f"seq {seq}: checkpoint signature does not verify: it names key {theirs}, "
+                    f"the public key given is {mine} (wrong --public-key, or forged)")
         return f"seq {seq}: checkpoint signature does not verify"
     return None
 
@@ -255,6 +282,8 @@ def _check_head(path: Path, hashes: list[str], verifier: Verifier) -> list[str]:
         count, head_hash, sig = int(head["count"]), str(head["head"]), bytes.fromhex(head["sig"])
     except FileNotFoundError:
         return [f"head file {hp} is missing (cannot rule out truncation)"]
+    except OSError as exc:
+        return [f"head file {hp} cannot be read ({exc.strerror})"]
     except (ValueError, KeyError, TypeError):
         return [f"head file {hp} is malformed"]
     if not verifier.verify(sig, _checkpoint_message(count, head_hash)):
@@ -304,7 +333,9 @@ def verify_log(path: str | os.PathLike[str], public_key: Verifier, *,
     if not problems:
         problems.extend(_check_head(path, hashes, public_key))
     for anchor in anchors:
-        if anchor.seq >= len(hashes):
+        if anchor.seq < 0:
+            problems.append(f"anchor seq {anchor.seq} is negative: no record has it")
+        elif anchor.seq >= len(hashes):
             problems.append(f"rollback: anchored record seq {anchor.seq} is not in the log")
         elif hashes[anchor.seq] != anchor.hash:
             problems.append(f"anchored record seq {anchor.seq} is another record in this log "

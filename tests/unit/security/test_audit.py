@@ -11,7 +11,7 @@ import pytest
 
 from security.audit import AuditLog, AuditPosition, head_path, verify_log
 from security.errors import AuditLogError
-from security.signing import Signer, Verifier
+from security.signing import Signer, Verifier, canonical_json
 
 
 @pytest.fixture
@@ -48,7 +48,7 @@ def test_other_public_key_fails(log):
 def _edit(lines):
     rec = json.loads(lines[2])
     rec["data"]["tenant"] = "evil"
-    lines[2] = json.dumps(rec).encode() + b"\n"
+    lines[2] = canonical_json(rec) + b"\n"
     return lines
 
 
@@ -58,7 +58,7 @@ def _edit_and_rehash(lines):
     rec = json.loads(lines[2])
     rec["data"]["tenant"] = "evil"
     rec["hash"] = _record_hash(rec["seq"], rec["time"], rec["kind"], rec["data"], rec["prev"])
-    lines[2] = json.dumps(rec).encode() + b"\n"
+    lines[2] = canonical_json(rec) + b"\n"
     return lines
 
 
@@ -69,7 +69,7 @@ def _append_chained(lines):
     rec = {"seq": last["seq"] + 1, "time": last["time"], "kind": "admin", "data": {"fake": 1},
            "prev": last["hash"]}
     rec["hash"] = _record_hash(rec["seq"], rec["time"], rec["kind"], rec["data"], rec["prev"])
-    return lines + [json.dumps(rec).encode() + b"\n"]
+    return lines + [canonical_json(rec) + b"\n"]
 
 
 TAMPERING = {
@@ -80,7 +80,7 @@ TAMPERING = {
     "swap two records": (lambda ls: ls[:2] + [ls[3], ls[2]] + ls[4:], "seq 3 where 2 was expected"),
     "duplicate a record": (lambda ls: ls[:3] + [ls[2]] + ls[3:], "seq 2 where 3 was expected"),
     "truncate the tail": (lambda ls: ls[:-2], "truncated: signed head has 13 records, log has 11"),
-    "cut a line in half": (lambda ls: ls[:-1] + [ls[-1][:40]], "not a JSON record"),
+    "cut a line in half": (lambda ls: ls[:-1] + [ls[-1][:40]], "line 13: last line is incomplete"),
     "append an unsigned record": (lambda ls: ls + [ls[-1]], "seq 12 where 13 was expected"),
     "flip one byte": (lambda ls: ls[:5] + [ls[5].replace(b'"i":', b'"j":')] + ls[6:], "edited"),
     "replace a checkpoint signature": (
@@ -260,3 +260,91 @@ def test_a_line_or_head_nested_past_the_parser_stack_is_a_finding(log):
     head_path(path).write_bytes(deep)
     report = verify_log(path, verifier)
     assert not report.ok and report.problems == (f"head file {head_path(path)} is malformed",)
+
+
+def _retenant(line: bytes) -> bytes:
+    """The record with a first ``tenant`` key naming another tenant: a reader of the text
+    (grep) sees it, the JSON parser keeps the last one, so the hash still matches."""
+    return line.replace(b'"data":{', b'"data":{"tenant":"globex",', 1)
+
+
+REFORMATTED = {
+    "duplicate key naming another tenant": lambda ls: ls[:2] + [_retenant(ls[2])] + ls[3:],
+    "spaces added": lambda ls: ls[:2] + [ls[2].replace(b'":', b'": ')] + ls[3:],
+    "keys reordered": lambda ls: ls[:2] + [_reordered(ls[2])] + ls[3:],
+    "CRLF line ending": lambda ls: ls[:2] + [ls[2][:-1] + b"\r\n"] + ls[3:],
+}
+
+
+def _reordered(line: bytes) -> bytes:
+    rec = json.loads(line)
+    return json.dumps(dict(reversed(rec.items())), separators=(",", ":")).encode() + b"\n"
+
+
+@pytest.mark.parametrize("kind", sorted(REFORMATTED))
+def test_a_line_rewritten_in_another_form_is_detected(log, kind):
+    """The hash covers the parsed record: these edits used to verify as OK."""
+    path, verifier, _ = log
+    _write(path, REFORMATTED[kind](_lines(path)))
+    report = verify_log(path, verifier)
+    assert not report.ok
+    expected = ("line 3: record is not in the form the writer writes (edited: spacing, key "
+                "order, a duplicate key or the line ending changed)")
+    assert report.problems == (expected,)
+
+
+def test_a_last_line_without_its_newline_is_a_finding_and_refused(log, signer):
+    """Appending to it used to merge the next record into that line, breaking the chain."""
+    path, verifier, _ = log
+    cut = path.read_bytes()[:-1]
+    path.write_bytes(cut)
+    report = verify_log(path, verifier)
+    lineno = len(_lines(path))
+    assert not report.ok and report.problems == (
+        f"line {lineno}: last line is incomplete, no newline (a write cut short, or edited)",)
+    with pytest.raises(AuditLogError, match=f"chain broken at line {lineno}: last line is incomplete"):
+        AuditLog(path, signer)
+    assert path.read_bytes() == cut  # nothing appended
+
+
+def test_a_head_file_that_cannot_be_read_is_a_finding(log):
+    """It used to raise IsADirectoryError (the CLI then blamed the log file)."""
+    path, verifier, _ = log
+    head_path(path).unlink()
+    head_path(path).mkdir()
+    report = verify_log(path, verifier)
+    assert not report.ok and report.problems == (
+        f"head file {head_path(path)} cannot be read (Is a directory)",)
+
+
+def test_a_negative_anchor_is_not_read_from_the_end(log):
+    """``hashes[-1]`` is the last record: seq -1 with its hash used to pass as an anchor."""
+    path, verifier, _ = log
+    last = verify_log(path, verifier).head
+    report = verify_log(path, verifier, anchors=[AuditPosition(seq=-1, hash=last)])
+    assert not report.ok and report.problems == ("anchor seq -1 is negative: no record has it",)
+
+
+def test_a_log_checked_with_another_public_key_names_both_keys(log, signer):
+    from security.signing import fingerprint
+
+    path, _, _ = log
+    other = Signer.generate()
+    report = verify_log(path, Verifier(other.public_raw()))
+    expected = (f"seq 4: checkpoint signature does not verify: it names key "
+                f"{fingerprint(signer.public_raw())}, the public key given is "
+                f"{fingerprint(other.public_raw())} (wrong --public-key, or forged)")
+    assert not report.ok and report.problems == (expected,)
+
+
+def test_data_that_json_changes_is_hashed_as_read_back(tmp_path, signer):
+    """Int keys sort as numbers when written and as strings when read back: the record's
+    hash used to be taken over the former, so the untouched log failed to verify."""
+    path = tmp_path / "audit.log"
+    audit = AuditLog(path, signer, fsync=False)
+    audit.append("erasure", {"counts": {2: 1, 10: 3}, "tiers": ("host", "nvme")}, 1.0)
+    audit.close(2.0)
+    report = verify_log(path, Verifier(signer.public_raw()))
+    assert report.ok, report.problems
+    assert json.loads(path.read_bytes().splitlines()[0])["data"] == {
+        "counts": {"10": 3, "2": 1}, "tiers": ["host", "nvme"]}

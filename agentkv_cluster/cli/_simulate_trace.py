@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +38,37 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
+@contextmanager
+def reading_progress(console: Any, label: str,
+                     every_s: float = 10.0) -> Iterator[Callable[[int], None]]:
+    """Lines read so far (a file's line count is not known before it is read): a rich
+    bar on a terminal; in logs a plain line every ``every_s`` seconds and one at the
+    end, when it took that long."""
+    if console.is_terminal:
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        with Progress(SpinnerColumn(), TextColumn("{task.description}: {task.completed:,.0f} "
+                                                  "lines"), TimeElapsedColumn(),
+                      console=console, transient=True) as bar:
+            task = bar.add_task(label, total=None)
+            yield lambda n: bar.advance(task, n)
+        return
+    start = last = time.monotonic()
+    done = 0
+
+    def advance(n: int) -> None:
+        nonlocal done, last
+        done += n
+        now = time.monotonic()
+        if now - last >= every_s:
+            last = now
+            console.print(f"{label}: {done:,} lines after {now - start:.0f} s")
+
+    yield advance
+    if time.monotonic() - start >= every_s:
+        console.print(f"{label}: {done:,} lines in {time.monotonic() - start:.0f} s")
+
+
 def trace_builder(args: argparse.Namespace, console: Any) -> tuple[Any, dict[str, Any]]:
     """Parse (and export) the trace once; return (cfg -> replayed workload, trace facts)."""
     from agentkv_cluster.sim.trace.convert import load_trace
@@ -42,7 +76,8 @@ def trace_builder(args: argparse.Namespace, console: Any) -> tuple[Any, dict[str
     from agentkv_cluster.sim.trace.replay import ReplayConfig, replay_workload
 
     try:
-        parsed = load_trace(args.trace, args.trace_format)
+        with reading_progress(console, f"reading {args.trace}") as advance:
+            parsed = load_trace(args.trace, args.trace_format, progress=advance)
     except TraceFormatError as exc:
         raise CliError(str(exc)) from None
     for err in parsed.errors[:MAX_REPORTED_LINES]:
@@ -78,9 +113,14 @@ def trace_builder(args: argparse.Namespace, console: Any) -> tuple[Any, dict[str
         "malformed_lines": [{"line": e.line, "reason": e.reason} for e in parsed.errors],
     }
 
+    building = f"building the timeline of {len(parsed.events):,} events"
+    if not console.is_terminal:  # logs: a status line draws nothing; say it once
+        console.print(building)
+
     def build(cfg: Any) -> Any:
         try:
-            return replay_workload(parsed.events, cfg, source=str(args.trace), rc=rc)
+            with console.status(building):
+                return replay_workload(parsed.events, cfg, source=str(args.trace), rc=rc)
         except TraceFormatError as exc:
             raise CliError(str(exc)) from None
 

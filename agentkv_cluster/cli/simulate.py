@@ -256,12 +256,12 @@ def _signal_line(cfg: Any, console: Any, swept: str | None = None) -> None:
 
 def _compare(cfg: Any, policies: tuple[str, ...], console: Any, *,
              fair: bool) -> dict[str, Any]:
-    from agentkv_cluster.sim.runner import compare, make_workload, runs_per_comparison
+    from agentkv_cluster.sim.runner import compare, make_workload, pages, runs_per_comparison
 
     workload = make_workload(cfg)
     _print_config(cfg, console, workload.source)
     _signal_line(cfg, console)
-    total = len(workload) * runs_per_comparison(policies, fair)
+    total = pages(workload) * runs_per_comparison(policies, fair)
     with _progress(console, total, "simulating") as advance:
         result = compare(cfg, workload=workload, policies=policies, fair=fair,
                          progress=advance)
@@ -283,17 +283,19 @@ def _sweep(args: argparse.Namespace, cfg: Any, policies: tuple[str, ...],
         NOISE_SWEEP,
         SIGNAL_SWEEP,
         make_workload,
+        pages,
         runs_per_comparison,
         sweep,
     )
 
     values = {"budget": BUDGET_SWEEP, "noise": NOISE_SWEEP, "signal": SIGNAL_SWEEP}[args.sweep]
-    source = str(args.trace) if build is not None else cfg.workload.preset
-    _print_config(cfg, console, source if build is not None else f"synthetic(seed={cfg.seed})",
-                  swept=args.sweep)
-    _signal_line(cfg, console, swept=args.sweep)
     first = (build or make_workload)(cfg)
-    total = len(values) * len(first) * runs_per_comparison(policies, args.fair)
+    if build is not None:
+        cfg = _trace_batches(cfg, first)
+    _print_config(cfg, console, str(args.trace) if build is not None
+                  else f"synthetic(seed={cfg.seed})", swept=args.sweep)
+    _signal_line(cfg, console, swept=args.sweep)
+    total = len(values) * pages(first) * runs_per_comparison(policies, args.fair)
     with _progress(console, total, f"sweeping {args.sweep}") as advance:
         results = sweep(cfg, args.sweep, values, policies=policies, fair=args.fair,
                         build=build or make_workload, progress=advance)
@@ -343,12 +345,14 @@ def _ablation(cfg: Any, console: Any, build: Any) -> dict[str, Any]:
     from rich.table import Table
 
     from agentkv_cluster.sim.report import PAPER_TABLE5
-    from agentkv_cluster.sim.runner import ABLATIONS, ablation, make_workload
+    from agentkv_cluster.sim.runner import ABLATIONS, ablation, make_workload, pages
 
     workload = (build or make_workload)(cfg)
+    if build is not None:
+        cfg = _trace_batches(cfg, workload)
     _print_config(cfg, console, workload.source)
     _signal_line(cfg, console)
-    with _progress(console, len(workload) * len(ABLATIONS), "ablation") as advance:
+    with _progress(console, pages(workload) * len(ABLATIONS), "ablation") as advance:
         result = ablation(cfg, workload=workload, progress=advance)
     _metrics_table("AgentKV ablations (absolute)", result.rows, console)
     table = Table(title="Table 5: normalised to full AgentKV (paper in brackets)",
@@ -365,20 +369,25 @@ def _ablation(cfg: Any, console: Any, build: Any) -> dict[str, Any]:
     return result.to_dict()
 
 
+def _trace_batches(cfg: Any, workload: Any) -> Any:
+    """The trace decides the batch count (one timeline); the config printed and saved
+    must say so, not the synthetic default it never used."""
+    return cfg.replace(workload=dataclasses.replace(cfg.workload, batches=len(workload)))
+
+
 def _replay(args: argparse.Namespace, cfg: Any, policies: tuple[str, ...],
             console: Any, build: Any, info: dict[str, Any]) -> dict[str, Any]:
-    from agentkv_cluster.sim.runner import compare, runs_per_comparison
+    from agentkv_cluster.sim.runner import compare, pages, runs_per_comparison
     from agentkv_cluster.sim.trace.replay import describe
 
     workload = build(cfg)
     console.print(f"[bold]trace[/bold] {args.trace} ({args.trace_format}): "
                   f"{info['events']} events from {info['lines']} lines, "
                   f"{len(info['malformed_lines'])} malformed; {describe(workload)}")
-    # The trace decides the batch count; the config printed and saved must say so.
-    cfg = cfg.replace(workload=dataclasses.replace(cfg.workload, batches=len(workload)))
+    cfg = _trace_batches(cfg, workload)
     _print_config(cfg, console, workload.source)
     _signal_line(cfg, console)
-    total = len(workload) * runs_per_comparison(policies, args.fair)
+    total = pages(workload) * runs_per_comparison(policies, args.fair)
     with _progress(console, total, "replaying") as advance:
         result = compare(cfg, workload=workload, policies=policies, fair=args.fair,
                          progress=advance)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,6 +31,7 @@ from store.types import Codec, Tier
 
 # Event kinds; the integer orders same-time events (produce, read, signals, prefetch).
 CREATE, ACCESS, EOL, FALSE, PREFETCH = 0, 1, 2, 3, 4
+PROGRESS_PAGES = 4096  # a replay reports its progress every this many pages
 
 IN_HBM, LOWER, PREFETCHING, NOT_YET, RETIRED = 0, 1, 2, 3, 4
 
@@ -125,7 +127,9 @@ class BatchRun:
         self._seq += 1
         heapq.heappush(self._events, (t, kind, self._seq, page, token))
 
-    def run(self) -> BatchTrace:
+    def run(self, progress: Callable[[int], None] | None = None) -> BatchTrace:
+        """Replay every event; ``progress(n)`` is told of pages produced, every
+        ``PROGRESS_PAGES`` pages and once at the end (a trace is one long batch)."""
         b = self.batch
         signal_at = b.signal_at if b.signal_at is not None else b.eol
         false_at = b.false_signal_at
@@ -140,9 +144,17 @@ class BatchRun:
         handlers = (self._on_create, self._on_access, self._on_eol, self._on_false,
                     self._on_prefetch)
         t = 0.0
+        created = 0
         while self._events:
             t, kind, _, page, token = heapq.heappop(self._events)
             handlers[kind](page, t, token)
+            if kind == CREATE and progress is not None:
+                created += 1
+                if created == PROGRESS_PAGES:
+                    progress(created)
+                    created = 0
+        if created and progress is not None:
+            progress(created)
         self.driver.finish(t)
         for s in self.slots:
             if s.unread_prefetch:

@@ -18,7 +18,9 @@ from agentkv_cluster.sim.policies import BASELINES, POLICY_NAMES, driver_factory
 from agentkv_cluster.sim.signals import degrade_workload
 from agentkv_cluster.sim.workload import Workload, synthetic_workload
 
-Progress = Callable[[int], None]  # called with the number of batches just finished
+# Called with the number of pages just replayed (within a batch too: a trace is one
+# batch); a run's total is ``pages(workload)`` per policy run.
+Progress = Callable[[int], None]
 
 BUDGET_SWEEP: tuple[float, ...] = (0.20, 0.25, 0.30, 0.35, 0.40, 0.45, 0.50, 0.55, 0.60,
                                    0.65, 0.70)
@@ -118,10 +120,13 @@ def run_policy(workload: Workload, cfg: SimConfig, name: str, *,
     factory = driver_factory(name, cfg, mechanisms=mechanisms,
                              signals=ALL_SIGNALS if fair else ())
     for batch in workload:
-        BatchRun(batch, factory(batch), trace=trace).run()
-        if progress is not None:
-            progress(1)
+        BatchRun(batch, factory(batch), trace=trace).run(progress)
     return summarize(trace, len(workload))
+
+
+def pages(workload: Workload) -> int:
+    """The pages of every batch of ``workload``: the unit of ``Progress``."""
+    return sum(batch.n_pages for batch in workload)
 
 
 def make_workload(cfg: SimConfig) -> Workload:

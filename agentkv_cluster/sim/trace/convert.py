@@ -41,6 +41,7 @@ from agentkv_cluster.sim.trace.format import (
     MAX_SECONDS,
     MAX_TOKENS,
     LineError,
+    LineProgress,
     ParseResult,
     TraceEvent,
     TraceFormatError,
@@ -51,8 +52,9 @@ from agentkv_cluster.sim.trace.format import (
 FORMATS = ("agentkv", "mooncake", "azure", "tracelab")
 
 
-def _json_lines(path: Path, out: ParseResult) -> Iterator[tuple[int, Any]]:
-    for no, raw in enumerate(open_lines(path), start=1):
+def _json_lines(path: Path, out: ParseResult,
+                progress: LineProgress | None) -> Iterator[tuple[int, Any]]:
+    for no, raw in enumerate(open_lines(path, progress=progress), start=1):
         out.lines = no
         if not raw.strip():
             continue
@@ -111,19 +113,23 @@ class _Conversations:
         return conv, new
 
 
-def convert_mooncake(path: Path) -> ParseResult:
+def convert_mooncake(path: Path, progress: LineProgress | None = None) -> ParseResult:
     out = ParseResult()
     convs = _Conversations()
     last: dict[int, float] = {}  # conversation -> ts of its latest request
     rows: list[tuple[float, int, list[int]]] = []
-    for no, d in _json_lines(path, out):
+    for no, d in _json_lines(path, out, progress):
         try:
             ms = _need(d, "timestamp", (int, float))
             tokens = _need(d, "input_length", int)
             blocks = _need(d, "hash_ids", list)
             if ms < 0 or tokens < 0:
                 raise ValueError("timestamp and input_length must be >= 0")
-            ts = _seconds(ms / 1000.0, "timestamp / 1000")
+            try:
+                ts = _seconds(ms / 1000.0, "timestamp / 1000")
+            except OverflowError:  # an integer beyond any float
+                raise ValueError(f"timestamp must be <= {MAX_SECONDS * 1000:g} ms, got an "
+                                 f"integer of {len(str(ms))} digits") from None
             _tokens(tokens, "input_length")
             if not blocks or not all(isinstance(b, int) and not isinstance(b, bool)
                                      for b in blocks):
@@ -163,16 +169,32 @@ def _utc_seconds(moment: datetime) -> float:
 
 
 def _azure_time(text: str) -> float:
-    # Seven fractional digits: datetime takes at most six.
+    # Seven fractional digits: datetime takes at most six. The fraction is digits only:
+    # float() would also take "1e5" (10,000 s later) or "-5".
     head, _, frac = text.strip().partition(".")
-    base = datetime.strptime(head, "%Y-%m-%d %H:%M:%S")
+    try:
+        base = datetime.strptime(head, "%Y-%m-%d %H:%M:%S")
+    except ValueError:
+        raise ValueError(f"TIMESTAMP {text!r} is not 'YYYY-MM-DD HH:MM:SS[.fraction]'") from None
+    if frac and not (frac.isascii() and frac.isdigit()):
+        raise ValueError(f"TIMESTAMP {text!r}: the fraction of a second must be digits")
     return _utc_seconds(base) + (float("0." + frac) if frac else 0.0)
 
 
-def convert_azure(path: Path) -> ParseResult:
+def _azure_int(text: str, column: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{column} must be an integer, got {text!r}") from None
+    if value < 0:
+        raise ValueError(f"{column} must be >= 0, got {value}")
+    return value
+
+
+def convert_azure(path: Path, progress: LineProgress | None = None) -> ParseResult:
     out = ParseResult()
     rows: list[tuple[int, float, int]] = []
-    for no, row in enumerate(csv.reader(open_lines(path, newline="")), start=1):
+    for no, row in enumerate(csv.reader(open_lines(path, newline="", progress=progress)), start=1):
         out.lines = no
         if no == 1 and row and row[0].strip().upper() == "TIMESTAMP":
             continue
@@ -182,10 +204,8 @@ def convert_azure(path: Path) -> ParseResult:
             if len(row) != 3:
                 raise ValueError(f"expected 3 columns, got {len(row)}")
             ts = _azure_time(row[0])
-            tokens = int(row[1])
-            if tokens < 0 or int(row[2]) < 0:
-                raise ValueError("token counts must be >= 0")
-            _tokens(tokens, "ContextTokens")
+            tokens = _tokens(_azure_int(row[1], "ContextTokens"), "ContextTokens")
+            _azure_int(row[2], "GeneratedTokens")
         except ValueError as exc:
             out.errors.append(LineError(no, str(exc)))
             continue
@@ -226,11 +246,11 @@ class _TraceLabSession:
         return tuple(self.blocks)
 
 
-def convert_tracelab(path: Path) -> ParseResult:
+def convert_tracelab(path: Path, progress: LineProgress | None = None) -> ParseResult:
     out = ParseResult()
     rows = []
     seen: dict[tuple[str, str | int], int] = {}  # (session, round id) -> its line
-    for no, d in _json_lines(path, out):
+    for no, d in _json_lines(path, out, progress):
         try:
             session = _need(d, "session_id", str)
             key = _round_key(d, session)
@@ -242,6 +262,8 @@ def convert_tracelab(path: Path) -> ParseResult:
             if not isinstance(prefix, int) or prefix < 0 or total < 0:
                 raise ValueError("token counts must be integers >= 0")
             _tokens(total, "input_tokens_total")
+            if prefix > total:  # the cached prefix is part of the input
+                raise ValueError(f"prefix_tokens {prefix} exceeds input_tokens_total {total}")
             events = [e for e in _need(d, "timing_events", list) if isinstance(e, dict)]
             if not events:
                 raise ValueError("timing_events holds no event object")
@@ -289,13 +311,16 @@ def _round_key(d: dict, session: str) -> tuple[str, str | int] | None:
 
 
 def _latency_s(value: Any) -> float:
+    """A tool's wall latency in seconds: finite, >= 0 and at most MAX_SECONDS, like
+    every other time (a larger one is a unit mistake, and would not reload)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
-            value) or value < 0:
-        raise ValueError(f"tool_wall_latency_ms must be a finite number >= 0, got {value!r}")
+            value) or not 0 <= value / 1000.0 <= MAX_SECONDS:
+        raise ValueError(f"tool_wall_latency_ms must be a finite number >= 0 and "
+                         f"<= {MAX_SECONDS * 1000:g} ms, got {value!r}")
     return float(value) / 1000.0
 
 
-CONVERTERS: dict[str, Callable[[Path], ParseResult]] = {
+CONVERTERS: dict[str, Callable[[Path, LineProgress | None], ParseResult]] = {
     "agentkv": read_trace,
     "mooncake": convert_mooncake,
     "azure": convert_azure,
@@ -303,11 +328,12 @@ CONVERTERS: dict[str, Callable[[Path], ParseResult]] = {
 }
 
 
-def load_trace(path: Path, fmt: str) -> ParseResult:
-    """Read ``path`` in format ``fmt`` as AgentKV trace events."""
+def load_trace(path: Path, fmt: str, progress: LineProgress | None = None) -> ParseResult:
+    """Read ``path`` in format ``fmt`` as AgentKV trace events; ``progress(n)`` is told
+    of the source lines read as the reading goes."""
     try:
         converter = CONVERTERS[fmt]
     except KeyError:
         raise TraceFormatError(
             f"unknown trace format {fmt!r}; known: {', '.join(FORMATS)}") from None
-    return converter(Path(path))
+    return converter(Path(path), progress)

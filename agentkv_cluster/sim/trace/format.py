@@ -36,7 +36,7 @@ import gzip
 import json
 import math
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +50,8 @@ DEFAULT_BLOCK_TOKENS = 512
 MAX_SECONDS = 1e12  # ~31,700 years: a larger time or duration is a unit mistake
 MAX_TOKENS = 100_000_000  # more tokens than any model's context window
 _GZIP_MAGIC = b"\x1f\x8b"
+PROGRESS_LINES = 65_536  # a reader reports its progress every this many lines
+LineProgress = Callable[[int], None]  # told of the number of lines just read
 _STATES = {t.value: t for t in StateType}
 
 
@@ -215,8 +217,8 @@ def parse_lines(lines: Iterable[str]) -> ParseResult:
     return out
 
 
-def read_trace(path: Path) -> ParseResult:
-    return parse_lines(open_lines(path))
+def read_trace(path: Path, progress: LineProgress | None = None) -> ParseResult:
+    return parse_lines(open_lines(path, progress=progress))
 
 
 def write_trace(events: Iterable[TraceEvent], path: Path) -> int:
@@ -228,16 +230,29 @@ def write_trace(events: Iterable[TraceEvent], path: Path) -> int:
     return n
 
 
-def open_lines(path: Path, newline: str | None = None) -> Iterator[str]:
+def open_lines(path: Path, newline: str | None = None,
+               progress: LineProgress | None = None) -> Iterator[str]:
     """The text lines of ``path`` (UTF-8, a byte-order mark dropped, gzip unpacked);
-    an unreadable file is a ``TraceFormatError`` naming it."""
+    an unreadable file is a ``TraceFormatError`` naming it. ``progress(n)`` is told
+    of the lines read, every ``PROGRESS_LINES`` lines and once at the end."""
     try:
         with open(path, "rb") as probe:
             packed = probe.read(2) == _GZIP_MAGIC
         opener = gzip.open if packed else open
         with opener(path, "rt", encoding="utf-8-sig", errors="replace",
                     newline=newline) as fh:
-            yield from fh
+            if progress is None:
+                yield from fh
+                return
+            read = 0
+            for line in fh:
+                yield line
+                read += 1
+                if read == PROGRESS_LINES:
+                    progress(read)
+                    read = 0
+            if read:
+                progress(read)
     except (OSError, EOFError, zlib.error) as exc:  # gzip: damaged or truncated
         reason = getattr(exc, "strerror", None) or str(exc)
         raise TraceFormatError(f"cannot read trace {path}: {reason}") from None

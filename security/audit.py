@@ -89,6 +89,7 @@ class AuditLog:
         self._lock = threading.Lock()
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
         self._end = -1  # file size after our last write; -1: chain state not read yet
+        self._own_time = float("-inf")
         try:
             with self._exclusive():  # read under the lock: no writer is halfway through a line
                 self._check_signer()
@@ -108,12 +109,13 @@ class AuditLog:
                                 f"{self._key or 'unknown'}, this writer's is {mine}): refusing "
                                 "to append; use the log's signing key, or start a new log")
 
-    def _recover(self) -> tuple[int, str, float, int]:
+    def _recover(self, limit: int | None = None) -> tuple[int, str, float, int]:
+        """The chain state of the log's first ``limit`` bytes (all of it: None)."""
         seq, prev, last_time, since = 0, GENESIS, float("-inf"), 0
         self._key: str | None = None  # the key id of the last checkpoint
         if not self.path.exists():
             return seq, prev, last_time, since
-        for lineno, rec in _read_records(self.path):
+        for lineno, rec in _read_records(self.path, limit):
             if isinstance(rec, str):
                 raise AuditLogError(f"{self.path}: chain broken at {rec}; refusing to append")
             if rec.get("seq") != seq or rec.get("prev") != prev or \
@@ -134,11 +136,33 @@ class AuditLog:
             try:
                 size = os.fstat(self._fd).st_size
                 if size != self._end:
-                    self._seq, self._prev, self._time, self._since = self._recover()
+                    torn = _torn_tail(self.path, size)
+                    self._seq, self._prev, self._time, self._since = self._recover(size - torn)
+                    if torn:
+                        self._drop_torn_tail(size - torn, torn)
                 yield
                 self._end = os.fstat(self._fd).st_size
             finally:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def _drop_torn_tail(self, keep: int, torn: int) -> None:
+        """The log ends in ``torn`` bytes without a newline. The head file is written after
+        each record, so if it vouches for the chain before them, a crash cut a write short:
+        cut them off, with a ``repair`` record saying so; else they were edited: refuse."""
+        try:
+            count, top, sig = _read_head(self.path)
+        except (OSError, ValueError, KeyError, TypeError):
+            count, top, sig = -1, "", b""
+        if (count, top) != (self._seq, self._prev) or not Verifier(
+                self.signer.public_raw()).verify(sig, _checkpoint_message(count, top)):
+            raise AuditLogError(f"{self.path}: chain broken at line {self._seq + 1}: last line "
+                                "is incomplete and the signed head does not end the chain "
+                                "before it (edited); refusing to append")
+        os.ftruncate(self._fd, keep)
+        self._write("repair", {"dropped_bytes": torn, "reason": "a write cut short"},
+                    max(self._time, 0.0))  # the chain's own time: callers choose the clock
+        self._since += 1
+        self._write_head()
 
     @property
     def head(self) -> AuditPosition:
@@ -210,17 +234,38 @@ class AuditLog:
             {"count": self._seq, "head": self._prev, "sig": sig.hex()}) + b"\n", fsync=self.fsync)
 
 
-def _read_records(path: Path) -> Iterable[tuple[int, dict | str]]:
-    """(line number, record) or (line number, problem text) for each line.
+def _torn_tail(path: Path, size: int) -> int:
+    """How many bytes of the log's first ``size`` follow its last newline (0: none)."""
+    with open(path, "rb") as fh:
+        end = size
+        while end > 0:
+            start = max(0, end - 65536)
+            fh.seek(start)
+            cut = fh.read(end - start).rfind(b"\n")
+            if cut >= 0:
+                return size - (start + cut + 1)
+            end = start
+    return size
 
-    A line must be byte for byte the canonical JSON the writer wrote, newline included:
+
+def _read_head(path: Path) -> tuple[int, str, bytes]:
+    """The head file's (count, head hash, signature); raises what reading it raised."""
+    head = loads_finite(head_path(path).read_bytes())
+    return int(head["count"]), str(head["head"]), bytes.fromhex(head["sig"])
+
+
+def _read_records(path: Path, limit: int | None = None) -> Iterable[tuple[int, dict | str]]:
+    """(line number, record) or (line number, problem text) for each line (up to ``limit``
+    bytes). A line must be byte for byte the canonical JSON the writer wrote, newline included:
     the hash covers the parsed record, so spacing, key order, a duplicate key (the parser
     keeps the last one; a reader of the text may see the first) or a line ending
     changed would otherwise leave an edited line that still verifies, and a last line
     without its newline would merge with the next record appended.
     """
-    with open(path, "rb") as fh:
+    with open(path, "rb") as fh:  # ``limit`` falls on a line's end: stop after that line
         for lineno, raw in enumerate(fh, 1):
+            if limit is not None and (limit := limit - len(raw)) < 0:
+                return
             yield lineno, _parse_line(lineno, raw)
 
 
@@ -251,8 +296,7 @@ def _head_signed_by(path: Path, verifier: Verifier) -> bool:
     """Whether the head file's signature verifies under ``verifier`` (a missing or
     malformed head file is ``verify_log``'s finding, not a sign of another key)."""
     try:
-        head = loads_finite(head_path(path).read_bytes())
-        sig, count, top = bytes.fromhex(head["sig"]), int(head["count"]), str(head["head"])
+        count, top, sig = _read_head(path)
     except (OSError, ValueError, KeyError, TypeError):
         return True
     return verifier.verify(sig, _checkpoint_message(count, top))
@@ -278,8 +322,7 @@ def _check_checkpoint(rec: dict, seq: int, prev: str, verifier: Verifier) -> str
 def _check_head(path: Path, hashes: list[str], verifier: Verifier) -> list[str]:
     hp = head_path(path)
     try:
-        head = loads_finite(hp.read_bytes())
-        count, head_hash, sig = int(head["count"]), str(head["head"]), bytes.fromhex(head["sig"])
+        count, head_hash, sig = _read_head(path)
     except FileNotFoundError:
         return [f"head file {hp} is missing (cannot rule out truncation)"]
     except OSError as exc:

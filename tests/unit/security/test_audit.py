@@ -348,3 +348,36 @@ def test_data_that_json_changes_is_hashed_as_read_back(tmp_path, signer):
     assert report.ok, report.problems
     assert json.loads(path.read_bytes().splitlines()[0])["data"] == {
         "counts": {"10": 3, "2": 1}, "tiers": ["host", "nvme"]}
+
+
+def test_a_record_a_crash_cut_short_is_dropped_and_the_repair_is_in_the_chain(log, signer):
+    """A write cut short leaves bytes without a newline after the last committed record;
+    the head file, written after each record, still vouches for the chain before them. The
+    next writer cuts them off and says so in a ``repair`` record, and the log verifies
+    (before, every writer refused it until an operator edited the file)."""
+    path, verifier, _ = log
+    whole = path.read_bytes()
+    torn = b'{"data":{"i":10,"tenant":"acme"},"hash":"ab'  # half of a record, no newline
+    path.write_bytes(whole + torn)
+    assert not verify_log(path, verifier).ok  # a finding until a writer repairs it
+    audit = AuditLog(path, signer, fsync=False)
+    audit.append("key.create", {"tenant": "acme", "i": 10}, 300.0)
+    audit.close(now=301.0)
+    report = verify_log(path, verifier)
+    assert report.ok, report.problems
+    assert path.read_bytes().startswith(whole) and torn not in path.read_bytes()
+    repair = json.loads(_lines(path)[len(whole.splitlines())])
+    assert repair["kind"] == "repair" and repair["data"]["dropped_bytes"] == len(torn)
+
+
+def test_torn_bytes_the_signed_head_does_not_vouch_for_are_refused(log, signer):
+    """Bytes without a newline after a record the head does not end at (the head moved
+    on: those bytes were a committed record, now edited) are refused, not cut off."""
+    path, _, _ = log
+    lines = _lines(path)
+    edited = b"".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2]  # half of the last one
+    path.write_bytes(edited)
+    with pytest.raises(AuditLogError, match="signed head does not end the chain"):
+        AuditLog(path, signer)
+    assert path.read_bytes() == edited  # nothing cut, nothing appended
+

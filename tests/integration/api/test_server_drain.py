@@ -6,11 +6,15 @@ never printed."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Callable, Iterator
 
 import pytest
 
+from agentkv_cluster.api.client import AgentKvClient
+from agentkv_cluster.api.server import ApiServer
 from tests.support.local_service import local_service
 
 pytestmark = pytest.mark.integration
@@ -33,23 +37,32 @@ class _Slow:
         return getattr(self.inner, name)
 
 
-def test_stop_waits_for_the_requests_already_running() -> None:
-    with local_service("agentkv-drain-", page_bytes=1 << 16, hbm_pages=4,
-                       pool_bytes=1 << 20) as svc:
+@contextlib.contextmanager
+def _running_request(prefix: str, call: Callable[[AgentKvClient], object]
+                     ) -> Iterator[tuple[ApiServer, _Slow, AgentKvClient, threading.Thread]]:
+    """A local service whose ``open_session`` is slow, with ``call(client)`` running on a
+    thread and already inside the server's request pool."""
+    with local_service(prefix, page_bytes=1 << 16, hbm_pages=4, pool_bytes=1 << 20) as svc:
         server = svc.server
         slow = _Slow(server.backend)
         server.backend = slow
         client = svc.client("acme")
-        caller = threading.Thread(target=lambda: _quiet(client.open_session, "s"), daemon=True)
+        caller = threading.Thread(target=call, args=(client,), daemon=True)
         caller.start()
         deadline = time.monotonic() + 10
         while server._running == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert server._running == 1  # the request is in the pool
+        assert server._running == 1  # in the pool, 0.5 s from its end
+        yield server, slow, client, caller
+        client.close()
+
+
+def test_stop_waits_for_the_requests_already_running() -> None:
+    with _running_request("agentkv-drain-", lambda c: _quiet(c.open_session, "s")) as (
+            server, slow, _client, _caller):
         server.stop()
         assert slow.ended.is_set()  # it ended before stop returned
         assert server._running == 0
-        client.close()
 
 
 def _quiet(call: object, *args: object) -> None:
@@ -63,29 +76,17 @@ def test_a_request_running_at_stop_gets_its_reply() -> None:
     """The request ends after ``stop`` began; its reply still reaches the client before the
     connection closes (``stop`` cancelled the connections first, and the reply, say a
     stopping service's ``busy``, was lost as "server closed the connection")."""
-    with local_service("agentkv-drain-reply-", page_bytes=1 << 16, hbm_pages=4,
-                       pool_bytes=1 << 20) as svc:
-        server = svc.server
-        slow = _Slow(server.backend)
-        server.backend = slow
-        client = svc.client("acme")
-        got: list[object] = []
+    got: list[object] = []
 
-        def call() -> None:
-            try:
-                got.append(client.open_session("s"))
-            except Exception as exc:  # noqa: BLE001 - recorded, asserted below
-                got.append(exc)
+    def call(client: AgentKvClient) -> None:
+        try:
+            got.append(client.open_session("s"))
+        except Exception as exc:  # noqa: BLE001 - recorded, asserted below
+            got.append(exc)
 
-        caller = threading.Thread(target=call, daemon=True)
-        caller.start()
-        deadline = time.monotonic() + 10
-        while server._running == 0 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert server._running == 1  # in the pool, 0.5 s from its end
+    with _running_request("agentkv-drain-reply-", call) as (server, _slow, _client, caller):
         server.stop()
         caller.join(10)
-        (reply,) = got
-        assert not isinstance(reply, Exception), reply
-        assert reply.session == "s" and reply.opened["session"] == "s"
-        client.close()
+    (reply,) = got
+    assert not isinstance(reply, Exception), reply
+    assert reply.session == "s" and reply.opened["session"] == "s"

@@ -52,6 +52,13 @@ class HbmArena:
 
     alloc/free are O(1) through a FIFO free queue (oldest freed page is reused first).
     Not thread-safe: one owner (the HBM actor) drives it.
+
+    A freed page keeps its bytes until it is scrubbed (erasure) or written again. Past its
+    length a page holds only zeros once it is written (``write``, ``mark_written``): the
+    arena keeps, per page, how far old bytes may reach (``_dirty``) and zeroes from the
+    new length to there, so a shorter page never carries the tail of one dropped earlier.
+    Bytes that arrive around ``write`` (a transport into a span, a decode into ``view``)
+    are announced first with ``lend``, so that reach stays an upper bound.
     """
 
     def __init__(
@@ -81,6 +88,7 @@ class HbmArena:
         self._allocated = np.zeros(num_pages, dtype=bool)
         self._pins = np.zeros(num_pages, dtype=np.int64)
         self._lengths = np.zeros(num_pages, dtype=np.int64)
+        self._dirty = np.zeros(num_pages, dtype=np.int64)  # old bytes reach at most this far
 
     @property
     def capacity_bytes(self) -> int:
@@ -114,6 +122,7 @@ class HbmArena:
         if scrub:
             self._buf[page].zero_()
             self._settle()
+            self._dirty[page] = 0
         self._allocated[page] = False
         self._lengths[page] = 0
         self._free.append(page)
@@ -125,13 +134,32 @@ class HbmArena:
         if free:
             self._buf[torch.tensor(free, device=self.device)] = 0
             self._settle()
+            self._dirty[free] = 0
         return len(free)
 
     def zero(self, page: int) -> None:
-        """Zero an allocated page now (before a peer writes into it directly)."""
+        """Zero an allocated page now."""
         self._check(page)
         self._buf[page].zero_()
         self._settle()
+        self._dirty[page] = 0
+
+    def lend(self, page: int, nbytes: int) -> None:
+        """Up to ``nbytes`` from the page's start may be written outside :meth:`write` (a
+        peer's transfer into a span of it, a decode into :meth:`view`); call before they
+        can arrive, then :meth:`mark_written` with what the page holds."""
+        self._check(page)
+        if not 0 <= nbytes <= self.page_bytes:
+            raise PageTooLarge(f"{nbytes} bytes do not fit a {self.page_bytes}-byte page")
+        self._dirty[page] = max(int(self._dirty[page]), nbytes)
+
+    def _zero_past(self, page: int, nbytes: int) -> None:
+        """The page holds ``nbytes``: zero whatever older bytes lie beyond them."""
+        reach = int(self._dirty[page])
+        if reach > nbytes:
+            self._buf[page, nbytes:reach].zero_()
+            self._settle()
+        self._dirty[page] = nbytes
 
     def _settle(self) -> None:
         """Wait for zeroing queued on the device: a transport (NIXL) may write the page
@@ -174,6 +202,7 @@ class HbmArena:
         n = int(src.shape[0])
         if n > self.page_bytes:
             raise PageTooLarge(f"{n} bytes do not fit a {self.page_bytes}-byte page")
+        self.lend(page, n)
         dst = self._buf[page, :n]
         if isinstance(src, torch.Tensor):
             dst.copy_(src)
@@ -181,6 +210,7 @@ class HbmArena:
             dst.numpy()[:] = src
         else:
             dst.copy_(torch.from_numpy(src.copy()), non_blocking=False)
+        self._zero_past(page, n)
         self._lengths[page] = n
         return n
 
@@ -191,11 +221,13 @@ class HbmArena:
 
     def mark_written(self, page: int, nbytes: int) -> None:
         """Record that ``nbytes`` were written into the page directly through :attr:`buffer`
-        or :meth:`view` (a transport write or an in-place decode), so :meth:`read` and
-        :meth:`stats` see them."""
+        or :meth:`view` (a transport write or an in-place decode, announced with
+        :meth:`lend`), so :meth:`read` and :meth:`stats` see them; older bytes past them
+        are zeroed."""
         self._check(page)
         if not 0 <= nbytes <= self.page_bytes:
             raise PageTooLarge(f"{nbytes} bytes do not fit a {self.page_bytes}-byte page")
+        self._zero_past(page, nbytes)
         self._lengths[page] = nbytes
 
     def length(self, page: int) -> int:

@@ -304,7 +304,7 @@ class ControllerActor:
         hbm = self.hbm_of(tenant, session)
         elsewhere: dict[int, tuple[str, PoolHolding]] | None = None
         for n, meta in enumerate(metas):
-            if self._known(meta, hbm):
+            if self.controller.table.share(meta, hbm):  # held in this session's HBM
                 continue
             if elsewhere is None:
                 elsewhere = held_elsewhere(self.directory, self.pools, metas[n:], namespaces[n:],
@@ -320,9 +320,6 @@ class ControllerActor:
                                   copies={meta.key: copies}, pool=node)
         return len(metas)
 
-    def _known(self, meta: PageMeta, hbm: str) -> bool:
-        return self.controller.table.share(meta, hbm)
-
     # -- tenant erasure ------------------------------------------------------------------------
     def freeze_tenant(self, tenant: str) -> None:
         """The erasure's first step: ``tenant``'s calls fail from now on (see erase_tenant)."""
@@ -335,17 +332,19 @@ class ControllerActor:
     def erase_tenant(self, tenant: str) -> ControllerErased:
         """Tenant erasure across the controller and every HBM actor, as one step: refuse
         the tenant's calls, cancel its moves (loads in flight fail with ``TenantErased``),
-        forget its pages, pins and sessions, then have each HBM actor zero the tenant's
-        pages, its free pages and free staging slots. Returns what was done; raises
-        if an HBM actor could not be reached (the caller records the tier as failed)."""
+        forget its pages, pins and sessions; each HBM actor zeroes the tenant's pages, its
+        free pages and staging slots, then takes back (zeroed) the executor's landing
+        stock. Raises if an HBM actor is unreachable (the tier is recorded as failed)."""
         try:
             gone = self.controller.forget_tenant(tenant, wake=self.executor.credits.wake)
             self.idle.forget_tenant(tenant)
             purged = [handle.purge(gone.keys.get(name, []))
                       for name, handle in list(self.hbms.items())]
+            stocked = self.executor.landing.release()  # after: no refill holds old bytes
+            zeroed = sum(p.free_zeroed for p in purged) + stocked
             return ControllerErased(forgotten=replace(gone, keys={}),
                                     hbm_pages=sum(p.pages for p in purged),
-                                    hbm_free_zeroed=sum(p.free_zeroed for p in purged),
+                                    hbm_free_zeroed=zeroed,
                                     hbm_actors=len(purged))
         finally:
             self.controller.table.end_erase(tenant)

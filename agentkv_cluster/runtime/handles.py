@@ -232,8 +232,8 @@ class HbmHandle(ActorHandle):
         """``serve`` sent now; the returned function waits for it (or raises what it raised)."""
         return self._start("serve", keys, dsts)
 
-    def drop(self, key: bytes) -> bool:
-        return self._call("drop", key)
+    def drop(self, key: bytes, scrub: bool = False) -> bool:
+        return self._call("drop", key, scrub)
 
     def erase(self, keys: list[bytes]) -> int:
         return self._call("erase", keys)

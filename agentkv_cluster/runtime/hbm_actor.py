@@ -87,6 +87,8 @@ class HbmActor:
 
     # -- page slots -------------------------------------------------------------------------
     def _span(self, page: int, length: int) -> RemoteSpan:
+        """A peer may write the span: the arena zeroes past what it turns out to hold."""
+        self.arena.lend(page, length)
         return RemoteSpan(endpoint=self.mover.endpoint(), region=self._whole.pack(),
                           offset=self.arena.page_offset(page), length=length)
 
@@ -109,11 +111,11 @@ class HbmActor:
             self._pages[key] = page
             return page
 
-    def _release(self, key: bytes) -> bool:
+    def _release(self, key: bytes, scrub: bool = False) -> bool:
         """Free the page ``key`` holds, if any (the caller holds the lock)."""
         page = self._pages.pop(key, None)
         if page is not None:
-            self.arena.free(page)
+            self.arena.free(page, scrub=scrub)
             self._lock.notify_all()
         return page is not None
 
@@ -127,6 +129,7 @@ class HbmActor:
         """Pull a page from a peer's staging (the API front) into a fresh arena page."""
         page = self._alloc(key)
         try:
+            self.arena.lend(page, src.length)
             self.mover.pull(src, self._whole, self.arena.page_offset(page))
         except Exception:
             self.drop(key)
@@ -156,9 +159,11 @@ class HbmActor:
         return self.mover.wait_all(jobs)
 
     @group(MOVE_OUT)
-    def drop(self, key: bytes) -> bool:
+    def drop(self, key: bytes, scrub: bool = False) -> bool:
+        """Free ``key``'s page; ``scrub`` zeroes it too (a restore into it failed part way,
+        so it may still hold bytes of the page that had it before)."""
         with self._lock:
-            return self._release(key)
+            return self._release(key, scrub)
 
     @group(MOVE_OUT)
     def erase(self, keys: list[bytes]) -> int:
@@ -169,8 +174,9 @@ class HbmActor:
     def purge(self, keys: list[bytes]) -> HbmPurged:
         """Tenant erasure: free and zero these pages (not just release them), zero every
         free page (pages dropped earlier, the tenant's among them, keep their bytes until
-        reused) and every free staging slot (the last page encoded there). Reserved landing
-        pages are zeroed when reserved (see ``reserve``), so they hold no old bytes."""
+        reused) and every free staging slot (the last page encoded there). Landing pages an
+        executor holds in stock are not touched here (a push may be on its way into one):
+        the controller has its executor give them back, zeroed, right after this."""
         with self._lock:
             n = 0
             for key in keys:
@@ -206,7 +212,10 @@ class HbmActor:
         """Set aside up to ``n`` free arena pages for ``owner`` (never more than
         ``spec.landing_pages`` at once), as ``(page, span wire)`` pairs. A pool may push a
         FULL page straight into one; ``land`` then names the key it holds. Only ``owner``
-        can land or return them, so no other page is ever written through such a span."""
+        can land or return them, so no other page is ever written through such a span.
+        They are not zeroed here (that cost a page-sized memset per one-hop restore): the
+        push overwrites the page up to its length, ``land`` zeroes past it, and a page
+        given back is zeroed."""
         out = []
         with self._lock:
             while n > len(out) and len(self._landing) < self.spec.landing_pages:
@@ -214,7 +223,6 @@ class HbmActor:
                     page = self.arena.alloc()
                 except ArenaFull:
                     break
-                self.arena.zero(page)  # it may hold a page dropped earlier
                 self._landing[page] = owner
                 out.append((page, self._span(page, self.spec.page_bytes).wire()))
         return out
@@ -236,7 +244,7 @@ class HbmActor:
             mine = [p for p in pages if self._landing.get(p) == owner]
             for page in mine:
                 del self._landing[page]
-                self.arena.free(page)
+                self.arena.free(page, scrub=True)  # old bytes, or part of a failed push
             self._lock.notify_all()
             return len(mine)
 
@@ -290,6 +298,7 @@ class HbmActor:
                 try:
                     span = self.mover.slot_span(slot, self.mover.slot_bytes)
                     got = handle.restore_to(meta.key, meta.digest, int(codec), span.wire())
+                    self.arena.lend(page, meta.length)
                     dst = self.arena.view(page)[: meta.length].numpy()
                     decode_into(self.mover.slot_view(slot, got.nbytes), meta.shape, dst)
                 finally:

@@ -71,14 +71,19 @@ class LandingPages:
         return RestoreReceipt(tier=int(got.tier), codec=int(codec), link_bytes=got.nbytes,
                               exact=True)
 
-    def release(self) -> None:
-        """Give every stocked page back (the executor is closing)."""
+    def release(self) -> int:
+        """Give every stocked page back, zeroed (the executor is closing, or a tenant was
+        erased: a page in stock may still hold bytes of a page dropped before it was
+        reserved). Returns how many pages the actors took back; the next restore restocks."""
         with self._lock:
             stocks, self._stock = list(self._stock.values()), {}
+        given = 0
         for stock in stocks:
             if stock.pages:
                 with contextlib.suppress(Exception):  # a dead actor took its pages along
-                    stock.handle.release_landing([p for p, _ in stock.pages], self.owner)
+                    given += stock.handle.release_landing([p for p, _ in stock.pages],
+                                                          self.owner)
+        return given
 
     def _take(self, name: str, hbm: HbmHandle) -> tuple[int, tuple] | None:
         with self._lock:
@@ -98,8 +103,13 @@ class LandingPages:
         except Exception:  # noqa: BLE001 - no stock: restores take the two-hop path
             got = []
         with self._lock:
-            stock.pages.extend((int(p), tuple(w)) for p, w in got)
+            current = any(s is stock for s in self._stock.values())
+            if current:
+                stock.pages.extend((int(p), tuple(w)) for p, w in got)
             stock.refilling = False
+        if got and not current:  # ``release`` ran meanwhile: these go back too
+            with contextlib.suppress(Exception):
+                stock.handle.release_landing([int(p) for p, _ in got], self.owner)
 
     def _undo(self, hbm: HbmHandle, key: bytes, page: int, landed: Callable[[], Any]
               ) -> None:
@@ -112,4 +122,4 @@ class LandingPages:
                 hbm.release_landing([page], self.owner)
             return
         with contextlib.suppress(Exception):
-            hbm.drop(key)
+            hbm.drop(key, scrub=True)  # what the push left, over what the page held before

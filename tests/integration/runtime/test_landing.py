@@ -131,3 +131,24 @@ def test_a_page_larger_than_an_arena_page_is_refused_before_any_push(service):
         assert (landing.one_hop, landing.two_hop) == expected
     stats = hbm.stats()
     assert stats["pages"] == 0 and stats["used_pages"] == stats["landing_pages"]  # no leak
+
+
+
+def test_a_landed_or_returned_page_keeps_nothing_of_what_it_held_before(service):
+    hbm, pool, front = service
+    target = hbm.target
+    page = _stored(pool, front)  # 3 MiB + 17 B: the push covers most of a 4 MiB page
+    landing = LandingPages("exec-a", per_hbm=2)
+    landing.restore("h", hbm, pool, "node0", _meta(), int(Tier.HOST), int(Codec.FULL))
+    hbm.drop(b"k" * 32)  # restored via the HBM actor, which stocked two landing pages
+    old = b"bytes of a page dropped before this one was reserved"
+    for reserved in list(target._landing):  # reserving does not zero a page
+        view = target.arena.view(reserved).numpy()
+        view[:] = np.resize(np.frombuffer(old, np.uint8), view.shape)
+    landing.restore("h", hbm, pool, "node0", _meta(), int(Tier.HOST), int(Codec.FULL))
+    assert landing.one_hop == 1
+    view = target.arena.view(target._pages[b"k" * 32]).numpy()
+    assert view[:PAGE].tobytes() == page and not view[PAGE:].any()  # zeroed past the push
+    assert target.arena_holds([old]) == [True]  # in the page still in stock
+    assert landing.release() >= 1
+    assert target.arena_holds([old]) == [False]  # given back zeroed

@@ -44,7 +44,7 @@ class _Hbm:
         return DemoteReceipt(copies=tuple(targets), tier_bytes=(MB,) * len(targets),
                              link_bytes=MB, pool=pool)
 
-    def drop(self, key: bytes) -> bool:
+    def drop(self, key: bytes, scrub: bool = False) -> bool:
         self.calls.append(("drop", key))
         self.dropping(key)
         return True

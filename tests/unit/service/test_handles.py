@@ -57,7 +57,7 @@ class _Hbm:
     def ping(self) -> str:
         return "hbm"
 
-    def drop(self, key: bytes) -> bool:
+    def drop(self, key: bytes, scrub: bool = False) -> bool:
         return key == b"k"
 
     def land(self, key: bytes, page: int, length: int, owner: str) -> None:

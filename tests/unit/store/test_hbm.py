@@ -183,3 +183,40 @@ def test_cpu_arena_asks_for_huge_pages() -> None:
     assert "hg" in _vm_flags(addr)
     arena.write(arena.alloc(), b"kv")  # still an ordinary arena
     assert arena.buffer.shape == (8, 1 << 20) and arena.buffer.dtype == torch.uint8
+
+
+def test_a_shorter_page_never_carries_the_tail_of_the_page_before(arena):
+    old = b"O" * 4096
+    page = arena.alloc()
+    arena.write(page, old)
+    arena.free(page)  # released, not scrubbed: its bytes stay until the page is written
+    for _ in range(3):
+        arena.free(arena.alloc())  # the FIFO hands out the same page again below
+    again = arena.alloc()
+    assert again == page and bytes(arena.view(page).numpy()) == old
+    arena.write(page, b"new")
+    assert bytes(arena.view(page).numpy()) == b"new" + bytes(4093)
+    assert arena.read(page) == b"new"
+
+
+def test_bytes_lent_to_a_peer_are_zeroed_past_what_the_page_turns_out_to_hold(arena):
+    page = arena.alloc()
+    arena.write(page, b"x" * 100)
+    arena.lend(page, 4096)  # a peer may write anywhere in the page (a landing page)
+    arena.view(page)[:3000] = 7  # it wrote 3000 bytes
+    arena.mark_written(page, 2000)  # the page holds 2000: the rest goes, old and new alike
+    view = arena.view(page).numpy()
+    assert (view[:2000] == 7).all() and not view[2000:].any()
+    with pytest.raises(PageTooLarge):
+        arena.lend(page, 4097)
+
+
+def test_the_reach_of_old_bytes_only_grows_until_a_scrub(arena):
+    page = arena.alloc()
+    arena.write(page, b"y" * 4000)
+    arena.write(page, b"z" * 10)  # zeroes 10..4000 once; the reach is now 10
+    arena.view(page)[:] = 1  # written around the arena without ``lend``: not its promise
+    arena.write(page, b"w" * 5)
+    assert bytes(arena.view(page).numpy()[:12]) == b"wwwww" + b"\x00" * 5 + b"\x01\x01"
+    arena.zero(page)
+    assert not arena.view(page).numpy().any()

@@ -63,6 +63,7 @@ class EngineLoader:
         self.recompute_tokens: dict[str, int] = {}  # tenant -> tokens of pages lost for good
         self.phases: deque[LoadPhases] = deque(maxlen=10_000)  # the latest loads (stats)
         self.unexported: deque[LoadPhases] = deque(maxlen=10_000)  # not yet in metrics
+        self.deadline_s = 45.0  # a load waiting for room or arrivals is refused after this
 
     def load(self, tenant: str, session: str, keys: list[bytes]) -> list[LoadReport]:
         t0 = time.monotonic()
@@ -136,7 +137,7 @@ class EngineLoader:
         """Pin ``gids`` and restore the missing ones; returns restore results by gid.
         Adds the time of each step to ``phases``."""
         results: list[TransferResult] = []
-        deadline = time.monotonic() + 45.0
+        deadline = time.monotonic() + self.deadline_s
         waited_for_room = False  # the first plan waits for pages moving out, later ones for room
         while True:
             t = time.monotonic()
@@ -172,8 +173,9 @@ class EngineLoader:
                     break
                 # such a transfer failed (its page left HBM): restore those pages here
                 self.controller.table.unpin(gids, time.monotonic())
-                if time.monotonic() > deadline:
-                    raise RequestRefused(f"{len(late)} page(s) did not arrive in HBM")
+                if time.monotonic() > deadline:  # not the caller's doing: re-prefill them
+                    raise RefusedPageLost(f"{len(late)} page(s) did not arrive in HBM: their "
+                                          "transfers kept failing until the load's deadline")
                 continue
             # All or nothing: holding some pins while waiting for room deadlocks a herd.
             seen = self.controller.table.unpin(pinned, time.monotonic())

@@ -9,9 +9,10 @@ import time
 
 import pytest
 
+from agentkv_cluster.api.errors import PageLost
 from agentkv_cluster.runtime.controller import Controller
 from agentkv_cluster.runtime.guard import Guarded
-from agentkv_cluster.runtime.loads import EngineLoader
+from agentkv_cluster.runtime.loads import EngineLoader, RefusedPageLost
 from agentkv_cluster.runtime.records import (
     Action,
     ActionKind,
@@ -19,6 +20,7 @@ from agentkv_cluster.runtime.records import (
     Reason,
     TransferResult,
 )
+from agentkv_cluster.runtime.refusal_codes import as_api_error
 from agentkv_cluster.runtime.strategies import make_strategy
 from store.types import Codec, Tier
 from tests.unit.service.test_controller import MB, admitted, done
@@ -117,3 +119,15 @@ def test_a_failed_arrival_is_restored_by_the_load_itself() -> None:
     assert sorted(worker.ran) == [g0, g1]  # g1 alongside, g0 once its prefetch failed
     pages = ctl.manager.table.pages
     assert all(pages[g].resident and pages[g].pins == 1 for g in (g0, g1))
+
+
+def test_arrivals_that_keep_failing_past_the_deadline_are_page_lost_not_bad_input() -> None:
+    ctl, (g0, g1), prefetch = _prefetching()
+    loader = EngineLoader(ctl, _Worker(ctl), check=lambda results: None)
+    loader.deadline_s = 0.0  # the load's own restores ran; the prefetch fails after it
+    finisher = _finish_later(ctl, prefetch, 0.1, ok=False)
+    with pytest.raises(RefusedPageLost, match="1 page\\(s\\) did not arrive"):
+        loader.load("t", "a", [b"a/0", b"a/1"])
+    finisher.join()
+    assert all(ctl.manager.table.pages[g].pins == 0 for g in (g0, g1))  # nothing held
+    assert isinstance(as_api_error(RefusedPageLost("x")), PageLost)

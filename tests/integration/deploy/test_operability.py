@@ -367,3 +367,12 @@ def test_notes_of_the_embedded_directory_name_no_redis_secret():
     listed = re.findall(r"^  - ([^:]*): (.*)$", notes, flags=re.MULTILINE)
     assert listed and all(name for name, _ in listed), listed
     assert not [what for _, what in listed if "Redis" in what], listed
+
+
+def test_notes_warn_when_the_audit_log_is_ephemeral():
+    """Persistence off (acknowledged, as cpu-demo does) is allowed, and said at install:
+    the receipts an admin relies on are lost with every head pod."""
+    ephemeral = _rendered(chart.load_values("cpu-demo"))["agentkv/templates/NOTES.txt"]
+    kept = _rendered(chart.load_values("production-8gpu-4node"))["agentkv/templates/NOTES.txt"]
+    assert "AUDIT LOG IS EPHEMERAL" in ephemeral and "erasure receipt" in ephemeral
+    assert "AUDIT LOG IS EPHEMERAL" not in kept

@@ -14,12 +14,21 @@ from store.directory.base import InvalidEntry, check_namespace
 def connect_admin(url: str) -> Any:
     """An admin client for ``url`` (per-tenant clients: ``cli.audit.tenant_connector``);
     an error names the server with its password masked."""
+    from store.directory.base import WritesRefused
+    from store.directory.redis_errors import as_directory_error
+
     try:
         admin = redis.Redis.from_url(url)
         admin.ping()
     except (redis.RedisError, ValueError) as exc:
         shown = redact_url(url)
-        raise CliError(f"cannot reach Redis at {shown}: {str(exc).replace(url, shown)}") from None
+        detail = str(exc).replace(url, shown)
+        refused = as_directory_error(exc) if isinstance(exc, redis.RedisError) else exc
+        if isinstance(refused, WritesRefused):  # ``MISCONF`` refuses PING too: it answered
+            raise CliError(f"Redis at {shown} answers but refuses writes "
+                           f"({refused.reason.value}: {detail}); run this again once it "
+                           "accepts writes") from None
+        raise CliError(f"cannot reach Redis at {shown}: {detail}") from None
     return admin
 
 

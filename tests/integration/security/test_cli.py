@@ -95,6 +95,17 @@ def test_isolation_unreachable_server(capsys):
     assert rc == 2 and "cannot reach Redis" in err
 
 
+def test_isolation_against_a_redis_whose_persistence_fails_says_so(capsys):
+    """Under ``MISCONF`` Redis refuses PING as well as writes: it answered, so the CLI says
+    what it refuses, not that it could not reach it."""
+    from tests.support.redis_refusals import failing_persistence
+
+    with failing_persistence() as (url, _lift):
+        rc, _, err = _run(capsys, "audit", "isolation", "--redis-url", url)
+    assert rc == 2 and "refuses writes (persistence_failing" in err, err
+    assert "cannot reach" not in err
+
+
 def test_erase_deletes_the_tenants_directory_keys(tmp_path, capsys, acl_redis):
     from security.blinding import DirectoryBlinder
     from security.keyring import FileKeySource, TenantKeyring

@@ -6,7 +6,8 @@ system has no room, or its quota ``pool.nvme_bytes`` none left after compacting 
 records, ``QuotaFull``) has written nothing; with no free host slot either, the store is
 refused with ``NvmeTierFull``. Every copy the pool already holds stays: ``PoolActor``
 replaces a page's old copy only once the new one is written (and keeps the old one when the
-NVMe tier has no room left to retire it), and a store refused for a full tier is answered
+NVMe tier has no room left to retire it: a full file system once the shard's space reserve
+for tombstones is spent), and a store refused for a full tier is answered
 with the old copy when the pool holds the page in that form already (pages are immutable).
 ``TierCounts`` counts stores that found the NVMe tier full, and those refused for it.
 """
@@ -104,7 +105,7 @@ class TierWriter:
         """``new`` is to take ``old``'s place: release ``old``'s bytes (unless ``new`` is the
         NVMe record that superseded it under the same key) and answer True; or, when the
         NVMe tier has no room for the tombstone that retires ``old``'s record (a full file
-        system), release ``new`` instead and answer False: ``old`` stays. Under the lock."""
+        system, its space reserve spent), release ``new`` instead and answer False: ``old`` stays. Under the lock."""
         if old.tier is Tier.NVME and new.tier is Tier.NVME and old.nkey == new.nkey:
             return True
         try:

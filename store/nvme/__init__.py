@@ -4,6 +4,7 @@
                  (recovery, compaction, shred, shred_dead, prune, drop_cache)
     segments.py  SegmentFiles: the directory, its lock, the file engine and the bytes
     index.py     RecordIndex: which record of each key is live (bookkeeping only)
+    reserve.py   SpaceReserve: blocks held back so a full file system can still retire
     engines.py   how bytes move: direct syscalls (default) or NIXL POSIX jobs
     format.py    the on-disk record format and the segment scan
     files.py     file-system helpers (keys and views, free space, page cache, mincore)

@@ -4,7 +4,9 @@
 appends records (header block + payload in one write, rolled back on failure, synced per
 the fsync policy), reads and verifies payloads, zeroes payloads for erasure, evicts
 records from the page cache, scans segments at recovery and removes compacted ones. It
-keeps no index: the shard (``store.nvme.shard``) decides which records are live.
+keeps no index: the shard (``store.nvme.shard``) decides which records are live. It holds
+the shard's space reserve (``store.nvme.reserve``): tombstones and compaction copies that
+find the file system full draw on it, puts never do.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 from store.nvme import format as fmt
 from store.nvme.engines import open_engine, read_full
 from store.nvme.files import drop_range, free_bytes, fsync_dir, lock_directory
+from store.nvme.reserve import SpaceReserve
 from store.nvme.types import (
     DiskFull,
     FsyncPolicy,
@@ -53,6 +56,8 @@ class SegmentFiles:
         path.mkdir(parents=True, exist_ok=True)
         self._lock_fd = lock_directory(path)
         try:
+            self._reserve = SpaceReserve(self._lock_fd, config)  # held in the LOCK file
+            self._reserve.fill(free_bytes(path))
             self._io = open_engine(config)
         except BaseException:
             os.close(self._lock_fd)
@@ -118,14 +123,21 @@ class SegmentFiles:
         digest = fmt.checksum(payload) if n <= fmt.STRIPE_BYTES else fmt.payload_digest(payload)
         seg = self._room(fmt.round_up(block + n, align))
         offset = fmt.round_up(seg.size, align)
-        self._check_space(offset - seg.size + block + n,
-                          over_quota or bool(flags & fmt.FLAG_TOMBSTONE))
+        need = offset - seg.size + block + n
+        # Tombstones and compaction's copies pass the quota and may draw on the reserve.
+        exempt = over_quota or bool(flags & fmt.FLAG_TOMBSTONE)
+        self._check_space(need, exempt)
         header = self._header
         if key_end < self._key_end:  # zero the tail of a longer key written before
             header[key_end : self._key_end] = _ZEROS[: self._key_end - key_end]
         self._key_end = key_end
         fmt.pack_fields_into(header, flags, key, generation, n, seq, digest)
-        self._write(seg, offset, header[:block], payload)
+        try:
+            self._write(seg, offset, header[:block], payload)
+        except DiskFull:  # the OS refused more than statvfs showed: once more, from the reserve
+            if not (exempt and self._reserve.draw(need)):
+                raise
+            self._write(seg, offset, header[:block], payload)
         seg.size = offset + block + n
         seg.keys.add(key)
         self._after_write(seg)
@@ -146,8 +158,9 @@ class SegmentFiles:
         return self._open(self._active.index + 1)
 
     def _check_space(self, need: int, exempt: bool) -> None:
-        # Tombstones (one header block) and compaction's copies are exempt from the quota:
-        # a full shard must still be able to retire records and reclaim their space.
+        # Tombstones (one header block) and compaction's copies are exempt from the quota,
+        # and draw on the reserve when the file system is full: a full shard must still be
+        # able to retire records and reclaim their space.
         quota = self.config.max_bytes
         if quota is not None and not exempt:
             total = self.file_bytes()
@@ -156,10 +169,27 @@ class SegmentFiles:
         # statvfs only when the running estimate nears the need; a write that still finds
         # the disk full is rolled back the same way.
         if self._free_estimate < need + _FREE_MARGIN:
-            self._free_estimate = free_bytes(self.path)
-            if self._free_estimate < need:
+            free = free_bytes(self.path)
+            if exempt and free < need and self._reserve.draw(need):
+                free = free_bytes(self.path)
+            elif not exempt:
+                free -= self._reserve.fill(free)  # the reserve comes back before puts
+            self._free_estimate = free
+            if free < need:
                 raise DiskFull(f"file system of {self.path} has less than {need} B free")
         self._free_estimate -= need
+
+    def fill_reserve(self) -> None:
+        """Grow the reserve back to its size if the file system has room for all it lacks
+        (after compaction removed segments)."""
+        if self._reserve.deficit > 0:
+            self._reserve.fill(free_bytes(self.path))
+            self._free_estimate = 0  # look at the file system again next time
+
+    @property
+    def reserve_bytes(self) -> int:
+        """Bytes the space reserve holds now."""
+        return self._reserve.held
 
     def _write(self, seg: Segment, offset: int, header: memoryview, payload: memoryview) -> None:
         try:

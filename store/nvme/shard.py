@@ -6,8 +6,10 @@ bytes) and ``RecordIndex`` (``store.nvme.index``: which record of each key is li
 move through a file engine (``store.nvme.engines``: direct syscalls by default, or NIXL
 POSIX jobs); every read is verified against the record's payload hash. A record is
 published in the index only after all of its bytes are written (and synced, per policy);
-a failed write is truncated away, so a full disk leaves the shard as it was. One process
-owns a shard directory (flock).
+a failed write is truncated away, so a full disk leaves the shard as it was. Tombstones
+and compaction's copies draw on a small space reserve (``store.nvme.reserve``) when the
+file system is full, so a full disk still deletes, shreds and compacts; puts never draw on
+it. One process owns a shard directory (flock).
 
 Maintenance lives here as methods: recovery on open (every segment scanned; the newest
 sequence number of a key wins, a tombstone hides older records, a torn tail of the last
@@ -32,6 +34,7 @@ from store.nvme.index import RecordIndex
 from store.nvme.segments import SegmentFiles
 from store.nvme.types import (
     CompactionReport,
+    DiskFull,
     FsyncPolicy,
     InvalidRecord,
     NvmeShardConfig,
@@ -143,7 +146,12 @@ class NvmeShard:
         if key not in self._index:
             return Lookup.MISS
         seq = self._index.take_seq()
-        loc = self._files.append(key, _EMPTY, 0, seq, fmt.FLAG_TOMBSTONE)
+        try:  # on a full file system the tombstone draws on the space reserve
+            loc = self._files.append(key, _EMPTY, 0, seq, fmt.FLAG_TOMBSTONE)
+        except DiskFull:  # and that is spent: free the segments nothing live is left in
+            if not self._drop_dead_segments():
+                raise
+            loc = self._files.append(key, _EMPTY, 0, seq, fmt.FLAG_TOMBSTONE)
         self._index.advance_seq()
         self._index.retire(key, seq, loc.segment)
         return Lookup.HIT
@@ -253,6 +261,15 @@ class NvmeShard:
         self._compact(victims)
         return True
 
+    def _drop_dead_segments(self) -> bool:
+        """Compact every sealed segment without a live record (nothing to copy; it frees
+        space and fills the reserve back), for a tombstone that found the disk full; False
+        when there is none."""
+        files, index = self._files, self._index
+        dead = [i for i, size in files.sizes().items()
+                if size and i != files.active_index and not index.live_bytes(i)]
+        return bool(dead) and self._compact(dead).segments_removed > 0
+
     def _compact(self, victims: list[int]) -> CompactionReport:
         """Move ``victims``' live records forward and delete them, one segment at a time:
         its copies are synced before its file goes, and the copies (which pass the quota)
@@ -272,6 +289,8 @@ class NvmeShard:
             files.sync_newest()
             reclaimed += files.remove(i)
             index.forget_segment(i)
+        if victims:
+            files.fill_reserve()  # space is back: the reserve first
         return CompactionReport(segments_removed=len(victims), bytes_reclaimed=reclaimed,
                                 records_moved=moved, records_dropped=dropped)
 
@@ -311,6 +330,7 @@ class NvmeShard:
                 corrupt_records=self._corrupt,
                 syncs=self._files.syncs,
                 engine=self._files.engine,
+                reserve_bytes=self._files.reserve_bytes,
             )
 
     def sync(self) -> None:

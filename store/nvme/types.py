@@ -69,6 +69,9 @@ class NvmeEngine(enum.Enum):
     NIXL_POSIX = "nixl-posix"  # NIXL POSIX transfer jobs
 
 
+MAX_RESERVE_TOMBSTONES = 1 << 16  # 512 MiB of reserve at the default align
+
+
 @dataclass(frozen=True, kw_only=True)
 class NvmeShardConfig:
     segment_bytes: int = 256 << 20
@@ -83,6 +86,11 @@ class NvmeShardConfig:
     engine: NvmeEngine = NvmeEngine.SYSCALL
     # syscall engine: 2 = records of 4 MiB and up are read and verified on two threads
     read_threads: int = 2
+    # Space held back in the shard's LOCK file for this many tombstones (2 * align each),
+    # given back when a tombstone or compaction copy finds the file system full, so a full
+    # disk can still delete, shred and compact; 0 = none. Not counted in max_bytes.
+    # See store.nvme.reserve.
+    reserve_tombstones: int = 32
 
     def __post_init__(self) -> None:
         if self.align < 512 or self.align & (self.align - 1):
@@ -99,6 +107,11 @@ class NvmeShardConfig:
             raise ValueError(f"read_threads must be 1 or 2, got {self.read_threads!r}")
         if self.fsync_every_n < 1:
             raise ValueError("fsync_every_n must be >= 1")
+        if type(self.reserve_tombstones) is not int:
+            raise TypeError(f"reserve_tombstones must be an int, got {self.reserve_tombstones!r}")
+        if not 0 <= self.reserve_tombstones <= MAX_RESERVE_TOMBSTONES:
+            raise ValueError(f"reserve_tombstones must be in 0..{MAX_RESERVE_TOMBSTONES}, "
+                             f"got {self.reserve_tombstones}")
 
 
 class RecordLocation(NamedTuple):
@@ -141,6 +154,7 @@ class ShardStats:
     corrupt_records: int
     syncs: int  # fsync calls made, per the fsync policy
     engine: str  # NvmeEngine value
+    reserve_bytes: int = 0  # space reserve held now (store.nvme.reserve); not in file_bytes
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -151,14 +151,12 @@ def test_a_full_file_system_refuses_honestly_and_loses_nothing(tmp_path) -> None
             _pool(tmp_path, host_slots=2, nvme_bytes=1 << 30, nvme_dir=fs) as (pool, front):
         _, a = _store(pool, front, b"a", Tier.NVME)
         _fill(fs)
-        # Stored again while the disk is full: the new host copy cannot retire the old
-        # record (its tombstone finds no room), so the old copy stays and answers.
-        assert _store(pool, front, b"a", Tier.HOST)[0].tier is Tier.NVME
-        receipt, b = _store(pool, front, b"b", Tier.NVME)  # to the free host slots instead
-        _, c = _store(pool, front, b"c", Tier.NVME)
+        # Stored again while the disk is full: the old record is retired (its tombstone
+        # draws on the shard's space reserve) and the new host copy takes its place.
+        assert _store(pool, front, b"a", Tier.HOST)[0].tier is Tier.HOST
+        receipt, b = _store(pool, front, b"b", Tier.NVME)  # to the last free host slot instead
         assert receipt.tier is Tier.HOST
         with pytest.raises(NvmeTierFull, match="file system"):
-            _store(pool, front, b"d", Tier.HOST)
-        assert [_read(pool, front, n) for n in (b"a", b"b", b"c")] == \
-            [(Tier.NVME, a), (Tier.HOST, b), (Tier.HOST, c)]
+            _store(pool, front, b"c", Tier.HOST)
+        assert [_read(pool, front, n) for n in (b"a", b"b")] == [(Tier.HOST, a), (Tier.HOST, b)]
         assert pool.stats()["refused_full"] == 1

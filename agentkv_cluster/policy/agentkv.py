@@ -10,7 +10,7 @@ full-precision demotion. ``Mechanisms`` switches give the Table 5 ablations.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -30,7 +30,10 @@ from agentkv_cluster.policy.base import (
     ToolStart,
 )
 from agentkv_cluster.policy.baselines import TrackedPolicy, take_exactly
+from agentkv_cluster.policy.columns import RowStore
+from agentkv_cluster.policy.confidence_gate import ConfidenceGate
 from agentkv_cluster.policy.gap import GapConfig, GapPlanner
+from agentkv_cluster.policy.order import KeyedHeap, NowOrder
 from agentkv_cluster.policy.placement import PlacementConfig, PlacementPlanner
 from agentkv_cluster.policy.placement_costs import OPTIONS, OptionCosts
 from agentkv_cluster.policy.predictor import Predictor, PredictorConfig
@@ -43,6 +46,10 @@ _UNLIMITED = 1 << 62
 # From this many resident pages the victim order is computed over numpy columns;
 # below it the per-page path is faster (numpy's fixed cost per call dominates).
 _COLUMNAR_MIN_PAGES = 256
+# the PageView fields of the victim order, as kept rows (``_key_columns``)
+_KEY_FIELDS = ("reuse", "recompute_s", "dependency", "correctness", "idle_s", "last_access",
+               "confidence", "size")
+_NO_COLUMN = np.zeros(0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,12 +102,34 @@ class AgentKvPolicy(TrackedPolicy):
                                       else Codec.FULL), returns=self.returns)
         self._costs = OptionCosts(cfg.cost, cfg.profile.lam, codecs)
         self._safest_codec = min(codecs)  # the conservative fallback's working-copy form
+        # The victim order kept between calls (``order``): rows of the key fields, the
+        # order at one ``now``, the conservative LRU order, the fallback test. They
+        # hold the records as last reported (on_insert / on_access / on_update).
+        self._rows = RowStore(_KEY_FIELDS)
+        self._by_density = NowOrder(self._rows, self._key_columns)
+        self._by_access = KeyedHeap()
+        self._gate = ConfidenceGate()
+        self._live = False  # records handed out by ``tracked``: read live until told
+        self._resync = False  # rebuild the kept structures from the records first
 
     # ------------------------------------------------------------ eviction
     def conservative(self) -> bool:
-        """True when predictions are not trusted: LRU order, full-precision demotion."""
+        """True when predictions are not trusted: LRU order, full-precision demotion.
+        Read from the records as they are now (a caller may have refreshed them in
+        place); the policy's own decisions use the kept total (``_conservative``)."""
         conf = [p.confidence for p in self._pages.values() if not p.pinned]
         return bool(conf) and sum(conf) / len(conf) < self.config.predictor.confidence_threshold
+
+    def _conservative(self) -> bool:
+        """``conservative`` from the kept exact total of the records as last reported
+        (``confidence_gate``); read live while records are handed out, or when the
+        total cannot tell which side of the threshold the float mean falls on."""
+        if not self._live:
+            self._sync()
+            below = self._gate.below(self.config.predictor.confidence_threshold)
+            if below is not None:
+                return below
+        return self.conservative()
 
     def rank_key(self, page: PageView, now: float, conservative: bool | None = None
                  ) -> tuple[float | bool, ...]:
@@ -112,9 +141,105 @@ class AgentKvPolicy(TrackedPolicy):
         protected = not self.risk.guard_demotion(page)
         return (protected, self.value_model.density(page, now), page.last_access, page.page_id)
 
+    def tracked(self) -> Iterator[PageView]:
+        """The tracked records, for a refresh in place: until the policy is next told
+        of a page (on_insert / on_access / on_update / a removal) it reads every record
+        live, as a full sort does; then it rebuilds its kept order from them once."""
+        self._live = True
+        return super().tracked()
+
+    def _victim_walk(self, now: float) -> Iterable[PageId]:
+        """``_victim_order``, read from the kept structures (``order``): the LRU heap in
+        the conservative fallback, the order kept for ``now`` from 256 pages."""
+        if self._live:
+            return self._victim_order(now)
+        self._sync()
+        if self._conservative():
+            if not self._by_access.has_nan:
+                return self._by_access.ordered()
+        elif len(self._pages) >= _COLUMNAR_MIN_PAGES:
+            kept = self._by_density.ordered(now, self._model_token())
+            if kept is not None:
+                return kept
+        return self._victim_order(now)
+
+    def _order_done(self) -> None:
+        self._by_access.restore()
+        self._by_density.restore()
+
+    def _model_token(self) -> tuple[object, ...]:
+        """What the density order depends on beyond the records and ``now``."""
+        vm, risk = self.value_model, self.risk
+        return (id(vm), vm.profile, vm.use_dependency, vm._move_fixed, vm._move_per_byte,
+                id(risk), risk.config)
+
+    def _key_columns(self, rows: np.ndarray, now: float) -> tuple[np.ndarray, ...]:
+        """``_columnar_order``'s keys (protected, density, last access) of kept rows."""
+        c = self._rows.cols
+        cols = PageColumns(
+            page_ids=self._rows.ids[rows], size=c["size"][rows], reuse=c["reuse"][rows],
+            recompute_s=c["recompute_s"][rows], dependency=c["dependency"][rows],
+            correctness=c["correctness"][rows], idle_s=c["idle_s"][rows],
+            pinned=_NO_COLUMN, type_idx=_NO_COLUMN, structured=_NO_COLUMN,
+            last_access=c["last_access"][rows], confidence=c["confidence"][rows])
+        return (self._protected(cols), self.value_model.densities(cols, now),
+                cols.last_access)
+
+    def _protected(self, cols: PageColumns) -> np.ndarray:
+        """``not risk.guard_demotion`` over columns."""
+        rc = self.risk.config
+        if not rc.enabled:
+            return np.zeros(len(cols.page_ids), dtype=np.bool_)
+        high = (cols.correctness >= rc.protect_weight) | (cols.dependency > 0.0)
+        return high & (cols.confidence < rc.low_confidence)
+
+    # -- the kept structures follow every reported change
+    def _inserted(self, page: PageView, now: float) -> None:
+        self._keep(page)
+
+    def _refreshed(self, page: PageView) -> None:
+        self._keep(page)
+
+    def _removed(self, page_id: PageId) -> None:
+        if self._told():
+            return
+        self._rows.drop(page_id)
+        self._by_density.touch(page_id)
+        self._by_access.discard(page_id)
+        self._gate.drop(page_id)
+
+    def _keep(self, page: PageView) -> None:
+        if self._told():
+            return
+        pid = page.page_id
+        self._rows.put(pid, (page.reuse_prob, page.recompute_cost_s, page.dependency,
+                             page.correctness_weight, page.predicted_idle_s,
+                             page.last_access, page.confidence, float(page.size_bytes)))
+        self._by_density.touch(pid)
+        self._by_access.put((page.last_access, pid))
+        self._gate.put(pid, page.confidence, not page.pinned)
+
+    def _told(self) -> bool:
+        """A change is reported: leave live reading; True while a rebuild is due."""
+        if self._live:
+            self._live, self._resync = False, True
+        return self._resync
+
+    def _sync(self) -> None:
+        if not self._resync:
+            return
+        self._resync = False
+        self._rows.clear()
+        self._by_density.invalidate()
+        self._by_access.clear()
+        self._gate.clear()
+        for page in self._pages.values():
+            self._keep(page)
+
     def _victim_order(self, now: float) -> list[PageId]:
+        """Every tracked page in victim order, sorted afresh from the records."""
         pages = list(self._pages.values())
-        if self.conservative():
+        if self._conservative():
             return [p.page_id for p in sorted(pages, key=lambda p: (p.last_access, p.page_id))]
         if len(pages) >= _COLUMNAR_MIN_PAGES:
             return self._columnar_order(pages, now)
@@ -126,12 +251,7 @@ class AgentKvPolicy(TrackedPolicy):
         """``rank_key`` order over numpy columns (large resident sets)."""
         cols = PageColumns.from_pages(pages)
         density = self.value_model.densities(cols, now)
-        rc = self.risk.config
-        protected = np.zeros(len(pages), dtype=np.bool_)
-        if rc.enabled:
-            high = (cols.correctness >= rc.protect_weight) | (cols.dependency > 0.0)
-            protected = high & (cols.confidence < rc.low_confidence)
-        order = np.lexsort((cols.page_ids, cols.last_access, density, protected))
+        order = np.lexsort((cols.page_ids, cols.last_access, density, self._protected(cols)))
         return cols.page_ids[order].tolist()
 
     def admit_prefetch(self, page: PageView, need_bytes: int, now: float, *,
@@ -203,7 +323,7 @@ class AgentKvPolicy(TrackedPolicy):
         recompute-only option is chosen only when no stored form fits."""
         room = {Tier.HOST: _UNLIMITED, Tier.NVME: _UNLIMITED, **(free or {})}
         decision = self.risk.decide(page)
-        max_codec = self._safest_codec if self.conservative() else decision.max_lossy_codec
+        max_codec = self._safest_codec if self._conservative() else decision.max_lossy_codec
         k, stored, ref = self._costs.best_single(
             size=page.size_bytes, reuse=page.reuse_prob, recompute_s=page.recompute_cost_s,
             correctness=page.correctness_weight, keep_ref=decision.keep_reference,

@@ -2,10 +2,13 @@
 
 Each is a small override of ``_victim_order``; bookkeeping (tracking, the
 "evict exactly enough or change nothing" rule, pinned pages, end-of-life
-signals) is shared. ``signals=`` names the end-of-life signals a baseline acts
-on: none by default (the paper's baselines), or any of ``EndOfLife`` (the fair
-baselines: a finished task, an abandoned branch, a superseded version frees the
-page from every tier, as vLLM frees a finished request's blocks).
+signals) is shared (``tracked.TrackedPolicy``, re-exported here). ``signals=``
+names the end-of-life signals a baseline acts on: none by default (the paper's
+baselines), or any of ``EndOfLife`` (the fair baselines: a finished task, an
+abandoned branch, a superseded version frees the page from every tier, as vLLM
+frees a finished request's blocks). From 256 resident pages TTL and semantic
+read their order from a structure kept between calls (``order``), the same
+order as their sort.
 """
 
 from __future__ import annotations
@@ -15,17 +18,20 @@ from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
 
-from agentkv_cluster.policy.base import (
-    DuplicatePage,
-    EndOfLife,
-    PageId,
-    PageView,
-    RetireDecision,
-    StateType,
-    UnknownPage,
-    remaining_idle_s,
-)
+from agentkv_cluster.policy.base import EndOfLife, PageId, PageView, StateType, remaining_idle_s
 from agentkv_cluster.policy.columns import COLUMNAR_MIN_PAGES, RowStore, lexsorted_ids
+from agentkv_cluster.policy.order import KeyedHeap, NowOrder
+from agentkv_cluster.policy.tracked import TrackedPolicy, take_exactly
+
+__all__ = [
+    "SEMANTIC_TYPE_PRIORITY",
+    "ArcPolicy",
+    "LruPolicy",
+    "SemanticPolicy",
+    "TrackedPolicy",
+    "TtlPolicy",
+    "take_exactly",
+]
 
 # Semantic priority of each state type (higher = keep longer). Mirrors the
 # default policies of paper Table 1: prefixes and verified results are kept,
@@ -39,131 +45,6 @@ SEMANTIC_TYPE_PRIORITY: Mapping[StateType, float] = {
     StateType.TEMP_REASONING: 0.3,
     StateType.FAILED_BRANCH: 0.0,
 }
-
-
-class TrackedPolicy:
-    """Shared bookkeeping: the resident set and exact-victim selection."""
-
-    name = "tracked"
-
-    def __init__(self, *, signals: Iterable[EndOfLife] = ()) -> None:
-        self._pages: dict[PageId, PageView] = {}
-        self._bytes = 0
-        self.signals: frozenset[EndOfLife] = frozenset(signals)
-        for s in self.signals:
-            if not isinstance(s, EndOfLife):
-                raise TypeError(f"{self.name}: signals must be EndOfLife members, got {s!r}")
-
-    # -- interface
-    def on_insert(self, page: PageView, now: float) -> None:
-        page.validate()
-        if page.page_id in self._pages:
-            raise DuplicatePage(f"{self.name}: page {page.page_id} is already tracked")
-        self._pages[page.page_id] = page
-        self._bytes += page.size_bytes
-        self._inserted(page, now)
-
-    def on_access(self, page: PageView, now: float) -> None:
-        self._require(page.page_id)
-        self._replace(page)
-        self._accessed(page, now)
-
-    def on_update(self, page: PageView, now: float) -> None:
-        self._require(page.page_id)
-        page.validate()
-        self._replace(page)
-
-    def on_remove(self, page_id: PageId) -> None:
-        self._require(page_id)
-        self._bytes -= self._pages.pop(page_id).size_bytes
-        self._removed(page_id)
-
-    def select_victims(self, need_bytes: int, now: float) -> list[PageId]:
-        if need_bytes < 0:
-            raise ValueError(f"need_bytes must be >= 0, got {need_bytes}")
-        if need_bytes == 0:
-            return []
-        victims = take_exactly(self._victim_order(now), self._pages, need_bytes)
-        for page_id in victims:
-            self._bytes -= self._pages.pop(page_id).size_bytes
-            self._evicted(page_id)
-        return victims
-
-    def resident_bytes(self) -> int:
-        return self._bytes
-
-    def on_consumers_done(self, page: PageView, now: float, *, retirable: bool = True,
-                          signal: EndOfLife = EndOfLife.TASK_END) -> RetireDecision:
-        """The orchestrator reports the page's end of life (the caller has already set
-        ``page.dependency``). A baseline built with ``signal`` among its ``signals``
-        frees the page (stops tracking it; the caller drops every copy); otherwise it
-        keeps the page and only refreshes its record when it tracks it."""
-        if retirable and signal in self.signals:
-            if page.page_id in self._pages:
-                self.on_remove(page.page_id)
-            return RetireDecision(page_id=page.page_id, retire=True,
-                                  reason=f"{self.name} frees on {signal.value}")
-        if page.page_id in self._pages:
-            self.on_update(page, now)
-        return RetireDecision(page_id=page.page_id, retire=False,
-                              reason=f"{self.name} ignores {signal.value}")
-
-    def tracked(self) -> Iterator[PageView]:
-        """The tracked pages' records (callers refresh predictions in place, then tell
-        the policy through ``on_update`` where its order depends on them)."""
-        return iter(list(self._pages.values()))
-
-    def __contains__(self, page_id: object) -> bool:
-        return page_id in self._pages
-
-    def __len__(self) -> int:
-        return len(self._pages)
-
-    # -- hooks for subclasses
-    def _victim_order(self, now: float) -> Iterable[PageId]:
-        raise NotImplementedError
-
-    def _inserted(self, page: PageView, now: float) -> None:
-        pass
-
-    def _accessed(self, page: PageView, now: float) -> None:
-        pass
-
-    def _removed(self, page_id: PageId) -> None:
-        pass
-
-    def _evicted(self, page_id: PageId) -> None:
-        self._removed(page_id)
-
-    # -- helpers
-    def _require(self, page_id: PageId) -> None:
-        if page_id not in self._pages:
-            raise UnknownPage(f"{self.name}: page {page_id} is not tracked")
-
-    def _replace(self, page: PageView) -> None:
-        self._bytes += page.size_bytes - self._pages[page.page_id].size_bytes
-        self._pages[page.page_id] = page
-        self._refreshed(page)
-
-    def _refreshed(self, page: PageView) -> None:
-        """The caller reported new field values of a tracked page (access, update)."""
-
-
-def take_exactly(
-    order: Iterable[PageId], pages: Mapping[PageId, PageView], need_bytes: int
-) -> list[PageId]:
-    """Shortest prefix of ``order`` (pinned pages skipped) covering ``need_bytes``, or []."""
-    victims: list[PageId] = []
-    freed = 0
-    for page_id in order:
-        page = pages[page_id]
-        if page.pinned:
-            continue
-        victims.append(page_id)
-        freed += page.size_bytes
-        if freed >= need_bytes:
-            return victims
-    return []
 
 
 class LruPolicy(TrackedPolicy):
@@ -202,13 +83,21 @@ class _ColumnarSorted(TrackedPolicy):
         raise NotImplementedError
 
     def _inserted(self, page: PageView, now: float) -> None:
-        self._rows.put(page.page_id, self._row(page))
+        self._put(page)
 
     def _refreshed(self, page: PageView) -> None:
-        self._rows.put(page.page_id, self._row(page))
+        self._put(page)
 
     def _removed(self, page_id: PageId) -> None:
         self._rows.drop(page_id)
+        self._touched(page_id)
+
+    def _put(self, page: PageView) -> None:
+        self._rows.put(page.page_id, self._row(page))
+        self._touched(page.page_id)
+
+    def _touched(self, page_id: PageId) -> None:
+        """The row of ``page_id`` was put or dropped."""
 
 
 class TtlPolicy(_ColumnarSorted):
@@ -220,19 +109,40 @@ class TtlPolicy(_ColumnarSorted):
     name = "ttl"
     _FIELDS = ("deadline", "size", "last_access")
 
+    def __init__(self, *, signals: Iterable[EndOfLife] = ()) -> None:
+        super().__init__(signals=signals)
+        # kept from the second call at one ``now``: a lone call's columnar sort is as cheap
+        self._kept = NowOrder(self._rows, self._key_columns, second_ask=True)
+
     def _row(self, page: PageView) -> tuple[float, ...]:
         return (page.last_access + page.predicted_idle_s, float(page.size_bytes),
                 page.last_access)
+
+    def _key_columns(self, rows: np.ndarray, now: float) -> tuple[np.ndarray, ...]:
+        c = self._rows.cols
+        remaining = np.maximum(c["deadline"][rows] - now, 0.0)
+        return (-remaining * c["size"][rows], c["last_access"][rows])
+
+    def _touched(self, page_id: PageId) -> None:
+        self._kept.touch(page_id)
+
+    def _order_done(self) -> None:
+        self._kept.restore()
+
+    def _victim_walk(self, now: float) -> Iterable[PageId]:
+        if len(self._pages) >= COLUMNAR_MIN_PAGES:  # kept between calls at one ``now``
+            kept = self._kept.ordered(now, None)
+            if kept is not None:
+                return kept
+        return self._victim_order(now)
 
     def _victim_order(self, now: float) -> Iterable[PageId]:
         if len(self._pages) >= COLUMNAR_MIN_PAGES:
             r = self._rows
             rows = r.rows()
-            c = r.cols
-            remaining = np.maximum(c["deadline"][rows] - now, 0.0)
             ids = r.ids[rows]
-            return lexsorted_ids(ids, (ids, c["last_access"][rows],
-                                       -remaining * c["size"][rows]))
+            primary, last_access = self._key_columns(rows, now)
+            return lexsorted_ids(ids, (ids, last_access, primary))
 
         def key(page: PageView) -> tuple[float, float, PageId]:
             remaining = remaining_idle_s(page, now)
@@ -251,6 +161,19 @@ class SemanticPolicy(_ColumnarSorted):
                  signals: Iterable[EndOfLife] = ()) -> None:
         self._type_priority = dict(type_priority)
         super().__init__(signals=signals)
+        self._kept = KeyedHeap()
+
+    def _put(self, page: PageView) -> None:
+        row = self._row(page)
+        self._rows.put(page.page_id, row)
+        self._kept.put((float(row[0]), float(row[1]), page.page_id))  # the rows' floats
+
+    def _removed(self, page_id: PageId) -> None:
+        super()._removed(page_id)
+        self._kept.discard(page_id)
+
+    def _order_done(self) -> None:
+        self._kept.restore()
 
     def _row(self, page: PageView) -> tuple[float, ...]:
         return (self.priority(page), page.last_access)
@@ -261,6 +184,11 @@ class SemanticPolicy(_ColumnarSorted):
             + page.importance
             + page.correctness_weight
         )
+
+    def _victim_walk(self, now: float) -> Iterable[PageId]:
+        if len(self._pages) >= COLUMNAR_MIN_PAGES and not self._kept.has_nan:
+            return self._kept.ordered()  # (priority, last_access, id): a kept heap
+        return self._victim_order(now)
 
     def _victim_order(self, now: float) -> Iterable[PageId]:
         if len(self._pages) >= COLUMNAR_MIN_PAGES:
@@ -301,6 +229,9 @@ class _SizedList:
     def pop_oldest(self) -> None:
         _, size = self.items.popitem(last=False)
         self.bytes -= size
+
+
+_END = object()  # end of a lazily read list
 
 
 class ArcPolicy(TrackedPolicy):
@@ -359,19 +290,21 @@ class ArcPolicy(TrackedPolicy):
         self._trim_ghosts()
 
     def _victim_order(self, now: float) -> Iterator[PageId]:
-        """REPLACE repeated: take from T1 while it exceeds p, else from T2."""
-        t1 = [pid for pid in self._t1.items if not self._pages[pid].pinned]
-        t2 = [pid for pid in self._t2.items if not self._pages[pid].pinned]
+        """REPLACE repeated: take from T1 while it exceeds p, else from T2. Read
+        lazily (the caller takes a short prefix; nothing changes during the walk)."""
+        pages, sizes = self._pages, self._t1.items
+        t1 = (pid for pid in sizes if not pages[pid].pinned)
+        t2 = (pid for pid in self._t2.items if not pages[pid].pinned)
+        a, b = next(t1, _END), next(t2, _END)
         t1_bytes = self._t1.bytes
-        i = j = 0
-        while i < len(t1) or j < len(t2):
-            if i < len(t1) and (t1_bytes > self.p or j >= len(t2)):
-                t1_bytes -= self._t1.items[t1[i]]
-                i += 1
-                yield t1[i - 1]
+        while a is not _END or b is not _END:
+            if a is not _END and (t1_bytes > self.p or b is _END):
+                t1_bytes -= sizes[a]
+                yield a
+                a = next(t1, _END)
             else:
-                j += 1
-                yield t2[j - 1]
+                yield b
+                b = next(t2, _END)
 
     def _trim_ghosts(self) -> None:
         t1, t2, b1, b2 = self._t1, self._t2, self._b1, self._b2

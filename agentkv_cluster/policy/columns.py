@@ -53,6 +53,20 @@ class RowStore:
     def rows(self) -> np.ndarray:
         return np.flatnonzero(self.alive[: self._top])
 
+    def has(self, page_id: PageId) -> bool:
+        return page_id in self._row
+
+    def rows_of(self, page_ids: list[PageId]) -> np.ndarray:
+        """The rows of ``page_ids`` (each must be stored), in that order."""
+        return np.fromiter(map(self._row.__getitem__, page_ids), dtype=np.int64,
+                           count=len(page_ids))
+
+    def clear(self) -> None:
+        self.alive[:] = False
+        self._row.clear()
+        self._free.clear()
+        self._top = 0
+
     def _alloc(self) -> int:
         if self._free:
             return self._free.pop()

@@ -23,8 +23,11 @@ import argparse
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the frozen reference orders
 
 from agentkv_cluster.policy.agentkv import AgentKvPolicy
 from agentkv_cluster.policy.base import PageView, StateType
@@ -35,8 +38,7 @@ from agentkv_cluster.policy.baselines import (
     TrackedPolicy,
     TtlPolicy,
 )
-from agentkv_cluster.policy.columns import COLUMNAR_MIN_PAGES
-from agentkv_cluster.policy.value import PageColumns
+from tests.unit.policy.reference_orders import agentkv_conservative, agentkv_order
 
 MB = 1 << 20
 TYPES = list(StateType)
@@ -44,29 +46,14 @@ TYPES = list(StateType)
 
 # ---------------------------------------------------------------- the reference orders
 class FullSortAgentKv(AgentKvPolicy):
-    """The fallback test summed and the order sorted afresh on every call."""
+    """The fallback test summed and the order sorted afresh on every call (the frozen
+    reference the kept-order tests compare against)."""
 
     def conservative(self) -> bool:
-        conf = [p.confidence for p in self._pages.values() if not p.pinned]
-        return bool(conf) and sum(conf) / len(conf) < self.config.predictor.confidence_threshold
+        return agentkv_conservative(self, self._pages)
 
     def _victim_walk(self, now: float) -> list[int]:
-        pages = list(self._pages.values())
-        if self.conservative():
-            return [p.page_id for p in sorted(pages, key=lambda p: (p.last_access, p.page_id))]
-        if len(pages) >= COLUMNAR_MIN_PAGES:
-            cols = PageColumns.from_pages(pages)
-            density = self.value_model.densities(cols, now)
-            rc = self.risk.config
-            protected = np.zeros(len(pages), dtype=np.bool_)
-            if rc.enabled:
-                high = (cols.correctness >= rc.protect_weight) | (cols.dependency > 0.0)
-                protected = high & (cols.confidence < rc.low_confidence)
-            order = np.lexsort((cols.page_ids, cols.last_access, density, protected))
-            return cols.page_ids[order].tolist()
-        guard, density_of = self.risk.guard_demotion, self.value_model.density
-        return [p.page_id for p in sorted(pages, key=lambda p: (
-            not guard(p), density_of(p, now), p.last_access, p.page_id))]
+        return agentkv_order(self, self._pages, now)
 
 
 class FullSortTtl(TtlPolicy):
@@ -199,6 +186,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  running {name} at {n:,} blocks ...", end="\r", file=sys.stderr, flush=True)
             same = compare(name, n, False, args.seed, args.repeat)
             fresh = compare(name, n, True, args.seed, args.repeat)
+            if sys.stderr.isatty():  # clear the progress line; a log keeps it, one per row
+                print(" " * 60, end="\r", file=sys.stderr, flush=True)
+            else:
+                print(file=sys.stderr, flush=True)
             print(f"{name:<22}{n:>8,}{same:>9.1f}x{fresh:>10.1f}x", flush=True)
     if args.single:
         print(f"simulator, AgentKV, one model call of {args.single:,} blocks:")

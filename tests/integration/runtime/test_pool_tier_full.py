@@ -8,9 +8,6 @@ real tmpfs file system with no space left (``DiskFull``)."""
 from __future__ import annotations
 
 import contextlib
-import errno
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +23,7 @@ from agentkv_cluster.runtime.pool_geometry import nvme_record_bytes, smallest_sl
 from agentkv_cluster.runtime.records import PageMeta, PoolReceipt
 from agentkv_cluster.runtime.tenants import ensure_tenant
 from store.types import Codec, Tier
+from tests.support.tmpfs import fill, tmpfs
 
 pytestmark = pytest.mark.integration
 PAGE = 64 << 10
@@ -120,37 +118,11 @@ def test_a_slot_of_the_smallest_size_the_config_allows_holds_a_full_page(tmp_pat
             ((Tier.HOST, a), (Tier.NVME, b))
 
 
-@contextlib.contextmanager
-def _tmpfs(where: Path, nbytes: int) -> Iterator[Path]:
-    """A tmpfs of ``nbytes`` at ``where`` (skips the test where this process cannot mount)."""
-    where.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={nbytes}", "tmpfs",
-                            str(where)], capture_output=True, text=True, check=False)
-    if mount.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
-def _fill(folder: Path) -> None:
-    """Write a ballast file into ``folder`` until its file system has no space left."""
-    with open(folder / "ballast", "wb", buffering=0) as f:
-        try:
-            while True:
-                f.write(b"\0" * 4096)
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC, exc
-
-
 def test_a_full_file_system_refuses_honestly_and_loses_nothing(tmp_path) -> None:
-    with _tmpfs(tmp_path / "fs", 1 << 20) as fs, \
+    with tmpfs(tmp_path / "fs", 1 << 20) as fs, \
             _pool(tmp_path, host_slots=2, nvme_bytes=1 << 30, nvme_dir=fs) as (pool, front):
         _, a = _store(pool, front, b"a", Tier.NVME)
-        _fill(fs)
+        fill(fs)
         # Stored again while the disk is full: the old record is retired (its tombstone
         # draws on the shard's space reserve) and the new host copy takes its place.
         assert _store(pool, front, b"a", Tier.HOST)[0].tier is Tier.HOST

@@ -6,11 +6,6 @@ runs the same paths everywhere on a simulated file system."""
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import os
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,35 +13,10 @@ import pytest
 from store.nvme import DiskFull, FsyncPolicy, NvmeShard, NvmeShardConfig
 from store.nvme.files import free_bytes
 from store.types import Lookup
+from tests.support.tmpfs import fill, tmpfs
 
 pytestmark = pytest.mark.integration
 PAYLOAD = 500_000
-
-
-@contextlib.contextmanager
-def _tmpfs(where: Path, nbytes: int) -> Iterator[Path]:
-    """A tmpfs of ``nbytes`` at ``where`` (skips the test where this process cannot mount)."""
-    where.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={nbytes}", "tmpfs",
-                            str(where)], capture_output=True, text=True, check=False)
-    if mount.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)  # lazy: never left behind
-
-
-def _fill(folder: Path) -> None:
-    """Write a file into ``folder`` until its file system has no block left."""
-    with open(folder / "filler", "wb", buffering=0) as f, contextlib.suppress(OSError):
-        while True:
-            f.write(b"\1" * 4096)
-    with pytest.raises(OSError) as full, open(folder / "filler", "ab", buffering=0) as f:
-        f.write(b"\1")
-    assert full.value.errno == errno.ENOSPC
 
 
 def _payload(i: int) -> bytes:
@@ -55,12 +25,12 @@ def _payload(i: int) -> bytes:
 
 def test_delete_and_shred_on_a_full_tmpfs_land_and_survive_a_reopen(tmp_path: Path) -> None:
     config = NvmeShardConfig(fsync=FsyncPolicy.EVERY_RECORD)
-    with _tmpfs(tmp_path / "fs", 8 << 20) as fs:
+    with tmpfs(tmp_path / "fs", 8 << 20) as fs:
         shard = NvmeShard(fs / "shard", config)
         for i in range(4):
             shard.put(b"k%d" % i, _payload(i), 1)
         ext = shard.extent(b"k1")
-        _fill(fs)
+        fill(fs)
         assert free_bytes(fs) == 0
         files = shard.stats().file_bytes
         with pytest.raises(DiskFull):  # a put finds no room and takes none of the reserve
@@ -80,12 +50,12 @@ def test_delete_and_shred_on_a_full_tmpfs_land_and_survive_a_reopen(tmp_path: Pa
 
 
 def test_a_full_tmpfs_compacts_its_dead_segment_and_gets_its_reserve_back(tmp_path) -> None:
-    with _tmpfs(tmp_path / "fs", 8 << 20) as fs, \
+    with tmpfs(tmp_path / "fs", 8 << 20) as fs, \
             NvmeShard(fs / "shard", NvmeShardConfig(segment_bytes=600_000)) as shard:
         for i in range(4):  # one record a segment
             shard.put(b"k%d" % i, _payload(i), 1)
         reserve = shard.stats().reserve_bytes
-        _fill(fs)
+        fill(fs)
         shard.delete(b"k0")
         shard.delete(b"k1")
         assert shard.stats().reserve_bytes < reserve
@@ -100,11 +70,11 @@ def test_an_erasure_of_every_key_on_a_full_tmpfs_outlasts_the_reserve(tmp_path) 
     dead, and the tombstones past the reserve are written where those segments were."""
     config = NvmeShardConfig(segment_bytes=600_000, reserve_tombstones=1)
     keys = [b"k%d" % i for i in range(10)]
-    with _tmpfs(tmp_path / "fs", 8 << 20) as fs:
+    with tmpfs(tmp_path / "fs", 8 << 20) as fs:
         with NvmeShard(fs / "shard", config) as shard:
             for i, key in enumerate(keys):
                 shard.put(key, _payload(i), 1)
-            _fill(fs)
+            fill(fs)
             assert [shard.shred(key) for key in keys] == [Lookup.HIT] * len(keys)
             assert shard.keys() == []
         with NvmeShard(fs / "shard", config) as again:

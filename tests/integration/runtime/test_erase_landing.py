@@ -5,33 +5,23 @@ The erasure takes the stock back zeroed; no byte of the tenant's pages is left i
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
-from agentkv_cluster.config import load_config
-from agentkv_cluster.runtime.service import Service
 from tests.integration.runtime.test_cluster import identity, kv_page
 from tests.integration.runtime.test_metrics import PAGE
+from tests.support.local_service import local_service
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def service():
-    workdir = Path(tempfile.mkdtemp(prefix="agentkv-erase-landing-"))
-    cfg = load_config(env={}, overrides={
-        "api": {"port": 0},
-        "hbm": {"page_bytes": PAGE, "num_pages": 2, "landing_pages": 2},
-        "pool": {"pool_bytes": 4 << 20, "slot_bytes": PAGE, "nvme_dir": str(workdir / "nv")},
-    })
-    svc = Service(cfg, workdir=workdir, hbm_capacity=2 * PAGE).start(local=True)
-    yield svc
-    svc.stop()
-    shutil.rmtree(workdir, ignore_errors=True)
+    with local_service("agentkv-erase-landing-", page_bytes=PAGE, hbm_pages=2,
+                       pool_bytes=4 << 20, hbm={"landing_pages": 2},
+                       hbm_capacity=2 * PAGE) as svc:
+        yield svc
 
 
 def test_erasure_zeroes_landing_pages_held_in_stock(service) -> None:

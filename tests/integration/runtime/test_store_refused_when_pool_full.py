@@ -6,17 +6,12 @@ pages``, and the load ``page_lost`` though the page's copy was safe in the pool.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from pathlib import Path
-
 import pytest
 
 from agentkv_cluster.api.protocol import ErrorCode, RemoteError
-from agentkv_cluster.config import load_config
 from agentkv_cluster.runtime.pool_geometry import nvme_record_bytes
-from agentkv_cluster.runtime.service import Service
 from tests.integration.runtime.test_cluster import identity, kv_page
+from tests.support.local_service import local_service
 
 pytestmark = pytest.mark.integration
 PAGE = 2 * 2 * 2 * 128 * 64 * 2  # kv_page's geometry
@@ -24,23 +19,14 @@ PAGE = 2 * 2 * 2 * 128 * 64 * 2  # kv_page's geometry
 
 @pytest.fixture
 def service():
-    workdir = Path(tempfile.mkdtemp(prefix="agentkv-full-"))
-    cfg = load_config(env={}, overrides={
-        "api": {"port": 0},
-        # an arena of 5 pages (4 and a landing page), a budget of 2: failed demotions leave
-        # pages over the budget until the arena itself is full
-        "hbm": {"page_bytes": PAGE, "num_pages": 4, "landing_pages": 1},
-        # LRU: every demotion a FULL copy, so the pool fills predictably
-        "controller": {"policy": "lru"},
-        "pool": {"pool_bytes": 2 * PAGE, "slot_bytes": PAGE,  # two host slots
-                 "nvme_bytes": nvme_record_bytes(PAGE),  # one NVMe record
-                 "nvme_dir": str(workdir / "nv")}})
-    svc = Service(cfg, workdir=workdir, hbm_capacity=2 * PAGE).start(local=True)
-    try:
+    # an arena of 5 pages (4 and a landing page), a budget of 2: failed demotions leave
+    # pages over the budget until the arena itself is full; LRU: every demotion a FULL
+    # copy, so the pool fills predictably; two host slots and one NVMe record
+    with local_service("agentkv-full-", page_bytes=PAGE, hbm_pages=4, pool_bytes=2 * PAGE,
+                       hbm={"landing_pages": 1}, controller={"policy": "lru"},
+                       pool={"nvme_bytes": nvme_record_bytes(PAGE)},
+                       hbm_capacity=2 * PAGE) as svc:
         yield svc
-    finally:
-        svc.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def test_a_store_that_needs_room_in_a_full_pool_is_refused_as_busy(service) -> None:

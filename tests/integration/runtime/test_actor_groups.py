@@ -12,7 +12,7 @@ import pytest
 
 from agentkv_cluster.runtime.actor_groups import remote_class
 from agentkv_cluster.runtime.hbm_actor import HbmActor, HbmSpec
-from agentkv_cluster.runtime.mover import Endpoint, RemoteSpan
+from agentkv_cluster.runtime.mover import Mover
 
 pytestmark = pytest.mark.integration
 THREADS = 8  # the HBM actor's max_concurrency in ``wiring.spawn_hbm``
@@ -33,9 +33,14 @@ def test_ping_and_drops_pass_allocations_that_wait(ray_local) -> None:
     assert ray.get(actor.ping.remote(), timeout=120) == "groups"
     taken = ray.get(actor.reserve.remote(2, "holder"))  # the whole arena: the next alloc waits
     assert len(taken) == 2
-    nowhere = RemoteSpan(endpoint=Endpoint(agent="nobody", metadata=b""), region=b"", offset=0,
-                         length=1 << 16)
-    waiting = [actor.ingest.remote(bytes([i]) * 32, nowhere) for i in range(THREADS)]
+    # A real source: the ingest that takes the freed page pulls it and keeps the page. (A
+    # pull that failed gave the page back at once, the next waiter took it and failed in
+    # turn, and whether the driver saw those replies before its check was a race.)
+    front = Mover("groups-front", 1 << 16, 1)
+    ray.get(actor.introduce.remote(front.endpoint()))
+    front.introduce(ray.get(actor.endpoint.remote()))
+    src = front.slot_span(front.take_slot(), 1 << 16)
+    waiting = [actor.ingest.remote(bytes([i]) * 32, src) for i in range(THREADS)]
     ping = actor.ping.remote()
     freed = actor.release_landing.remote([taken[0][0]], "holder")
     ray.wait([ping, freed], num_returns=2)
@@ -46,3 +51,4 @@ def test_ping_and_drops_pass_allocations_that_wait(ray_local) -> None:
     assert len(done) <= 1
     assert ray.get(freed) == 1
     ray.kill(actor)
+    front.close()

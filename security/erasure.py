@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from security.audit import AuditLog, AuditPosition
+from security.blinding import DirectoryBlinder
 from security.errors import InvalidReceipt, KeyUnavailable
 from security.keyring import (
     PUBLIC_NAMESPACE,
@@ -166,8 +167,13 @@ class Eraser:
         if not self.keyring.has_keys(tenant):  # nothing to erase: leave no mark either
             raise KeyUnavailable(f"tenant {tenant} has no keys (never created or already erased)")
         # Marked first: a token issued before now must not provision the tenant again
-        # while (or after) its keys are destroyed.
-        self.keyring.mark_erased(tenant, now)
+        # while (or after) its keys are destroyed. The mark keeps the blinded directory
+        # namespace, which nothing can derive once the blinding secret is gone.
+        try:
+            directory_ns: str | None = DirectoryBlinder(self.keyring).namespace(tenant)
+        except KeyUnavailable:  # generations without a blinding secret: never published
+            directory_ns = None
+        self.keyring.mark_erased(tenant, now, directory_ns)
         key_ids = self.keyring.destroy_tenant(tenant)
         if tenant != PUBLIC_NAMESPACE:  # its grant to publish goes too (one older than
             PublishGrants(self.keyring.source).revoke(tenant)  # the mark is void anyway)

@@ -30,6 +30,7 @@ PUBLIC_NAMESPACE = "_public"
 _TENANT_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 _KEK_RE = re.compile(r"(?P<ns>[a-z0-9_][a-z0-9_-]*)\.g(?P<gen>\d{8})\.(?P<kind>kek|gone)")
 _ERASED_RE = re.compile(r"(?P<ns>[a-z0-9_][a-z0-9_-]*)\.erased\.(?P<ms>\d{13})")
+_ERASED_DIR_RE = re.compile(r"(?P<ns>[a-z0-9_][a-z0-9_-]*)\.dirns\.(?P<dir>n[0-9a-f]{24})")
 MAX_GENERATION = 99_999_999
 NIST_RANDOM_NONCE_LIMIT = 2**32  # SP 800-38D §8.3: invocations per key with random IVs
 
@@ -201,11 +202,26 @@ class TenantKeyring:
         self._forget(namespace, {generation})
         return [key_id]
 
-    def mark_erased(self, namespace: str, at: float) -> None:
-        """Record that ``namespace`` was erased at ``at`` (kept when its keys are gone)."""
+    def mark_erased(self, namespace: str, at: float, directory_namespace: str | None = None
+                    ) -> None:
+        """Record that ``namespace`` was erased at ``at`` (kept when its keys are gone),
+        and its blinded directory namespace if given: derived from the blinding secret the
+        erasure destroys, it is how a directory that comes back from an older snapshot is
+        erased again (``erased_directory_namespaces``)."""
         validate_namespace(namespace)
+        if directory_namespace is not None:
+            name = f"{namespace}.dirns.{directory_namespace}"
+            if not _ERASED_DIR_RE.fullmatch(name):
+                raise InvalidName(f"invalid directory namespace: {directory_namespace!r:.40}")
+            with contextlib.suppress(KeyExists):  # erased again under the same secret
+                self.source.create(name, b"")
         with contextlib.suppress(KeyExists):  # the same millisecond: already recorded
             self.source.create(erased_name(namespace, at), b"")
+
+    def erased_directory_namespaces(self) -> list[tuple[str, str]]:
+        """(tenant, blinded directory namespace) of every tenant erasure that recorded one."""
+        found = (_ERASED_DIR_RE.fullmatch(n) for n in self.source.names())
+        return sorted((m["ns"], m["dir"]) for m in found if m)
 
     def erased_at(self, namespace: str) -> float | None:
         """When ``namespace`` was last erased (seconds), or None if it never was."""

@@ -203,16 +203,20 @@ def format_address(address: Any) -> str:
 
 def _watch_directory(cfg: Any, service: Any) -> Any:
     """Probe the Redis directory now and keep watching it (error log + backoff; a restart
-    that emptied it between two probes is logged too). The pools repair their own entries
-    (``pool_publisher``): the watch reports, and feeds ``agentkv_directory_up``. None with
-    the embedded directory (it lives and dies with the head)."""
+    between two probes is seen too). The pools repair their own entries
+    (``pool_publisher``): the watch reports, feeds ``agentkv_directory_up``, and after each
+    outage or restart erases again what a snapshot may have brought back
+    (``ClusterErasure.reapply_directory``). None with the embedded directory (it lives and
+    dies with the head)."""
     if not cfg.directory.redis_url:
         return None
-    from agentkv_cluster.runtime.directory_glue import RedisSpec, watch_redis
+    from agentkv_cluster.runtime.directory_glue import RedisSpec
+    from agentkv_cluster.runtime.directory_watch import watch_redis
 
     watch = watch_redis(RedisSpec(url=cfg.directory.redis_url, prefix=cfg.directory.prefix),
                         on_probe=service.metrics.set_directory_up,
                         on_refusal=service.metrics.set_directory_refusal,
+                        on_recover=service.erasure.reapply_directory,
                         retry_max_s=cfg.directory.retry_max_s)
     first = watch.probe_once()
     return watch.start(first_wait_s=first)

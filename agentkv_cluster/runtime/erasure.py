@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentkv_cluster.runtime.directory_glue import GUARD_BACKOFF, open_directory
+from agentkv_cluster.runtime.directory_glue import GUARD_BACKOFF, RedisSpec, open_directory
 from agentkv_cluster.runtime.handles import ActorGone
 from security.audit import AuditLog
 from security.blinding import DirectoryBlinder
@@ -219,13 +219,50 @@ class ClusterErasure:
                 if self.enforced.get(tenant, 0.0) >= at:
                     continue
                 report = self.purge(tenant)
+                counts = [[t, report.counts[t]] for t in TIERS]
+                failed = sorted(report.failed)
+                named = [ns for t, ns in self._erased() if t == tenant]  # by its mark
+                try:
+                    counts.append(["directory", sum(self._directory(ns, report.keys)
+                                                    for ns in named)])
+                except Exception as exc:  # noqa: BLE001 - recorded as a failed tier
+                    log.warning("erasure: the directory step failed (%s)", type(exc).__name__)
+                    counts.append(["directory", -1])
+                    failed.append("directory")
                 self._enforced(tenant, at)
                 self.audit.append("erasure.enforced", {
-                    "tenant": tenant, "erased_at": at,
-                    "counts": [[t, report.counts[t]] for t in TIERS],
-                    "failed_tiers": sorted(report.failed)}, time.time())
+                    "tenant": tenant, "erased_at": at, "counts": counts,
+                    "failed_tiers": failed}, time.time())
             done.append(tenant)
         return done
+
+    def _erased(self) -> list[tuple[str, str]]:
+        """(tenant, blinded namespace) of every erasure whose mark names the namespace."""
+        return TenantKeyring(FileKeySource(self.keys_dir)).erased_directory_namespaces()
+
+    def reapply_directory(self) -> int:
+        """Erase again the namespaces of erased tenants that the directory holds again (a
+        Redis that restarted from a snapshot taken before their erasure), each recorded in
+        the audit log as ``erasure.reapplied`` with the entries removed; how many there
+        were. Called at start and after each outage or restart of the directory. Only Redis
+        keeps data over a restart: the embedded directory lives and dies with the head."""
+        erased = self._erased()
+        if not erased or not isinstance(self.topo.directory, RedisSpec):
+            return 0
+        d = open_directory(self.topo.directory)
+        try:
+            held = set(d.held_namespaces([ns for _t, ns in erased]))
+        finally:
+            d.close()
+        for tenant, ns in erased:
+            if ns in held:
+                with self._lock:
+                    removed = self._directory(ns, [])
+                    self.audit.append("erasure.reapplied", {
+                        "tenant": tenant, "counts": [["directory", removed]]}, time.time())
+                log.warning("the directory held an erased tenant's entries again (restored "
+                            "from an older snapshot?): deleted, see the audit log")
+        return len(held)
 
     def remember_marks(self) -> list[str]:
         """At start: marks already present were enforced by the service that ran then,
@@ -301,6 +338,11 @@ class ErasureWatcher:
         self._wake.set()
 
     def _run(self) -> None:
+        try:  # at start; after an outage or restart the directory's watch calls it again
+            self.erasure.reapply_directory()
+        except Exception as exc:  # noqa: BLE001 - the watch calls it again on recovery
+            log.warning("re-applying erasures to the directory failed (%s); done again once "
+                        "the directory answers", type(exc).__name__)
         while not self._stop.is_set():
             self._wake.wait(WATCH_POLL_S)
             self._wake.clear()

@@ -20,7 +20,7 @@ from agentkv_cluster.api.metrics import MetricsHttpServer, ServiceMetrics
 from agentkv_cluster.api.server import ApiServer
 from agentkv_cluster.config import AgentKvConfig
 from agentkv_cluster.runtime import wiring
-from agentkv_cluster.runtime.directory_glue import probe
+from agentkv_cluster.runtime.directory_watch import probe
 from agentkv_cluster.runtime.erasure import ClusterErasure, ErasureWatcher
 from agentkv_cluster.runtime.front import ServiceFront
 from agentkv_cluster.runtime.metrics_feed import MetricsFeed

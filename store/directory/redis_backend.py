@@ -15,9 +15,9 @@ Key layout, one namespace per tenant (or tenant prefix family)::
 time; the newest ``ERASED_KEEP`` stay). An erased tenant's blinded name cannot be linked to
 it: its blinding secret was shredded with its keys.
 
-The braces are literal: a Redis Cluster hash tag, so a namespace's keys share a
-slot and its scripts stay single-slot; an ACL key pattern ``~akv:{<ns>}:*``
-confines a tenant's user to its namespace. Changes run as Lua scripts.
+The braces are literal: a Redis Cluster hash tag, so a namespace's keys share a slot and
+its scripts stay single-slot; an ACL key pattern ``~akv:{<ns>}:*`` confines a tenant's
+user to its namespace. Changes run as Lua scripts.
 
 Lost writes: each ``put`` gets back its node's write count in the namespace, and the
 client keeps the highest one (its *mark*). A server that comes back from an older
@@ -25,19 +25,19 @@ snapshot, or emptied, has a lower count than the mark: ``lost_writes`` (and the 
 ``put``, whose count is not above the mark) tells the caller, who republishes. A
 namespace with a tombstone was erased on purpose: its marks are forgotten, never reported.
 
-Erasure races: every script that may write a namespace's keys (an entry, and ``meta``:
-opening, advancing or sealing a generation, and any script that lifts ``meta`` to the
-client's generation floor) reads the tombstone in the same round trip, after the script.
-The erasure adds the tombstone before it deletes, so a write either ran before the
-deletion (which removes it) or finds the tombstone and deletes the namespace again itself
-(on one redis-server; a Redis Cluster may run the two on different shards in any order).
-Erased, ``open_generation`` answers the generation it opened (taken back, as later writes
-into it are), ``current_generation`` 0; refusals (``MissingEntry``...) are raised as usual.
+Erasure races: every script that may write a namespace's keys (an entry; ``meta`` when it
+opens, advances, seals or lifts a generation) reads the tombstone in the same round trip,
+after the script. The erasure adds the tombstone before it deletes, so a write either ran
+before the deletion or finds the tombstone and deletes the namespace again itself (on one
+server; a Redis Cluster may run the two on different shards in any order). Erased,
+``open_generation`` answers the generation it opened (taken back), ``current_generation``
+0; refusals (``MissingEntry``...) are raised as usual.
 
-Refused writes (``WritesRefused``, one class per reason, mapped in ``redis_errors``): Redis
-at ``maxmemory`` (``DirectoryFull``) still answers reads and deletions; a read-only replica
-(``ReadOnlyReplica``) or a server whose persistence fails (``PersistenceFailing``) answers
-reads only, so an erasure is refused there too. ``check_writes`` asks without writing.
+Refused writes (``WritesRefused``, a class per reason, mapped in ``redis_errors``): at
+``maxmemory`` (``DirectoryFull``) reads and deletions still work; a replica
+(``ReadOnlyReplica``) or failing persistence (``PersistenceFailing``) allows reads only,
+so no erasure either. ``check_writes`` asks without writing; ``server_run_id`` changes at
+every restart (a snapshot loaded then may hold namespaces erased since it was taken).
 """
 
 from __future__ import annotations
@@ -105,9 +105,9 @@ class RedisDirectory:
 
     def _write(self, name: str, keys: list[str], args: list[Any], ns: str, *,
                quiet_if_erased: bool = False) -> tuple[Any, bool]:
-        """Script ``name``, then in the same round trip: has ``ns`` a tombstone? If it has,
-        what the script wrote is taken back (the namespace dropped again, and forgotten
-        here); the script's refusal is raised all the same unless ``quiet_if_erased``."""
+        """Script ``name``, then in the same round trip: has ``ns`` a tombstone? If so, what
+        it wrote is taken back (the namespace dropped again and forgotten here); its refusal
+        is raised all the same unless ``quiet_if_erased``."""
         script = self._scripts[name]
 
         def run() -> tuple[Any, bool]:
@@ -134,8 +134,8 @@ class RedisDirectory:
         return result, gone
 
     def _tombstone(self, score: Any) -> bool:
-        """Whether a tombstone read found one. A refused read stops this client reading them
-        (a tenant's ACL user: an erasure removes the user before the namespace)."""
+        """Whether a tombstone read found one; a refused read (a tenant's ACL user, removed
+        by an erasure before the namespace) stops this client reading them."""
         if isinstance(score, rexc.NoPermissionError):
             self._tombstones = False
             return False
@@ -152,8 +152,7 @@ class RedisDirectory:
                 del self._marks[mark]
 
     def _seen(self, ns: str, generation: int) -> int:
-        if generation > self._floor.get(ns, 0):
-            self._floor[ns] = generation
+        self._floor[ns] = max(generation, self._floor.get(ns, 0))
         return generation
 
     # ------------------------------------------------------------------ entries
@@ -176,15 +175,8 @@ class RedisDirectory:
             "PUT",
             [f"{base}meta", ekey, rkey, f"{base}g:{entry.generation}", f"{base}gens",
              f"{base}w:{entry.node}"],
-            [
-                entry.generation,
-                packed,
-                hexkey,
-                self._floor.get(ns, 0),
-                f"{base}g:",
-                0 if restore else entry.refcount,
-                int(restore),
-            ],
+            [entry.generation, packed, hexkey, self._floor.get(ns, 0), f"{base}g:",
+             0 if restore else entry.refcount, int(restore)],
             ns,
             quiet_if_erased=True,
         )
@@ -200,11 +192,9 @@ class RedisDirectory:
         return True
 
     def lost_writes(self) -> list[str]:
-        """The namespaces in which writes this client made are gone from the server since
-        the last call (it came back from an older snapshot, or empty): entries to
-        republish. One round trip: each (namespace, node) count this client wrote, and
-        each namespace's tombstone; an erased namespace is forgotten, not reported. Each
-        loss is told once (the mark follows the server's count)."""
+        """Namespaces whose writes by this client the server lost since the last call (an
+        older snapshot, or empty): to republish, each told once. One round trip (counts and
+        tombstones); an erased namespace is forgotten, not reported."""
         with self._marks_lock:
             marks = dict(self._marks)
             names = sorted({ns for ns, _ in marks} | self._lost)
@@ -315,6 +305,16 @@ class RedisDirectory:
         before Redis looks at the key, as every write is, and changes nothing if accepted."""
         _call(lambda: self._client.set(self._probe, b"", xx=True))
 
+    def held_namespaces(self, namespaces: Sequence[str]) -> list[str]:
+        """Those of ``namespaces`` whose ``meta`` or generation set exists (one round trip)."""
+        pipe = self._client.pipeline(transaction=False)
+        for base in [self._base(ns) for ns in namespaces]:  # every name checked first
+            pipe.exists(f"{base}meta", f"{base}gens")
+        return [ns for ns, n in zip(namespaces, _call(pipe.execute)) if n]
+
+    def server_run_id(self) -> str:  # drawn anew at every start (module doc)
+        return str(_call(lambda: self._client.info("server")).get("run_id", ""))
+
     def restore(self, entries: Sequence[DirectoryEntry]) -> None:
         current: dict[str, int] = {}
         erased: set[str] = set()  # none of their entries: erased (before or meanwhile)
@@ -349,11 +349,10 @@ class RedisDirectory:
         return found
 
     def delete_namespace(self, namespace: str) -> int:
-        """Erasure: no key of ``namespace`` left (entries whatever their references,
-        reference counts, generation sets, ``meta``, ``w:<node>`` counts); the number of
-        entries removed. The tombstone first (module doc); then the keys, listed with SCAN
-        (a tenant's ACL user may not) and deleted in rounds until a SCAN finds none;
-        DirectoryError if writes still come after ``_ERASE_ROUNDS`` rounds."""
+        """Erasure: no key of ``namespace`` left (entries whatever their references, counts,
+        generation sets, ``meta``, ``w:<node>``); the number of entries removed. The
+        tombstone first (module doc); then the keys, listed with SCAN (a tenant's ACL user
+        may not) and deleted until a SCAN finds none (DirectoryError after ``_ERASE_ROUNDS``)."""
         self._base(namespace)  # a bad name is refused before anything is written
         self._forget(namespace)
         if self._tombstone_for(namespace):

@@ -11,13 +11,8 @@ import logging
 import pytest
 import redis as redis_py
 
-from agentkv_cluster.runtime.directory_glue import (
-    RedisSpec,
-    open_directory,
-    probe,
-    probe_redis,
-    watch_redis,
-)
+from agentkv_cluster.runtime.directory_glue import RedisSpec, open_directory
+from agentkv_cluster.runtime.directory_watch import probe, probe_redis, watch_redis
 from agentkv_cluster.runtime.pool_publisher import PoolPublisher
 from store.directory import DirectoryEntry, WriteRefusal
 from store.types import Codec, Tier

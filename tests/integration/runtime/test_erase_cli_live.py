@@ -61,7 +61,7 @@ def test_an_erasure_made_by_the_cli_is_enforced_by_the_running_service(service) 
     record = _enforced(log)[-1]
     counts = dict(map(tuple, record["counts"]))
     assert record["tenant"] == "acme" and record["failed_tiers"] == []
-    assert set(counts) == set(TIERS) and counts["controller"] == 8
+    assert set(counts) == {*TIERS, "directory"} and counts["controller"] == 8
     assert counts["hbm"] + counts["host"] + counts["nvme"] >= 8
     assert ctl.table.pages == {}
     pool = service.topo.pools["node0"].target

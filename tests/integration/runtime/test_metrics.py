@@ -15,7 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agentkv_cluster.api.protocol import RemoteError
 from agentkv_cluster.config import load_config
-from agentkv_cluster.runtime.directory_glue import RedisSpec, probe
+from agentkv_cluster.runtime.directory_glue import RedisSpec
+from agentkv_cluster.runtime.directory_watch import probe
 from agentkv_cluster.runtime.service import Service
 from store.types import Codec
 from tests.integration.runtime.test_cluster import identity, kv_page

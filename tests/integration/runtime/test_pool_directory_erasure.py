@@ -4,13 +4,19 @@ A pool (in this process: real NIXL, /dev/shm, AES-GCM) publishes a tenant's page
 service's ``ClusterErasure`` purges the pool and deletes the tenant's namespace. The
 pool's repair loop must not take that for lost writes (no error, no republish), a write
 of the pool racing the erasure must not leave any key of the erased namespace, and a
-real loss (Redis restarted empty, keys deleted by hand) must still be repaired.
+real loss (Redis restarted empty, keys deleted by hand) must still be repaired. And an
+erasure outlives a Redis restarted from a snapshot taken before it: the erasure mark keeps
+the blinded namespace, and the service deletes it again (at start, and whenever the head's
+watch sees the directory recover or restart); an erasure made by the CLI without
+``--redis-url`` is finished the same way by the running service.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -18,10 +24,13 @@ import redis as redis_py
 
 from agentkv_cluster.runtime import wiring
 from agentkv_cluster.runtime.directory_glue import RedisSpec, open_directory
+from agentkv_cluster.runtime.directory_watch import watch_redis
 from agentkv_cluster.runtime.erasure import ClusterErasure
 from agentkv_cluster.runtime.pool_actor import PoolActor
 from agentkv_cluster.runtime.records import ControllerErased, TenantForgotten
 from security.audit import AuditLog
+from security.erasure import Eraser
+from security.keyring import FileKeySource, TenantKeyring
 from security.signing import Signer
 from store.directory import DirectoryEntry
 from store.directory.redis_backend import RedisDirectory
@@ -279,3 +288,76 @@ def test_tombstones_keep_the_newest_erasures_numbered_not_timed(redis, monkeypat
                                                          (names[1].encode(), 4.0)]
     admin.close()
     d.close()
+
+
+# -- an erasure outlives a directory that comes back from an older snapshot ---------------
+def _records(path, kind: str) -> list[dict]:
+    return [r["data"] for r in map(json.loads, path.read_text().splitlines())
+            if r["kind"] == kind]
+
+
+def test_a_namespace_a_snapshot_brings_back_is_erased_again(pool, redis, tmp_path) -> None:
+    actor, front = pool
+    erased, kept_ns = actor.blinder.namespace("acme"), actor.blinder.namespace("globex")
+    store_page(actor, front, tenant="acme", i=1)
+    store_page(actor, front, tenant="acme", i=3)
+    kept = store_page(actor, front, tenant="globex", i=2)
+    admin = redis_py.Redis.from_url(redis.url)
+    admin.save()  # the snapshot: taken before the erasure
+    erasure = _erasure(tmp_path, redis, actor)
+    assert erasure.reapply_directory() == 0  # nothing erased yet
+    erasure.erase("acme")
+    assert _keys_of(admin, erased) == []
+    admin.close()
+    redis.restart()  # killed (no save at exit), started from the old snapshot
+    admin = redis_py.Redis.from_url(redis.url)
+    assert _keys_of(admin, erased) != []  # the scenario: the erased namespace is back
+    assert erasure.reapply_directory() == 1
+    assert _keys_of(admin, erased) == []
+    assert erasure.reapply_directory() == 0  # done: nothing held any more
+    [record] = _records(tmp_path / "audit.log", "erasure.reapplied")
+    assert record["tenant"] == "acme" and record["counts"] == [["directory", 2]]
+    other = RedisDirectory(redis.url)
+    assert other.get(kept_ns, kept)[0] is Lookup.HIT  # the other tenant's entry stays
+    other.close()
+    admin.close()
+
+
+def test_the_watch_calls_its_recovery_after_a_restart_that_kept_data(redis) -> None:
+    """A restart between two probes that neither emptied the server nor failed a probe:
+    only the server's new run id shows it."""
+    calls: list[float] = []
+    watch = watch_redis(RedisSpec(url=redis.url), on_recover=lambda: calls.append(1.0))
+    assert watch.probe_once() == watch.interval_s and calls == []
+    admin = redis_py.Redis.from_url(redis.url)
+    admin.save()  # with the watch's marker: the restart does not empty it
+    admin.close()
+    assert watch.probe_once() == watch.interval_s and calls == []  # no restart: no call
+    redis.restart()
+    watch.probe_once()
+    assert calls == [1.0] and watch.recoveries == 1 and watch.outages == 1
+    watch.probe_once()
+    assert calls == [1.0]  # once per restart
+
+
+def test_an_erasure_by_the_cli_without_the_directory_step_is_finished_by_the_service(
+        pool, redis, tmp_path) -> None:
+    """``agentkv tenant erase`` without ``--redis-url`` destroys the keys and marks the
+    tenant; the service's enforcement deletes the namespace the mark names."""
+    actor, front = pool
+    erased = actor.blinder.namespace("acme")
+    store_page(actor, front, tenant="acme", i=1)
+    erasure = _erasure(tmp_path, redis, actor)
+    signer = Signer.generate()
+    cli_log = AuditLog(tmp_path / "cli-audit.log", signer)
+    Eraser(TenantKeyring(FileKeySource(actor.spec.keys_dir)), cli_log, signer).erase_tenant(
+        "acme", time.time())
+    cli_log.close()
+    admin = redis_py.Redis.from_url(redis.url)
+    assert _keys_of(admin, erased) != []  # the CLI did not touch the directory
+    assert erasure.enforce_new_marks() == ["acme"]
+    assert _keys_of(admin, erased) == []
+    [record] = _records(tmp_path / "audit.log", "erasure.enforced")
+    counts = dict(map(tuple, record["counts"]))
+    assert counts["directory"] == 1 and record["failed_tiers"] == []
+    admin.close()

@@ -14,13 +14,8 @@ import pytest
 import redis as redis_py
 
 from agentkv_cluster.runtime import wiring
-from agentkv_cluster.runtime.directory_glue import (
-    GUARD_BACKOFF,
-    Backoff,
-    RedisSpec,
-    directory_emptied,
-    open_directory,
-)
+from agentkv_cluster.runtime.directory_glue import GUARD_BACKOFF, Backoff, RedisSpec, open_directory
+from agentkv_cluster.runtime.directory_watch import directory_emptied
 from agentkv_cluster.runtime.pool_actor import PoolActor
 from agentkv_cluster.runtime.pool_publisher import PoolPublisher
 from security.keyring import FileKeySource, TenantKeyring

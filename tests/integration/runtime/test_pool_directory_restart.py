@@ -14,7 +14,8 @@ import pytest
 import redis as redis_py
 
 from agentkv_cluster.runtime import wiring
-from agentkv_cluster.runtime.directory_glue import RedisSpec, open_directory, watch_redis
+from agentkv_cluster.runtime.directory_glue import RedisSpec, open_directory
+from agentkv_cluster.runtime.directory_watch import watch_redis
 from agentkv_cluster.runtime.mover import Mover
 from agentkv_cluster.runtime.pool_actor import PoolActor
 from store.directory.redis_backend import RedisDirectory

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from agentkv_cluster.runtime.directory_glue import RedisSpec, probe, probe_redis
+from agentkv_cluster.runtime.directory_glue import RedisSpec
+from agentkv_cluster.runtime.directory_watch import probe, probe_redis
 from store.directory import WriteRefusal
 from tests.support.redis_refusals import failing_persistence, read_only_replica
 

@@ -11,13 +11,11 @@ import pytest
 
 from agentkv_cluster.runtime.directory_glue import (
     Backoff,
-    DirectoryWatch,
     GuardedDirectory,
     RedisSpec,
-    directory_emptied,
     open_directory,
-    probe,
 )
+from agentkv_cluster.runtime.directory_watch import DirectoryWatch, directory_emptied, probe
 from store.directory import DirectoryEntry, DirectoryUnavailable
 from store.directory.redis_backend import RedisDirectory
 from store.types import Codec, Lookup, Tier
@@ -26,6 +24,7 @@ from tests.support.redis_proc import RedisProcess
 pytestmark = pytest.mark.integration
 NS = "n0outage"
 LOGGER = "agentkv_cluster.runtime.directory_glue"
+WATCH_LOGGER = "agentkv_cluster.runtime.directory_watch"
 
 
 class Clock:
@@ -125,7 +124,7 @@ def test_watch_logs_the_outage_and_republishes_after_restart(redis, caplog) -> N
 
     watch = DirectoryWatch(lambda: probe(spec, timeout_s=0.5), on_recover=republish,
                            interval_s=0.2, backoff=Backoff(first_s=0.2, max_s=0.8))
-    caplog.set_level(logging.INFO, logger=LOGGER)
+    caplog.set_level(logging.INFO, logger=WATCH_LOGGER)
     assert watch.probe_once() == 0.2 and watch.up
     watch.start(first_wait_s=0.2)
     try:

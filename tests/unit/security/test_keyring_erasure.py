@@ -49,3 +49,31 @@ def test_erasing_a_tenant_without_keys_leaves_no_mark(keyring, signer, tmp_path)
         assert keyring.erased_at("bob") == 2.0
     finally:
         audit.close()
+
+
+def test_an_erasure_mark_keeps_the_blinded_directory_namespace(keyring, signer,
+                                                               tmp_path) -> None:
+    """Derived from the blinding secret the erasure shreds: the mark is the only place it
+    is kept, for a directory that comes back from an older snapshot."""
+    from security.blinding import DirectoryBlinder
+
+    first = DirectoryBlinder(keyring).namespace("alice")
+    audit = AuditLog(tmp_path / "audit.log", signer)
+    eraser = Eraser(keyring, audit, signer)
+    eraser.erase_tenant("alice", 1_700_000_000.0)
+    keyring.create_tenant("alice")  # the name used again: a new secret, a new namespace
+    second = DirectoryBlinder(keyring).namespace("alice")
+    eraser.erase_tenant("alice", 1_700_000_100.0)
+    audit.close()
+    assert first != second
+    assert keyring.erased_directory_namespaces() == sorted([("alice", first), ("alice", second)])
+    assert not keyring.has_keys("alice") and keyring.tenants() == ["bob"]
+
+
+@pytest.mark.parametrize("bad", ["alice", "n" + "0" * 23, "N" + "0" * 24, "n" + "g" * 24])
+def test_a_mark_refuses_a_directory_namespace_of_the_wrong_shape(keyring, bad) -> None:
+    from security.errors import InvalidName
+
+    with pytest.raises(InvalidName, match="invalid directory namespace"):
+        keyring.mark_erased("alice", 1_700_000_000.0, bad)
+    assert keyring.erased_at("alice") is None  # nothing recorded

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import threading
 
-from agentkv_cluster.runtime.directory_glue import RedisSpec, watch_redis
+from agentkv_cluster.runtime.directory_glue import RedisSpec
+from agentkv_cluster.runtime.directory_watch import watch_redis
 from agentkv_cluster.runtime.pool_publisher import PoolPublisher
 
 

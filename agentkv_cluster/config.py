@@ -85,6 +85,9 @@ class PoolConfig:
     nvme_dir: str | None = None  # None: a temporary folder
     nvme_bytes: int = 4 << 30
     fsync: bool = False
+    # Tombstones (8 KiB each) of space held back beside each NVMe shard, outside nvme_bytes,
+    # so a full disk still deletes and erases; 0 = none (config_sizes checks 0..65536).
+    nvme_reserve_tombstones: int = 32  # store.nvme.NvmeShardConfig's default
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -10,6 +10,10 @@ large enough for its INT8 or INT4 form is one of them: the LRU policy (which a r
 controller's references, fixed-prefix write-through and, under pressure, AgentKV's own
 choices store pages FULL (with 128 KiB pages in 80 KiB slots, every demotion of both
 policies failed, and stores were refused after 30 s).
+
+The NVMe shard's space reserve (``pool.nvme_reserve_tombstones``, ``store.nvme.reserve``)
+is checked here too, against the shard's own limit: it is space each shard holds beside
+``pool.nvme_bytes``, and a value the shard refuses would otherwise stop every pool at start.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ FRAME_ENVELOPE_BYTES = 64 << 10
 @dataclass(frozen=True, kw_only=True)
 class SizeConflict:
     """A size setting that cannot work with the others: the dotted field to change, why,
-    and the value it needs at least (or at most, for ``hbm.page_bytes``)."""
+    and the value it needs at least (or at most, for ``hbm.page_bytes`` and a
+    ``pool.nvme_reserve_tombstones`` over the shard's limit)."""
 
     field: str
     message: str
@@ -37,10 +42,22 @@ class SizeConflict:
 
 def size_conflicts(cfg: AgentKvConfig) -> list[SizeConflict]:
     """Every size rule ``cfg`` breaks (none: it is fine), in the order an operator should
-    fix them. Called after each setting passed its own range check (all positive)."""
+    fix them. Called after each other setting passed its own range check (all positive);
+    the reserve's range is checked here, where the shard's limit is imported."""
     page, frame = cfg.hbm.page_bytes, cfg.api.max_frame_bytes
     pool = cfg.pool
     out = []
+    # Imported here, not at the top: the pool's geometry and the shard pull in the sealer and
+    # numpy, and every start of the command line imports the config (and so this module).
+    from agentkv_cluster.runtime import pool_geometry
+    from store.nvme.types import MAX_RESERVE_TOMBSTONES
+
+    reserve, most = pool.nvme_reserve_tombstones, MAX_RESERVE_TOMBSTONES
+    if type(reserve) is not int or not 0 <= reserve <= most:  # what NvmeShardConfig takes
+        out.append(SizeConflict(field="pool.nvme_reserve_tombstones", bound=most
+                                if type(reserve) is int and reserve > most else 0, message=(
+            f"must be a whole number of tombstones from 0 (no space reserve) to {most} "
+            f"(8 KiB each: {most * 8 >> 10} MiB per NVMe shard), got {reserve!r}")))
     if page + FRAME_ENVELOPE_BYTES > frame:  # a store of a full page would be refused
         out.append(SizeConflict(field="hbm.page_bytes", bound=frame - FRAME_ENVELOPE_BYTES,
                                 message=(
@@ -51,10 +68,6 @@ def size_conflicts(cfg: AgentKvConfig) -> list[SizeConflict]:
     if pool.slot_bytes > pool.pool_bytes:
         out.append(SizeConflict(field="pool.slot_bytes", bound=pool.pool_bytes, message=(
             f"must not exceed pool.pool_bytes ({pool.pool_bytes} B), got {pool.slot_bytes} B")))
-    # Imported here, not at the top: the pool's geometry pulls in the sealer and numpy, and
-    # every start of the command line imports the config (and so this module) without them.
-    from agentkv_cluster.runtime import pool_geometry
-
     if not pool_geometry.holds(pool.slot_bytes, page):
         least = pool_geometry.smallest_slot_bytes(page)
         out.append(SizeConflict(field="pool.slot_bytes", bound=least, message=(

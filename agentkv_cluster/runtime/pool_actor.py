@@ -35,7 +35,7 @@ from security.keyring import FileKeySource, TenantKeyring
 from security.sealing import TenantSealer
 from store.directory import DirectoryEntry
 from store.host_pool import HostPool, SlotEmpty, TornRead
-from store.nvme import NvmeShard, NvmeShardConfig
+from store.nvme import FsyncPolicy, NvmeShard, NvmeShardConfig
 from store.types import Codec, Lookup, Tier
 
 # Host copies are opened straight from shared memory; a write racing the open (the slot freed
@@ -66,6 +66,8 @@ class PoolSpec:
     keys_dir: str
     shm_name: str  # host-pool segment; a restarted actor re-attaches to it
     staging_slots: int = 4
+    nvme_fsync: bool = False  # every NVMe record synced (else at segment close)
+    nvme_reserve_tombstones: int = 32  # store.nvme.NvmeShardConfig.reserve_tombstones
 
 
 class PoolActor:
@@ -85,7 +87,9 @@ class PoolActor:
         self.buffers = RecordBuffers(self.host.slot_bytes)  # NVMe records, both ways
         self.chunked = ChunkedSealer(self.keyring)
         self.records = RecordSealer(self.chunked, self.buffers)
-        self.nvme = NvmeShard(spec.nvme_dir, NvmeShardConfig(max_bytes=spec.nvme_bytes))
+        self.nvme = NvmeShard(spec.nvme_dir, NvmeShardConfig(
+            max_bytes=spec.nvme_bytes, reserve_tombstones=spec.nvme_reserve_tombstones,
+            fsync=FsyncPolicy.EVERY_RECORD if spec.nvme_fsync else FsyncPolicy.ON_CLOSE))
         self._index: dict[tuple[bytes, Codec], StoredCopy] = {}
         self._lock = threading.RLock()
         self.tiers = TierWriter(self.host, self.nvme, self._lock, spec.name)
@@ -165,7 +169,8 @@ class PoolActor:
         return {"name": self.name, "copies": len(self._index), "host_used_bytes": host.used_bytes,
                 "nvme_live_bytes": nv.live_bytes, "rejects": self.opener.rejects,
                 "torn": self.torn, "nvme_full": self.tiers.counts.nvme_full,
-                "refused_full": self.tiers.counts.refused_full}
+                "refused_full": self.tiers.counts.refused_full,
+                "nvme_reserve_bytes": nv.reserve_bytes}
 
     def holds_many(self, keys: list[bytes]) -> list[tuple | None]:
         """What this pool keeps of each page (None: nothing), as ``PoolHolding.wire()``."""

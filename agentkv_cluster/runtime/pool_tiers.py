@@ -2,13 +2,14 @@
 
 A store asks for a tier. HOST: a free host-pool slot, else the NVMe shard (a spill). NVME:
 the shard, else a free host slot. A shard that is full (``store.nvme.DiskFull``: its file
-system has no room, or its quota ``pool.nvme_bytes`` none left after compacting retired
-records, ``QuotaFull``) has written nothing; with no free host slot either, the store is
-refused with ``NvmeTierFull``. Every copy the pool already holds stays: ``PoolActor``
-replaces a page's old copy only once the new one is written (and keeps the old one when the
-NVMe tier has no room left to retire it: a full file system once the shard's space reserve
-for tombstones is spent), and a store refused for a full tier is answered
-with the old copy when the pool holds the page in that form already (pages are immutable).
+system has no room, or no inode for its next segment file, ``SegmentNotCreated``, or its
+quota ``pool.nvme_bytes`` none left after compacting retired records, ``QuotaFull``) has
+written nothing; with no free host slot either, the store is refused with ``NvmeTierFull``.
+Every copy the pool already holds stays: ``PoolActor`` replaces a page's old copy only once
+the new one is written (and keeps the old one when the NVMe tier has no room left to retire
+it: a full file system once the shard's space reserve for tombstones is spent), and a store
+refused for a full tier is answered with the old copy when the pool holds the page in that
+form already (pages are immutable).
 ``TierCounts`` counts stores that found the NVMe tier full, and those refused for it.
 """
 

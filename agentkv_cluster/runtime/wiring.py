@@ -124,7 +124,8 @@ def pool_spec(cfg: AgentKvConfig, name: str, workdir: Path) -> PoolSpec:
     tag = hashlib.blake2b(str(nvme / name).encode(), digest_size=6).hexdigest()
     return PoolSpec(name=name, host_slot_bytes=cfg.pool.slot_bytes, host_slots=slots,
                     nvme_dir=str(nvme / name), nvme_bytes=cfg.pool.nvme_bytes, keys_dir=keys,
-                    shm_name=f"akv-{name}-{tag}")
+                    shm_name=f"akv-{name}-{tag}", nvme_fsync=cfg.pool.fsync,
+                    nvme_reserve_tombstones=cfg.pool.nvme_reserve_tombstones)
 
 
 def hbm_spec(cfg: AgentKvConfig, name: str) -> HbmSpec:

@@ -4,6 +4,7 @@ page-cache control."""
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import mmap
 import os
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from store.nvme import format as fmt
-from store.nvme.types import InvalidRecord, ShardLocked
+from store.nvme.types import FullResource, InvalidRecord, ShardLocked
 
 
 def check_key(key: bytes) -> None:
@@ -46,6 +47,21 @@ def writable_view(out: Any, n: int) -> memoryview:
 def free_bytes(path: Path) -> int:
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize
+
+
+def free_inodes(path: Path) -> int | None:
+    """Inodes the file system of ``path`` has free for this user; None where it reports no
+    inode limit (``f_files`` 0: btrfs and others allocate inodes as they go)."""
+    st = os.statvfs(path)
+    return st.f_favail if st.f_files else None
+
+
+def full_resource(err: int, inodes: int | None) -> FullResource:
+    """What a file system that refused a new file with ``err`` (ENOSPC, EDQUOT) ran out of,
+    given the free inodes it reports now (``free_inodes``)."""
+    if err == errno.EDQUOT:
+        return FullResource.QUOTA
+    return FullResource.INODES if inodes == 0 else FullResource.SPACE
 
 
 def fsync_dir(path: Path) -> None:

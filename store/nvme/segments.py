@@ -6,7 +6,9 @@ the fsync policy), reads and verifies payloads, zeroes payloads for erasure, evi
 records from the page cache, scans segments at recovery and removes compacted ones. It
 keeps no index: the shard (``store.nvme.shard``) decides which records are live. It holds
 the shard's space reserve (``store.nvme.reserve``): tombstones and compaction copies that
-find the file system full draw on it, puts never do.
+find the file system full draw on it, puts never do. A file system that refuses the next
+segment file (``SegmentNotCreated``: out of inodes, space or quota) fails a put, while
+tombstones and compaction copies then go to the active segment past ``segment_bytes``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,14 @@ from typing import Any
 
 from store.nvme import format as fmt
 from store.nvme.engines import open_engine, read_full
-from store.nvme.files import drop_range, free_bytes, fsync_dir, lock_directory
+from store.nvme.files import (
+    drop_range,
+    free_bytes,
+    free_inodes,
+    fsync_dir,
+    full_resource,
+    lock_directory,
+)
 from store.nvme.reserve import SpaceReserve
 from store.nvme.types import (
     DiskFull,
@@ -29,6 +38,7 @@ from store.nvme.types import (
     QuotaFull,
     RecordExtent,
     RecordLocation,
+    SegmentNotCreated,
     ShardIOError,
 )
 
@@ -97,9 +107,9 @@ class SegmentFiles:
     def _open(self, index: int) -> Segment:
         path = self.path / segment_name(index)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        if self.config.fsync is not FsyncPolicy.NONE:
-            fsync_dir(self.path)
         try:
+            if self.config.fsync is not FsyncPolicy.NONE:
+                fsync_dir(self.path)
             handle = self._io.attach(fd)
         except BaseException:
             os.close(fd)
@@ -121,11 +131,11 @@ class SegmentFiles:
         n = payload.nbytes
         # One hash for a payload up to a stripe (most records); payload_digest stripes the rest.
         digest = fmt.checksum(payload) if n <= fmt.STRIPE_BYTES else fmt.payload_digest(payload)
-        seg = self._room(fmt.round_up(block + n, align))
-        offset = fmt.round_up(seg.size, align)
-        need = offset - seg.size + block + n
         # Tombstones and compaction's copies pass the quota and may draw on the reserve.
         exempt = over_quota or bool(flags & fmt.FLAG_TOMBSTONE)
+        seg = self._room(fmt.round_up(block + n, align), exempt)
+        offset = fmt.round_up(seg.size, align)
+        need = offset - seg.size + block + n
         self._check_space(need, exempt)
         header = self._header
         if key_end < self._key_end:  # zero the tail of a longer key written before
@@ -145,17 +155,37 @@ class SegmentFiles:
             seg.index, offset, offset + block, n, generation, seq, digest, fmt.FORMAT_VERSION
         )
 
-    def _room(self, need: int) -> Segment:
+    def _room(self, need: int, exempt: bool) -> Segment:
+        """The segment an append of ``need`` bytes goes to: a new one when the active one
+        would pass ``segment_bytes``. When the file system refuses the new file, an
+        ``exempt`` append (a tombstone, a compaction copy) goes to the active segment past
+        ``segment_bytes`` (a rotation threshold: a record larger than it always did), so a
+        file system out of inodes still deletes, shreds and compacts."""
         active = self._active
-        if active.size and active.size + need > self.config.segment_bytes:
+        if not active.size or active.size + need <= self.config.segment_bytes:
+            return active
+        try:
             return self.seal_active()
-        return active
+        except SegmentNotCreated:
+            if not exempt:
+                raise
+            return active
 
     def seal_active(self) -> Segment:
-        """Start a new segment (the old active one synced, unless the policy is NONE)."""
+        """Start a new segment (the old active one synced, unless the policy is NONE).
+        When the file system refuses the new file: ``SegmentNotCreated`` (out of inodes,
+        space or quota) or ``ShardIOError``, and the active segment stays the active one."""
         if self.config.fsync is not FsyncPolicy.NONE:
             self.sync_active()
-        return self._open(self._active.index + 1)
+        index = self._active.index + 1
+        try:
+            return self._open(index)
+        except OSError as exc:
+            path = self.path / segment_name(index)
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                resource = full_resource(exc.errno, free_inodes(self.path))
+                raise SegmentNotCreated(str(path), resource, exc.errno) from exc
+            raise ShardIOError(f"cannot create segment file {path}: {exc}") from exc
 
     def _check_space(self, need: int, exempt: bool) -> None:
         # Tombstones (one header block) and compaction's copies are exempt from the quota,

@@ -9,7 +9,10 @@ published in the index only after all of its bytes are written (and synced, per 
 a failed write is truncated away, so a full disk leaves the shard as it was. Tombstones
 and compaction's copies draw on a small space reserve (``store.nvme.reserve``) when the
 file system is full, so a full disk still deletes, shreds and compacts; puts never draw on
-it. One process owns a shard directory (flock).
+it. When the active segment is full and the file system refuses the next segment file (out
+of inodes or space), a put fails with ``SegmentNotCreated`` (a ``DiskFull``) and changes
+nothing, while tombstones and compaction's copies go to the active segment past
+``segment_bytes``. One process owns a shard directory (flock).
 
 Maintenance lives here as methods: recovery on open (every segment scanned; the newest
 sequence number of a key wins, a tombstone hides older records, a torn tail of the last
@@ -41,6 +44,7 @@ from store.nvme.types import (
     QuotaFull,
     RecordExtent,
     RecordLocation,
+    SegmentNotCreated,
     ShardClosed,
     ShardError,
     ShardStats,
@@ -276,7 +280,10 @@ class NvmeShard:
         hold the disk above ``max_bytes`` by at most one segment's live bytes."""
         files, index = self._files, self._index
         if files.active_index in victims:  # seal it: copies must land outside every victim
-            files.seal_active()
+            try:
+                files.seal_active()
+            except SegmentNotCreated:  # no new file (out of inodes): the active one stays
+                victims = [i for i in victims if i != files.active_index]
         by_segment: dict[int, list[tuple[bytes, RecordLocation]]] = {i: [] for i in victims}
         for key, loc in index.items():
             if loc.segment in by_segment:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -31,6 +32,37 @@ class QuotaFull(DiskFull):
 
     def __reduce__(self) -> tuple[type[QuotaFull], tuple[int, int, int]]:
         return QuotaFull, (self.quota, self.used, self.need)  # crosses processes intact
+
+
+class FullResource(enum.Enum):
+    """What a file system ran out of when it refused a new file."""
+
+    SPACE = "space"  # free blocks (a new directory entry may need one)
+    INODES = "inodes"  # free inodes: no file can be created, however many blocks are free
+    QUOTA = "quota"  # the user's disk quota (EDQUOT), of blocks or of inodes
+
+
+class SegmentNotCreated(DiskFull):
+    """The active segment is full and the file system refused the next segment file
+    (``path``) for want of ``resource``; nothing was written and the shard is as it was:
+    every record stays readable, and a put succeeds once the file system has room again.
+    Tombstones and compaction's copies do not fail for it: they are appended to the active
+    segment past ``segment_bytes`` instead (``store.nvme.segments``)."""
+
+    def __init__(self, path: str, resource: FullResource, errno: int) -> None:
+        super().__init__(f"cannot create segment file {path}: {_NO_ROOM[resource]} "
+                         f"({os.strerror(errno)}); nothing was written")
+        self.path, self.resource, self.errno = path, resource, errno
+
+    def __reduce__(self) -> tuple[type[SegmentNotCreated], tuple[str, FullResource, int]]:
+        return SegmentNotCreated, (self.path, self.resource, self.errno)
+
+
+_NO_ROOM = {
+    FullResource.SPACE: "the file system has no space left",
+    FullResource.INODES: "the file system has no free inode left",
+    FullResource.QUOTA: "the disk quota of this user is spent",
+}
 
 
 class ShardIOError(ShardError):

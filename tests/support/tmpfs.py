@@ -1,5 +1,6 @@
 """A real small file system for full-disk tests: a tmpfs mounted for the test (root only;
-the test is skipped with the reason elsewhere), and a way to fill it to the last block."""
+the test is skipped with the reason elsewhere), and ways to fill it to the last block and
+to leave it no free inode."""
 
 from __future__ import annotations
 
@@ -37,3 +38,12 @@ def fill(folder: Path, name: str = "ballast") -> None:
     with pytest.raises(OSError) as full, open(folder / name, "ab", buffering=0) as f:
         f.write(b"\1")
     assert full.value.errno == errno.ENOSPC
+
+
+def limit_inodes(fs: Path, extra: int = 0) -> None:
+    """Let the tmpfs at ``fs`` hold only the inodes it uses now, plus ``extra`` (a remount)."""
+    used = os.statvfs(fs).f_files - os.statvfs(fs).f_ffree
+    remount = subprocess.run(["mount", "-o", f"remount,nr_inodes={used + extra}", str(fs)],
+                             capture_output=True, text=True, check=False)
+    if remount.returncode != 0:
+        pytest.skip(f"cannot limit a tmpfs's inodes here: {remount.stderr.strip()}")

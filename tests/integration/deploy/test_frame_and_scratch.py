@@ -101,6 +101,29 @@ def test_the_pool_volume_holds_the_shard_quota_and_compaction_room():
     assert asked >= shard + (256 << 20) + shard // 64
 
 
+@pytest.mark.parametrize("tombstones", [0, 32, 65536])
+def test_the_space_reserve_reaches_the_service(tombstones, tmp_path):
+    """``pool.nvme.reserveTombstones`` becomes each shard's reserve (8 KiB a tombstone, in
+    its LOCK file). It is taken from the volume's room past the quota (which tombstones and
+    compaction's copies, the reserve's only users, would take anyway), so the volume
+    claim, immutable after install, does not change with it."""
+    shard = 20 << 30
+    values = {"pool": {"nvme": {"bytes": shard, "reserveTombstones": tombstones}}}
+    assert _service_config(values, tmp_path).pool.nvme_reserve_tombstones == tombstones
+    assert _claims(values) == _claims({"pool": {"nvme": {"bytes": shard}}})
+
+
+def _claims(values: dict) -> list:
+    return [d["spec"]["volumeClaimTemplates"] for d in _docs(values)
+            if d["kind"] == "StatefulSet" and "pool" in d["metadata"]["name"]]
+
+
+@pytest.mark.parametrize("bad", [-1, 65537, "32"])
+def test_a_space_reserve_out_of_range_is_refused_at_render(bad):
+    with pytest.raises(helm.HelmValuesError, match="/pool/nvme/reserveTombstones"):
+        chart.render_values({"pool": {"nvme": {"reserveTombstones": bad}}})
+
+
 def test_a_pod_without_a_pool_keeps_its_small_scratch():
     """No pool on the head or GPU workers: their emptyDir is scratch, not held to the quota."""
     limits = _nvme_limits({"pool": {"nvme": {"bytes": 1 << 40}}})

@@ -1,22 +1,33 @@
 """An NVMe shard on a real, full file system (an 8 MiB tmpfs filled to the last block by
 another file) still deletes and shreds: the tombstones draw on the shard's space reserve.
-Before the reserve both raised ``DiskFull``, and an erasure left its key indexed. Needs
-root to mount the tmpfs (skipped otherwise); ``tests/unit/store/test_nvme_reserve.py``
-runs the same paths everywhere on a simulated file system."""
+Before the reserve both raised ``DiskFull``, and an erasure left its key indexed. A tmpfs
+out of inodes (remounted with ``nr_inodes`` at what it uses) refuses the next segment file:
+a put fails with ``SegmentNotCreated`` and the shard stays usable. Needs root to mount the
+tmpfs (skipped otherwise); ``tests/unit/store/test_nvme_reserve.py`` and
+``test_nvme_new_segment_refused.py`` run the same paths everywhere on a simulated one."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from store.nvme import DiskFull, FsyncPolicy, NvmeShard, NvmeShardConfig
+from store.nvme import (
+    DiskFull,
+    FsyncPolicy,
+    FullResource,
+    NvmeShard,
+    NvmeShardConfig,
+    SegmentNotCreated,
+)
 from store.nvme.files import free_bytes
 from store.types import Lookup
-from tests.support.tmpfs import fill, tmpfs
+from tests.support.tmpfs import fill, limit_inodes, tmpfs
 
 pytestmark = pytest.mark.integration
 PAYLOAD = 500_000
+FULL_SEGMENT = 507_904  # one record of PAYLOAD (header block, aligned), no more
 
 
 def _payload(i: int) -> bytes:
@@ -79,3 +90,51 @@ def test_an_erasure_of_every_key_on_a_full_tmpfs_outlasts_the_reserve(tmp_path) 
             assert shard.keys() == []
         with NvmeShard(fs / "shard", config) as again:
             assert again.keys() == []
+
+
+def test_a_tmpfs_out_of_inodes_refuses_a_put_typed_and_keeps_the_shard_usable(tmp_path):
+    """One record a segment, and no room for a tombstone beside it: the third put needs a
+    new segment file and the tmpfs has no inode left. Before, that put and the shred's
+    tombstone raised a bare ``OSError``."""
+    config = NvmeShardConfig(segment_bytes=FULL_SEGMENT, fsync=FsyncPolicy.EVERY_RECORD)
+    with tmpfs(tmp_path / "fs", 8 << 20) as fs:
+        shard = NvmeShard(fs / "shard", config)
+        shard.put(b"k0", _payload(0), 1)
+        shard.put(b"k1", _payload(1), 1)
+        shredded = shard.extent(b"k0")
+        limit_inodes(fs)
+        assert os.statvfs(fs).f_favail == 0
+        with pytest.raises(SegmentNotCreated, match="no free inode") as refused:
+            shard.put(b"k2", _payload(2), 1)
+        assert refused.value.resource is FullResource.INODES
+        assert refused.value.path == str(fs / "shard" / "seg-00000002.akv")
+        assert [shard.get(b"k%d" % i) for i in (0, 1)] == [_payload(0), _payload(1)]
+        assert shard.shred(b"k0") is Lookup.HIT  # its tombstone goes to the active segment
+        assert shard.keys() == [b"k1"]
+        shard.close()
+        with NvmeShard(fs / "shard", config) as again:  # a reopen needs no inode
+            assert again.keys() == [b"k1"] and again.get(b"k1") == _payload(1)
+            limit_inodes(fs, extra=1)  # an operator made room
+            again.put(b"k2", _payload(2), 1)
+        with NvmeShard(fs / "shard", config) as again:
+            assert [again.get(b"k%d" % i) for i in (1, 2)] == [_payload(1), _payload(2)]
+            assert again.get(b"k0") is Lookup.MISS
+        with open(shredded.path, "rb") as f:
+            f.seek(shredded.payload_offset)
+            assert f.read(shredded.payload_length) == bytes(PAYLOAD)
+
+
+def test_a_tmpfs_out_of_inodes_and_blocks_still_deletes_from_the_reserve(tmp_path):
+    config = NvmeShardConfig(segment_bytes=FULL_SEGMENT)
+    with tmpfs(tmp_path / "fs", 8 << 20) as fs, NvmeShard(fs / "shard", config) as shard:
+        for i in range(3):
+            shard.put(b"k%d" % i, _payload(i), 1)
+        reserve = shard.stats().reserve_bytes
+        fill(fs)
+        limit_inodes(fs)
+        with pytest.raises(DiskFull):
+            shard.put(b"k3", b"x" * 10, 1)
+        assert shard.delete(b"k0") is Lookup.HIT
+        assert shard.shred(b"k1") is Lookup.HIT
+        assert 0 < shard.stats().reserve_bytes < reserve
+        assert shard.keys() == [b"k2"] and shard.get(b"k2") == _payload(2)

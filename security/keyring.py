@@ -225,10 +225,15 @@ class TenantKeyring:
 
     def erased_at(self, namespace: str) -> float | None:
         """When ``namespace`` was last erased (seconds), or None if it never was."""
-        validate_namespace(namespace)
-        found = (_ERASED_RE.fullmatch(n) for n in self.source.names())
-        times = [int(m["ms"]) for m in found if m and m["ns"] == namespace]
-        return max(times) / 1000 if times else None
+        return self.erasures().get(validate_namespace(namespace))
+
+    def erasures(self) -> dict[str, float]:
+        """Every erased namespace, with when it was last erased (seconds)."""
+        out: dict[str, float] = {}
+        for m in (_ERASED_RE.fullmatch(n) for n in self.source.names()):
+            if m:
+                out[m["ns"]] = max(out.get(m["ns"], 0.0), int(m["ms"]) / 1000)
+        return out
 
     def destroy_tenant(self, namespace: str) -> list[str]:
         """Crypto-shred every generation and the blinding secret of a namespace."""

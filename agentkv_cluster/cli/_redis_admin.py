@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+from collections import Counter
+from collections.abc import Collection
 from typing import Any
 
 import redis
@@ -32,6 +34,15 @@ def connect_admin(url: str) -> Any:
     return admin
 
 
+def check_prefix(prefix: str) -> None:
+    """``--redis-prefix``: it goes into SCAN patterns, where a glob character would match
+    other keys."""
+    try:
+        check_namespace(prefix)
+    except InvalidEntry as exc:
+        raise CliError(f"--redis-prefix {prefix!r:.40}: {exc}") from None
+
+
 def erase_namespace(url: str, namespace: str, prefix: str = "akv", *, retry_s: float) -> int:
     """The directory step of ``tenant erase --redis-url``: every directory key of one tenant
     namespace dropped (``prefix``: the service's ``directory.prefix``) with the directory's
@@ -50,10 +61,7 @@ def erase_namespace(url: str, namespace: str, prefix: str = "akv", *, retry_s: f
     from store.directory.redis_backend import RedisDirectory
     from store.directory.retry import RetryWait, retry_unavailable
 
-    try:  # it goes into a SCAN pattern: a glob character would match other keys
-        check_namespace(prefix)
-    except InvalidEntry as exc:
-        raise CliError(f"--redis-prefix {prefix!r:.40}: {exc}") from None
+    check_prefix(prefix)
     shown = redact_url(url)
     try:
         directory = RedisDirectory(url, prefix=prefix)
@@ -83,3 +91,16 @@ def erase_namespace(url: str, namespace: str, prefix: str = "akv", *, retry_s: f
                        f"them; run the same command again once {until}") from None
     finally:
         directory.close()
+
+
+def keys_by_namespace(admin: Any, prefix: str, namespaces: Collection[str]) -> Counter[str]:
+    """How many directory keys (``{prefix}:{<ns>}:*``: entries, counts, ``meta``...) each of
+    ``namespaces`` holds, in one SCAN of the directory's namespaced keys."""
+    check_namespace(prefix)
+    wanted, found = set(namespaces), Counter[str]()
+    start = len(prefix) + 2  # past "{prefix}:{"
+    for key in admin.scan_iter(match=f"{prefix}:{{n*", count=1000):
+        ns = key[start:].partition(b"}")[0].decode("ascii", "replace")
+        if ns in wanted:
+            found[ns] += 1
+    return found

@@ -44,6 +44,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     iso.add_argument("--tool-name", action="append", default=[], help="a tool name that must not be stored")
     iso.set_defaults(handler=_isolation)
 
+    erased = sub.add_parser("erased", help="check that no erased tenant's directory "
+                            "namespace holds a key in Redis")
+    erased.add_argument("--keys-dir", type=Path, required=True, metavar="D",
+                        help="the service's tenant key directory (read only: erasure marks)")
+    erased.add_argument("--redis-url", required=True, metavar="URL", help="an admin connection")
+    erased.add_argument("--redis-prefix", default="akv", metavar="P",
+                        help="the service's directory.prefix (default akv)")
+    erased.set_defaults(handler=_erased)
+
     keygen = sub.add_parser("keygen", help="create an Ed25519 signing key pair (PEM)")
     keygen.add_argument("--private", type=Path, required=True, metavar="F",
                         help="write the private key here (PEM, 0600): serve --signing-key")
@@ -187,6 +196,50 @@ def _isolation(args: argparse.Namespace) -> int:
     Console().print(table)
     failed = sum(not r.passed for r in results)
     Console().print(f"{len(results) - failed}/{len(results)} probes passed")
+    return 0 if failed == 0 else 1
+
+
+def _erased(args: argparse.Namespace) -> int:
+    """Each erased tenant whose mark names its blinded namespace: PASS when Redis holds no
+    key of it (a Redis restored from an older snapshot would), else FAIL with the count.
+    Tenants erased before marks named the namespace cannot be checked; they are listed."""
+    from rich.console import Console
+
+    from agentkv_cluster.cli._redis_admin import check_prefix, connect_admin, keys_by_namespace
+    from security.errors import SecurityError
+    from security.keyring import FileKeySource, TenantKeyring
+
+    try:
+        keyring = TenantKeyring(FileKeySource(args.keys_dir, writable=False))
+        named, erasures = keyring.erased_directory_namespaces(), keyring.erasures()
+    except SecurityError as exc:
+        raise CliError(f"--keys-dir {args.keys_dir}: {exc}") from None
+    check_prefix(args.redis_prefix)
+    shown = redact_url(args.redis_url)
+    admin = connect_admin(args.redis_url)
+    try:
+        held = keys_by_namespace(admin, args.redis_prefix, {ns for _t, ns in named})
+    except Exception as exc:
+        if not _is_redis_error(exc):
+            raise
+        raise CliError(f"reading the directory at {shown} failed: "
+                       f"{str(exc).replace(args.redis_url, shown)}") from None
+    finally:
+        admin.close()
+    console = Console(soft_wrap=True)
+    for tenant, ns in named:
+        if held[ns]:
+            console.print(f"[red]FAIL[/red] {tenant} ({ns}): {held[ns]} key(s) left in {shown} "
+                          "(a snapshot older than the erasure?); the service deletes them "
+                          "again when it starts or sees the directory restart")
+        else:
+            console.print(f"[green]PASS[/green] {tenant} ({ns}): no key left")
+    unnamed = sorted(set(erasures) - {t for t, _ns in named})
+    if unnamed:
+        console.print(f"not checked (erased before marks named the namespace): "
+                      f"{', '.join(unnamed)}")
+    failed = sum(1 for _t, ns in named if held[ns])
+    console.print(f"{len(named) - failed}/{len(named)} erased namespaces hold no key")
     return 0 if failed == 0 else 1
 
 

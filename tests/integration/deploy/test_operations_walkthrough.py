@@ -129,13 +129,14 @@ def test_erase_procedure_keeps_the_mark_in_the_secret_and_the_receipt_verifies(
     done = subprocess.run(["sh", "-c", script], input=redis_server.url + "\n",
                           capture_output=True, text=True, check=False, timeout=120, env=_env())
     assert done.returncode == 0, done.stderr
-    mark = done.stdout.strip()
-    assert re.fullmatch(r"acme\.erased\.\d{13}", mark), done.stdout
+    marks = done.stdout.split()
+    assert re.fullmatch(r"acme\.dirns\.n[0-9a-f]{24}\nacme\.erased\.\d{13}",
+                        "\n".join(sorted(marks))), done.stdout
     assert admin.get(f"akv:{{{ns}}}:e:00") is None  # the directory entry is gone
 
     # Step 2, the Secret patch, as written.
-    snippet = re.search(r"python3 -c '\n(.*?)' \$T \"\$MARK\"", section, re.DOTALL).group(1)
-    patch = subprocess.run([sys.executable, "-c", snippet, "acme", mark],
+    snippet = re.search(r"python3 -c '\n(.*?)' \$T \"\$MARKS\"", section, re.DOTALL).group(1)
+    patch = subprocess.run([sys.executable, "-c", snippet, "acme", "\n".join(marks)],
                            input=json.dumps({"data": data}), capture_output=True, text=True,
                            check=True, timeout=60).stdout
     for op in json.loads(patch):  # what `kubectl patch --type=json` does to .data
@@ -148,11 +149,12 @@ def test_erase_procedure_keeps_the_mark_in_the_secret_and_the_receipt_verifies(
     projected.mkdir()
     for name, b64 in data.items():
         (projected / name).write_bytes(base64.b64decode(b64))
-    assert sorted(n for n in data if n.startswith("acme.")) == [mark]
+    assert sorted(n for n in data if n.startswith("acme.")) == sorted(marks)
     assert any(n.startswith("globex.") for n in data)
     keyring = TenantKeyring(FileKeySource(projected, writable=False))
     assert keyring.generations("acme") == [] and keyring.generations("globex")
     assert keyring.erased_at("acme") >= token_issued  # tokens issued before are void
+    assert keyring.erased_directory_namespaces() == [("acme", ns)]  # for a later restore
 
     # Step 4: fetch (here: copy) the receipt and the log, verify both with the public key.
     copies = [ln.strip() for ln in _logical_lines(section) if ln.strip().startswith("kubectl")

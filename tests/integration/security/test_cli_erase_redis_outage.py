@@ -74,8 +74,9 @@ def _keys_of(admin: redis_py.Redis, ns: str) -> int:
 
 
 def _erased(keys: Path) -> bool:
-    left = [p.name for p in keys.iterdir() if p.name.startswith("acme.")]
-    return len(left) == 1 and left[0].startswith("acme.erased.")
+    left = sorted(p.name for p in keys.iterdir() if p.name.startswith("acme."))
+    return (len(left) == 2 and left[0].startswith("acme.dirns.")  # only its erasure marks
+            and left[1].startswith("acme.erased."))
 
 
 def test_a_redis_killed_and_restarted_during_the_erase_is_waited_out(

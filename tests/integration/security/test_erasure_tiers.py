@@ -49,7 +49,8 @@ def test_erase_tenant_in_every_tier(cache, tokens, tmp_path, capsys):
     eraser = Eraser(cache.keyring, audit, signer)
     for tier in Tier:
         eraser.register_tier(tier.name.lower(), cache.tier_deleter(tier))
-    eraser.register_tier("directory", _directory_deleter(cache, cache.blinder.namespace("acme")))
+    acme_ns = cache.blinder.namespace("acme")
+    eraser.register_tier("directory", _directory_deleter(cache, acme_ns))
     receipt = eraser.erase_tenant("acme", now=NOW + 60)
     audit.close(now=NOW + 60)
 
@@ -64,9 +65,11 @@ def test_erase_tenant_in_every_tier(cache, tokens, tmp_path, capsys):
         for sealer in (cache.sealer, fresh):
             with pytest.raises(InvalidSeal):
                 sealer.open("acme", digest, generation, tier, slot, sealed)
-    left = sorted(os.listdir(tmp_path / "keys"))  # acme keeps only its (empty) erasure mark
-    assert left[1:] == ["globex.blind.key", "globex.g00000001.kek"]
-    assert left[0].startswith("acme.erased.") and os.path.getsize(tmp_path / "keys" / left[0]) == 0
+    # acme keeps only its (empty) erasure marks: the time, and the directory namespace
+    left = sorted(os.listdir(tmp_path / "keys"))
+    assert left[2:] == ["globex.blind.key", "globex.g00000001.kek"]
+    assert left[0] == f"acme.dirns.{acme_ns}" and left[1].startswith("acme.erased.")
+    assert all(os.path.getsize(tmp_path / "keys" / name) == 0 for name in left[:2])
     for i in range(6):  # the other tenant is untouched
         digest = dataclasses.replace(BASE, session=f"s{i}").digest()
         assert cache.lookup(tokens["globex"], digest, NOW) == (Lookup.HIT, b"globex page %d" % i)

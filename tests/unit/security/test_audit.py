@@ -53,22 +53,22 @@ def _edit(lines):
 
 
 def _edit_and_rehash(lines):
-    from security.audit import _record_hash
+    from security.audit_format import record_hash
 
     rec = json.loads(lines[2])
     rec["data"]["tenant"] = "evil"
-    rec["hash"] = _record_hash(rec["seq"], rec["time"], rec["kind"], rec["data"], rec["prev"])
+    rec["hash"] = record_hash(rec["seq"], rec["time"], rec["kind"], rec["data"], rec["prev"])
     lines[2] = canonical_json(rec) + b"\n"
     return lines
 
 
 def _append_chained(lines):
-    from security.audit import _record_hash
+    from security.audit_format import record_hash
 
     last = json.loads(lines[-1])
     rec = {"seq": last["seq"] + 1, "time": last["time"], "kind": "admin", "data": {"fake": 1},
            "prev": last["hash"]}
-    rec["hash"] = _record_hash(rec["seq"], rec["time"], rec["kind"], rec["data"], rec["prev"])
+    rec["hash"] = record_hash(rec["seq"], rec["time"], rec["kind"], rec["data"], rec["prev"])
     return lines + [canonical_json(rec) + b"\n"]
 
 

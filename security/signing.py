@@ -81,7 +81,9 @@ def load_verifier(path: str | os.PathLike[str]) -> Verifier:
 
 
 def atomic_write(path: Path, data: bytes, mode: int = 0o644, *, fsync: bool = True) -> None:
-    """Write via a temporary file + fsync + rename, so readers see old or new, never half."""
+    """Write via a temporary file + fsync + rename, so readers see old or new, never half;
+    with ``fsync`` the folder is synced after the rename too, or a power loss could bring
+    the old file back (an audit head that no longer covers the records written before)."""
     tmp = path.with_name(f".{path.name}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
@@ -92,6 +94,12 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o644, *, fsync: bool = Tr
         finally:
             os.close(fd)
         os.replace(tmp, path)
+        if fsync:
+            folder = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(folder)
+            finally:
+                os.close(folder)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)  # no stray temporary file next to the target

@@ -131,12 +131,16 @@ def test_a_write_cut_short_by_another_writer_is_repaired_by_the_next(tmp_path, s
 
 class _FsyncCounter:
     def __init__(self, path) -> None:
-        self.ino, self.log, self.other = os.stat(path).st_ino, 0, 0
+        self.ino, self.folder_ino = os.stat(path).st_ino, os.stat(path.parent).st_ino
+        self.log = self.folder = self.other = 0
         self._fsync = os.fsync
 
     def __call__(self, fd: int) -> None:
-        if os.fstat(fd).st_ino == self.ino:
+        ino = os.fstat(fd).st_ino
+        if ino == self.ino:
             self.log += 1
+        elif ino == self.folder_ino:
+            self.folder += 1
         else:
             self.other += 1
         self._fsync(fd)
@@ -145,15 +149,17 @@ class _FsyncCounter:
 @pytest.mark.parametrize("every", [1, 3])
 def test_an_append_makes_its_records_durable_with_one_fsync(tmp_path, signer, monkeypatch, every):
     """A record and the checkpoint it completes are written, then fsynced once, then the
-    head is replaced (its new file fsynced): two fsyncs an append, as the service and the
-    CLI log (a checkpoint after each record); it used to be one fsync per record, three."""
+    head is replaced (its new file fsynced, then the folder, so the rename survives a power
+    loss), as the service and the CLI log (a checkpoint after each record); it used to be
+    one fsync per record, and the rename was never synced."""
     path = tmp_path / "audit.log"
     log = AuditLog(path, signer, checkpoint_every=every)
     counter = _FsyncCounter(path)
     monkeypatch.setattr(os, "fsync", counter)
     for i in range(6):
         log.append("admin", {"i": i}, float(i))
-    assert (counter.log, counter.other) == (6, 6)  # per append: the log once, the new head once
+    # per append: the log once, the new head once, the folder once (the rename)
+    assert (counter.log, counter.other, counter.folder) == (6, 6, 6)
     monkeypatch.undo()
     log.close()
     assert verify_log(path, Verifier(signer.public_raw())).ok

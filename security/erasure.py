@@ -166,6 +166,7 @@ class Eraser:
         validate_namespace(tenant)
         if not self.keyring.has_keys(tenant):  # nothing to erase: leave no mark either
             raise KeyUnavailable(f"tenant {tenant} has no keys (never created or already erased)")
+        self.audit.check()  # a log that would refuse the receipt's record: nothing destroyed
         # Marked first: a token issued before now must not provision the tenant again
         # while (or after) its keys are destroyed. The mark keeps the blinded directory
         # namespace, which nothing can derive once the blinding secret is gone.
@@ -182,6 +183,7 @@ class Eraser:
     def erase_generation(self, tenant: str, generation: int, now: float) -> ErasureReceipt:
         validate_namespace(tenant)
         validate_generation(generation)
+        self.audit.check()
         key_ids = self.keyring.destroy_generation(tenant, generation)
         return self._finish(EraseScope(tenant=tenant, generation=generation), key_ids, now)
 

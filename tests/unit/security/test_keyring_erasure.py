@@ -77,3 +77,25 @@ def test_a_mark_refuses_a_directory_namespace_of_the_wrong_shape(keyring, bad) -
     with pytest.raises(InvalidName, match="invalid directory namespace"):
         keyring.mark_erased("alice", 1_700_000_000.0, bad)
     assert keyring.erased_at("alice") is None  # nothing recorded
+
+
+@pytest.mark.parametrize("scope", ["tenant", "generation"])
+def test_an_erasure_whose_receipt_the_log_would_refuse_destroys_nothing(keyring, signer,
+                                                                        tmp_path, scope) -> None:
+    """The record is written after the keys are gone; a log already refusing appends (here
+    replaced under its writer) is found first, and the erasure leaves every key in place."""
+    from security.errors import AuditLogError
+
+    path = tmp_path / "audit.log"
+    audit = AuditLog(path, signer)
+    audit.append("admin", {"i": 1}, 1.0)
+    path.rename(tmp_path / "moved.log")
+    path.write_bytes(b"")
+    eraser = Eraser(keyring, audit, signer)
+    with pytest.raises(AuditLogError, match="no longer the file"):
+        if scope == "tenant":
+            eraser.erase_tenant("alice", 2.0)
+        else:
+            eraser.erase_generation("alice", 1, 2.0)
+    assert keyring.has_keys("alice") and keyring.generations("alice") == [1]
+    assert keyring.erased_at("alice") is None

@@ -148,3 +148,21 @@ def test_a_replica_refuses_the_erase_which_destroys_no_key(capsys, tenants) -> N
         lift()
         rc, out, err = _run(capsys, *argv, "--redis-url", url)
         assert rc == 0 and json.loads(out)["counts"] == [["directory", 0]]
+
+
+def test_an_audit_log_that_would_refuse_the_receipt_stops_the_erase_before_redis(
+        capsys, aof_redis, tenants, tmp_path) -> None:
+    """The directory step and the key destruction both need the receipt's record: a log
+    with an over-long last line (corrupt or hostile) is refused when the command opens it,
+    and nothing changes (it used to be cut off as a torn write, and the erase went on)."""
+    argv, keys, names = tenants
+    admin = _seed(aof_redis.url, names, 10)
+    log = Path(argv[argv.index("--audit-log") + 1])
+    assert _run(capsys, "tenant", "rotate", "globex", "--keys-dir", str(keys), "--audit-log",
+                str(log), "--signing-key", argv[-1])[0] == 0  # the log exists and verifies
+    with open(log, "ab") as f:
+        f.write(b"x" * (2 << 20))  # a line past the 1 MiB bound, no newline
+    rc, _out, err = _run(capsys, *argv, "--redis-url", aof_redis.url)
+    assert rc == 2 and "longer than the maximum record line" in err
+    assert _keys_of(admin, names["acme"]) == 11 and not _erased(keys)
+    admin.close()

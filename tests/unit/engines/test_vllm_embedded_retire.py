@@ -313,6 +313,37 @@ def test_a_prefix_served_from_vllms_own_cache_outlives_the_session_that_wrote_it
         store.close()
 
 
+def test_a_whole_prompt_served_from_vllms_own_cache_makes_its_session_a_reader():
+    """Session t repeats session s's prompt: vLLM's own prefix cache holds all of it, so
+    the connector has nothing to restore (it used to skip the lookup then, and t read
+    the blocks without being one of their readers: s's task_end retired them)."""
+    store, worker = _store_and_worker()
+    sched = _scheduler()
+    writer = _request("w", {"session": "s"}, tokens=2 * BS + 1)
+    reader = _request("r", {"session": "t"}, tokens=2 * BS + 1)  # the same prompt
+    try:
+        _admitted(sched, writer)
+        _run(worker, sched.build_connector_meta(_step((writer, [0, 1, 2]))))
+        sched.request_finished(writer, [0, 1, 2])
+        assert store.stats()["blocks"] == 2
+        sched.arrived(reader)
+        assert sched.get_num_new_matched_tokens(reader, 2 * BS) == (0, False)  # vLLM's hit
+        sched.update_state_after_alloc(
+            reader, SimpleNamespace(get_block_ids=lambda: ([0, 1, 3],)), 0)
+        step = _step((reader, [0, 1, 3]))
+        step.scheduled_new_reqs[0].num_computed_tokens = 2 * BS
+        step.num_scheduled_tokens["r"] = 1
+        _run(worker, sched.build_connector_meta(step))
+        _end(store, "s")
+        assert store.stats()["blocks"] == 2  # t reads them: they stay
+        _end(store, "t")
+        assert store.stats()["blocks"] == 0
+    finally:
+        sched.close()
+        worker.close()
+        store.close()
+
+
 def test_a_claim_on_another_tenants_block_changes_nothing():
     store, worker = _store_and_worker()
     sched = _scheduler()

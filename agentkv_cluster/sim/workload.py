@@ -4,6 +4,8 @@ A workload is a sequence of independent batches. Each batch is a set of pages
 with a type, a size, a creation time, the times it is read again, what the
 predictor believes about each idle gap, and when the page's end of life really
 happens and of which kind (task end, branch abandoned, version superseded).
+Per-page fields of varying length are any sequence of arrays: the synthetic
+presets use tuples, a replayed trace ``Ragged`` (one array and offsets).
 Everything random is drawn up front with numpy from one seed, so every policy
 sees exactly the same pages, gaps, noise and jitter (common random numbers).
 
@@ -47,6 +49,48 @@ def noise_rng(seed: int, noise: float, batch: int = 0) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64([seed, NOISE_STREAM, round(noise * 1e6), batch]))
 
 
+class Ragged(Sequence[np.ndarray]):
+    """Per-page arrays of different lengths held as one array and offsets: page ``i``'s
+    is ``values[offsets[i]:offsets[i + 1]]`` (a view). A replayed trace has millions of
+    pages; one small array each cost about 100 bytes of header per page and field."""
+
+    def __init__(self, values: np.ndarray, offsets: np.ndarray) -> None:
+        self.values, self.offsets = values, offsets
+
+    @classmethod
+    def of_counts(cls, values: np.ndarray, counts: np.ndarray) -> Ragged:
+        return cls(values, np.concatenate([np.zeros(1, np.int64), np.cumsum(counts)]))
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        return self.values[self.offsets[i]:self.offsets[i + 1]]
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return (self[i] for i in range(len(self)))
+
+
+class RaggedLabels(Sequence[tuple[str, ...]]):
+    """Per-page tuples of labels (``Ragged`` of codes into ``names``)."""
+
+    def __init__(self, codes: Ragged, names: Sequence[str]) -> None:
+        self.codes, self.names = codes, tuple(names)
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        return tuple(self.names[k] for k in self.codes[i].tolist())
+
+    def __iter__(self) -> Iterator[tuple[str, ...]]:
+        return (self[i] for i in range(len(self)))
+
+
 @dataclass(frozen=True, kw_only=True)
 class Batch:
     """One independent working set. Arrays are indexed by page (0..n-1)."""
@@ -58,11 +102,11 @@ class Batch:
     created: np.ndarray  # float64 seconds
     eol: np.ndarray  # float64: when the end of life happens (inf = never); synthetic: never
     # followed by a read; a trace: its own end event, which a later session may outlive
-    access_times: tuple[np.ndarray, ...]  # per page, sorted reuse times (may be empty)
-    predicted_idle: tuple[np.ndarray, ...]  # per page, one prediction per idle gap
+    access_times: Sequence[np.ndarray]  # per page, sorted reuse times (may be empty)
+    predicted_idle: Sequence[np.ndarray]  # per page, one prediction per idle gap
     jitter_ms: np.ndarray  # float64 per page: queueing jitter of its restores
-    sessions: tuple[str, ...] = ()  # per page; empty = one session per batch
-    tool_classes: tuple[str, ...] = ()  # per page; "" = unknown
+    sessions: Sequence[str] = ()  # per page; empty = one session per batch
+    tool_classes: Sequence[str] = ()  # per page; "" = unknown
     eol_kind: np.ndarray | None = None  # int8 index into SIGNAL_ORDER (None: TASK_END)
     recompute_s: np.ndarray | None = None  # TRUE re-prefill seconds (None: from the type)
     recompute_est_s: np.ndarray | None = None  # the cost model's estimate (None: = truth)
@@ -70,8 +114,8 @@ class Batch:
     # per page, per idle gap (gap k ends in read k; the last is the tail after the
     # last read): the tool class that runs in it and the tool's own duration
     # (0 = unknown: the gap is model time only, or the trace does not say)
-    gap_tools: tuple[tuple[str, ...], ...] = ()
-    gap_tool_s: tuple[np.ndarray, ...] = ()
+    gap_tools: Sequence[tuple[str, ...]] = ()
+    gap_tool_s: Sequence[np.ndarray] = ()
     # signals as delivered (signal-quality model applied; None = at ``eol``, all of them)
     signal_at: np.ndarray | None = None
     false_signal_at: np.ndarray | None = None  # premature "dead" signals (inf = none)

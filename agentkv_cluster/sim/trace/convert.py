@@ -40,6 +40,7 @@ from agentkv_cluster.sim.trace.format import (
     DEFAULT_BLOCK_TOKENS,
     MAX_SECONDS,
     MAX_TOKENS,
+    EventTable,
     LineError,
     LineProgress,
     ParseResult,
@@ -296,7 +297,7 @@ def convert_tracelab(path: Path, progress: LineProgress | None = None) -> ParseR
             out.events.append(TraceEvent(session=session, ts=max(emitted - t0, ts - t0),
                                          kind="tool_start", tool_class=name,
                                          tool_duration_s=latency))
-    out.events.sort(key=lambda e: (e.ts, e.session))
+    out.events = EventTable.from_events(sorted(out.events, key=lambda e: (e.ts, e.session)))
     return out
 
 

@@ -36,6 +36,7 @@ import gzip
 import json
 import math
 import zlib
+from array import array
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,10 +44,13 @@ from typing import Any
 
 from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.sim.trace.conflicts import find_conflicts
+from agentkv_cluster.sim.trace.table import DEFAULT_BLOCK_TOKENS, KINDS, EventTable, TraceEvent
 from agentkv_cluster.sim.trace.tasks import split_tasks
 
-KINDS = ("model_call", "tool_start", "observation_return", "task_end")
-DEFAULT_BLOCK_TOKENS = 512
+__all__ = ["DEFAULT_BLOCK_TOKENS", "KINDS", "EventTable", "LineError", "ParseResult",
+           "TraceEvent", "TraceFormatError", "open_lines", "parse_lines", "read_trace",
+           "write_trace"]
+
 MAX_SECONDS = 1e12  # ~31,700 years: a larger time or duration is a unit mistake
 MAX_TOKENS = 100_000_000  # more tokens than any model's context window
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -57,35 +61,6 @@ _STATES = {t.value: t for t in StateType}
 
 class TraceFormatError(ValueError):
     """A trace cannot be used at all (missing file, nothing valid in it)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class TraceEvent:
-    session: str
-    ts: float
-    kind: str
-    tokens: int = 0
-    prefix_blocks: tuple[int, ...] = ()
-    block_tokens: int = DEFAULT_BLOCK_TOKENS
-    tool_class: str = ""
-    tool_duration_s: float = 0.0
-    state: StateType | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"session": self.session, "ts": self.ts, "kind": self.kind}
-        if self.kind == "model_call":
-            d["tokens"] = self.tokens
-            d["prefix_blocks"] = list(self.prefix_blocks)
-            if self.state is not None:
-                d["state"] = self.state.value
-        elif self.kind == "tool_start":
-            d["tool_class"] = self.tool_class
-            d["tool_duration_s"] = self.tool_duration_s
-        elif self.kind == "observation_return" and self.tokens:
-            d["tokens"] = self.tokens
-        if self.block_tokens != DEFAULT_BLOCK_TOKENS:
-            d["block_tokens"] = self.block_tokens
-        return d
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,9 +74,9 @@ class LineError:
 
 @dataclass(kw_only=True)
 class ParseResult:
-    """Valid events in file order plus every rejected line."""
+    """Valid events in file order (as columns: ``table.py``) plus every rejected line."""
 
-    events: list[TraceEvent] = field(default_factory=list)
+    events: EventTable = field(default_factory=EventTable)
     errors: list[LineError] = field(default_factory=list)
     lines: int = 0
 
@@ -190,7 +165,7 @@ def parse_lines(lines: Iterable[str]) -> ParseResult:
     ``sim/trace/conflicts.py``) and a ``task_end`` that ends no task
     (``sim/trace/tasks.py``)."""
     out = ParseResult()
-    numbers: list[int] = []
+    numbers = array("q")  # each event's line
     for no, raw in enumerate(lines, start=1):
         out.lines = no
         if not raw.strip():
@@ -206,13 +181,13 @@ def parse_lines(lines: Iterable[str]) -> ParseResult:
     if conflicts:
         refused = {c.index for c in conflicts}
         out.errors.extend(LineError(numbers[c.index], c.reason) for c in conflicts)
-        out.events = [e for i, e in enumerate(out.events) if i not in refused]
-        numbers = [n for i, n in enumerate(numbers) if i not in refused]
+        out.events = out.events.keep(i for i in range(len(out.events)) if i not in refused)
+        numbers = array("q", (n for i, n in enumerate(numbers) if i not in refused))
     strays = split_tasks(out.events).strays
     if strays:
         refused = {s.index for s in strays}
         out.errors.extend(LineError(numbers[s.index], s.reason) for s in strays)
-        out.events = [e for i, e in enumerate(out.events) if i not in refused]
+        out.events = out.events.keep(i for i in range(len(out.events)) if i not in refused)
     out.errors.sort(key=lambda e: e.line)
     return out
 

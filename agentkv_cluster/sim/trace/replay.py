@@ -32,6 +32,9 @@ is a typical gap (the page's own median gap, else the trace's) with the same
 error, never the time to its signal (that would tell every policy the page is
 dead). HBM capacity is ``budget`` x the peak bytes of blocks live at once
 (a block is live from its production to its last read).
+
+The arithmetic runs on the trace's columns (``timeline.py``) and the batch holds
+its per-page arrays as ``Ragged`` columns: no object per request, page or read.
 """
 
 from __future__ import annotations
@@ -45,12 +48,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.sim.config import MB, SimConfig
+from agentkv_cluster.sim.trace import timeline
 from agentkv_cluster.sim.trace.conflicts import find_conflicts
 from agentkv_cluster.sim.trace.format import TraceEvent, TraceFormatError
-from agentkv_cluster.sim.trace.tasks import split_tasks
-from agentkv_cluster.sim.workload import TYPE_ORDER, Batch, Workload, noise_rng
+from agentkv_cluster.sim.trace.table import EventTable
+from agentkv_cluster.sim.trace.tasks import TaskSplit, split_tasks
+from agentkv_cluster.sim.workload import (
+    TYPE_ORDER,
+    Batch,
+    Ragged,
+    RaggedLabels,
+    Workload,
+    noise_rng,
+)
 
 LLAMA3_8B_KV_BYTES_PER_TOKEN = 2 * 32 * 8 * 128 * 2  # K+V, 32 layers, 8 KV heads, d 128, fp16
 DEFAULT_IDLE_TIMEOUT_S = 300.0
@@ -75,11 +86,11 @@ class ReplayConfig:
 
 @dataclass(slots=True)
 class _Session:
+    """One task's events (its calls and tools in time order), for readers of sessions."""
+
     name: str
     calls: list[TraceEvent]
     tools: list[TraceEvent]
-    tool_ts: list[float]
-    call_ts: list[float]
     last_event: float
     task_end: float | None
 
@@ -92,166 +103,116 @@ class _Session:
     def tool_before(self, call_ts: float) -> tuple[str, float]:
         """The tool this session's call at ``call_ts`` waited on: the tools started at
         or after its previous call and before this one (last class, summed seconds);
-        ("", 0) for none."""
-        k = bisect.bisect_left(self.call_ts, call_ts)
+        ("", 0) for none. (``timeline`` computes the same for every call at once.)"""
+        call_ts_all = [c.ts for c in self.calls]
+        tool_ts = [t.ts for t in self.tools]
+        k = bisect.bisect_left(call_ts_all, call_ts)
         if k == 0:
             return "", 0.0
-        lo = self.call_ts[k - 1]
-        i = bisect.bisect_left(self.tool_ts, lo)
-        j = bisect.bisect_left(self.tool_ts, call_ts)
-        if i >= j:
+        lo = call_ts_all[k - 1]
+        tools = self.tools[bisect.bisect_left(tool_ts, lo):bisect.bisect_left(tool_ts, call_ts)]
+        if not tools:
             return "", 0.0
-        tools = self.tools[i:j]
         return tools[-1].tool_class, min(sum(t.tool_duration_s for t in tools), call_ts - lo)
 
     def tool_after(self, call_ts: float) -> str:
         """The tool this session starts after its call at ``call_ts`` (the first one
-        before its next call), known once the call is done; "" for none (a final answer).
-        Whether a later call follows plays no part."""
-        k = bisect.bisect_right(self.call_ts, call_ts)
-        hi = self.call_ts[k] if k < len(self.call_ts) else float("inf")
-        i = bisect.bisect_left(self.tool_ts, call_ts)
-        if i < len(self.tools) and self.tool_ts[i] < hi:
-            return self.tools[i].tool_class
-        return ""
+        before its next call), known once the call is done; "" for none."""
+        call_ts_all = [c.ts for c in self.calls]
+        tool_ts = [t.ts for t in self.tools]
+        k = bisect.bisect_right(call_ts_all, call_ts)
+        hi = call_ts_all[k] if k < len(call_ts_all) else float("inf")
+        i = bisect.bisect_left(tool_ts, call_ts)
+        return self.tools[i].tool_class if i < len(self.tools) and tool_ts[i] < hi else ""
+
+
+def _checked(events: Sequence[TraceEvent]) -> tuple[EventTable, TaskSplit]:
+    """The events as columns and their tasks; a ``task_end`` that ends no task, a
+    repeated ``tool_start`` and a block given two sizes (``conflicts.find_conflicts``)
+    are a ``TraceFormatError`` (the parser reports each as a line error)."""
+    table = EventTable.from_events(events)
+    conflicts = find_conflicts(table)
+    if conflicts:
+        raise TraceFormatError(f"{len(conflicts)} event(s) contradict an earlier one; "
+                               f"first: event {conflicts[0].index + 1}: {conflicts[0].reason}")
+    split = split_tasks(table)
+    if split.strays:
+        raise TraceFormatError(f"{len(split.strays)} task_end event(s) end no task; "
+                               f"first: {split.strays[0].reason}")
+    return table, split
 
 
 def sessions_of(events: Sequence[TraceEvent]) -> list[_Session]:
     """One ``_Session`` per task with a model call, by first call; a session name reused
-    after its ``task_end`` gives one per task (``tasks.split_tasks``). A ``task_end`` that
-    ends no task, a repeated ``tool_start`` and a block given two sizes
-    (``conflicts.find_conflicts``) are a ``TraceFormatError`` (the parser reports each
-    as a line error)."""
-    conflicts = find_conflicts(events)
-    if conflicts:
-        raise TraceFormatError(f"{len(conflicts)} event(s) contradict an earlier one; "
-                               f"first: event {conflicts[0].index + 1}: {conflicts[0].reason}")
-    split = split_tasks(events)
-    if split.strays:
-        raise TraceFormatError(f"{len(split.strays)} task_end event(s) end no task; "
-                               f"first: {split.strays[0].reason}")
-    by: dict[str, _Session] = {}
-    for e, task in zip(events, split.tasks, strict=True):
-        s = by.get(task)
-        if s is None:
-            s = by[task] = _Session(task, [], [], [], [], e.ts, None)
-        s.last_event = max(s.last_event, e.ts)
-        if e.kind == "model_call":
-            s.calls.append(e)
-        elif e.kind == "tool_start":
-            s.tools.append(e)
-            s.last_event = max(s.last_event, e.ts + e.tool_duration_s)
-        elif e.kind == "task_end":
-            s.task_end = e.ts
-    out = [s for s in by.values() if s.calls]
+    after its ``task_end`` gives one per task (``tasks.split_tasks``). Errors as
+    ``replay_workload``'s."""
+    table, split = _checked(events)
+    tasks = timeline.tasks_of(table.columns(), split)
+    order = tasks.with_calls()
+    where = {t: k for k, t in enumerate(order)}
+    out = [_Session(tasks.names[t], [], [], float(tasks.last_event[t]),
+                    None if math.isnan(tasks.task_end[t]) else float(tasks.task_end[t]))
+           for t in order]
+    for i, t in enumerate(split.codes.tolist()):
+        k = where.get(t)
+        kind = table.kind_of(i)
+        if k is not None and kind in ("model_call", "tool_start"):
+            (out[k].calls if kind == "model_call" else out[k].tools).append(table[i])
     for s in out:
         s.calls.sort(key=lambda e: e.ts)
         s.tools.sort(key=lambda e: e.ts)
-        s.tool_ts = [t.ts for t in s.tools]
-        s.call_ts = [c.ts for c in s.calls]
-    out.sort(key=lambda s: (s.calls[0].ts, s.name))
     return out
-
-
-@dataclass(slots=True)
-class _Page:
-    block: int
-    tokens: int
-    created: float
-    state: StateType
-    owner: str
-    reads: list[tuple[float, str]]  # (time, reading session)
-    holders: set[str]
-
-
-def _pages(sessions: list[_Session]) -> list[_Page]:
-    calls = sorted(((c.ts, s.name, k, c) for s in sessions for k, c in enumerate(s.calls)),
-                   key=lambda x: (x[0], x[1], x[2]))
-    pages: dict[int, _Page] = {}
-    for ts, name, k, call in calls:
-        state = call.state or (StateType.TASK_INPUT if k == 0 else StateType.TOOL_OBSERVATION)
-        for b in dict.fromkeys(call.prefix_blocks):  # a block once per call
-            p = pages.get(b)
-            if p is None:
-                pages[b] = _Page(b, call.block_tokens, ts, state, name, [], {name})
-            else:
-                p.reads.append((ts, name))
-                p.holders.add(name)
-    return sorted(pages.values(), key=lambda p: (p.created, p.block))
-
-
-def _signal_time(p: _Page, ends: dict[str, float]) -> float:
-    """When every session that held the block up to then has ended (no lookahead):
-    walk the holders in order of first use; the signal is the first moment the
-    holders seen so far are all over before the next holder appears."""
-    first_use: dict[str, float] = {p.owner: p.created}
-    for t, s in p.reads:
-        first_use.setdefault(s, t)
-    order = sorted(first_use.items(), key=lambda x: x[1])
-    done = ends[order[0][0]]
-    for s, t in order[1:]:
-        if t > done:
-            return done  # all earlier holders had ended: the orchestrator said so then
-        done = max(done, ends[s])
-    return done
 
 
 def working_set_bytes(batch: Batch) -> int:
     """Peak bytes of pages live at once (production to last read)."""
-    last = np.array([float(r[-1]) if len(r) else float(c)
-                     for r, c in zip(batch.access_times, batch.created)])
+    reads = batch.access_times
+    if isinstance(reads, Ragged):
+        counts = np.diff(reads.offsets)
+        last = batch.created.astype(np.float64)
+        last[counts > 0] = reads.values[reads.offsets[1:][counts > 0] - 1]
+    else:
+        last = np.array([float(r[-1]) if len(r) else float(c)
+                         for r, c in zip(reads, batch.created)])
     t = np.concatenate([batch.created, last])
     delta = np.concatenate([batch.sizes, -batch.sizes])
     order = np.lexsort((-delta, t))  # at equal times, add before removing
     return int(np.cumsum(delta[order]).max()) if len(t) else 0
 
 
-def _batch(pages: list[_Page], sessions: list[_Session], cfg: SimConfig,
-           rc: ReplayConfig) -> Batch:
-    n = len(pages)
-    by = {s.name: s for s in sessions}
-    ends = {s.name: s.end(rc) for s in sessions}
+def _batch(table: EventTable, split: TaskSplit, tasks: timeline.Tasks, chosen: list[int],
+           cfg: SimConfig, rc: ReplayConfig) -> Batch | None:
+    """The one batch of the ``chosen`` tasks; None when their calls hold no block."""
+    c = table.columns()
+    calls = timeline.calls_of(c, split, tasks, chosen)
+    pages = timeline.pages_of(c, calls)
+    n = pages.block.size
+    if not n:
+        return None
     rng = np.random.Generator(np.random.PCG64([cfg.seed, 0x7EACE]))
     nrng = noise_rng(cfg.seed, cfg.noise)
-    types = np.array([TYPE_ORDER.index(StateType.FIXED_PREFIX if len(p.holders) > 1
-                                       else p.state) for p in pages], dtype=np.int8)
-    sizes = np.array([p.tokens * rc.kv_bytes_per_token for p in pages], dtype=np.int64)
-    created = np.array([p.created for p in pages])
-    eol = np.array([_signal_time(p, ends) for p in pages])
-    access, predicted, gap_tools, gap_tool_s = [], [], [], []
-    all_gaps = [t2 - t1 for p in pages
-                for t1, t2 in zip([p.created] + [t for t, _ in p.reads], [t for t, _ in p.reads])]
-    typical = float(np.median(all_gaps)) if all_gaps else 1.0
-    for i, p in enumerate(pages):
-        times = [p.created] + [t for t, _ in p.reads]
-        readers = [s for _, s in p.reads]
-        # each gap's label: the tool its opening session starts right after the call
-        # that opened it (known at the gap's start); its duration: what the reading
-        # call waited on (learned only at the read)
-        tools = [by[s].tool_after(t) for s, t in zip([p.owner, *readers], times, strict=True)]
-        secs = [by[s].tool_before(times[k + 1])[1] for k, s in enumerate(readers)]
-        gaps = np.diff(times)
-        # After the last read there is no true gap to add noise to, and the time to the
-        # signal (an idle timeout away) would tell the predictor the page is dead: the
-        # guess is a typical gap instead (the page's own median so far, else the trace's).
-        tail = float(np.median(gaps)) if gaps.size else typical
-        true = np.maximum(np.append(gaps, tail), 1e-3)
-        access.append(np.asarray(times[1:], dtype=np.float64))
-        predicted.append(true * np.exp(cfg.noise * nrng.standard_normal(true.size)))
-        gap_tools.append(tuple(tools))
-        gap_tool_s.append(np.asarray([*secs, 0.0], dtype=np.float64))
+    types = timeline.page_types(pages, calls)
+    sizes = c.block_tokens[calls.event[pages.first_call]] * rc.kv_bytes_per_token
+    created = calls.ts[pages.first_call]
+    eol = timeline.signal_times(pages, calls, tasks.ends(rc.idle_timeout_s))
+    gaps = timeline.gaps_of(pages, calls, c.names)
+    predicted = gaps.true * np.exp(cfg.noise * nrng.standard_normal(gaps.true.size))
+    owner = calls.task[pages.first_call]
     rate = np.array([cfg.workload.types[t].recompute_ms_per_mb for t in TYPE_ORDER]) / 1e3
     weight = np.array([cfg.workload.types[t].correctness_weight for t in TYPE_ORDER])
     recompute = sizes / MB * rate[types]
     batch = Batch(
         index=0, capacity_bytes=1, types=types, sizes=sizes, created=created, eol=eol,
-        access_times=tuple(access), predicted_idle=tuple(predicted),
+        access_times=Ragged(gaps.read_ts, pages.offsets),
+        predicted_idle=Ragged(predicted, gaps.offsets),
         jitter_ms=rng.exponential(cfg.link.jitter_mean_ms, size=n),
-        sessions=tuple(p.owner for p in pages),
-        tool_classes=tuple(t[0] for t in gap_tools),
+        sessions=tuple(tasks.names[t] for t in owner.tolist()),
+        tool_classes=tuple(gaps.names[k] for k in gaps.labels[gaps.head].tolist()),
         recompute_s=recompute,
         recompute_est_s=recompute * np.exp(cfg.cost_error * nrng.standard_normal(n)),
-        correctness=weight[types], gap_tools=tuple(gap_tools), gap_tool_s=tuple(gap_tool_s))
+        correctness=weight[types],
+        gap_tools=RaggedLabels(Ragged(gaps.labels, gaps.offsets), gaps.names),
+        gap_tool_s=Ragged(gaps.secs, gaps.offsets))
     return dataclasses.replace(
         batch, capacity_bytes=max(1, int(cfg.budget * working_set_bytes(batch))))
 
@@ -260,20 +221,21 @@ def replay_workload(events: Sequence[TraceEvent], cfg: SimConfig, source: str,
                     rc: ReplayConfig | None = None) -> Workload:
     """One timeline for ``events``; raises TraceFormatError when there is no model call."""
     rc = rc or ReplayConfig()
-    sessions = sessions_of(events)
-    if not sessions:
+    table, split = _checked(events)
+    tasks = timeline.tasks_of(table.columns(), split)
+    order = tasks.with_calls()
+    if not order:
         raise TraceFormatError(f"{source}: no model_call events to replay")
-    sessions = sessions[rc.skip:]
+    chosen = order[rc.skip:]
     if rc.sessions is not None:
-        sessions = sessions[: rc.sessions]
-    if not sessions:
+        chosen = chosen[: rc.sessions]
+    if not chosen:
         raise TraceFormatError(f"{source}: no session left after skipping {rc.skip}")
-    pages = _pages(sessions)
-    if not pages:
+    batch = _batch(table, split, tasks, chosen, cfg, rc)
+    if batch is None:
         raise TraceFormatError(f"{source}: no KV block to replay (every model_call of the "
-                               f"{len(sessions)} session(s) has an empty prefix_blocks)")
-    return Workload(source=source, batches=[_batch(pages, sessions, cfg, rc)],
-                    sessions=len(sessions))
+                               f"{len(chosen)} session(s) has an empty prefix_blocks)")
+    return Workload(source=source, batches=[batch], sessions=len(chosen))
 
 
 def reads_per_type(workload: Workload) -> dict[str, int]:

@@ -246,22 +246,30 @@ class ClusterErasure:
         the audit log as ``erasure.reapplied`` with the entries removed; how many there
         were. Called at start and after each outage or restart of the directory. Only Redis
         keeps data over a restart: the embedded directory lives and dies with the head."""
+        from store.directory.base import DirectoryError, DirectoryUnavailable
+
         erased = self._erased()
         if not erased or not isinstance(self.topo.directory, RedisSpec):
             return 0
         d = open_directory(self.topo.directory)
         try:
             held = set(d.held_namespaces([ns for _t, ns in erased]))
+            for tenant, ns in erased:
+                if ns in held:
+                    with self._lock:
+                        removed = self._directory(ns, [])
+                        self.audit.append("erasure.reapplied", {
+                            "tenant": tenant, "counts": [["directory", removed]]}, time.time())
+                    log.warning("the directory held an erased tenant's entries again "
+                                "(restored from an older snapshot?): deleted, see the audit log")
+        except DirectoryUnavailable:
+            raise  # away again: the watch calls this once more after its next recovery
+        except DirectoryError as exc:  # refused for good (no permission): say so, go on
+            log.error("cannot erase again what the directory may hold of erased tenants "
+                      "(%s: %s); check with `agentkv audit erased`", type(exc).__name__, exc)
+            return 0
         finally:
             d.close()
-        for tenant, ns in erased:
-            if ns in held:
-                with self._lock:
-                    removed = self._directory(ns, [])
-                    self.audit.append("erasure.reapplied", {
-                        "tenant": tenant, "counts": [["directory", removed]]}, time.time())
-                log.warning("the directory held an erased tenant's entries again (restored "
-                            "from an older snapshot?): deleted, see the audit log")
         return len(held)
 
     def remember_marks(self) -> list[str]:

@@ -361,3 +361,21 @@ def test_an_erasure_by_the_cli_without_the_directory_step_is_finished_by_the_ser
     counts = dict(map(tuple, record["counts"]))
     assert counts["directory"] == 1 and record["failed_tiers"] == []
     admin.close()
+
+
+def test_a_directory_that_refuses_the_check_is_logged_not_retried(pool, redis, tmp_path,
+                                                                  caplog) -> None:
+    """A Redis user without the right to look (here: no EXISTS) makes the check fail for
+    good: said once at error level, not raised (the watch would retry it forever)."""
+    actor, front = pool
+    store_page(actor, front, tenant="acme", i=1)
+    erasure = _erasure(tmp_path, redis, actor)
+    erasure.erase("acme")
+    admin = redis_py.Redis.from_url(redis.url)
+    admin.execute_command("ACL", "SETUSER", "nocheck", "on", ">pw", "~*", "&*", "+@all",
+                          "-exists")
+    admin.close()
+    erasure.topo.directory = RedisSpec(url=f"redis://nocheck:pw@127.0.0.1:{redis.port}/0")
+    caplog.set_level(logging.ERROR, logger="agentkv_cluster.runtime.erasure")
+    assert erasure.reapply_directory() == 0
+    assert any("agentkv audit erased" in r.getMessage() for r in caplog.records)

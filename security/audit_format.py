@@ -52,6 +52,9 @@ class AuditRecordTooLarge(AuditLogError):
                          f"maximum record line of {MAX_LINE_BYTES} bytes (corrupt or hostile); "
                          "not read further")
 
+    def __reduce__(self) -> tuple[type[AuditRecordTooLarge], tuple[int, int, Path | None]]:
+        return AuditRecordTooLarge, (self.lineno, self.offset, self.path)  # crosses processes
+
 
 class Line(NamedTuple):
     """One line of the log: its number (from 1), the byte offset it starts at, its bytes."""

@@ -107,3 +107,13 @@ def test_the_longest_record_the_writer_accepts_is_well_inside_the_bound(tmp_path
     longest = max(len(line) for line in path.read_bytes().splitlines(keepends=True))
     assert 60_000 < longest < MAX_LINE_BYTES // 8
     assert verify_log(path, Verifier(signer.public_raw())).ok
+
+
+def test_the_refusal_crosses_processes_intact(tmp_path) -> None:
+    import pickle
+
+    from security.audit_format import AuditRecordTooLarge
+
+    err = AuditRecordTooLarge(7, 4096, tmp_path / "audit.log")
+    again = pickle.loads(pickle.dumps(err))
+    assert (again.lineno, again.offset, again.path, str(again)) == (7, 4096, err.path, str(err))

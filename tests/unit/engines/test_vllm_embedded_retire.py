@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from agentkv_cluster.engines.vllm.backend import ConnectorCounters
@@ -284,58 +285,33 @@ def test_a_prefix_two_sessions_compute_in_one_step_outlives_one_of_them():
         store.close()
 
 
-def test_a_prefix_served_from_vllms_own_cache_outlives_the_session_that_wrote_it():
+@pytest.mark.parametrize("past_hit", [1, 0])
+def test_a_prefix_served_from_vllms_own_cache_outlives_the_session_that_wrote_it(past_hit):
     """Session t's request finds the shared prefix in vLLM's own prefix cache (nothing to
-    restore) while the store holds it from session s: t is a reader of those blocks."""
+    restore) while the store holds it from session s: t is a reader of those blocks. Its
+    prompt goes on for ``past_hit`` blocks past the hit (looked up), or is the same prompt
+    (vLLM's cache holds all of it: no lookup is needed)."""
     store, worker = _store_and_worker()
     sched = SchedulerSide(EmbeddedDirectory(TokenResolver(None, "acme")), VERSIONS, BS,
                           ConnectorCounters(), remote=False, lookup_timeout_s=1.0)
     writer = _request("w", {"session": "s"}, tokens=2 * BS + 1)
-    reader = _request("r", {"session": "t"}, tokens=3 * BS + 1)  # the same first 2 blocks
+    reader = _request("r", {"session": "t"}, tokens=(2 + past_hit) * BS + 1)
+    blocks = [0, 1, 3, 4][:3 + past_hit]
     try:
         _admitted(sched, writer)
         _run(worker, sched.build_connector_meta(_step((writer, [0, 1, 2]))))
         sched.request_finished(writer, [0, 1, 2])
         sched.arrived(reader)
         assert sched.get_num_new_matched_tokens(reader, 2 * BS) == (0, False)  # vLLM's hit
-        sched.update_state_after_alloc(
-            reader, SimpleNamespace(get_block_ids=lambda: ([0, 1, 3, 4],)), 0)
-        step = _step((reader, [0, 1, 3, 4]))
+        sched.update_state_after_alloc(reader, SimpleNamespace(get_block_ids=lambda: (blocks,)),
+                                       0)
+        step = _step((reader, blocks))
         step.scheduled_new_reqs[0].num_computed_tokens = 2 * BS
-        step.num_scheduled_tokens["r"] = BS + 1
+        step.num_scheduled_tokens["r"] = past_hit * BS + 1
         _run(worker, sched.build_connector_meta(step))
-        assert store.stats()["blocks"] == 3  # its third block saved
+        assert store.stats()["blocks"] == 2 + past_hit  # its own full blocks saved
         _end(store, "s")
-        assert store.stats()["blocks"] == 3  # the prefix t uses stays
-    finally:
-        sched.close()
-        worker.close()
-        store.close()
-
-
-def test_a_whole_prompt_served_from_vllms_own_cache_makes_its_session_a_reader():
-    """Session t repeats session s's prompt: vLLM's own prefix cache holds all of it, so
-    the connector has nothing to restore (it used to skip the lookup then, and t read
-    the blocks without being one of their readers: s's task_end retired them)."""
-    store, worker = _store_and_worker()
-    sched = _scheduler()
-    writer = _request("w", {"session": "s"}, tokens=2 * BS + 1)
-    reader = _request("r", {"session": "t"}, tokens=2 * BS + 1)  # the same prompt
-    try:
-        _admitted(sched, writer)
-        _run(worker, sched.build_connector_meta(_step((writer, [0, 1, 2]))))
-        sched.request_finished(writer, [0, 1, 2])
-        assert store.stats()["blocks"] == 2
-        sched.arrived(reader)
-        assert sched.get_num_new_matched_tokens(reader, 2 * BS) == (0, False)  # vLLM's hit
-        sched.update_state_after_alloc(
-            reader, SimpleNamespace(get_block_ids=lambda: ([0, 1, 3],)), 0)
-        step = _step((reader, [0, 1, 3]))
-        step.scheduled_new_reqs[0].num_computed_tokens = 2 * BS
-        step.num_scheduled_tokens["r"] = 1
-        _run(worker, sched.build_connector_meta(step))
-        _end(store, "s")
-        assert store.stats()["blocks"] == 2  # t reads them: they stay
+        assert store.stats()["blocks"] == 2 + past_hit  # the prefix t uses stays
         _end(store, "t")
         assert store.stats()["blocks"] == 0
     finally:

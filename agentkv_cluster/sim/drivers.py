@@ -37,6 +37,10 @@ class Demotion:
 
 
 class PolicyDriver(Protocol):
+    """``views_on_demand`` (optional, default False): True when ``make_view`` reads
+    nothing the driver learns, so the loop may make each view when its page is
+    produced; otherwise it makes every view at the batch's start."""
+
     name: str
     policy: EvictionPolicy
 
@@ -121,6 +125,8 @@ class PageFactory:
 
 class FullPrecisionDriver:
     """LRU / TTL / semantic / ARC: victims go to host at full precision, no prefetch."""
+
+    views_on_demand = True  # make_view reads nothing learned: a view may wait for its page
 
     def __init__(self, policy: EvictionPolicy, cfg: SimConfig) -> None:
         self.name = policy.name

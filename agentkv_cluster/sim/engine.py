@@ -12,12 +12,17 @@ queue on it. The driver hears of each production and of the batch's end
 (``produced``, ``finish``) as well as of reads and signals, so a learner can
 tell how every idle gap ended. The loop records facts only; ``metrics`` turns
 them into numbers.
+
+Events come from an ``EventQueue`` (``schedule.py``: their order, ties included)
+that holds only what can come next. A page's state (``_Slot``) is made when it is
+produced and dropped once it is done (no read or signal to come, no prefetch
+planned, not in HBM), so a trace of millions of pages holds state for the pages
+live at once. Its ``PageView`` is made then too if the driver's views read nothing
+it learns (``views_on_demand``); otherwise every view is made at the batch's start.
 """
 
 from __future__ import annotations
 
-import heapq
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -26,11 +31,11 @@ import numpy as np
 from agentkv_cluster.policy.base import PageView
 from agentkv_cluster.sim.drivers import Demotion, PolicyDriver
 from agentkv_cluster.sim.metrics import risk_of_read, wrong_eviction_weight
+from agentkv_cluster.sim.schedule import ACCESS, CREATE, EOL, FALSE, PREFETCH, EventQueue
 from agentkv_cluster.sim.workload import SIGNAL_ORDER, TYPE_ORDER, Batch
 from store.types import Codec, Tier
 
-# Event kinds; the integer orders same-time events (produce, read, signals, prefetch).
-CREATE, ACCESS, EOL, FALSE, PREFETCH = 0, 1, 2, 3, 4
+__all__ = ["ACCESS", "CREATE", "EOL", "FALSE", "PREFETCH", "BatchRun", "BatchTrace", "PageEnd"]
 PROGRESS_PAGES = 4096  # a replay reports its progress every this many pages
 
 IN_HBM, LOWER, PREFETCHING, NOT_YET, RETIRED = 0, 1, 2, 3, 4
@@ -49,6 +54,20 @@ class _Slot:
     next_access: int = 0
     demotions: int = 0
     unread_prefetch: int = 0  # stored bytes prefetched and not read (yet)
+    due: int = 0  # reads and signals still to come
+    prefetch_due: int = -1  # token of the planned prefetch not yet handled
+
+
+@dataclass(frozen=True, slots=True)
+class PageEnd:
+    """A page whose state the loop dropped (done), or one not produced yet (NOT_YET):
+    where it ended, its last demotion, how often it was demoted; its view when the
+    driver made every view at the batch's start (else None)."""
+
+    where: int
+    demotion: Demotion | None
+    demotions: int
+    view: PageView | None
 
 
 @dataclass(slots=True)
@@ -83,28 +102,65 @@ class BatchRun:
         self.used = 0
         self.link_free_at = 0.0
         self._jitter = jitter
-        self._events: list[tuple[float, int, int, int, int]] = []
-        self._seq = 0
+        self._queue = EventQueue(batch)  # raises UnorderedBatch before any event
         n = batch.n_pages
         self._kinds = batch.eol_kind if batch.eol_kind is not None else np.zeros(n, np.int8)
-        self.slots = [self._make_slot(i) for i in range(n)]
-        # ground truth the metrics use (never shown to a policy)
-        self._recompute = (batch.recompute_s if batch.recompute_s is not None else
-                           np.array([s.view.recompute_cost_s for s in self.slots]))
-        self._weight = (batch.correctness if batch.correctness is not None else
-                        np.array([s.view.correctness_weight for s in self.slots]))
+        self._live: list[_Slot | None] = [None] * n  # produced and not done
+        self._views = (None if getattr(driver, "views_on_demand", False)
+                       else [self._make_view(i) for i in range(n)])
+        # what done pages left (``slots``); equal demotions are kept once
+        self._end_where = np.full(n, NOT_YET, np.int8)
+        self._end_demotions = np.zeros(n, np.int64)
+        self._end_demotion: list[Demotion | None] = [None] * n
+        self._forms: dict[Demotion, Demotion] = {}
+        # ground truth the metrics use (never shown to a policy); without the batch's
+        # own, the view's value, copied as the page is produced (nothing changes it)
+        self._copy_truth = (batch.recompute_s is None, batch.correctness is None)
+        self._recompute = batch.recompute_s if batch.recompute_s is not None else np.zeros(n)
+        self._weight = batch.correctness if batch.correctness is not None else np.zeros(n)
 
-    def _make_slot(self, i: int) -> _Slot:
+    def _make_view(self, i: int) -> PageView:
         b = self.batch
         st = TYPE_ORDER[int(b.types[i])]
         est = b.recompute_est_s
-        view = self.driver.make_view(
+        return self.driver.make_view(
             page_id=i, size_bytes=int(b.sizes[i]), state_type=st, created=float(b.created[i]),
             predicted_idle_s=float(b.predicted_idle[i][0]),
             session=b.sessions[i] if b.sessions else "",
             tool_class=self._gap_tool(i, 0) or (b.tool_classes[i] if b.tool_classes else ""),
             recompute_est_s=None if est is None else float(est[i]))
-        return _Slot(view=view)
+
+    def _produce(self, i: int) -> _Slot:
+        """The page's state, made as it is produced."""
+        view = self._views[i] if self._views is not None else self._make_view(i)
+        if self._copy_truth[0]:
+            self._recompute[i] = view.recompute_cost_s
+        if self._copy_truth[1]:
+            self._weight[i] = view.correctness_weight
+        s = self._live[i] = _Slot(view=view, due=self._queue.due(i))
+        return s
+
+    def _settle(self, s: _Slot) -> None:
+        """Drop the page's state once it is done (module doc); its prefetched bytes
+        never read count as wasted now."""
+        if s.due or s.where in (IN_HBM, PREFETCHING) or s.prefetch_due == s.prefetch_token:
+            return
+        i = s.view.page_id
+        self._live[i] = None
+        self.trace.wasted_prefetch_bytes += s.unread_prefetch
+        self._end_where[i] = s.where
+        self._end_demotions[i] = s.demotions
+        if s.demotion is not None:
+            self._end_demotion[i] = self._forms.setdefault(s.demotion, s.demotion)
+
+    @property
+    def slots(self) -> list[_Slot | PageEnd]:
+        """Every page's state now: its record while it is live, else a ``PageEnd``."""
+        return [s if s is not None else
+                PageEnd(where=int(self._end_where[i]), demotion=self._end_demotion[i],
+                        demotions=int(self._end_demotions[i]),
+                        view=None if self._views is None else self._views[i])
+                for i, s in enumerate(self._live)]
 
     def _gap_tool(self, i: int, k: int) -> str:
         tools = self.batch.gap_tools
@@ -123,31 +179,22 @@ class BatchRun:
         started = float(reads[k]) - float(b.gap_tool_s[i][k])
         return started if started <= now else None
 
-    def _push(self, t: float, kind: int, page: int, token: int = 0) -> None:
-        self._seq += 1
-        heapq.heappush(self._events, (t, kind, self._seq, page, token))
-
     def run(self, progress: Callable[[int], None] | None = None) -> BatchTrace:
         """Replay every event; ``progress(n)`` is told of pages produced, every
         ``PROGRESS_PAGES`` pages and once at the end (a trace is one long batch)."""
-        b = self.batch
-        signal_at = b.signal_at if b.signal_at is not None else b.eol
-        false_at = b.false_signal_at
-        for i in range(b.n_pages):
-            self._push(float(b.created[i]), CREATE, i)
-            for t in b.access_times[i]:
-                self._push(float(t), ACCESS, i)
-            if math.isfinite(signal_at[i]):
-                self._push(float(signal_at[i]), EOL, i)
-            if false_at is not None and math.isfinite(false_at[i]):
-                self._push(float(false_at[i]), FALSE, i)
+        queue, live = self._queue, self._live
         handlers = (self._on_create, self._on_access, self._on_eol, self._on_false,
                     self._on_prefetch)
         t = 0.0
         created = 0
-        while self._events:
-            t, kind, _, page, token = heapq.heappop(self._events)
+        while queue:
+            t, kind, _, page, token = queue.pop()
             handlers[kind](page, t, token)
+            s = live[page]
+            if s is not None:  # (a stale prefetch of a page already done finds none)
+                if kind != CREATE and kind != PREFETCH:
+                    s.due -= 1
+                self._settle(s)
             if kind == CREATE and progress is not None:
                 created += 1
                 if created == PROGRESS_PAGES:
@@ -156,8 +203,8 @@ class BatchRun:
         if created and progress is not None:
             progress(created)
         self.driver.finish(t)
-        for s in self.slots:
-            if s.unread_prefetch:
+        for s in live:
+            if s is not None and s.unread_prefetch:
                 self.trace.wasted_prefetch_bytes += s.unread_prefetch
         return self.trace
 
@@ -172,7 +219,7 @@ class BatchRun:
             self.trace.overflow_events += 1
             return False
         for pid in victims:
-            self._demote(self.slots[pid], now)
+            self._demote(self._page(pid), now)
         return True
 
     def _demote(self, s: _Slot, now: float) -> None:
@@ -186,7 +233,14 @@ class BatchRun:
         self.trace.demoted_bytes += d.stored_bytes
         s.prefetch_token += 1
         if start is not None:
-            self._push(max(start, now), PREFETCH, s.view.page_id, s.prefetch_token)
+            self._queue.push_prefetch(max(start, now), s.view.page_id, s.prefetch_token)
+            s.prefetch_due = s.prefetch_token
+        self._settle(s)
+
+    def _page(self, i: int) -> _Slot:
+        s = self._live[i]
+        assert s is not None, f"page {i} is done; no policy holds it"
+        return s
 
     def _admit(self, s: _Slot, now: float) -> None:
         s.view.tier, s.view.codec = Tier.HBM, Codec.FULL
@@ -205,7 +259,7 @@ class BatchRun:
 
     # ------------------------------------------------------------ handlers
     def _on_create(self, i: int, now: float, _token: int) -> None:
-        s = self.slots[i]
+        s = self._produce(i)
         s.view.last_access = now
         self.driver.produced(s.view, now)
         if self._make_room(s.view.size_bytes, now):
@@ -217,8 +271,11 @@ class BatchRun:
             s.view.tier, s.view.codec = s.demotion.tier, s.demotion.codec
 
     def _on_prefetch(self, i: int, now: float, token: int) -> None:
-        s = self.slots[i]
-        if s.where != LOWER or token != s.prefetch_token:
+        s = self._live[i]
+        if s is None or token != s.prefetch_token:
+            return
+        s.prefetch_due = -1
+        if s.where != LOWER:
             return
         if not self._room_for_prefetch(s, now):
             return
@@ -241,11 +298,11 @@ class BatchRun:
         if not admission.admitted:
             return False
         for pid in admission.victims:
-            self._demote(self.slots[pid], now)
+            self._demote(self._page(pid), now)
         return True
 
     def _on_access(self, i: int, now: float, _token: int) -> None:
-        s = self.slots[i]
+        s = self._page(i)
         tr = self.trace
         view = s.view
         risk = wrong = 0.0
@@ -318,7 +375,7 @@ class BatchRun:
         # The orchestrator reports the page's end of life (task end, branch abandoned,
         # version superseded): the dependency weight drops to 0 and the policy decides
         # whether the page is retired from every tier.
-        s = self.slots[i]
+        s = self._page(i)
         if s.where in (RETIRED, NOT_YET):
             return
         s.view.dependency = 0.0

@@ -2,10 +2,14 @@
 
 Measured with tracemalloc as the growth between two trace sizes (so fixed costs and
 caches cancel out), in bytes per request: what the parsed trace holds (the CLI keeps
-it for every replay of a sweep) and the peak while the replay's batch is built.
-The held bound is about twice what the columns need and well below the object
-per event they replace (about 670 B per request on this trace); the build bound
-leaves room for numpy temporaries.
+it for every replay of a sweep), the peak while the replay's batch is built, and
+the peak while a policy runs it. The held bound is about twice what the columns
+need and well below the object per event they replace (about 670 B per request on
+this trace); the build bound leaves room for numpy temporaries. A run holds state
+for the pages live at once (the event loop's queue and page records), so on a
+trace whose sessions follow one another it grows only by what it records per read
+and a few numbers per page; queueing every event up front and keeping every page's
+record grew by about 1,600 B per request.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.sim.config import SimConfig
 from agentkv_cluster.sim.engine import BatchTrace
 from agentkv_cluster.sim.metrics import summarize
-from agentkv_cluster.sim.runner import compact_trace
+from agentkv_cluster.sim.runner import compact_trace, run_policy
 from agentkv_cluster.sim.trace.convert import load_trace
 from agentkv_cluster.sim.trace.replay import replay_workload
 from agentkv_cluster.sim.trace.table import EventTable, TraceEvent
@@ -27,6 +31,8 @@ from tests.support.mooncake_scale import write_mooncake
 
 HELD_PER_REQUEST = 300  # bytes; the columns need about 160
 BUILD_PEAK_PER_REQUEST = 1_500  # bytes; about 850 now (numpy temporaries)
+RUN_PEAK_PER_REQUEST = 800  # bytes; about 370 now (1,750 before)
+TURNS, FIRST_BLOCKS = 5, 3  # as tests/support/mooncake_scale.py: 1.4 blocks, 3.6 reads
 
 
 def _measure(tmp_path, conversations: int) -> tuple[int, int, int]:
@@ -54,6 +60,41 @@ def test_a_parsed_trace_and_its_replay_cost_bytes_not_objects_per_request(tmp_pa
     per_peak = (peak2 - peak1) / (n2 - n1)
     assert per_held < HELD_PER_REQUEST, f"parsed trace holds {per_held:.0f} B per request"
     assert per_peak < BUILD_PEAK_PER_REQUEST, f"building peaks at {per_peak:.0f} B per request"
+
+
+def _one_after_another(sessions: int) -> list[TraceEvent]:
+    """Sessions far apart (each ends before the next starts); every turn extends the
+    session's context by one block, as in mooncake_scale."""
+    events = []
+    for k in range(sessions):
+        base = k * 1000.0
+        first = k * (FIRST_BLOCKS + TURNS - 1)
+        for turn in range(TURNS):
+            events.append(TraceEvent(session=f"s{k}", ts=base + 30.0 * turn,
+                                     kind="model_call", tokens=512,
+                                     prefix_blocks=tuple(range(first,
+                                                               first + FIRST_BLOCKS + turn))))
+        events.append(TraceEvent(session=f"s{k}", ts=base + 200.0, kind="task_end"))
+    return events
+
+
+def _run_peak(sessions: int) -> int:
+    workload = replay_workload(_one_after_another(sessions), SimConfig(), "sequential")
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        run_policy(workload, SimConfig(), "lru")
+        return tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_run_holds_state_for_the_pages_live_at_once_not_for_every_event():
+    _run_peak(20)  # warm
+    peak1, peak2 = _run_peak(300), _run_peak(600)
+    per_request = (peak2 - peak1) / (300 * TURNS)
+    assert per_request < RUN_PEAK_PER_REQUEST, f"a run peaks at {per_request:.0f} B per request"
 
 
 def test_compact_read_columns_give_the_same_metrics_as_lists():

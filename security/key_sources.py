@@ -46,6 +46,15 @@ def _decode_material(raw: bytes, name: str) -> bytes:
     return decoded
 
 
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Make the entries of folder ``path`` durable (a file created, renamed or removed)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class FileKeySource:
     """One file per key in a flat directory (a mounted Kubernetes Secret works read-only)."""
 
@@ -80,7 +89,7 @@ class FileKeySource:
             os.fsync(fd)
         finally:
             os.close(fd)
-        self._sync_dir()
+        fsync_dir(self.directory)
 
     def destroy(self, name: str) -> bool:
         self._require_writable()
@@ -96,7 +105,7 @@ class FileKeySource:
         finally:
             os.close(fd)
         path.unlink()
-        self._sync_dir()
+        fsync_dir(self.directory)
         return True
 
     def names(self) -> list[str]:
@@ -106,12 +115,6 @@ class FileKeySource:
         if not self.writable:
             raise KeyUnavailable(f"key directory {self.directory} is read-only")
 
-    def _sync_dir(self) -> None:
-        fd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 class KeyWrapper(Protocol):

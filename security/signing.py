@@ -11,6 +11,7 @@ from pathlib import Path
 
 from security._primitives import Signer, Verifier
 from security.errors import InvalidSigningKey
+from security.key_sources import fsync_dir
 
 __all__ = [
     "NonFiniteNumber",
@@ -95,11 +96,7 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o644, *, fsync: bool = Tr
             os.close(fd)
         os.replace(tmp, path)
         if fsync:
-            folder = os.open(path.parent, os.O_RDONLY)
-            try:
-                os.fsync(folder)
-            finally:
-                os.close(folder)
+            fsync_dir(path.parent)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)  # no stray temporary file next to the target

@@ -30,12 +30,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentkv_cluster.runtime.directory_glue import GUARD_BACKOFF, RedisSpec, open_directory
@@ -55,7 +53,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 WATCH_POLL_S = 1.0  # how soon an erasure made by another process is enforced here
 DIRECTORY_RETRY_S = 60.0  # how long the directory step retries an unreachable directory
-_MARK_RE = re.compile(r"(?P<ns>[a-z0-9_][a-z0-9_-]*)\.erased\.(?P<ms>\d{13})")
 
 # Tier names in receipt order; each maps to a count in the purge report.
 TIERS = ("front", "controller", "sessions", "pins", "hbm", "hbm-scrub", "host", "host-scrub",
@@ -210,7 +207,7 @@ class ClusterErasure:
         """Purge every tenant whose erasure mark appeared since the last look (an erasure
         made with ``agentkv tenant erase`` on the key directory); each purge is recorded
         in the audit log as ``erasure.enforced`` with its per-tier counts."""
-        marks = _marks(Path(self.keys_dir))
+        marks = TenantKeyring(FileKeySource(self.keys_dir)).erasures()
         done = []
         for tenant, at in sorted(marks.items()):
             if self.enforced.get(tenant, 0.0) >= at:
@@ -248,8 +245,10 @@ class ClusterErasure:
         keeps data over a restart: the embedded directory lives and dies with the head."""
         from store.directory.base import DirectoryError, DirectoryUnavailable
 
+        if not isinstance(self.topo.directory, RedisSpec):
+            return 0
         erased = self._erased()
-        if not erased or not isinstance(self.topo.directory, RedisSpec):
+        if not erased:
             return 0
         d = open_directory(self.topo.directory)
         try:
@@ -277,8 +276,8 @@ class ClusterErasure:
         except where a pool recovered records of a tenant that is erased and has no keys
         now (it was erased while the service was down): those are purged here, with an
         ``erasure.enforced`` record. Returns the tenants purged."""
-        marks = _marks(Path(self.keys_dir))
         keyring = TenantKeyring(FileKeySource(self.keys_dir))
+        marks = keyring.erasures()
         held: set[str] = set()
         for pool in list(self.topo.pools.values()):
             try:
@@ -290,19 +289,6 @@ class ClusterErasure:
             if tenant not in stale:
                 self._enforced(tenant, at)
         return self.enforce_new_marks() if stale else []
-
-
-def _marks(keys_dir: Path) -> dict[str, float]:
-    out: dict[str, float] = {}
-    try:
-        names = [p.name for p in keys_dir.iterdir()]
-    except OSError:
-        return out
-    for name in names:
-        m = _MARK_RE.fullmatch(name)
-        if m:
-            out[m["ns"]] = max(out.get(m["ns"], 0.0), int(m["ms"]) / 1000)
-    return out
 
 
 class _LazyPurge:

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from agentkv_cluster.sim.workload import Batch, Ragged
+from agentkv_cluster.sim.workload import Batch, Ragged, offsets_of
 
 # Event kinds; the integer orders same-time events (produce, read, signals, prefetch).
 CREATE, ACCESS, EOL, FALSE, PREFETCH = 0, 1, 2, 3, 4
@@ -45,7 +45,7 @@ def _flat_reads(reads: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     counts = np.array([len(r) for r in reads], dtype=np.int64)
     values = (np.concatenate([np.asarray(r, dtype=np.float64).ravel() for r in reads])
               if counts.sum() else np.zeros(0))
-    return values, np.concatenate([np.zeros(1, np.int64), np.cumsum(counts)])
+    return values, offsets_of(counts)
 
 
 def _check(created: np.ndarray, values: np.ndarray, offsets: np.ndarray) -> None:

@@ -49,6 +49,12 @@ def noise_rng(seed: int, noise: float, batch: int = 0) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64([seed, NOISE_STREAM, round(noise * 1e6), batch]))
 
 
+def offsets_of(counts: np.ndarray) -> np.ndarray:
+    """Where each of ``counts`` consecutive runs starts in one flat array, and the end
+    (``Ragged``'s offsets: ``len(counts) + 1`` of them, the first 0)."""
+    return np.concatenate([np.zeros(1, np.int64), np.cumsum(counts, dtype=np.int64)])
+
+
 class Ragged(Sequence[np.ndarray]):
     """Per-page arrays of different lengths held as one array and offsets: page ``i``'s
     is ``values[offsets[i]:offsets[i + 1]]`` (a view). A replayed trace has millions of
@@ -56,10 +62,6 @@ class Ragged(Sequence[np.ndarray]):
 
     def __init__(self, values: np.ndarray, offsets: np.ndarray) -> None:
         self.values, self.offsets = values, offsets
-
-    @classmethod
-    def of_counts(cls, values: np.ndarray, counts: np.ndarray) -> Ragged:
-        return cls(values, np.concatenate([np.zeros(1, np.int64), np.cumsum(counts)]))
 
     def __len__(self) -> int:
         return len(self.offsets) - 1

@@ -115,16 +115,6 @@ class _Session:
             return "", 0.0
         return tools[-1].tool_class, min(sum(t.tool_duration_s for t in tools), call_ts - lo)
 
-    def tool_after(self, call_ts: float) -> str:
-        """The tool this session starts after its call at ``call_ts`` (the first one
-        before its next call), known once the call is done; "" for none."""
-        call_ts_all = [c.ts for c in self.calls]
-        tool_ts = [t.ts for t in self.tools]
-        k = bisect.bisect_right(call_ts_all, call_ts)
-        hi = call_ts_all[k] if k < len(call_ts_all) else float("inf")
-        i = bisect.bisect_left(tool_ts, call_ts)
-        return self.tools[i].tool_class if i < len(self.tools) and tool_ts[i] < hi else ""
-
 
 def _checked(events: Sequence[TraceEvent]) -> tuple[EventTable, TaskSplit]:
     """The events as columns and their tasks; a ``task_end`` that ends no task, a

@@ -18,7 +18,7 @@ import numpy as np
 from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.sim.trace.table import KINDS, Columns
 from agentkv_cluster.sim.trace.tasks import TaskSplit
-from agentkv_cluster.sim.workload import TYPE_ORDER
+from agentkv_cluster.sim.workload import TYPE_ORDER, offsets_of
 
 _CALL, _TOOL, _END = (KINDS.index(k) for k in ("model_call", "tool_start", "task_end"))
 _STATES = tuple(StateType)
@@ -174,7 +174,7 @@ def pages_of(c: Columns, calls: Calls) -> Pages:
     n_reads = np.bincount(read_page, minlength=page_order.size)
     return Pages(block=block[head][page_order], first_call=first[page_order],
                  read_call=read_pos[by],
-                 offsets=np.concatenate([np.zeros(1, np.int64), np.cumsum(n_reads)]))
+                 offsets=offsets_of(n_reads))
 
 
 def page_types(pages: Pages, calls: Calls) -> np.ndarray:

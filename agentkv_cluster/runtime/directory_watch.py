@@ -142,7 +142,7 @@ def watch_redis(spec: RedisSpec, *, on_probe: Callable[[bool], Any] = lambda _ok
     runs = ServerRuns()
 
     def check() -> tuple[bool, str]:
-        seen = probe_redis(spec)
+        seen = probe_redis(spec, run_id=True)
         on_probe(seen.up)
         on_refusal(seen.refusal)
         if seen.up:
@@ -219,9 +219,11 @@ class RefusalLog:
         self.refusal = refusal
 
 
-def probe_redis(spec: RedisSpec, timeout_s: float = 2.0) -> DirectoryProbe:
+def probe_redis(spec: RedisSpec, timeout_s: float = 2.0, *, run_id: bool = False
+                ) -> DirectoryProbe:
     """One real read, then ``check_writes`` (which writes nothing, so a full Redis is not
-    filled by its own probe)."""
+    filled by its own probe); with ``run_id`` the server's run id too (the watch's, to see
+    restarts; readiness does not ask)."""
     from store.directory.base import DirectoryError, WritesRefused
     from store.directory.redis_backend import RedisDirectory
 
@@ -230,14 +232,14 @@ def probe_redis(spec: RedisSpec, timeout_s: float = 2.0) -> DirectoryProbe:
     except Exception as exc:  # noqa: BLE001 - a bad URL is "not ready", with the reason
         return DirectoryProbe(up=False, refusal=None,
                               detail=f"directory: {type(exc).__name__}: {exc}")
-    run_id = None
+    run: str | None = None
     try:
         client.get("readyz", b"readyz")
-        run_id = client.server_run_id()
+        run = client.server_run_id() if run_id else None
         client.check_writes()
-        return DirectoryProbe(up=True, refusal=None, detail="directory ok", run_id=run_id)
+        return DirectoryProbe(up=True, refusal=None, detail="directory ok", run_id=run)
     except WritesRefused as exc:
-        return DirectoryProbe(up=True, refusal=exc.reason, run_id=run_id,
+        return DirectoryProbe(up=True, refusal=exc.reason, run_id=run,
                               detail=f"directory answers reads but refuses writes: {exc}")
     except DirectoryError as exc:
         return DirectoryProbe(up=False, refusal=None,

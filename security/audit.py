@@ -38,6 +38,7 @@ from security.audit_format import (
     same_file,
 )
 from security.errors import AuditLogError
+from security.key_sources import write_all
 from security.principals import Principal
 from security.signing import (
     Signer,
@@ -131,6 +132,25 @@ class AuditLog:
             finally:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
 
+    @contextlib.contextmanager
+    def _all_or_nothing(self) -> Iterator[None]:
+        """An append that fails (a disk that fills, an fsync error) leaves the log as it
+        was: what it wrote is cut off, the chain state rolled back, the head file kept or
+        put back, so a record is either in the log and vouched for or not there at all
+        (a caller that saw the error may rely on it). Run under ``_exclusive``."""
+        state = (self._seq, self._prev, self._time, self._since, self._key, self._offset,
+                 self._last, self._own_time)
+        try:
+            yield
+        except BaseException:
+            (self._seq, self._prev, self._time, self._since, self._key, self._offset,
+             self._last, self._own_time) = state
+            os.ftruncate(self._fd, self._offset)
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                if read_head(self.path)[:2] != (self._seq, self._prev):  # replaced already
+                    self._sign_head()
+            raise
+
     def _catch_up(self, size: int) -> None:
         """Verify the records other writers appended since this one last looked (the
         file's first ``size`` bytes), from where it stopped: never the part it verified."""
@@ -198,7 +218,7 @@ class AuditLog:
         # Hashed as a verifier will read it back: JSON makes int keys strings (which then
         # sort differently) and tuples lists, so a hash of ``data`` as given would not match.
         payload = loads_finite(encoded)
-        with self._exclusive():
+        with self._exclusive(), self._all_or_nothing():
             pos = self._write(kind, payload, now)
             self._since += 1
             if self._since >= self.checkpoint_every:
@@ -215,7 +235,7 @@ class AuditLog:
 
     def checkpoint(self, now: float) -> AuditPosition:
         """Sign the current head into the log now (also done on ``close``)."""
-        with self._exclusive():
+        with self._exclusive(), self._all_or_nothing():
             pos = self._write_checkpoint(now)
             self._commit()
             return pos
@@ -240,7 +260,7 @@ class AuditLog:
         rec_hash = record_hash(self._seq, now, kind, data, self._prev)
         line = canonical_json({"seq": self._seq, "time": now, "kind": kind, "data": data,
                                "prev": self._prev, "hash": rec_hash}) + b"\n"
-        os.write(self._fd, line)
+        write_all(self._fd, line)
         pos = AuditPosition(seq=self._seq, hash=rec_hash)
         self._seq, self._prev, self._time = self._seq + 1, rec_hash, now
         self._offset, self._last = self._offset + len(line), line
@@ -259,6 +279,9 @@ class AuditLog:
         must never be durable before the records it vouches for, and is replaced whole."""
         if self.fsync:
             os.fsync(self._fd)
+        self._sign_head()
+
+    def _sign_head(self) -> None:
         sig = self.signer.sign(checkpoint_message(self._seq, self._prev))
         atomic_write(head_path(self.path), canonical_json(
             {"count": self._seq, "head": self._prev, "sig": sig.hex()}) + b"\n", fsync=self.fsync)

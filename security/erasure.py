@@ -1,21 +1,27 @@
 """Crypto-shredding with signed receipts.
 
-``Eraser.erase_tenant`` / ``erase_generation`` destroy the keys first (so every
-copy anywhere becomes undecryptable even if a deleter fails), then call each
-registered tier deleter, append an audit record and return an Ed25519-signed
-``ErasureReceipt`` that anyone can check offline with the public key.
+``Eraser.erase_tenant`` / ``erase_generation`` first append an ``erasure.begun`` record
+naming the keys they are about to destroy (a log that refuses it stops the erasure with
+nothing destroyed), destroy the keys (so every copy anywhere becomes undecryptable even if
+a deleter fails), call each registered tier deleter, append the ``erasure`` record and
+return an Ed25519-signed ``ErasureReceipt`` that anyone can check offline with the public
+key. An erasure whose last record the log refused (``ErasureUnrecorded``) is finished by
+running it again: ``unfinished_erasures`` finds it in the log.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from security.audit import AuditLog, AuditPosition
+from security.audit_format import read_records
 from security.blinding import DirectoryBlinder
-from security.errors import InvalidReceipt, KeyUnavailable
+from security.errors import AuditLogError, ErasureUnrecorded, InvalidReceipt, KeyUnavailable
 from security.keyring import (
     PUBLIC_NAMESPACE,
     TenantKeyring,
@@ -36,6 +42,7 @@ RECEIPT_VERSION = 1
 _DOMAIN = b"agentkv-erasure-receipt/v1\0"
 _TIER_RE = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _MAX_RECEIPT = 65536
+BEGUN, DONE = "erasure.begun", "erasure"  # the audit record kinds of one erasure
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,6 +155,43 @@ def verify_receipt(receipt: str | bytes | ErasureReceipt, public_key: Verifier) 
     return parsed
 
 
+@dataclass(frozen=True, kw_only=True)
+class BegunErasure:
+    """An ``erasure.begun`` record of the audit log with no ``erasure`` record after it."""
+
+    tenant: str
+    generation: int | None  # None: the whole tenant
+    key_ids: tuple[str, ...]  # what it was about to destroy
+    seq: int  # the record's place in the log
+    time: float
+
+
+def unfinished_erasures(path: str | os.PathLike[str]) -> list[BegunErasure]:
+    """Every erasure the log at ``path`` says began and never recorded its end, in log
+    order. Lines that are not records (a torn tail) are skipped: ``verify_log`` judges
+    the chain; this only reads what it says."""
+    if not Path(path).exists():
+        return []
+    begun: dict[tuple[str, int | None], BegunErasure] = {}
+    for _lineno, rec in read_records(Path(path)):
+        if not isinstance(rec, dict) or rec.get("kind") not in (BEGUN, DONE):
+            continue
+        data = rec["data"]
+        if not isinstance(data, dict) or not isinstance(data.get("tenant"), str):
+            continue
+        gen = data.get("generation")
+        scope = (data["tenant"], gen if isinstance(gen, int) else None)
+        if rec["kind"] == DONE:  # a whole tenant's erasure ends its generations' too
+            for key in [k for k in begun if k == scope or (scope[1] is None and k[0] == scope[0])]:
+                del begun[key]
+            continue
+        ids = data.get("key_ids")
+        begun[scope] = BegunErasure(
+            tenant=scope[0], generation=scope[1], seq=int(rec["seq"]), time=float(rec["time"]),
+            key_ids=tuple(k for k in ids if isinstance(k, str)) if isinstance(ids, list) else ())
+    return sorted(begun.values(), key=lambda b: b.seq)
+
+
 class Eraser:
     """Destroys keys, deletes pages in every registered tier, and signs a receipt."""
 
@@ -162,12 +206,21 @@ class Eraser:
             raise ValueError(f"invalid or duplicate tier name: {name!r:.40}")
         self._tiers[name] = delete_fn
 
+    def unfinished(self, tenant: str, generation: int | None = None) -> BegunErasure | None:
+        """The erasure of this scope that began and recorded no end, if any."""
+        return next((b for b in unfinished_erasures(self.audit.path)
+                     if (b.tenant, b.generation) == (tenant, generation)), None)
+
     def erase_tenant(self, tenant: str, now: float) -> ErasureReceipt:
         validate_namespace(tenant)
-        if not self.keyring.has_keys(tenant):  # nothing to erase: leave no mark either
-            raise KeyUnavailable(f"tenant {tenant} has no keys (never created or already erased)")
-        self.audit.check()  # a log that would refuse the receipt's record: nothing destroyed
-        # Marked first: a token issued before now must not provision the tenant again
+        scope = EraseScope(tenant=tenant, generation=None)
+        planned = self.keyring.tenant_key_ids(tenant)
+        if not planned:  # nothing to erase (leave no mark either), or an erasure to finish
+            return self._resume(scope, now, KeyUnavailable(
+                f"tenant {tenant} has no keys (never created or already erased)"))
+        # Recorded first: a log that refuses the record stops it here, nothing destroyed.
+        begun = self._begin(scope, planned, now)
+        # Marked next: a token issued before now must not provision the tenant again
         # while (or after) its keys are destroyed. The mark keeps the blinded directory
         # namespace, which nothing can derive once the blinding secret is gone.
         try:
@@ -178,16 +231,36 @@ class Eraser:
         key_ids = self.keyring.destroy_tenant(tenant)
         if tenant != PUBLIC_NAMESPACE:  # its grant to publish goes too (one older than
             PublishGrants(self.keyring.source).revoke(tenant)  # the mark is void anyway)
-        return self._finish(EraseScope(tenant=tenant, generation=None), key_ids, now)
+        return self._finish(scope, key_ids, now, begun)
 
     def erase_generation(self, tenant: str, generation: int, now: float) -> ErasureReceipt:
         validate_namespace(tenant)
         validate_generation(generation)
-        self.audit.check()
+        scope = EraseScope(tenant=tenant, generation=generation)
+        try:
+            planned = [self.keyring.key_id(tenant, generation)]
+        except KeyUnavailable as exc:
+            return self._resume(scope, now, exc)
+        begun = self._begin(scope, planned, now)
         key_ids = self.keyring.destroy_generation(tenant, generation)
-        return self._finish(EraseScope(tenant=tenant, generation=generation), key_ids, now)
+        return self._finish(scope, key_ids, now, begun)
 
-    def _finish(self, scope: EraseScope, key_ids: list[str], now: float) -> ErasureReceipt:
+    def _begin(self, scope: EraseScope, key_ids: list[str], now: float) -> int:
+        return self.audit.append(BEGUN, {
+            "tenant": scope.tenant, "generation": scope.generation,
+            "scope": "tenant" if scope.generation is None else "generation",
+            "key_ids": key_ids}, now).seq
+
+    def _resume(self, scope: EraseScope, now: float, missing: KeyUnavailable) -> ErasureReceipt:
+        """Finish the erasure of ``scope`` that began and recorded no end (its keys are
+        gone, maybe its pages too: the deleters run again); ``missing`` if there is none."""
+        begun = self.unfinished(scope.tenant, scope.generation)
+        if begun is None:
+            raise missing
+        return self._finish(scope, list(begun.key_ids), now, begun.seq)
+
+    def _finish(self, scope: EraseScope, key_ids: list[str], now: float, begun: int
+                ) -> ErasureReceipt:
         counts: list[tuple[str, int]] = []
         failed: list[str] = []
         for name, delete_fn in self._tiers.items():
@@ -198,10 +271,18 @@ class Eraser:
                 counts.append((name, -1))
                 failed.append(name)
         kind = "tenant" if scope.generation is None else "generation"
-        pos = self.audit.append("erasure", {
-            "tenant": scope.tenant, "scope": kind, "generation": scope.generation,
-            "key_ids": key_ids, "counts": [list(c) for c in counts], "failed_tiers": failed,
-        }, now)
+        try:
+            pos = self.audit.append(DONE, {
+                "tenant": scope.tenant, "scope": kind, "generation": scope.generation,
+                "key_ids": key_ids, "counts": [list(c) for c in counts],
+                "failed_tiers": failed, "begun": begun,
+            }, now)
+        except (AuditLogError, OSError) as exc:
+            raise ErasureUnrecorded(
+                f"the keys of {kind} {scope.tenant} are destroyed and its pages deleted, but "
+                f"the audit log refused the erasure's record ({type(exc).__name__}: {exc}); "
+                "no receipt was signed: run the same erasure again once the log takes "
+                "writes, it finishes this one") from exc
         receipt = ErasureReceipt(
             tenant=scope.tenant, scope=kind, generation=scope.generation, key_ids=tuple(key_ids),
             counts=tuple(counts), failed_tiers=tuple(failed), time=float(now),

@@ -45,5 +45,12 @@ class AuditLogError(SecurityError):
     """The audit log cannot be appended to (for example its tail is corrupt)."""
 
 
+class ErasureUnrecorded(SecurityError):
+    """An erasure destroyed its keys and ran its deleters, but the audit log refused the
+    record its receipt points at (a disk that filled meanwhile): no receipt was signed.
+    The same erasure run again once the log takes writes finishes it (the log's
+    ``erasure.begun`` record says what it destroyed) and signs the receipt."""
+
+
 class InvalidSigningKey(SecurityError):
     """A signing or public key file that cannot be loaded."""

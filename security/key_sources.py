@@ -5,6 +5,7 @@ re-exports these names. (``security.memory_keys`` is the in-memory source.)"""
 from __future__ import annotations
 
 import base64
+import errno
 import os
 import re
 from pathlib import Path
@@ -46,6 +47,18 @@ def _decode_material(raw: bytes, name: str) -> bytes:
     return decoded
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """Write every byte of ``data`` at ``fd``. One ``os.write`` may write fewer (a disk
+    that fills midway): the rest is written, and a full disk then raises ``ENOSPC``
+    instead of leaving a short file that looks written."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, "no byte written")
+        view = view[n:]
+
+
 def fsync_dir(path: str | os.PathLike[str]) -> None:
     """Make the entries of folder ``path`` durable (a file created, renamed or removed)."""
     fd = os.open(path, os.O_RDONLY)
@@ -85,10 +98,14 @@ class FileKeySource:
         except FileExistsError:
             raise KeyExists(f"key {name} already exists") from None
         try:
-            os.write(fd, material)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            try:
+                write_all(fd, material)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except BaseException:  # a short key must never stay behind under the name
+            path.unlink(missing_ok=True)
+            raise
         fsync_dir(self.directory)
 
     def destroy(self, name: str) -> bool:
@@ -100,7 +117,7 @@ class FileKeySource:
             return False
         try:  # overwrite before unlinking (best effort on CoW/flash, see docs/security.md)
             size = os.fstat(fd).st_size
-            os.write(fd, b"\0" * size)
+            write_all(fd, b"\0" * size)
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -107,13 +107,18 @@ class TenantKeyring:
 
     # -- lifecycle -------------------------------------------------------------
     def create_tenant(self, namespace: str) -> int:
-        """Create the blinding secret and generation 1; returns 1."""
+        """Create the blinding secret and a first generation; returns it (1, unless
+        generations of the name were erased one by one: the next above them)."""
         validate_namespace(namespace)
         if self.generations(namespace):
             raise KeyExists(f"tenant {namespace} already has keys")
-        self.source.create(blind_name(namespace), prim.random_bytes(prim.KEY_BYTES))
-        self.source.create(kek_name(namespace, 1), prim.random_bytes(prim.KEY_BYTES))
-        return 1
+        # A blinding secret without a generation is an earlier creation cut short (a full
+        # disk, a crash between the two files), or what generation erasures left: kept.
+        with contextlib.suppress(KeyExists):
+            self.source.create(blind_name(namespace), prim.random_bytes(prim.KEY_BYTES))
+        generation = max(self._generations(namespace, ("gone",)), default=0) + 1
+        self.source.create(kek_name(namespace, generation), prim.random_bytes(prim.KEY_BYTES))
+        return generation
 
     def rotate(self, namespace: str) -> int:
         """Add a generation above every live or erased one; older ones stay readable."""
@@ -234,6 +239,13 @@ class TenantKeyring:
             if m:
                 out[m["ns"]] = max(out.get(m["ns"], 0.0), int(m["ms"]) / 1000)
         return out
+
+    def tenant_key_ids(self, namespace: str) -> list[str]:
+        """The ids of every key ``destroy_tenant`` would destroy now (none: no keys)."""
+        ids = [self.key_id(namespace, g) for g in self.generations(namespace)]
+        if blind_name(namespace) in set(self.source.names()):
+            ids.append(f"{namespace}/blind")
+        return ids
 
     def destroy_tenant(self, namespace: str) -> list[str]:
         """Crypto-shred every generation and the blinding secret of a namespace."""

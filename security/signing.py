@@ -11,7 +11,7 @@ from pathlib import Path
 
 from security._primitives import Signer, Verifier
 from security.errors import InvalidSigningKey
-from security.key_sources import fsync_dir
+from security.key_sources import fsync_dir, write_all
 
 __all__ = [
     "NonFiniteNumber",
@@ -89,7 +89,7 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o644, *, fsync: bool = Tr
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         try:
-            os.write(fd, data)
+            write_all(fd, data)
             if fsync:
                 os.fsync(fd)
         finally:
@@ -115,7 +115,7 @@ def write_keypair(private_path: str | os.PathLike[str], public_path: str | os.Pa
         raise InvalidSigningKey(f"{private_path} exists; refusing to overwrite a signing key") from None
     try:
         try:
-            os.write(fd, signer.private_pem())
+            write_all(fd, signer.private_pem())
         finally:
             os.close(fd)
         atomic_write(Path(public_path), signer.public_pem())

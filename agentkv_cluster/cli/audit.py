@@ -100,6 +100,8 @@ def _verify_log(path: Path, verifier, anchors: Iterable, flag: str):
 def _verify(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from security.erasure import unfinished_erasures
+
     verifier = _verifier(args.public_key)
     anchors = []
     for path in args.anchor:
@@ -114,6 +116,11 @@ def _verify(args: argparse.Namespace) -> int:
                   f"checkpoints, head {report.head[:16]}")
     for problem in report.problems:
         console.print(f"  [red]-[/red] {problem}")
+    for begun in unfinished_erasures(args.log):
+        what = "tenant" if begun.generation is None else f"generation {begun.generation} of"
+        console.print(f"  [yellow]unfinished[/yellow] erasure of {what} {begun.tenant}: begun at "
+                      f"record {begun.seq}, its end never recorded (no receipt); run the same "
+                      "`agentkv tenant erase` again to finish it")
     return 0 if report.ok else 1
 
 

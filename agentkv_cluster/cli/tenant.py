@@ -21,6 +21,7 @@ from agentkv_cluster.cli import (
 )
 
 if TYPE_CHECKING:
+    from security.erasure import Eraser
     from security.keyring import TenantKeyring
 
 MAX_TOKEN_TTL_S = 366 * 86400.0  # a token lives at most a year (rotate the secret to revoke)
@@ -200,7 +201,7 @@ def _erase(args: argparse.Namespace) -> int:
     try:
         eraser = Eraser(keyring, audit, signer)
         if args.redis_url is not None:
-            removed = _erase_directory(args, keyring)
+            removed = _erase_directory(args, keyring, eraser)
             directory_done = True
             eraser.register_tier("directory", lambda _scope: removed)
         now = time.time()
@@ -223,11 +224,13 @@ def _erase(args: argparse.Namespace) -> int:
     return 1 if receipt.failed_tiers else 0
 
 
-def _erase_directory(args: argparse.Namespace, keyring: TenantKeyring) -> int:
+def _erase_directory(args: argparse.Namespace, keyring: TenantKeyring, eraser: Eraser) -> int:
     """The directory step of an erase with ``--redis-url``, run before any key is destroyed:
     the namespace is named by the tenant's blinding secret, which the erasure shreds, so a
     directory step that failed after it could never be finished. Failing here, it leaves
-    the keys intact and the same command run again completes the erasure."""
+    the keys intact and the same command run again completes the erasure. An erasure that
+    destroyed the keys and could not record its end is finished with the namespaces its
+    marks name."""
     from agentkv_cluster.cli._redis_admin import erase_namespace
     from agentkv_cluster.runtime.erasure import DIRECTORY_RETRY_S
     from security.blinding import DirectoryBlinder
@@ -238,6 +241,9 @@ def _erase_directory(args: argparse.Namespace, keyring: TenantKeyring) -> int:
     retry_s = DIRECTORY_RETRY_S if args.retry_s is None else args.retry_s
     if not (math.isfinite(retry_s) and 0 <= retry_s <= MAX_RETRY_S):
         raise CliError(f"--retry-s must be a number of seconds in [0, {MAX_RETRY_S:.0f}]")
+    if not keyring.has_keys(args.tenant) and eraser.unfinished(args.tenant) is not None:
+        return sum(erase_namespace(args.redis_url, ns, args.redis_prefix, retry_s=retry_s)
+                   for t, ns in keyring.erased_directory_namespaces() if t == args.tenant)
     namespace = DirectoryBlinder(keyring).namespace(args.tenant)  # no keys: a SecurityError
     check_writable_dir(args.keys_dir, "--keys-dir")  # the erasure marks the tenant there
     return erase_namespace(args.redis_url, namespace, args.redis_prefix, retry_s=retry_s)

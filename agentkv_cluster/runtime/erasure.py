@@ -87,10 +87,13 @@ class ClusterErasure:
         """Crypto-shred ``tenant`` and purge it from every tier; the signed receipt."""
         with self._lock:
             keyring = TenantKeyring(FileKeySource(self.keys_dir))
-            if not keyring.has_keys(tenant):
-                raise KeyUnavailable(f"tenant {tenant} has no keys (never created or erased)")
-            namespace = DirectoryBlinder(keyring).namespace(tenant)  # derivable only before
             eraser = Eraser(keyring, self.audit, self.signer)
+            if keyring.has_keys(tenant):  # derivable only before the erasure
+                namespaces = [DirectoryBlinder(keyring).namespace(tenant)]
+            elif eraser.unfinished(tenant) is not None:  # began, its end never recorded:
+                namespaces = [ns for t, ns in self._erased() if t == tenant]  # finished here
+            else:
+                raise KeyUnavailable(f"tenant {tenant} has no keys (never created or erased)")
             try:  # its calls and loads fail from here; the keys go even if this cannot
                 self.topo.controller.freeze_tenant(tenant)
             except ActorGone:
@@ -98,8 +101,8 @@ class ClusterErasure:
             report = _LazyPurge(lambda: self.purge(tenant))
             for tier in TIERS:
                 eraser.register_tier(tier, lambda _s, t=tier: report.count(t))
-            eraser.register_tier("directory",
-                                 lambda _s: self._directory(namespace, report.keys()))
+            eraser.register_tier("directory", lambda _s: sum(
+                self._directory(ns, report.keys()) for ns in namespaces))
             try:
                 receipt = eraser.erase_tenant(tenant, time.time())
             finally:

@@ -11,6 +11,7 @@ import secrets
 import tempfile
 import threading
 import time
+from collections import deque
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from agentkv_cluster.config import AgentKvConfig
 from agentkv_cluster.runtime import wiring
 from agentkv_cluster.runtime.directory_watch import probe
 from agentkv_cluster.runtime.erasure import ClusterErasure, ErasureWatcher
+from agentkv_cluster.runtime.event_planner import AuditSummary
 from agentkv_cluster.runtime.front import ServiceFront
 from agentkv_cluster.runtime.metrics_feed import MetricsFeed
 from agentkv_cluster.runtime.readiness import Checks, Readiness
@@ -29,11 +31,13 @@ from agentkv_cluster.runtime.redis_users import TenantRedisUsers
 from agentkv_cluster.runtime.strategies import Learned
 from security.audit import AuditLog, denial_recorder
 from security.erasure import ErasureReceipt
+from security.errors import SecurityError
 from security.principals import TokenIssuer
 from security.signing import Signer, load_signer, write_keypair
 
 log = logging.getLogger(__name__)
 AUDIT_POLL_S = 1.0  # retired-page summaries reach the audit log within this
+MAX_UNWRITTEN = 100_000  # summaries kept while the audit log refuses them (a full disk)
 JOIN_POLL_S = 2.0  # how often the service looks for Ray nodes that joined
 
 
@@ -70,6 +74,8 @@ class Service:
         self.redis_users: TenantRedisUsers | None = None
         self._watcher: ErasureWatcher | None = None
         self._auditor: threading.Thread | None = None
+        # Retired-page summaries drained from the controller that the log refused so far.
+        self._unwritten: deque[AuditSummary] = deque(maxlen=MAX_UNWRITTEN)
 
     @property
     def keys_dir(self) -> str:
@@ -217,10 +223,22 @@ class Service:
         except Exception:  # noqa: BLE001 - the controller is gone: nothing left to drain
             log.warning("could not drain retired-page summaries from the controller")
             return 0
-        now = time.time()
-        for summary in summaries:
-            self.audit.append("page_retired", summary.record(), now)
-        return len(summaries)
+        if len(self._unwritten) + len(summaries) > MAX_UNWRITTEN:
+            log.error("the audit log refused retired-page summaries for too long: the %d "
+                      "oldest of them are dropped", len(self._unwritten) + len(summaries)
+                      - MAX_UNWRITTEN)
+        self._unwritten.extend(summaries)
+        now, written = time.time(), 0
+        while self._unwritten:
+            try:
+                self.audit.append("page_retired", self._unwritten[0].record(), now)
+            except (SecurityError, OSError) as exc:  # a full disk: kept for the next pass
+                log.warning("the audit log refused a retired-page summary (%s: %s); %d kept "
+                            "to write later", type(exc).__name__, exc, len(self._unwritten))
+                break
+            self._unwritten.popleft()
+            written += 1
+        return written
 
     def _audit_loop(self) -> None:
         while not self._stop.wait(AUDIT_POLL_S):

@@ -39,6 +39,24 @@ def test_files_are_private_and_flat(tmp_path):
         ring.create_tenant("acme")
 
 
+def test_a_creation_cut_short_is_completed_by_the_next_one(tmp_path):
+    """A blinding secret and no generation (the disk filled, or the process died, between
+    the two files): the next creation completes the tenant instead of refusing it."""
+    ring = TenantKeyring(FileKeySource(tmp_path / "k"))
+    ring.source.create("acme.blind.key", b"b" * 32)
+    assert ring.create_tenant("acme") == 1
+    assert ring.generations("acme") == [1] and ring.blind_secret("acme")
+
+
+def test_a_tenant_whose_generations_were_erased_starts_above_them(tmp_path):
+    ring = TenantKeyring(FileKeySource(tmp_path / "k"))
+    ring.create_tenant("acme")
+    ring.rotate("acme")
+    ring.destroy_generation("acme", 1)
+    ring.destroy_generation("acme", 2)
+    assert ring.create_tenant("acme") == 3  # never a number an erasure receipt named
+
+
 def test_kubernetes_secret_volume_layout_is_readable(tmp_path):
     """A Secret volume: files are symlinks into a ..data dir, content may be base64 text."""
     data = tmp_path / "secret" / "..2026_11_29"

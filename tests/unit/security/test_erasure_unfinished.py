@@ -1,0 +1,154 @@
+"""An erasure on a disk that fills: the audit log records it before any key goes, an
+append the disk refuses leaves the log as it was, and an erasure whose end the log refused
+is finished by running it again (a real tmpfs, filled to its last block)."""
+
+from __future__ import annotations
+
+import pytest
+
+from security.audit import AuditLog, verify_log
+from security.audit_format import read_records
+from security.erasure import Eraser, unfinished_erasures, verify_receipt
+from security.errors import ErasureUnrecorded, InvalidSeal, KeyUnavailable
+from security.keyring import FileKeySource, TenantKeyring
+from security.signing import Verifier
+from tests.support.tmpfs import fill, tmpfs
+
+DIGEST = b"z" * 32
+
+
+def _kinds(path):
+    return [rec["kind"] for _n, rec in read_records(path) if isinstance(rec, dict)]
+
+
+@pytest.fixture
+def disk(tmp_path):
+    with tmpfs(tmp_path / "fs", 1 << 20) as fs:
+        yield fs
+
+
+def test_the_begun_record_names_the_keys_before_they_go(tmp_path, keyring, signer):
+    log = tmp_path / "audit.log"
+    audit = AuditLog(log, signer, checkpoint_every=1000)
+    receipt = Eraser(keyring, audit, signer).erase_tenant("alice", now=2.0)
+    audit.close()
+    recs = [rec for _n, rec in read_records(log) if isinstance(rec, dict)]
+    begun, done = recs[-2], recs[-1]
+    assert (begun["kind"], done["kind"]) == ("erasure.begun", "erasure")
+    assert begun["data"]["key_ids"] == list(receipt.key_ids)
+    assert done["data"]["begun"] == begun["seq"] and done["seq"] == receipt.audit_seq
+    assert unfinished_erasures(log) == []
+
+
+def test_an_append_the_disk_refuses_leaves_the_log_as_it_was(disk, signer):
+    log = disk / "audit.log"
+    audit = AuditLog(log, signer, checkpoint_every=1)
+    audit.append("note", {"n": 0}, 1.0)
+    before = log.read_bytes(), (disk / "audit.log.head").read_bytes()
+    fill(disk)
+    with pytest.raises(OSError):
+        audit.append("note", {"n": 1, "pad": "x" * 3000}, 2.0)
+    assert (log.read_bytes(), (disk / "audit.log.head").read_bytes()) == before
+    (disk / "ballast").unlink()
+    pos = audit.append("note", {"n": 2}, 3.0)  # the chain goes on from where it stood
+    audit.close()
+    report = verify_log(log, Verifier(signer.public_raw()), anchors=[pos])
+    assert report.ok, report.problems
+    assert _kinds(log) == ["note", "checkpoint", "note", "checkpoint"]
+
+
+def test_a_key_the_disk_cannot_hold_leaves_no_short_file(disk):
+    ring = TenantKeyring(FileKeySource(disk / "keys"))
+    fill(disk)
+    tried = []
+    with pytest.raises(OSError):
+        for i in range(64):  # a file or two may still fit in the folder's slack
+            tried.append(f"t{i}")
+            ring.create_tenant(tried[-1])
+    made = {p.name: p.stat().st_size for p in (disk / "keys").iterdir()}
+    assert all(size > 0 for size in made.values()), made  # no empty or short key file
+    (disk / "ballast").unlink()
+    for tenant in tried:  # each tenant is whole once the disk has room
+        if not ring.generations(tenant):
+            ring.create_tenant(tenant)
+        assert ring.seal_key(tenant, ring.current_generation(tenant)) and ring.blind_secret(tenant)
+
+
+def test_a_log_that_refuses_the_first_record_destroys_nothing(disk, signer):
+    ring = TenantKeyring(FileKeySource(disk / "keys"))
+    ring.create_tenant("alice")
+    audit = AuditLog(disk / "audit.log", signer, checkpoint_every=1)
+    fill(disk)
+    with pytest.raises(OSError):
+        Eraser(ring, audit, signer).erase_tenant("alice", now=5.0)
+    assert ring.has_keys("alice") and ring.erased_at("alice") is None
+    assert _kinds(disk / "audit.log") == []
+    (disk / "ballast").unlink()
+    receipt = Eraser(ring, audit, signer).erase_tenant("alice", now=6.0)
+    assert receipt.tenant == "alice" and not ring.has_keys("alice")
+    audit.close()
+
+
+@pytest.mark.parametrize("generation", [None, 1])
+def test_an_erasure_whose_end_the_log_refused_is_finished_by_running_it_again(
+        disk, signer, generation):
+    from security.sealing import TenantSealer
+
+    ring = TenantKeyring(FileKeySource(disk / "keys"))
+    ring.create_tenant("alice")
+    ring.rotate("alice")
+    sealer = TenantSealer(ring)
+    sealed = bytes(sealer.seal("alice", DIGEST, 1, 1, 1, b"page"))
+    log = disk / "audit.log"
+    audit = AuditLog(log, signer, checkpoint_every=1)
+    calls = []
+
+    def deleter(scope):
+        calls.append(scope)
+        if len(calls) == 1:
+            fill(disk)  # the disk fills while the pages are deleted
+        return 4
+
+    def erase(eraser):
+        if generation is None:
+            return eraser.erase_tenant("alice", now=7.0 + len(calls))
+        return eraser.erase_generation("alice", generation, now=7.0 + len(calls))
+
+    eraser = Eraser(ring, audit, signer)
+    eraser.register_tier("host", deleter)
+    with pytest.raises(ErasureUnrecorded, match="run the same erasure again"):
+        erase(eraser)
+    with pytest.raises(InvalidSeal):  # the keys went all the same
+        sealer.open("alice", DIGEST, 1, 1, 1, sealed)
+    verifier = Verifier(signer.public_raw())
+    assert verify_log(log, verifier).ok  # nothing torn: the end is not there at all
+    [begun] = unfinished_erasures(log)
+    assert (begun.tenant, begun.generation) == ("alice", generation)
+    with pytest.raises(ErasureUnrecorded):  # still full: still unrecorded, nothing lost
+        erase(eraser)
+
+    (disk / "ballast").unlink()
+    receipt = erase(eraser)
+    assert len(calls) == 3  # the deleters ran again
+    assert receipt.key_ids == begun.key_ids and receipt.counts == (("host", 4),)
+    assert (receipt.scope, receipt.generation) == (
+        "tenant" if generation is None else "generation", generation)
+    assert verify_receipt(receipt.to_json(), verifier) == receipt
+    audit.close()
+    assert verify_log(log, verifier, anchors=[receipt.audit_position()]).ok
+    assert unfinished_erasures(log) == []
+    with pytest.raises(KeyUnavailable):  # finished: a third run has nothing to do
+        erase(Eraser(ring, AuditLog(log, signer), signer))
+
+
+def test_a_whole_tenant_erasure_ends_an_unfinished_one_of_its_generations(tmp_path, signer):
+    ring = TenantKeyring(FileKeySource(tmp_path / "keys"))
+    ring.create_tenant("alice")
+    log = tmp_path / "audit.log"
+    audit = AuditLog(log, signer)
+    audit.append("erasure.begun", {"tenant": "alice", "generation": 1, "scope": "generation",
+                                   "key_ids": ["alice/g1/00"]}, 1.0)
+    assert [b.generation for b in unfinished_erasures(log)] == [1]
+    Eraser(ring, audit, signer).erase_tenant("alice", now=2.0)
+    audit.close()
+    assert unfinished_erasures(log) == []

@@ -26,14 +26,25 @@ def aligned(n: int, fill: bool = False) -> np.ndarray:
     return buf
 
 
+# Every row is called for at least this long before it is timed. On the 2-core VM a row
+# timed right after an idle pause (the bench pauses around the other process's reads) ran
+# its first 5-10 calls at about half speed, and the fixed row order always put the same
+# rows there (the sealed put: 12-13 GB/s timed cold, 20-21 warm, raw AES-GCM 22-25).
+WARM_S = 0.02
+
+
 def median_time(fn: Callable[[], object], reps: int) -> float:
-    """Median seconds per call of ``fn`` over ``reps`` calls (after one warm-up)."""
+    """Median seconds per call of ``fn`` over ``reps`` calls (after the warm-up)."""
     return statistics.median(sample_times(fn, reps))
 
 
 def sample_times(fn: Callable[[], object], reps: int) -> list[float]:
-    """Seconds of each of ``reps`` calls of ``fn`` (after one warm-up)."""
+    """Seconds of each of ``reps`` calls of ``fn``, after calling it for ``WARM_S`` (at
+    least once): every row and baseline alike."""
+    end = time.perf_counter() + WARM_S
     fn()
+    while time.perf_counter() < end:
+        fn()
     times = []
     for _ in range(reps):
         t = time.perf_counter()

@@ -11,10 +11,16 @@ find it.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
-from agentkv_cluster.engines.vllm.backend import BlockBackend, Caller
+from agentkv_cluster.engines.vllm.backend import (
+    BackendUnavailable,
+    BlockBackend,
+    Caller,
+    CallerRefused,
+)
 from agentkv_cluster.engines.vllm.blocks import (
     EngineVersions,
     block_identity,
@@ -25,6 +31,8 @@ from agentkv_cluster.engines.vllm.blocks import (
 from agentkv_cluster.lifecycle.identity import PageIdentity
 
 MAX_TAILS = 1 << 16  # tail lengths remembered (oldest dropped first)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +96,21 @@ class PrefixMatcher:
         return Match(blocks=matched,
                      tail=self._held_tail(caller, request, hashes, len(matched)),
                      resave_from=held_local if held_local < start else len(matched))
+
+    def claim(self, caller: Caller, request: Any, hashes: list[bytes], blocks: int) -> None:
+        """vLLM's own prefix cache holds the prompt's first ``blocks`` blocks, so nothing is
+        loaded or looked up for them; a lookup of them in the tenant's namespace still tells
+        a backend that tracks readers that this session reads them (the service: a lookup
+        makes the session a holder of what it finds, so another session's close keeps
+        them). A failure costs only that: it is logged, never raised."""
+        if blocks <= 0:
+            return
+        own = self.identities(request, hashes, blocks, caller.read_namespaces()[0])
+        try:
+            self.backend.lookup(caller, own)
+        except (BackendUnavailable, CallerRefused) as exc:
+            log.info("AgentKV: could not mark session %s a reader of its prefix: %s",
+                     caller.session, exc)
 
     def _parent(self, request: Any, hashes: list[bytes], index: int) -> bytes:
         return hashes[index - 1] if index else chain_seed(_salt(request))

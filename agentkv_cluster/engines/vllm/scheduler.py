@@ -191,9 +191,9 @@ class SchedulerSide:
     def _admit_and_lookup(self, st: _Req, n_blocks: int, wanted: bool, local: int
                           ) -> list[PageIdentity]:
         self._admit(st)
-        if st.caller is None or not wanted:
-            return []
-        return self._lookup_now(st, n_blocks, local)
+        if st.caller is not None and not wanted:  # vLLM's cache serves it: a reader, still
+            self.matcher.claim(st.caller, st.request, st.hashes, local // self.block_size)
+        return self._lookup_now(st, n_blocks, local) if st.caller and wanted else []
 
     def _lookup_now(self, st: _Req, n_blocks: int, local: int) -> list[PageIdentity]:
         assert st.caller is not None

@@ -32,7 +32,7 @@ from agentkv_cluster.policy.base import PageView
 from agentkv_cluster.sim.drivers import Demotion, PolicyDriver
 from agentkv_cluster.sim.metrics import risk_of_read, wrong_eviction_weight
 from agentkv_cluster.sim.schedule import ACCESS, CREATE, EOL, FALSE, PREFETCH, EventQueue
-from agentkv_cluster.sim.workload import SIGNAL_ORDER, TYPE_ORDER, Batch
+from agentkv_cluster.sim.workload import SIGNAL_ORDER, TYPE_ORDER, Batch, label_at
 from store.types import Codec, Tier
 
 __all__ = ["ACCESS", "CREATE", "EOL", "FALSE", "PREFETCH", "BatchRun", "BatchTrace", "PageEnd"]
@@ -163,8 +163,7 @@ class BatchRun:
                 for i, s in enumerate(self._live)]
 
     def _gap_tool(self, i: int, k: int) -> str:
-        tools = self.batch.gap_tools
-        return tools[i][k] if tools and k < len(tools[i]) else ""
+        return label_at(self.batch.gap_tools, i, k)
 
     def _tool_started(self, s: _Slot, now: float) -> float | None:
         """When the tool of the page's current gap started, if that is known by ``now``

@@ -92,6 +92,21 @@ class RaggedLabels(Sequence[tuple[str, ...]]):
     def __iter__(self) -> Iterator[tuple[str, ...]]:
         return (self[i] for i in range(len(self)))
 
+    def at(self, i: int, k: int) -> str:
+        """``self[i][k]``, or "" past its end, without building page ``i``'s whole tuple
+        (a long-lived page of a replayed trace has hundreds of gaps)."""
+        codes = self.codes[i]
+        return self.names[int(codes[k])] if k < len(codes) else ""
+
+
+def label_at(labels: Sequence[tuple[str, ...]], i: int, k: int) -> str:
+    """Page ``i``'s ``k``-th label, or "" when it has none (no labels at all, or past the
+    page's own): ``RaggedLabels.at`` for a replayed trace's columns."""
+    if isinstance(labels, RaggedLabels):
+        return labels.at(i, k)
+    row = labels[i] if labels else ()
+    return row[k] if k < len(row) else ""
+
 
 @dataclass(frozen=True, kw_only=True)
 class Batch:

@@ -21,6 +21,7 @@ from agentkv_cluster.policy.base import (
     EarlyReturnReport,
     EndOfLife,
     GapPlan,
+    InvalidPageView,
     Mechanisms,
     PageId,
     PageView,
@@ -147,6 +148,20 @@ class AgentKvPolicy(TrackedPolicy):
         live, as a full sort does; then it rebuilds its kept order from them once."""
         self._live = True
         return super().tracked()
+
+    def set_confidence(self, confidence: float) -> None:
+        """Every tracked record's prediction confidence is now ``confidence`` (a driver's
+        periodic refresh): the records and the kept structures in one pass. A refresh
+        through ``tracked`` makes the next change rebuild all of them from the records."""
+        if not 0.0 <= confidence <= 1.0:  # (NaN too)
+            raise InvalidPageView(f"confidence={confidence} outside [0, 1]")
+        for page in self._pages.values():
+            page.confidence = confidence
+        if self._live or self._resync:
+            return  # read live, or rebuilt from the records before the next use
+        self._rows.cols["confidence"][self._rows.rows()] = confidence
+        self._gate.set_all(confidence)
+        self._by_density.invalidate()
 
     def _victim_walk(self, now: float) -> Iterable[PageId]:
         """``_victim_order``, read from the kept structures (``order``): the LRU heap in

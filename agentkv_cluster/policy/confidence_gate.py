@@ -59,6 +59,12 @@ class ConfidenceGate:
             self._total += term
         self._terms[page_id] = term
 
+    def set_all(self, confidence: float) -> None:
+        """Every counted page's confidence is now ``confidence``."""
+        term, n = _scaled(confidence), len(self._terms)
+        self._terms = dict.fromkeys(self._terms, -1 if term is None else term)
+        self._odd, self._total = (n, 0) if term is None else (0, term * n)
+
     def drop(self, page_id: PageId) -> None:
         term = self._terms.pop(page_id, None)
         if term is None:

@@ -118,9 +118,7 @@ class AgentKvDriver:
         page never read again would keep its creation-time (untrained) confidence and
         hold the policy in its conservative fallback. The service refreshes it before
         each decision (``prepare``); here every CONFIDENCE_REFRESH outcomes."""
-        conf = self._confidence()
-        for view in self.policy.tracked():
-            view.confidence = conf
+        self.policy.set_confidence(self._confidence())
 
     def _confidence(self) -> float:
         """min(skill of the gap predictions, calibration of the reuse estimates)."""

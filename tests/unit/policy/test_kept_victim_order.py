@@ -133,6 +133,10 @@ class Run:
             self.consumers_done()
         elif op < 0.92 and agentkv:
             self.admit()
+        elif op < 0.935 and agentkv:  # the simulator's periodic refresh: one value for all
+            threshold = policy.config.predictor.confidence_threshold
+            policy.set_confidence(rng.choice([0.0, 0.2, threshold, threshold * (1 - 1e-15),
+                                              0.9, 1.0]))
         elif op < 0.96:
             views = list(policy.tracked())
             if agentkv:  # refreshed in place, not reported (the service's refresh)

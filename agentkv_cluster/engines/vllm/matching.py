@@ -102,14 +102,14 @@ class PrefixMatcher:
         loaded or looked up for them; a lookup of them in the tenant's namespace still tells
         a backend that tracks readers that this session reads them (the service: a lookup
         makes the session a holder of what it finds, so another session's close keeps
-        them). A failure costs only that: it is logged, never raised."""
+        them). A failure costs only that (the admission reports an outage): never raised."""
         if blocks <= 0:
             return
         own = self.identities(request, hashes, blocks, caller.read_namespaces()[0])
         try:
             self.backend.lookup(caller, own)
         except (BackendUnavailable, CallerRefused) as exc:
-            log.info("AgentKV: could not mark session %s a reader of its prefix: %s",
+            log.debug("AgentKV: could not mark session %s a reader of its prefix: %s",
                      caller.session, exc)
 
     def _parent(self, request: Any, hashes: list[bytes], index: int) -> bytes:

@@ -226,13 +226,6 @@ class AuditLog:
             self._commit()
             return pos
 
-    def check(self) -> None:
-        """``AuditLogError`` now if an append would be refused (the log closed, replaced,
-        truncated, rewritten or broken by another writer), writing nothing: run before an
-        act that cannot be undone, whose record must follow it (an erasure)."""
-        with self._exclusive():
-            pass
-
     def checkpoint(self, now: float) -> AuditPosition:
         """Sign the current head into the log now (also done on ``close``)."""
         with self._exclusive(), self._all_or_nothing():

@@ -132,7 +132,10 @@ class EngineChoice:
     about 1/EXPLORE of the copy time. Pure bookkeeping: the caller times the copies."""
 
     WINDOW = 8
-    WARMUP = 3  # copies each engine makes first (torch starts its threads on its first)
+    # Timed copies each engine makes first, after one that is not timed: torch starts its
+    # threads on its first copy, which took 8-9 ms of 16 MiB against 0.6 ms after, and that
+    # sample decided the warm-up's median for the one-core fan in 1 process of 3.
+    WARMUP = 3
     # 1/64 of the copy time: at 16, trying a 2 MiB fan copy 6x slower than torch's cost
     # 1.8 us per copy on average, 6 % of a 30 us copy
     EXPLORE = 64
@@ -153,7 +156,9 @@ class EngineChoice:
         c = self._class(size_class)
         c.count += 1
         if c.best is None:  # warm-up: each engine in turn until both have WARMUP times
-            return _ENGINES[len(c.times[0]) >= self.WARMUP], True
+            i = int(len(c.times[0]) >= self.WARMUP)
+            first, c.started[i] = not c.started[i], True
+            return _ENGINES[i], not first
         if c.count >= c.next_try:
             return _ENGINES[1 - c.best], True
         return _ENGINES[c.best], c.count % self.SAMPLE == 0
@@ -180,10 +185,11 @@ class EngineChoice:
 
 
 class _SizeClass:
-    __slots__ = ("best", "count", "medians", "next_try", "times")
+    __slots__ = ("best", "count", "medians", "next_try", "started", "times")
 
     def __init__(self, window: int) -> None:
         self.times = (deque(maxlen=window), deque(maxlen=window))  # FAN, TORCH
+        self.started = [False, False]  # each engine's untimed first copy made
         self.medians = [0.0, 0.0]
         self.best: int | None = None
         self.count = self.next_try = 0

@@ -211,6 +211,16 @@ class Eraser:
         return next((b for b in unfinished_erasures(self.audit.path)
                      if (b.tenant, b.generation) == (tenant, generation)), None)
 
+    def directory_namespaces(self, tenant: str) -> list[str]:
+        """The blinded directory namespaces an erasure of ``tenant`` deletes: its own while
+        it has keys (derivable only then); for an erasure that destroyed them and recorded
+        no end, the ones its marks name. ``KeyUnavailable`` when there is neither."""
+        if self.keyring.has_keys(tenant):
+            return [DirectoryBlinder(self.keyring).namespace(tenant)]
+        if self.unfinished(tenant) is None:
+            raise KeyUnavailable(f"tenant {tenant} has no keys (never created or already erased)")
+        return [ns for t, ns in self.keyring.erased_directory_namespaces() if t == tenant]
+
     def erase_tenant(self, tenant: str, now: float) -> ErasureReceipt:
         validate_namespace(tenant)
         scope = EraseScope(tenant=tenant, generation=None)

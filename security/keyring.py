@@ -116,14 +116,16 @@ class TenantKeyring:
         # disk, a crash between the two files), or what generation erasures left: kept.
         with contextlib.suppress(KeyExists):
             self.source.create(blind_name(namespace), prim.random_bytes(prim.KEY_BYTES))
-        generation = max(self._generations(namespace, ("gone",)), default=0) + 1
-        self.source.create(kek_name(namespace, generation), prim.random_bytes(prim.KEY_BYTES))
-        return generation
+        return self._add_generation(namespace)
 
     def rotate(self, namespace: str) -> int:
         """Add a generation above every live or erased one; older ones stay readable."""
         self.current_generation(namespace)  # the tenant must exist
-        generation = max(self._generations(namespace, ("kek", "gone"))) + 1
+        return self._add_generation(namespace)
+
+    def _add_generation(self, namespace: str) -> int:
+        """A new KEK one above every live or erased generation (1 for none); its number."""
+        generation = max(self._generations(namespace, ("kek", "gone")), default=0) + 1
         self.source.create(kek_name(namespace, validate_generation(generation)),
                            prim.random_bytes(prim.KEY_BYTES))
         return generation

@@ -233,7 +233,6 @@ def _erase_directory(args: argparse.Namespace, keyring: TenantKeyring, eraser: E
     marks name."""
     from agentkv_cluster.cli._redis_admin import erase_namespace
     from agentkv_cluster.runtime.erasure import DIRECTORY_RETRY_S
-    from security.blinding import DirectoryBlinder
 
     if args.generation is not None:
         raise CliError("--redis-url deletes whole tenants; the directory retires "
@@ -241,12 +240,11 @@ def _erase_directory(args: argparse.Namespace, keyring: TenantKeyring, eraser: E
     retry_s = DIRECTORY_RETRY_S if args.retry_s is None else args.retry_s
     if not (math.isfinite(retry_s) and 0 <= retry_s <= MAX_RETRY_S):
         raise CliError(f"--retry-s must be a number of seconds in [0, {MAX_RETRY_S:.0f}]")
-    if not keyring.has_keys(args.tenant) and eraser.unfinished(args.tenant) is not None:
-        return sum(erase_namespace(args.redis_url, ns, args.redis_prefix, retry_s=retry_s)
-                   for t, ns in keyring.erased_directory_namespaces() if t == args.tenant)
-    namespace = DirectoryBlinder(keyring).namespace(args.tenant)  # no keys: a SecurityError
-    check_writable_dir(args.keys_dir, "--keys-dir")  # the erasure marks the tenant there
-    return erase_namespace(args.redis_url, namespace, args.redis_prefix, retry_s=retry_s)
+    namespaces = eraser.directory_namespaces(args.tenant)  # nothing to erase: SecurityError
+    if keyring.has_keys(args.tenant):  # not one to finish: the erasure marks the tenant there
+        check_writable_dir(args.keys_dir, "--keys-dir")
+    return sum(erase_namespace(args.redis_url, ns, args.redis_prefix, retry_s=retry_s)
+               for ns in namespaces)
 
 
 def _write_receipt(path: Path | None, text: str) -> None:

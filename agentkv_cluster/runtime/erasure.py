@@ -39,9 +39,7 @@ from typing import TYPE_CHECKING, Any
 from agentkv_cluster.runtime.directory_glue import GUARD_BACKOFF, RedisSpec, open_directory
 from agentkv_cluster.runtime.handles import ActorGone
 from security.audit import AuditLog
-from security.blinding import DirectoryBlinder
 from security.erasure import Eraser, ErasureReceipt
-from security.errors import KeyUnavailable
 from security.keyring import FileKeySource, TenantKeyring
 from security.signing import Signer
 from store.types import Lookup
@@ -88,12 +86,7 @@ class ClusterErasure:
         with self._lock:
             keyring = TenantKeyring(FileKeySource(self.keys_dir))
             eraser = Eraser(keyring, self.audit, self.signer)
-            if keyring.has_keys(tenant):  # derivable only before the erasure
-                namespaces = [DirectoryBlinder(keyring).namespace(tenant)]
-            elif eraser.unfinished(tenant) is not None:  # began, its end never recorded:
-                namespaces = [ns for t, ns in self._erased() if t == tenant]  # finished here
-            else:
-                raise KeyUnavailable(f"tenant {tenant} has no keys (never created or erased)")
+            namespaces = eraser.directory_namespaces(tenant)  # nothing to erase: raises
             try:  # its calls and loads fail from here; the keys go even if this cannot
                 self.topo.controller.freeze_tenant(tenant)
             except ActorGone:

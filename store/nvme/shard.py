@@ -177,14 +177,22 @@ class NvmeShard:
     def shred(self, key: bytes) -> Lookup:
         """Erasure: overwrite ``key``'s payload with zeros where it lies (and sync), then
         retire it like ``delete``; HIT if it existed. The record header (key, length,
-        checksum) stays so recovery still parses the segment; the tombstone hides it."""
+        checksum) stays so recovery still parses the segment; the tombstone hides it.
+        If the tombstone cannot be written (the disk and its reserve are full), the key
+        still leaves the index (its bytes are zeros now: nothing may serve or count them)
+        and the error is raised; a later shred or delete of the key after a restart, which
+        finds the zeroed record again, writes the tombstone then."""
         check_key(key)
         with self._lock:
             loc = self._find(key)
             if loc is None:
                 return Lookup.MISS
             self._files.zero_payload(loc)
-            return self._retire(key)
+            try:
+                return self._retire(key)
+            except BaseException:
+                self._index.unpublish(key)
+                raise
 
     def shred_dead(self) -> int:
         """Erasure: zero the payload of every record that is no longer live (deleted or

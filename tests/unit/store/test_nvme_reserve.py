@@ -145,6 +145,27 @@ def test_an_erasure_past_the_reserve_frees_the_segments_it_leaves_dead(disk):
         assert again.keys() == []
 
 
+def test_a_shred_whose_tombstone_finds_no_room_still_unindexes_the_zeroed_record(disk):
+    """No reserve and no dead segment to free: the tombstone cannot land. The payload is
+    zeroed all the same, and the key leaves the index (nothing serves or counts zeros);
+    ``DiskFull`` tells the erasure the tier failed. After a restart the zeroed record is
+    found again (no tombstone on disk) and a shred with room writes its tombstone."""
+    shard = _filled(disk, n=2, reserve_tombstones=0)
+    shredded = _raw_payload(shard, b"k0")
+    with pytest.raises(DiskFull):
+        shard.shred(b"k0")
+    assert _read(shredded) == bytes(PAYLOAD)
+    assert shard.keys() == [b"k1"] and shard.get(b"k0") is Lookup.MISS
+    assert shard.shred(b"k0") is Lookup.MISS
+    shard.close()
+    disk.capacity += 4 * BLOCK  # an operator freed space
+    with NvmeShard(disk.directory, NvmeShardConfig(reserve_tombstones=0)) as again:
+        assert sorted(again.keys()) == [b"k0", b"k1"]  # the zeroed record, no tombstone
+        assert again.shred(b"k0") is Lookup.HIT
+    with NvmeShard(disk.directory, NvmeShardConfig(reserve_tombstones=0)) as again:
+        assert again.keys() == [b"k1"] and again.get(b"k1") == _payload(1)
+
+
 def test_compaction_on_a_full_file_system_frees_dead_segments_and_refills_the_reserve(disk):
     shard = _filled(disk, n=6, segment_bytes=2 * RECORD)  # two records a segment
     assert shard.stats().segments == 3

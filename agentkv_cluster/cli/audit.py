@@ -51,6 +51,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     erased.add_argument("--redis-url", required=True, metavar="URL", help="an admin connection")
     erased.add_argument("--redis-prefix", default="akv", metavar="P",
                         help="the service's directory.prefix (default akv)")
+    erased.add_argument("--log", type=Path, metavar="LOG",
+                        help="also fail each erasure this audit log says began and never "
+                             "recorded its end (no receipt yet)")
     erased.set_defaults(handler=_erased)
 
     keygen = sub.add_parser("keygen", help="create an Ed25519 signing key pair (PEM)")
@@ -209,7 +212,8 @@ def _isolation(args: argparse.Namespace) -> int:
 def _erased(args: argparse.Namespace) -> int:
     """Each erased tenant whose mark names its blinded namespace: PASS when Redis holds no
     key of it (a Redis restored from an older snapshot would), else FAIL with the count.
-    Tenants erased before marks named the namespace cannot be checked; they are listed."""
+    Tenants erased before marks named the namespace cannot be checked; they are listed.
+    With ``--log``, each erasure that log says began and never ended FAILs as well."""
     from rich.console import Console
 
     from agentkv_cluster.cli._redis_admin import check_prefix, connect_admin, keys_by_namespace
@@ -221,6 +225,7 @@ def _erased(args: argparse.Namespace) -> int:
         named, erasures = keyring.erased_directory_namespaces(), keyring.erasures()
     except SecurityError as exc:
         raise CliError(f"--keys-dir {args.keys_dir}: {exc}") from None
+    unfinished = _unfinished(args.log)
     check_prefix(args.redis_prefix)
     shown = redact_url(args.redis_url)
     admin = connect_admin(args.redis_url)
@@ -247,7 +252,26 @@ def _erased(args: argparse.Namespace) -> int:
                       f"{', '.join(unnamed)}")
     failed = sum(1 for _t, ns in named if held[ns])
     console.print(f"{len(named) - failed}/{len(named)} erased namespaces hold no key")
-    return 0 if failed == 0 else 1
+    for begun in unfinished:
+        what = "tenant" if begun.generation is None else f"generation {begun.generation} of"
+        console.print(f"[red]FAIL[/red] erasure of {what} {begun.tenant} unfinished: begun at "
+                      f"record {begun.seq} of {args.log}, its end never recorded (no receipt); "
+                      "run the same `agentkv tenant erase` again to finish it")
+    return 0 if failed == 0 and not unfinished else 1
+
+
+def _unfinished(path: Path | None) -> list:
+    """The erasures the audit log at ``path`` says began and never ended (none: no log)."""
+    from security.erasure import unfinished_erasures
+
+    if path is None:
+        return []
+    if not path.is_file():
+        raise CliError(f"--log {path} is not an audit log file")
+    try:
+        return unfinished_erasures(path)
+    except OSError as exc:
+        raise CliError(f"cannot read audit log {path}: {exc.strerror}") from None
 
 
 def _keygen(args: argparse.Namespace) -> int:

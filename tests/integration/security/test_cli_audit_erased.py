@@ -74,3 +74,44 @@ def test_bad_input_is_a_one_line_error(redis, tmp_path, capsys, flag, value, err
     args[flag] = value
     assert main(["audit", "erased", *[x for kv in args.items() for x in kv]]) == 2
     assert error in capsys.readouterr().err
+
+
+def test_an_erasure_whose_end_the_log_refused_fails_until_it_is_finished(redis, tmp_path,
+                                                                        capsys) -> None:
+    """``--log``: an erasure whose last record a full disk refused (keys gone, no receipt)
+    FAILs by name until running it again records its end (a real tmpfs, filled)."""
+    from security.errors import ErasureUnrecorded
+    from tests.support.tmpfs import fill, tmpfs
+
+    with tmpfs(tmp_path / "fs", 1 << 20) as disk:
+        keys = disk / "keys"
+        keyring = TenantKeyring(FileKeySource(keys))
+        keyring.create_tenant("acme")
+        log = disk / "audit.log"
+        signer = Signer.generate()
+        audit = AuditLog(log, signer, checkpoint_every=1)
+        eraser = Eraser(keyring, audit, signer)
+        calls: list[object] = []
+
+        def deleter(scope: object) -> int:
+            calls.append(scope)
+            if len(calls) == 1:
+                fill(disk)  # the disk fills while the pages are deleted
+            return 0
+
+        eraser.register_tier("host", deleter)
+        with pytest.raises(ErasureUnrecorded):
+            eraser.erase_tenant("acme", 1_700_000_000.0)
+        (disk / "ballast").unlink()
+        args = ["audit", "erased", "--keys-dir", str(keys), "--redis-url", redis.url]
+        assert main(args) == 0  # without the log: the marks alone, and Redis holds nothing
+        capsys.readouterr()
+        assert main([*args, "--log", str(log)]) == 1
+        out = capsys.readouterr().out
+        assert "FAIL erasure of tenant acme unfinished" in out and "no receipt" in out
+        eraser.erase_tenant("acme", 1_700_000_001.0)  # run again: the end is recorded
+        audit.close()
+        assert main([*args, "--log", str(log)]) == 0
+        assert "unfinished" not in capsys.readouterr().out
+        assert main([*args, "--log", str(tmp_path / "missing.log")]) == 2
+        assert "is not an audit log file" in capsys.readouterr().err

@@ -1,20 +1,20 @@
 """The demo's AgentKV vs LRU comparison over many seeds, like for like, quiet or loaded.
 
 One real service (local Ray, host pool, NVMe shard, NIXL); per seed the same synthetic
-agent workload runs once per policy on a fresh controller (the order alternates with
-the seed, so drift hits both alike). Every resume calls ``prepare_load`` and
-``complete_load``: a lossy working copy is verified against its FULL reference there,
-and that fetch counts in the policy's delay and bytes; pages served lossy (no
-reference kept) are reported as ``inexact %``. ``--hog`` runs a busy loop on one core
-next to the service for the whole run. Besides the per-seed counts it prints the median
-per-seed P95 ratio and the P95 of every access of every seed per policy (one seed's P95
-rests on its ~10 slowest accesses, often one resume), with the pooled ratio's 90 %
-bootstrap interval (``pooled_ratio``: whole seeds resampled), and where the slowest 5 %
-of each policy's loads spent their time (``LoadPhases``: pages being moved out, blocked
-for room, own transfers, arrivals). Figures reported in the docs use seeds 1-10 (settings were
+agent workload runs once per policy on a fresh controller (the order alternates with the
+seed, so drift hits both alike). Every resume calls ``prepare_load`` and ``complete_load``:
+a lossy working copy is verified against its FULL reference there, and that fetch counts in
+the policy's delay and bytes; pages served lossy (no reference kept) are reported as
+``inexact %``. ``--hog`` runs a busy loop on one core next to the service for the whole run
+(``--hogs N``: N of them, an overloaded box). Besides the per-seed counts it prints the
+median per-seed P95 ratio and the P95 of every access of every seed per policy (one seed's
+P95 rests on its ~10 slowest accesses, often one resume), with the pooled ratio's 90 %
+bootstrap interval (``pooled_ratio``: whole seeds resampled), and where the slowest 5 % of
+each policy's loads spent their time (``LoadPhases``: pages being moved out, blocked for
+room, own transfers, arrivals). Figures reported in the docs use seeds 1-10 (settings were
 tuned on seeds >= 100 only).
 
-    python benchmarks/bench_demo_seeds.py --seeds 1-10 [--hog] [--json OUT] [--png OUT]
+    python benchmarks/bench_demo_seeds.py --seeds 1-10 [--hog | --hogs N] [--json OUT] [--png OUT]
 """
 
 from __future__ import annotations
@@ -161,22 +161,29 @@ def main() -> int:
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--budget", type=float, default=0.35)
     ap.add_argument("--hog", action="store_true", help="a busy loop on one core meanwhile")
+    ap.add_argument("--hogs", type=int, default=None, metavar="N",
+                    help="N busy loops meanwhile (an overloaded box; --hog is --hogs 1)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--png", type=Path)
     args = ap.parse_args()
+    hogs = args.hogs if args.hogs is not None else int(args.hog)
+    if hogs < 0:
+        ap.error(f"--hogs must be >= 0, not {hogs}")
     stop = multiprocessing.Event()
-    hog = multiprocessing.Process(target=_hog, args=(stop,), daemon=True) if args.hog else None
-    if hog is not None:
-        hog.start()
+    loops = [multiprocessing.Process(target=_hog, args=(stop,), daemon=True)
+             for _ in range(hogs)]
+    for loop in loops:
+        loop.start()
     t0 = time.monotonic()
     try:
         payload = run(_seeds(args.seeds), args.sessions, args.turns, args.budget)
     finally:
-        if hog is not None:
-            stop.set()
-            hog.join(5)
+        stop.set()
+        for loop in loops:
+            loop.join(5)
     payload["verdict"] = verdict(payload)
-    payload["config"]["hog"] = args.hog
+    payload["config"]["hog"] = hogs > 0
+    payload["config"]["hogs"] = hogs
     payload["config"]["load_avg"] = os.getloadavg()
     payload["config"]["seconds"] = time.monotonic() - t0
     v = payload["verdict"]
@@ -204,7 +211,7 @@ def main() -> int:
         args.json.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
     if args.png:
         plot(payload, args.png, "AgentKV vs LRU, real service, per seed"
-             + (" (one-core CPU hog)" if args.hog else ""))
+             + (f" ({hogs} CPU hog{'s' if hogs > 1 else ''})" if hogs else ""))
     return 0
 
 

@@ -25,7 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from agentkv_cluster.runtime.actor_watch import Liveness, liveness
 from agentkv_cluster.runtime.directory_glue import Backoff, RedisSpec
+from agentkv_cluster.runtime.handles import ActorHandle
 
 if TYPE_CHECKING:
     from store.directory.base import WriteRefusal
@@ -254,6 +256,9 @@ def probe(directory: Any, timeout_s: float = 2.0) -> tuple[bool, str]:
     if isinstance(directory, RedisSpec):
         seen = probe_redis(directory, timeout_s)
         return seen.up, seen.detail
-    if hasattr(directory, "alive") and not directory.alive(timeout_s):
-        return False, "directory actor unreachable"
+    if isinstance(directory, ActorHandle):
+        seen = liveness(directory, timeout_s)
+        if seen is not Liveness.ALIVE:
+            return False, ("directory actor unreachable" if seen is Liveness.GONE
+                           else f"directory actor: no answer within {timeout_s:g} s")
     return True, "directory ok"

@@ -371,10 +371,6 @@ class ServiceFront:
         self.loads.released(principal.tenant, session, keys)
         return {"released": released}
 
-    def ready(self) -> tuple[bool, str]:
-        ok = self.controller.alive(5.0)
-        return ok, "ready" if ok else "controller unreachable"
-
 
 def _mtime_ns(path: str) -> int:
     try:

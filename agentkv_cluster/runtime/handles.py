@@ -129,13 +129,6 @@ class ActorHandle:
     def ping(self) -> str:
         return self._call("ping")
 
-    def alive(self, timeout_s: float = 10.0) -> bool:
-        try:
-            self.options(timeout_s=timeout_s).ping()
-            return True
-        except ActorGone:
-            return False
-
     def kill(self) -> None:
         """Fault injection and shutdown: end the actor process now."""
         if self.remote:

@@ -21,6 +21,7 @@ from agentkv_cluster.api.metrics import MetricsHttpServer, ServiceMetrics
 from agentkv_cluster.api.server import ApiServer
 from agentkv_cluster.config import AgentKvConfig
 from agentkv_cluster.runtime import wiring
+from agentkv_cluster.runtime.actor_watch import Liveness, liveness
 from agentkv_cluster.runtime.directory_watch import probe
 from agentkv_cluster.runtime.erasure import ClusterErasure, ErasureWatcher
 from agentkv_cluster.runtime.event_planner import AuditSummary
@@ -144,8 +145,10 @@ class Service:
         deadline_s = self.ready.deadline_s
 
         def controller_answers() -> tuple[bool, str]:
-            ok = controller.alive(deadline_s)
-            return ok, "controller ok" if ok else "controller unreachable"
+            seen = liveness(controller, deadline_s)
+            return seen is Liveness.ALIVE, {
+                Liveness.ALIVE: "controller ok", Liveness.GONE: "controller unreachable",
+                Liveness.SLOW: f"controller: no answer within {deadline_s:g} s"}[seen]
 
         return {"controller": controller_answers,
                 "directory": lambda: probe(directory, deadline_s)}

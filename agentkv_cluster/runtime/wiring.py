@@ -22,6 +22,7 @@ from typing import Any
 
 from agentkv_cluster.config import AgentKvConfig, nvme_root
 from agentkv_cluster.runtime.actor_groups import remote_class
+from agentkv_cluster.runtime.actor_watch import Liveness, liveness
 from agentkv_cluster.runtime.controller_actor import ControllerActor, ControllerSpec
 from agentkv_cluster.runtime.directory_glue import DirectoryShell, RedisSpec, open_directory
 from agentkv_cluster.runtime.handles import (
@@ -316,7 +317,8 @@ def join_new_nodes(cfg: AgentKvConfig, topo: Topology, front: Any | None = None,
     fresh = [p for p in made_pools if topo.pool_node[p] in live]  # new or replacing one
     for pool_name in fresh:  # new pools with the HBM actors from before
         for hbm in before_hbms.values():
-            if hbm.alive(5.0):
+            # a slow (starved) one is met too: skipped, it never met this pool at all
+            if liveness(hbm, 5.0) is not Liveness.GONE:
                 _meet(hbm, topo.pools[pool_name])
     pools = [h for p, h in topo.pools.items() if topo.pool_node.get(p) in live]
     for name in added:  # the new HBM actors with every live pool and the front

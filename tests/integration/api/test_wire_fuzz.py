@@ -196,11 +196,12 @@ def test_metrics_health_and_readiness_endpoints(service, good) -> None:
     session, keys, _ = good
     session.prepare_load(keys)
     session.release(keys)
-    http = MetricsHttpServer(service.metrics, service.front.ready, port=0).start()
+    http = MetricsHttpServer(service.metrics, service.ready, port=0).start()
     base = f"http://127.0.0.1:{http.port}"
     try:
         assert urllib.request.urlopen(base + "/healthz").read() == b"ok\n"
-        assert urllib.request.urlopen(base + "/readyz").read() == b"ready\n"
+        ready = urllib.request.urlopen(base + "/readyz").read().decode().splitlines()
+        assert ready[0] == "ready" and "controller ok" in ready
         text = urllib.request.urlopen(base + "/metrics").read().decode()
         label = service.metrics.tenant("acme")  # a blinded id unless tenant_names is set
         assert f'agentkv_restore_delay_seconds_count{{source="hbm",tenant="{label}"}}' in text

@@ -18,6 +18,7 @@ from agentkv_cluster.api.protocol import RemoteError
 from agentkv_cluster.config import load_config
 from agentkv_cluster.lifecycle.identity import PageIdentity
 from agentkv_cluster.runtime.actor_groups import HEALTH, STOP
+from agentkv_cluster.runtime.actor_watch import Liveness, liveness
 from agentkv_cluster.runtime.service import Service
 from tests.support.ray_cluster import NODE, ray_cluster
 
@@ -107,7 +108,7 @@ def test_complete_load_after_its_hbm_actor_died_is_not_found_then_never_wrong(se
 
 def test_a_dead_pool_leaves_its_hbm_actor_another_pool_to_demote_into(service) -> None:
     controller = service.topo.controller
-    wait_until(lambda: all(service.topo.hbms[h].alive(2.0)
+    wait_until(lambda: all(liveness(service.topo.hbms[h], 2.0) is Liveness.ALIVE
                            for h in controller.topology()["hbms"]),
                "the controller to forget every dead HBM actor")
     s = service.client("acme").open_session("p1")

@@ -15,6 +15,7 @@ import pytest
 
 from agentkv_cluster.config import load_config
 from agentkv_cluster.runtime import wiring
+from agentkv_cluster.runtime.handles import ActorGone, ActorHandle, ActorSlow
 from agentkv_cluster.runtime.service import Service
 from tests.integration.runtime.test_cluster import identity, kv_page
 from tests.support.ray_cluster import ray_cluster
@@ -93,7 +94,7 @@ def test_a_join_that_failed_half_way_wires_and_announces_what_it_made(monkeypatc
 
     def half(cfg, topo, nodes, cluster):  # the pool is made, then its HBM actor is refused
         topo.node_names["a"] = "node9"
-        topo.pools["node9"], topo.pool_node["node9"] = Peer("node9"), "a"
+        topo.pools["node9"], topo.pool_node["node9"] = peer("node9"), "a"
         raise ValueError("actor name akv-node9-hbm0 is taken")
 
     met, announced = [], []
@@ -102,7 +103,7 @@ def test_a_join_that_failed_half_way_wires_and_announces_what_it_made(monkeypatc
     controller = SimpleNamespace(add_pool=lambda name, handle: announced.append(name),
                                  add_hbm=lambda *args: announced.append(args[0]))
     topo = wiring.Topology(controller=controller, directory=None,
-                           hbms={"node0-hbm0": Peer("node0-hbm0")})
+                           hbms={"node0-hbm0": peer("node0-hbm0")})
     with pytest.raises(ValueError, match="is taken"):
         wiring.join_new_nodes(load_config(env={}), topo)
     assert met == [("node0-hbm0", "node9")]  # the new pool met the HBM actor from before
@@ -110,14 +111,45 @@ def test_a_join_that_failed_half_way_wires_and_announces_what_it_made(monkeypatc
     assert topo.node_names == {"a": "node9"}  # placed: not tried again
 
 
-class Peer:
-    """What the join asks of an actor handle besides introductions."""
+def test_a_join_meets_a_slow_hbm_actor_and_skips_only_a_dead_one(monkeypatch) -> None:
+    """An HBM actor that does not answer its ping in time (starved, busy) is met by the new
+    pool all the same; only one Ray reports dead is skipped. Before, a missed ping counted
+    as dead (``ActorSlow`` is an ``ActorGone``): the slow actor never met the new pool, and
+    a placed node is never wired again, so its moves to that pool could not find it."""
+    joined = [{"NodeID": "a", "Alive": True, "NodeManagerHostname": "vm", "Resources": {}}]
+    monkeypatch.setattr(wiring, "_ray", lambda: SimpleNamespace(nodes=lambda: joined))
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def placed(cfg, topo, nodes, cluster):
+        topo.node_names["a"] = "node9"
+        topo.pools["node9"], topo.pool_node["node9"] = peer("node9"), "a"
 
-    def alive(self, timeout_s: float = 10.0) -> bool:
-        return True
+    met, announced = [], []
+    monkeypatch.setattr(wiring, "place", placed)
+    monkeypatch.setattr(wiring, "introduce", lambda a, b: met.append((a.name, b.name)))
+    controller = SimpleNamespace(add_pool=lambda name, handle: announced.append(name),
+                                 add_hbm=lambda *args: announced.append(args[0]))
+    hbms = {"node0-hbm0": peer("node0-hbm0", ActorSlow("no answer in 5.0 s")),
+            "node0-hbm1": peer("node0-hbm1", ActorGone("RayActorError")),
+            "node0-hbm2": peer("node0-hbm2")}
+    topo = wiring.Topology(controller=controller, directory=None, hbms=hbms)
+    assert wiring.join_new_nodes(load_config(env={}), topo) == ["node9"]
+    assert met == [("node0-hbm0", "node9"), ("node0-hbm2", "node9")]
+    assert announced == ["node9"]
+
+
+class _Pinged:
+    def __init__(self, answer: BaseException | None) -> None:
+        self.answer = answer
+
+    def ping(self) -> str:
+        if self.answer is not None:
+            raise self.answer
+        return "here"
+
+
+def peer(name: str, answer: BaseException | None = None) -> ActorHandle:
+    """An actor the join pings and introduces: answers, or raises ``answer``."""
+    return ActorHandle.local(_Pinged(answer), name)
 
 
 def test_pool_only_on_akv_pool_node_and_hbm_uses_it(cluster) -> None:

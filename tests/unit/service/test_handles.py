@@ -8,6 +8,7 @@ import inspect
 
 import pytest
 
+from agentkv_cluster.runtime.actor_watch import Liveness, liveness
 from agentkv_cluster.runtime.controller_actor import ControllerActor
 from agentkv_cluster.runtime.directory_glue import DirectoryShell
 from agentkv_cluster.runtime.handles import (
@@ -74,7 +75,7 @@ def test_an_unknown_method_is_an_attribute_error_at_the_call_site():
 
 def test_local_calls_raise_the_actors_exception_and_started_calls_raise_from_the_waiter():
     handle = HbmHandle.local(_Hbm(), "h")
-    assert handle.alive() and handle.ping() == "hbm"
+    assert liveness(handle) is Liveness.ALIVE and handle.ping() == "hbm"
     with pytest.raises(KeyError, match="not reserved by you"):
         handle.land(b"k", 3, 10, "you")
     waiter = handle.start_land(b"k", 3, 10, "you")  # the error waits for the waiter

@@ -5,7 +5,8 @@ tenant) and every pool (occupancy, verification rejects) are asked at once, unde
 deadline (``SCRAPE_DEADLINE_S``), through a ``PartAsker``: hung actors cannot hold a scrape
 longer than that. ``agentkv_scrape_part_ok{part}`` says which part answered; one that did
 not keeps its figures from an earlier scrape (its late answer is taken on a later scrape,
-once), and a pool that is gone (``ActorGone``) counts as holding nothing.
+once), and a pool that is gone (``ActorGone``) counts as holding nothing (one that only
+answered too late, ``ActorSlow``, keeps its last figures).
 
 The controller reports cumulative figures per tenant; counters take increments, so the feed
 remembers what it exported. That record is bounded like the labels: one figure per tenant
@@ -19,7 +20,7 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from agentkv_cluster.runtime.handles import ActorGone
+from agentkv_cluster.runtime.handles import ActorGone, ActorSlow
 from agentkv_cluster.runtime.part_asker import Answer, Outcome, PartAsker
 
 if TYPE_CHECKING:
@@ -139,7 +140,8 @@ class MetricsFeed:
                 m.reject(name, delta(("rejects", name), st["rejects"]))
                 m.nvme_full(name, delta(("spilled", name), st["nvme_full"] - st["refused_full"]),
                             delta(("refused", name), st["refused_full"]))
-            elif answer.outcome is Outcome.FAILED and isinstance(answer.error, ActorGone):
+            elif answer.outcome is Outcome.FAILED and isinstance(answer.error, ActorGone) \
+                    and not isinstance(answer.error, ActorSlow):  # slow: its last answer holds
                 self._pools.pop(part, None)  # a dead pool holds nothing; the watcher forgets it
         m.set_occupancy("host", sum(host for host, _ in self._pools.values()))
         m.set_occupancy("nvme", sum(nvme for _, nvme in self._pools.values()))

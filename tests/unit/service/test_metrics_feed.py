@@ -189,3 +189,40 @@ def test_hung_actors_cost_a_scrape_one_deadline_and_their_late_answer_counts_onc
         assert part_ok(metrics) == {"controller": 1, "pool/node0": 1, "pool/node1": 1}
         assert counter(metrics, "agentkv_prefetch_gave_room_total") == 5
     assert (controller.calls, pool.calls) == (2, 2)
+
+
+class Failing(Pool):
+    """A pool whose next ``stats`` raises ``error`` (then answers again)."""
+
+    def __init__(self, name: str, used: int) -> None:
+        super().__init__(name)
+        self.used, self.error = used, None
+
+    def stats(self) -> dict[str, Any]:
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+        return {**super().stats(), "host_used_bytes": self.used}
+
+
+def test_a_pool_that_answered_too_late_keeps_its_occupancy_and_a_dead_one_holds_nothing(
+        ) -> None:
+    """``ActorSlow`` is an ``ActorGone``: a pool whose answer timed out used to count as
+    holding nothing until it answered again, as a dead one does."""
+    from agentkv_cluster.runtime.handles import ActorGone, ActorSlow
+
+    metrics = ServiceMetrics()
+    slow, dead = Failing("node0", 100), Failing("node1", 20)
+    feed, _ = feed_for(metrics, Controller(), {"node0": slow, "node1": dead})
+
+    def host_used() -> float:
+        text = metrics.exposition().decode()
+        return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+                   if s.name == "agentkv_tier_occupancy_bytes" and s.labels["tier"] == "host")
+
+    feed()
+    assert host_used() == 120
+    slow.error, dead.error = ActorSlow("node0: no answer in 10 s"), ActorGone("RayActorError")
+    feed()
+    assert part_ok(metrics) == {"controller": 1, "pool/node0": 0, "pool/node1": 0}
+    assert host_used() == 100  # the slow one's last figure; the dead one's is gone

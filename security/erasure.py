@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -195,11 +195,18 @@ def unfinished_erasures(path: str | os.PathLike[str]) -> list[BegunErasure]:
 class Eraser:
     """Destroys keys, deletes pages in every registered tier, and signs a receipt."""
 
-    def __init__(self, keyring: TenantKeyring, audit: AuditLog, signer: Signer) -> None:
+    def __init__(self, keyring: TenantKeyring, audit: AuditLog, signer: Signer,
+                 unrecorded: dict[int, tuple[tuple[str, int], ...]] | None = None) -> None:
+        """``unrecorded``: what attempts whose end the log refused deleted per tier, by the
+        seq of their ``erasure.begun`` record; the attempt that finishes such an erasure
+        adds them to its own counts. Share one across Erasers to keep them between calls
+        (the service does); a new process does not know them (its receipt counts what it
+        deleted itself)."""
         self.keyring = keyring
         self.audit = audit
         self.signer = signer
         self._tiers: dict[str, TierDeleter] = {}
+        self._unrecorded = {} if unrecorded is None else unrecorded
 
     def register_tier(self, name: str, delete_fn: TierDeleter) -> None:
         if not _TIER_RE.fullmatch(name) or name in self._tiers:
@@ -280,6 +287,7 @@ class Eraser:
                 # The keys are gone already, so pages left behind stay unreadable.
                 counts.append((name, -1))
                 failed.append(name)
+        counts = _with_earlier(counts, self._unrecorded.get(begun, ()))
         kind = "tenant" if scope.generation is None else "generation"
         try:
             pos = self.audit.append(DONE, {
@@ -288,13 +296,25 @@ class Eraser:
                 "failed_tiers": failed, "begun": begun,
             }, now)
         except (AuditLogError, OSError) as exc:
+            self._unrecorded[begun] = tuple(counts)
             raise ErasureUnrecorded(
                 f"the keys of {kind} {scope.tenant} are destroyed and its pages deleted, but "
                 f"the audit log refused the erasure's record ({type(exc).__name__}: {exc}); "
                 "no receipt was signed: run the same erasure again once the log takes "
                 "writes, it finishes this one") from exc
+        self._unrecorded.pop(begun, None)
         receipt = ErasureReceipt(
             tenant=scope.tenant, scope=kind, generation=scope.generation, key_ids=tuple(key_ids),
             counts=tuple(counts), failed_tiers=tuple(failed), time=float(now),
             audit_seq=pos.seq, audit_hash=pos.hash)
         return sign_receipt(receipt, self.signer)
+
+
+def _with_earlier(counts: list[tuple[str, int]], earlier: Sequence[tuple[str, int]]
+                  ) -> list[tuple[str, int]]:
+    """Each tier's count plus what earlier, unrecorded attempts of the same erasure deleted
+    there. A tier that fails now counts -1 (failed); one that failed before and not now
+    counts what it deleted now (its deleter ran again in full)."""
+    before = dict(earlier)
+    return [(name, n if n < 0 or before.get(name, 0) < 0 else n + before.get(name, 0))
+            for name, n in counts]

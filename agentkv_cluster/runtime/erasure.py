@@ -80,12 +80,14 @@ class ClusterErasure:
         self.signer = signer
         self._lock = threading.Lock()  # one erasure at a time
         self.enforced: dict[str, float] = {}  # tenant -> erasure mark already enforced
+        # what an erasure whose end the log refused deleted: its rerun's receipt counts it
+        self._unrecorded: dict[int, tuple[tuple[str, int], ...]] = {}
 
     def erase(self, tenant: str) -> ErasureReceipt:
         """Crypto-shred ``tenant`` and purge it from every tier; the signed receipt."""
         with self._lock:
             keyring = TenantKeyring(FileKeySource(self.keys_dir))
-            eraser = Eraser(keyring, self.audit, self.signer)
+            eraser = Eraser(keyring, self.audit, self.signer, self._unrecorded)
             namespaces = eraser.directory_namespaces(tenant)  # nothing to erase: raises
             try:  # its calls and loads fail from here; the keys go even if this cannot
                 self.topo.controller.freeze_tenant(tenant)

@@ -70,6 +70,9 @@ def test_an_erasure_whose_receipt_the_full_disk_refused_is_finished_when_asked_a
 
             receipt = svc.erase_tenant("acme")  # no keys left: it finishes the one begun
             assert receipt.key_ids == begun.key_ids and receipt.failed_tiers == ()
+            # what the refused attempt deleted is counted: this run found nothing left
+            counts = dict(receipt.counts)
+            assert counts["controller"] == 6 and counts["host"] + counts["hbm"] >= 6
             assert filler.calls == 2
             verifier = load_verifier(disk / "work" / "audit.pub")
             assert verify_receipt(receipt.to_json(), verifier) == receipt

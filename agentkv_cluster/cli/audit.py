@@ -120,10 +120,8 @@ def _verify(args: argparse.Namespace) -> int:
     for problem in report.problems:
         console.print(f"  [red]-[/red] {problem}")
     for begun in unfinished_erasures(args.log):
-        what = "tenant" if begun.generation is None else f"generation {begun.generation} of"
-        console.print(f"  [yellow]unfinished[/yellow] erasure of {what} {begun.tenant}: begun at "
-                      f"record {begun.seq}, its end never recorded (no receipt); run the same "
-                      "`agentkv tenant erase` again to finish it")
+        erasure, detail = _unfinished_lines(begun)
+        console.print(f"  [yellow]unfinished[/yellow] {erasure}: {detail}")
     return 0 if report.ok else 1
 
 
@@ -253,11 +251,17 @@ def _erased(args: argparse.Namespace) -> int:
     failed = sum(1 for _t, ns in named if held[ns])
     console.print(f"{len(named) - failed}/{len(named)} erased namespaces hold no key")
     for begun in unfinished:
-        what = "tenant" if begun.generation is None else f"generation {begun.generation} of"
-        console.print(f"[red]FAIL[/red] erasure of {what} {begun.tenant} unfinished: begun at "
-                      f"record {begun.seq} of {args.log}, its end never recorded (no receipt); "
-                      "run the same `agentkv tenant erase` again to finish it")
+        erasure, detail = _unfinished_lines(begun, f" of {args.log}")
+        console.print(f"[red]FAIL[/red] {erasure} unfinished: {detail}")
     return 0 if failed == 0 and not unfinished else 1
+
+
+def _unfinished_lines(begun: Any, where: str = "") -> tuple[str, str]:
+    """Which erasure ``begun`` (a ``BegunErasure``) is, and what to do about it."""
+    what = "tenant" if begun.generation is None else f"generation {begun.generation} of"
+    detail = (f"begun at record {begun.seq}{where}, its end never recorded (no receipt); "
+              "run the same `agentkv tenant erase` again to finish it")
+    return f"erasure of {what} {begun.tenant}", detail
 
 
 def _unfinished(path: Path | None) -> list:

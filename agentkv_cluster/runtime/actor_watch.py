@@ -41,6 +41,15 @@ def liveness(handle: ActorHandle, timeout_s: float = PING_TIMEOUT_S) -> Liveness
     return Liveness.ALIVE
 
 
+def answers(handle: ActorHandle, part: str, timeout_s: float) -> tuple[bool, str]:
+    """Readiness of one actor: whether it answered its ping within ``timeout_s``, and a
+    line saying so, starting with ``part``."""
+    seen = liveness(handle, timeout_s)
+    return seen is Liveness.ALIVE, {
+        Liveness.ALIVE: f"{part} ok", Liveness.GONE: f"{part} unreachable",
+        Liveness.SLOW: f"{part}: no answer within {timeout_s:g} s"}[seen]
+
+
 class Strikes:
     """Per actor, the sweeps in a row it missed; ``gone`` says when to forget it."""
 

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from agentkv_cluster.runtime.actor_watch import Liveness, liveness
+from agentkv_cluster.runtime.actor_watch import answers
 from agentkv_cluster.runtime.directory_glue import Backoff, RedisSpec
 from agentkv_cluster.runtime.handles import ActorHandle
 
@@ -257,8 +257,7 @@ def probe(directory: Any, timeout_s: float = 2.0) -> tuple[bool, str]:
         seen = probe_redis(directory, timeout_s)
         return seen.up, seen.detail
     if isinstance(directory, ActorHandle):
-        seen = liveness(directory, timeout_s)
-        if seen is not Liveness.ALIVE:
-            return False, ("directory actor unreachable" if seen is Liveness.GONE
-                           else f"directory actor: no answer within {timeout_s:g} s")
+        ok, line = answers(directory, "directory actor", timeout_s)
+        if not ok:
+            return ok, line
     return True, "directory ok"

@@ -21,7 +21,7 @@ from agentkv_cluster.api.metrics import MetricsHttpServer, ServiceMetrics
 from agentkv_cluster.api.server import ApiServer
 from agentkv_cluster.config import AgentKvConfig
 from agentkv_cluster.runtime import wiring
-from agentkv_cluster.runtime.actor_watch import Liveness, liveness
+from agentkv_cluster.runtime.actor_watch import answers
 from agentkv_cluster.runtime.directory_watch import probe
 from agentkv_cluster.runtime.erasure import ClusterErasure, ErasureWatcher
 from agentkv_cluster.runtime.event_planner import AuditSummary
@@ -143,14 +143,7 @@ class Service:
         assert self.topo is not None
         controller, directory = self.topo.controller, self.topo.directory
         deadline_s = self.ready.deadline_s
-
-        def controller_answers() -> tuple[bool, str]:
-            seen = liveness(controller, deadline_s)
-            return seen is Liveness.ALIVE, {
-                Liveness.ALIVE: "controller ok", Liveness.GONE: "controller unreachable",
-                Liveness.SLOW: f"controller: no answer within {deadline_s:g} s"}[seen]
-
-        return {"controller": controller_answers,
+        return {"controller": lambda: answers(controller, "controller", deadline_s),
                 "directory": lambda: probe(directory, deadline_s)}
 
     def use_policy(self, policy: str, *, credits: bool | None = None) -> None:

@@ -8,7 +8,14 @@ import threading
 
 import pytest
 
-from agentkv_cluster.runtime.actor_watch import STRIKES, ActorWatch, Liveness, Strikes, liveness
+from agentkv_cluster.runtime.actor_watch import (
+    STRIKES,
+    ActorWatch,
+    Liveness,
+    Strikes,
+    answers,
+    liveness,
+)
 from agentkv_cluster.runtime.handles import ActorGone, ActorHandle, ActorSlow
 
 
@@ -28,6 +35,15 @@ def test_liveness_tells_slow_from_gone() -> None:
         is Liveness.SLOW
     assert liveness(ActorHandle.local(_Actor(ActorGone("RayActorError")), "a")) \
         is Liveness.GONE
+
+
+def test_readiness_lines_tell_slow_from_gone() -> None:
+    def said(answer: BaseException | None) -> tuple[bool, str]:
+        return answers(ActorHandle.local(_Actor(answer), "c"), "controller", 1.5)
+
+    assert said(None) == (True, "controller ok")
+    assert said(ActorSlow("no answer in 1.5 s")) == (False, "controller: no answer within 1.5 s")
+    assert said(ActorGone("RayActorError")) == (False, "controller unreachable")
 
 
 def test_a_slow_actor_is_forgotten_only_after_strikes_in_a_row() -> None:

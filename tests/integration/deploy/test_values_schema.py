@@ -106,6 +106,21 @@ SCHEMA_CASES = [
     ("SecretProviderClass name with an empty label",
      {"security": {"tenantKeys": {"source": "csi", "csi": {"secretProviderClass": "a..b"}}}},
      "/security/tenantKeys/csi/secretProviderClass"),
+    # These took any string: the chart rendered, and the API server refused the pod or the
+    # RayCluster at install (a PriorityClass name is a DNS-1123 subdomain too).
+    ("PriorityClass name with capitals", {"pool": {"priorityClassName": "High-Priority"}},
+     "/pool/priorityClassName"),
+    ("Redis PriorityClass name with an underscore",
+     {"redis": {"bundled": {"priorityClassName": "kv_critical"}}},
+     "/redis/bundled/priorityClassName"),
+    ("Ray auth Secret name with a space", {"ray": {"auth": {"secretName": "ray auth"}}},
+     "/ray/auth/secretName"),
+    ("Redis TLS Secret name with an empty label",
+     {"redis": {"bundled": {"tls": {"secretName": "redis..tls"}}}},
+     "/redis/bundled/tls/secretName"),
+    ("external Redis URL Secret name with capitals",
+     {"redis": {"external": {"urlSecret": {"name": "Redis-URL"}}}},
+     "/redis/external/urlSecret/name"),
     # A Secret key is also the file name it is mounted as: never '.', '..' or '..x'.
     ("Secret key '..'", {"security": {"auditSigningKey": {"key": ".."}}},
      "/security/auditSigningKey/key"),
@@ -127,7 +142,9 @@ VALID_NAMES = {
                  "auditSigningKey": {"secretName": "a.b.c", "key": "signing..key.pem"},
                  "audit": {"persistence": {"storageClass": "ebs.csi.aws.com"}}},
     "serviceAccount": {"name": "agentkv.sa"},
-    "gpuWorkers": {"gpuResourceName": "nvidia.com/mig-1g.10gb"},
+    "gpuWorkers": {"gpuResourceName": "nvidia.com/mig-1g.10gb",
+                   "priorityClassName": "system-node-critical"},
+    "pool": {"priorityClassName": "kv.tier-1"},
 }
 
 

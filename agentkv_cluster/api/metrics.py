@@ -139,6 +139,14 @@ class ServiceMetrics:
             "system or pool.nvme_bytes), by outcome (spilled: placed in a free host slot "
             "instead; refused: no host slot either, nothing stored)", ["pool", "outcome"],
             registry=r)
+        self.nvme_reserve = Gauge(
+            "agentkv_nvme_reserve_bytes", "Bytes a pool's NVMe shard holds back in its space "
+            "reserve (so that deletions, erasures and compaction land on a full file system)",
+            ["pool"], registry=r)
+        self.nvme_reserve_target = Gauge(
+            "agentkv_nvme_reserve_target_bytes", "Bytes that reserve holds when full; more "
+            "than agentkv_nvme_reserve_bytes once a full file system has drawn on it",
+            ["pool"], registry=r)
         self.lossy_loads = Counter(
             "agentkv_lossy_load_pages", "Lossy working copies handed out by complete_load, by "
             "outcome (reference: replaced by the FULL reference copy; lossy: no reference, "
@@ -246,6 +254,17 @@ class ServiceMetrics:
         """Stores a pool placed in a host slot for want of NVMe room, and those it refused."""
         self.nvme_full_stores.labels(pool=pool, outcome="spilled").inc(spilled)
         self.nvme_full_stores.labels(pool=pool, outcome="refused").inc(refused)
+
+    def set_nvme_reserves(self, reserves: Mapping[str, tuple[int, int]]) -> None:
+        """Each pool's NVMe space reserve, (held, when full), by pool; the series of pools
+        no longer there go."""
+        for gauge in (self.nvme_reserve, self.nvme_reserve_target):
+            for labels in _label_sets(gauge):
+                if labels["pool"] not in reserves:
+                    gauge.remove(labels["pool"])
+        for pool, (held, target) in reserves.items():
+            self.nvme_reserve.labels(pool=pool).set(held)
+            self.nvme_reserve_target.labels(pool=pool).set(target)
 
     def verify(self, tenant: str, exact: bool, seconds: float) -> None:
         """One lossy working copy at complete_load: replaced by its FULL reference (exact)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agentkv_cluster.runtime.handles import ActorGone, ActorSlow
@@ -57,6 +58,16 @@ class ExportedFigures:
 POOL_COUNTS = ("rejects", "spilled", "refused")  # a pool's own cumulative counts, by pool
 
 
+@dataclass(frozen=True, slots=True)
+class PoolSeen:
+    """What a pool's last answer said: bytes it holds per tier, its NVMe space reserve."""
+
+    name: str
+    host: int
+    nvme: int
+    reserve: tuple[int, int]  # (held, when full)
+
+
 class MetricsFeed:
     """On each scrape, pulls the figures that live in the actors into the service's metrics:
     credit waits, load phases, per-tier occupancy, recompute tokens, bytes and copies per
@@ -70,7 +81,7 @@ class MetricsFeed:
         self._asker = PartAsker()
         self._controller: Any = None
         self._cursor = 0
-        self._pools: dict[str, tuple[int, int]] = {}  # pool part -> (host, nvme) bytes last seen
+        self._pools: dict[str, PoolSeen] = {}  # pool part -> its last answer's figures
 
     def __call__(self) -> None:
         topo, m = self.service.topo, self.service.metrics
@@ -135,13 +146,16 @@ class MetricsFeed:
         for part, answer in answers.items():
             if answer.answered:
                 st = answer.value
-                self._pools[part] = (st["host_used_bytes"], st["nvme_live_bytes"])
                 name, delta = st["name"], self.exported.delta
+                self._pools[part] = PoolSeen(name, st["host_used_bytes"], st["nvme_live_bytes"],
+                                             (st["nvme_reserve_bytes"],
+                                              st["nvme_reserve_target_bytes"]))
                 m.reject(name, delta(("rejects", name), st["rejects"]))
                 m.nvme_full(name, delta(("spilled", name), st["nvme_full"] - st["refused_full"]),
                             delta(("refused", name), st["refused_full"]))
             elif answer.outcome is Outcome.FAILED and isinstance(answer.error, ActorGone) \
                     and not isinstance(answer.error, ActorSlow):  # slow: its last answer holds
                 self._pools.pop(part, None)  # a dead pool holds nothing; the watcher forgets it
-        m.set_occupancy("host", sum(host for host, _ in self._pools.values()))
-        m.set_occupancy("nvme", sum(nvme for _, nvme in self._pools.values()))
+        m.set_occupancy("host", sum(p.host for p in self._pools.values()))
+        m.set_occupancy("nvme", sum(p.nvme for p in self._pools.values()))
+        m.set_nvme_reserves({p.name: p.reserve for p in self._pools.values()})

@@ -170,7 +170,8 @@ class PoolActor:
                 "nvme_live_bytes": nv.live_bytes, "rejects": self.opener.rejects,
                 "torn": self.torn, "nvme_full": self.tiers.counts.nvme_full,
                 "refused_full": self.tiers.counts.refused_full,
-                "nvme_reserve_bytes": nv.reserve_bytes}
+                "nvme_reserve_bytes": nv.reserve_bytes,
+                "nvme_reserve_target_bytes": nv.reserve_target_bytes}
 
     def holds_many(self, keys: list[bytes]) -> list[tuple | None]:
         """What this pool keeps of each page (None: nothing), as ``PoolHolding.wire()``."""

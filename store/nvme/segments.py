@@ -221,6 +221,11 @@ class SegmentFiles:
         """Bytes the space reserve holds now."""
         return self._reserve.held
 
+    @property
+    def reserve_target_bytes(self) -> int:
+        """Bytes the space reserve holds when full (``pool.nvme_reserve_tombstones``)."""
+        return self._reserve.target
+
     def _write(self, seg: Segment, offset: int, header: memoryview, payload: memoryview) -> None:
         try:
             self._io.write(seg.handle, offset, header, payload)

@@ -346,6 +346,7 @@ class NvmeShard:
                 syncs=self._files.syncs,
                 engine=self._files.engine,
                 reserve_bytes=self._files.reserve_bytes,
+                reserve_target_bytes=self._files.reserve_target_bytes,
             )
 
     def sync(self) -> None:

@@ -187,6 +187,7 @@ class ShardStats:
     syncs: int  # fsync calls made, per the fsync policy
     engine: str  # NvmeEngine value
     reserve_bytes: int = 0  # space reserve held now (store.nvme.reserve); not in file_bytes
+    reserve_target_bytes: int = 0  # what it holds when full; more than held: drawn on
 
 
 @dataclass(frozen=True, kw_only=True)

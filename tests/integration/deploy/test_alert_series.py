@@ -173,3 +173,39 @@ def test_directory_refuses_writes_fires_after_minutes_and_names_the_reason(tmp_p
         {"eval_time": "10m", "alertname": "AgentKVDirectoryRefusesWrites", "exp_alerts": [
             {"exp_labels": {"job": "agentkv", "reason": "out_of_memory", "severity": "critical"},
              "exp_annotations": notes}]}])
+
+
+def test_nvme_reserve_spent_fires_for_the_pool_drawing_on_it_and_not_for_a_zero_reserve(
+        tmp_path):
+    """A full file system under one pool's shard draws on its reserve for 5 minutes: that
+    pool is named. A pool configured with no reserve (target 0) and a full one never fire."""
+    rules, alerts = _rules(tmp_path)
+    rule = alerts["AgentKVNvmeReserveSpent"]
+    assert rule["for"] == "5m"
+    notes = {k: v.replace("{{ $labels.pool }}", "pool-1")
+             for k, v in rule["annotations"].items()}
+    m = ServiceMetrics()
+    m.set_nvme_reserves({"pool-0": (256 << 10, 256 << 10), "pool-1": (256 << 10, 256 << 10),
+                         "pool-2": (0, 0)})
+    full = _sample(m, "agentkv_nvme_reserve_bytes", pool="pool-1")
+    target = _sample(m, "agentkv_nvme_reserve_target_bytes", pool="pool-1")
+    m.set_nvme_reserves({"pool-0": (256 << 10, 256 << 10), "pool-1": (16 << 10, 256 << 10),
+                         "pool-2": (0, 0)})
+    drawn = _sample(m, "agentkv_nvme_reserve_bytes", pool="pool-1")
+    assert (full, target, drawn) == (str(256 << 10), str(256 << 10), str(16 << 10))
+    assert _sample(m, "agentkv_nvme_reserve_target_bytes", pool="pool-2") == "0"
+
+    def pair(pool: str, held: str, target_: str) -> list[dict]:
+        return [{"series": f'agentkv_nvme_reserve_bytes{{job="agentkv",pool="{pool}"}}',
+                 "values": held},
+                {"series": f'agentkv_nvme_reserve_target_bytes{{job="agentkv",pool="{pool}"}}',
+                 "values": target_}]
+
+    series = [*pair("pool-0", f"{full}x40", f"{target}x40"),
+              *pair("pool-1", f"{full}x4 {drawn}x36", f"{target}x40"),  # drawn from 2 min on
+              *pair("pool-2", "0x40", "0x40")]
+    _promtool_test(tmp_path, rules, series, [
+        {"eval_time": "5m", "alertname": "AgentKVNvmeReserveSpent", "exp_alerts": []},
+        {"eval_time": "8m", "alertname": "AgentKVNvmeReserveSpent", "exp_alerts": [
+            {"exp_labels": {"job": "agentkv", "pool": "pool-1", "severity": "warning"},
+             "exp_annotations": notes}]}])

@@ -88,7 +88,7 @@ def test_prometheus_rule_is_optional_and_passes_promtool(tmp_path):
     assert {"AgentKVRestoreP95High", "AgentKVDirectoryUnreachable", "AgentKVTierNearFull",
             "AgentKVVerificationRejects", "AgentKVErasureFailed",
             "AgentKVScrapePartUnanswered", "AgentKVDirectoryRefusesWrites",
-            "AgentKVPoolTiersFull"} <= alerts
+            "AgentKVPoolTiersFull", "AgentKVNvmeReserveSpent"} <= alerts
     exported = exported_metric_names()
     for group in rule["spec"]["groups"]:
         for r in group["rules"]:
@@ -96,7 +96,7 @@ def test_prometheus_rule_is_optional_and_passes_promtool(tmp_path):
     done = subprocess.run([_promtool(), "check", "rules", path], capture_output=True,
                           text=True, check=False, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 9 rules found" in done.stdout
+    assert "SUCCESS: 10 rules found" in done.stdout
 
 
 def test_alerts_fire_on_the_series_that_should_page(tmp_path):

@@ -37,6 +37,7 @@ def test_a_pool_shard_takes_the_service_settings(tmp_path, fsync, tombstones) ->
         assert shard.reserve_tombstones == tombstones
         assert shard.fsync is (FsyncPolicy.EVERY_RECORD if fsync else FsyncPolicy.ON_CLOSE)
         assert pool.stats()["nvme_reserve_bytes"] == tombstones * TOMBSTONE_RESERVE
+        assert pool.stats()["nvme_reserve_target_bytes"] == tombstones * TOMBSTONE_RESERVE
         meta = PageMeta(key=b"k" * 32, digest=b"d" * 32, tenant="acme", namespace="acme",
                         session="s", page_id=1, state_type=StateType.EVIDENCE, length=PAGE,
                         tokens=1)

@@ -31,6 +31,7 @@ class Pool:
     def __init__(self, name: str = "node0") -> None:
         self.name, self.rejects = name, 0
         self.nvme_full = self.refused_full = 0
+        self.reserve = self.reserve_target = 256 << 10
 
     def options(self, **_: Any) -> Pool:
         return self
@@ -38,7 +39,8 @@ class Pool:
     def stats(self) -> dict[str, Any]:
         return {"name": self.name, "host_used_bytes": 0, "nvme_live_bytes": 0,
                 "rejects": self.rejects, "nvme_full": self.nvme_full,
-                "refused_full": self.refused_full}
+                "refused_full": self.refused_full, "nvme_reserve_bytes": self.reserve,
+                "nvme_reserve_target_bytes": self.reserve_target}
 
 
 def counter(m: ServiceMetrics, name: str) -> float:
@@ -226,3 +228,33 @@ def test_a_pool_that_answered_too_late_keeps_its_occupancy_and_a_dead_one_holds_
     feed()
     assert part_ok(metrics) == {"controller": 1, "pool/node0": 0, "pool/node1": 0}
     assert host_used() == 100  # the slow one's last figure; the dead one's is gone
+
+
+def test_each_pools_nvme_reserve_is_a_gauge_and_a_dead_pools_series_go() -> None:
+    """A reserve drawn on by a full file system shows below its target, per pool (the alert
+    AgentKVNvmeReserveSpent compares the two); a slow pool keeps its last figures, a dead
+    pool's series are removed rather than left at their last value."""
+    from agentkv_cluster.runtime.handles import ActorGone, ActorSlow
+
+    metrics = ServiceMetrics()
+    full, quiet = Failing("node0", 0), Failing("node1", 0)
+    feed, _ = feed_for(metrics, Controller(), {"node0": full, "node1": quiet})
+
+    def reserves() -> dict[str, tuple[float, float]]:
+        text = metrics.exposition().decode()
+        got: dict[str, list[float]] = {}
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                if s.name in ("agentkv_nvme_reserve_bytes", "agentkv_nvme_reserve_target_bytes"):
+                    got.setdefault(s.labels["pool"], [0.0, 0.0])[
+                        s.name.endswith("target_bytes")] = s.value
+        return {pool: (held, target) for pool, (held, target) in got.items()}
+
+    feed()
+    assert reserves() == {"node0": (256 << 10, 256 << 10), "node1": (256 << 10, 256 << 10)}
+    full.reserve = 16 << 10  # a full disk: deletions drew on it
+    feed()
+    assert reserves()["node0"] == (16 << 10, 256 << 10)
+    full.error, quiet.error = ActorSlow("node0: no answer in 10 s"), ActorGone("RayActorError")
+    feed()
+    assert reserves() == {"node0": (16 << 10, 256 << 10)}

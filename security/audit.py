@@ -25,7 +25,6 @@ from security.audit_format import (
     GENESIS,
     MAX_DATA_BYTES,
     AuditPosition,
-    AuditRecordTooLarge,
     Line,
     checkpoint_message,
     head_path,
@@ -37,7 +36,7 @@ from security.audit_format import (
     record_hash,
     same_file,
 )
-from security.errors import AuditLogError
+from security.errors import AuditLogError, AuditRecordTooLarge
 from security.key_sources import write_all
 from security.principals import Principal
 from security.signing import (
@@ -168,7 +167,7 @@ class AuditLog:
                         break
                     self._advance(line)
             except AuditRecordTooLarge as exc:
-                raise AuditRecordTooLarge(exc.lineno, exc.offset, self.path) from None
+                raise AuditRecordTooLarge(exc.lineno, exc.offset, exc.limit, self.path) from None
         if torn is not None:
             self._drop_torn_tail(torn.offset, len(torn.raw))
 

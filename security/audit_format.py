@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
-from security.errors import AuditLogError
+from security.errors import AuditRecordTooLarge
 from security.signing import NonFiniteNumber, canonical_json, loads_finite
 
 GENESIS = "0" * 64
@@ -39,21 +39,6 @@ class AuditPosition:
 
     seq: int
     hash: str
-
-
-class AuditRecordTooLarge(AuditLogError):
-    """A line of the log is longer than ``MAX_LINE_BYTES`` (no record the writer writes
-    is): the file is corrupt or hostile. Reading stopped at the bound."""
-
-    def __init__(self, lineno: int, offset: int, path: Path | None = None) -> None:
-        self.lineno, self.offset, self.path = lineno, offset, path
-        where = f"{path}: " if path is not None else ""
-        super().__init__(f"{where}line {lineno} (byte offset {offset}) is longer than the "
-                         f"maximum record line of {MAX_LINE_BYTES} bytes (corrupt or hostile); "
-                         "not read further")
-
-    def __reduce__(self) -> tuple[type[AuditRecordTooLarge], tuple[int, int, Path | None]]:
-        return AuditRecordTooLarge, (self.lineno, self.offset, self.path)  # crosses processes
 
 
 class Line(NamedTuple):
@@ -101,7 +86,7 @@ def iter_lines(fh: BinaryIO, *, offset: int = 0, lineno: int = 1,
         if not raw:
             return
         if len(raw) == MAX_LINE_BYTES and not raw.endswith(b"\n"):
-            raise AuditRecordTooLarge(lineno, offset)
+            raise AuditRecordTooLarge(lineno, offset, MAX_LINE_BYTES)
         yield Line(lineno, offset, raw)
         offset, lineno = offset + len(raw), lineno + 1
 

@@ -5,6 +5,8 @@ Messages never contain key material.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class SecurityError(Exception):
     """Base class of every error raised by ``security``."""
@@ -43,6 +45,22 @@ class InvalidReceipt(SecurityError):
 
 class AuditLogError(SecurityError):
     """The audit log cannot be appended to (for example its tail is corrupt)."""
+
+
+class AuditRecordTooLarge(AuditLogError):
+    """A line of the log is longer than ``limit`` bytes, the longest record line the
+    writer writes (``audit_format.MAX_LINE_BYTES``): the file is corrupt or hostile.
+    Reading stopped at the bound."""
+
+    def __init__(self, lineno: int, offset: int, limit: int, path: Path | None = None) -> None:
+        self.lineno, self.offset, self.limit, self.path = lineno, offset, limit, path
+        where = f"{path}: " if path is not None else ""
+        super().__init__(f"{where}line {lineno} (byte offset {offset}) is longer than the "
+                         f"maximum record line of {limit} bytes (corrupt or hostile); "
+                         "not read further")
+
+    def __reduce__(self) -> tuple[type[AuditRecordTooLarge], tuple[int, int, int, Path | None]]:
+        return AuditRecordTooLarge, (self.lineno, self.offset, self.limit, self.path)
 
 
 class ErasureUnrecorded(SecurityError):

@@ -9,8 +9,8 @@ import os
 import pytest
 
 from security.audit import AuditLog, head_path, verify_log
-from security.audit_format import MAX_LINE_BYTES, AuditRecordTooLarge
-from security.errors import AuditLogError
+from security.audit_format import MAX_LINE_BYTES
+from security.errors import AuditLogError, AuditRecordTooLarge
 from security.signing import Verifier
 
 HUGE = 64 << 20  # a sparse run of zero bytes, no newline in it
@@ -112,8 +112,7 @@ def test_the_longest_record_the_writer_accepts_is_well_inside_the_bound(tmp_path
 def test_the_refusal_crosses_processes_intact(tmp_path) -> None:
     import pickle
 
-    from security.audit_format import AuditRecordTooLarge
-
-    err = AuditRecordTooLarge(7, 4096, tmp_path / "audit.log")
+    err = AuditRecordTooLarge(7, 4096, MAX_LINE_BYTES, tmp_path / "audit.log")
     again = pickle.loads(pickle.dumps(err))
-    assert (again.lineno, again.offset, again.path, str(again)) == (7, 4096, err.path, str(err))
+    assert (again.lineno, again.offset, again.limit, again.path, str(again)) == \
+        (7, 4096, MAX_LINE_BYTES, err.path, str(err))

@@ -163,7 +163,8 @@ def test_dashboard_is_optional_labelled_for_the_sidecar_and_names_exported_metri
     for name in ("agentkv_prefix_lookup_pages_total", "agentkv_request_duration_seconds_bucket",
                  "agentkv_restore_hidden_seconds_total", "agentkv_directory_up",
                  "agentkv_build_info", "process_resident_memory_bytes",
-                 "agentkv_load_phase_seconds_bucket", "agentkv_pages_compressed_total"):
+                 "agentkv_load_phase_seconds_bucket", "agentkv_pages_compressed_total",
+                 "agentkv_nvme_reserve_bytes"):
         assert name in used, name
 
 

@@ -10,11 +10,9 @@ objects in this process for tests and tools that need no Ray.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import itertools
+import logging
 import os
-import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,15 +25,17 @@ from agentkv_cluster.runtime.controller_actor import ControllerActor, Controller
 from agentkv_cluster.runtime.directory_glue import DirectoryShell, RedisSpec, open_directory
 from agentkv_cluster.runtime.handles import (
     ActorGone,
+    ActorSlow,
     ControllerHandle,
     DirectoryHandle,
     HbmHandle,
     PoolHandle,
 )
 from agentkv_cluster.runtime.hbm_actor import HbmActor, HbmSpec
+from agentkv_cluster.runtime.node_roles import hbm_slots, name_node, pool_nodes
 from agentkv_cluster.runtime.pool_actor import PoolActor, PoolSpec
 
-POOL_RESOURCE = "akv_pool"  # custom Ray resource of the nodes sized to host a pool
+log = logging.getLogger(__name__)
 
 
 @dataclass(kw_only=True)
@@ -51,6 +51,9 @@ class Topology:
     pool_specs: dict[str, PoolSpec] = field(default_factory=dict)
     node_names: dict[str, str] = field(default_factory=dict)  # Ray node id -> "nodeN"
     spread: int = 0  # round-robin cursor for HBM actors on nodes without a pool
+    # Pairs a join could not introduce in time (one of the two did not answer): each
+    # join_new_nodes tries them again, until they meet or one of them is gone.
+    unmet: list[tuple[Any, Any]] = field(default_factory=list)
 
 
 class ControllerShell(ControllerActor):
@@ -108,13 +111,6 @@ def _affinity(node_id: str) -> dict[str, Any]:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)}
-
-
-def _hbm_slots(node: dict[str, Any], resource: str) -> tuple[str, int]:
-    res = node.get("Resources", {})
-    if res.get("GPU", 0) >= 1:
-        return "GPU", int(res["GPU"])
-    return resource, int(res.get(resource, 0))
 
 
 def pool_spec(cfg: AgentKvConfig, name: str, workdir: Path) -> PoolSpec:
@@ -197,50 +193,6 @@ def spawn_controller(spec: ControllerSpec, directory: DirectoryHandle | RedisSpe
                                    directory)
 
 
-def pool_nodes(nodes: list[dict[str, Any]], cluster: list[dict[str, Any]] | None = None
-               ) -> list[dict[str, Any]]:
-    """The nodes of ``nodes`` that get a pool: those advertising ``akv_pool`` (their
-    /dev/shm is sized for one), or all of them when no node of ``cluster`` (default:
-    ``nodes``) advertises it (local demo, single-node clusters)."""
-    def marked(n: dict[str, Any]) -> bool:
-        return n.get("Resources", {}).get(POOL_RESOURCE, 0) >= 1
-
-    if any(marked(n) for n in (nodes if cluster is None else cluster)):
-        return [n for n in nodes if marked(n)]
-    return list(nodes)
-
-
-_HOST_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,46}[a-z0-9])?")
-
-
-def _host(node: dict[str, Any]) -> str:
-    return str(node.get("NodeManagerHostname", "")).split(".")[0].lower()
-
-
-def stable_name(node: dict[str, Any], cluster: list[dict[str, Any]]) -> str | None:
-    """A node name that survives restarts: its host name, when that is a plain DNS label no
-    other live node shares (a StatefulSet pod in Kubernetes keeps it, so a restarted
-    service reopens the same NVMe folder and shared-memory segment). None on a one-node
-    cluster (its ``node0`` is stable already) and when several Ray nodes share a host
-    (tests): those are numbered."""
-    host = _host(node)
-    if len(cluster) < 2 or not _HOST_LABEL.fullmatch(host) or re.fullmatch(r"node\d+", host):
-        return None
-    return host if sum(_host(n) == host for n in cluster) == 1 else None
-
-
-def _name_node(topo: Topology, node: dict[str, Any], cluster: list[dict[str, Any]]) -> str:
-    """``stable_name``, unless a live node holds it already; else the next free ``nodeN``
-    (a dead node's name is reused by the node that replaces it)."""
-    live = {n["NodeID"] for n in cluster}
-    holders = {name: nid for nid, name in topo.node_names.items()}
-    name = stable_name(node, cluster)
-    if name is None or holders.get(name, node["NodeID"]) in live - {node["NodeID"]}:
-        name = next(f"node{i}" for i in itertools.count(len(topo.node_names))
-                    if f"node{i}" not in holders)
-    return name
-
-
 def capacity_of(cfg: AgentKvConfig, hbm_capacity: int | None = None) -> int:
     """The bytes the controller may place on one HBM actor (default: its whole arena)."""
     return hbm_capacity or cfg.hbm.page_bytes * cfg.hbm.num_pages
@@ -267,7 +219,7 @@ def place(cfg: AgentKvConfig, topo: Topology, nodes: list[dict[str, Any]],
     """
     cluster = nodes if cluster is None else cluster
     for node in nodes:
-        topo.node_names[node["NodeID"]] = _name_node(topo, node, cluster)
+        topo.node_names[node["NodeID"]] = name_node(topo.node_names, node, cluster)
     for node in pool_nodes(nodes, cluster):
         pool = topo.node_names[node["NodeID"]]
         spawn_pool(topo, pool_spec(cfg, pool, topo.workdir), node["NodeID"])
@@ -275,7 +227,7 @@ def place(cfg: AgentKvConfig, topo: Topology, nodes: list[dict[str, Any]],
     by_node = {node: pool for pool, node in topo.pool_node.items() if node in live}
     pools = sorted(by_node.values())  # never a pool whose node is gone
     for node in nodes:
-        kind, count = _hbm_slots(node, cfg.hbm.resource)
+        kind, count = hbm_slots(node, cfg.hbm.resource)
         for g in range(count):
             pool = by_node.get(node["NodeID"])
             if pool is None:
@@ -290,7 +242,11 @@ def join_new_nodes(cfg: AgentKvConfig, topo: Topology, front: Any | None = None,
     """Place actors on Ray nodes that joined after ``deploy`` (GPU workers scaled up, a pool
     pod replaced), wire them to the rest, then announce them; returns the new actors' names
     (pools, then HBM actors). A node is placed once; an actor that dies while it is wired
-    is skipped, and dead actors are the health watcher's business."""
+    is skipped, and dead actors are the health watcher's business. Pairs an earlier join
+    could not introduce in time (``Topology.unmet``) are introduced first."""
+    for a, b in topo.unmet[:]:
+        topo.unmet.remove((a, b))
+        _meet(topo, a, b)
     cluster = [n for n in _ray().nodes() if n.get("Alive")]
     new = sorted((n for n in cluster if n["NodeID"] not in topo.node_names),
                  key=lambda n: n["NodeID"])
@@ -319,22 +275,30 @@ def join_new_nodes(cfg: AgentKvConfig, topo: Topology, front: Any | None = None,
         for hbm in before_hbms.values():
             # a slow (starved) one is met too: skipped, it never met this pool at all
             if liveness(hbm, 5.0) is not Liveness.GONE:
-                _meet(hbm, topo.pools[pool_name])
+                _meet(topo, hbm, topo.pools[pool_name])
     pools = [h for p, h in topo.pools.items() if topo.pool_node.get(p) in live]
     for name in added:  # the new HBM actors with every live pool and the front
         for other in [*pools, *([] if front is None else [front])]:
-            _meet(topo.hbms[name], other)
+            _meet(topo, topo.hbms[name], other)
     announce(topo, fresh, added, capacity_of(cfg, hbm_capacity))
     if failed is not None:
         raise failed
     return fresh + added
 
 
-def _meet(a: Any, b: Any) -> None:
-    """``introduce``, unless one of the two died meanwhile (its node left): the
-    controller's watcher forgets a dead actor, announced or not."""
-    with contextlib.suppress(ActorGone):
+def _meet(topo: Topology, a: Any, b: Any) -> None:
+    """``introduce``, unless one of the two died meanwhile (its node left: the controller's
+    watcher forgets a dead actor, announced or not). A pair one of which did not answer in
+    time (``ActorSlow``) is kept in ``topo.unmet`` and met on a later join: a placed node
+    is never placed again, and until they meet, moves between the two find no peer."""
+    try:
         introduce(a, b)
+    except ActorSlow:
+        topo.unmet.append((a, b))
+        log.warning("introducing %s and %s timed out; trying again on the next join poll",
+                    getattr(a, "name", a), getattr(b, "name", b))
+    except ActorGone:
+        pass
 
 
 def introduce(a: Any, b: Any) -> None:

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from agentkv_cluster.config import load_config
-from agentkv_cluster.runtime import wiring
+from agentkv_cluster.runtime import node_roles, wiring
 from agentkv_cluster.runtime.handles import ActorGone, ActorHandle, ActorSlow
 from agentkv_cluster.runtime.service import Service
 from tests.integration.runtime.test_cluster import identity, kv_page
@@ -36,12 +36,12 @@ def cluster():
 
 def test_pool_nodes_fall_back_to_every_node_when_none_is_marked() -> None:
     plain = [{"NodeID": "a", "Resources": {"CPU": 1}}, {"NodeID": "b", "Resources": {"GPU": 1}}]
-    assert [n["NodeID"] for n in wiring.pool_nodes(plain)] == ["a", "b"]
+    assert [n["NodeID"] for n in node_roles.pool_nodes(plain)] == ["a", "b"]
     marked = [*plain, {"NodeID": "c", "Resources": {"akv_pool": 1}}]
-    assert [n["NodeID"] for n in wiring.pool_nodes(marked)] == ["c"]
+    assert [n["NodeID"] for n in node_roles.pool_nodes(marked)] == ["c"]
     # Nodes joining a cluster that has pool nodes get a pool only when marked themselves.
-    assert wiring.pool_nodes(plain, cluster=marked) == []
-    assert [n["NodeID"] for n in wiring.pool_nodes(plain, cluster=plain)] == ["a", "b"]
+    assert node_roles.pool_nodes(plain, cluster=marked) == []
+    assert [n["NodeID"] for n in node_roles.pool_nodes(plain, cluster=plain)] == ["a", "b"]
 
 
 def test_nodes_are_named_by_unique_host_names_else_numbered() -> None:
@@ -50,25 +50,25 @@ def test_nodes_are_named_by_unique_host_names_else_numbered() -> None:
 
     k8s = [node("a", "agentkv-pool-0.agentkv-pool.ns.svc"), node("b", "agentkv-pool-1"),
            node("c", "gpu-worker-x7k2p")]
-    assert [wiring.stable_name(n, k8s) for n in k8s] == [
+    assert [node_roles.stable_name(n, k8s) for n in k8s] == [
         "agentkv-pool-0", "agentkv-pool-1", "gpu-worker-x7k2p"]
     one_host = [node("a", "vm"), node("b", "vm")]  # Ray nodes sharing a machine
-    assert [wiring.stable_name(n, one_host) for n in one_host] == [None, None]
+    assert [node_roles.stable_name(n, one_host) for n in one_host] == [None, None]
     for bad in ("Bad_Host!", "node3"):
-        assert wiring.stable_name(node("d", bad), [node("d", bad), k8s[0]]) is None
-    assert wiring.stable_name(k8s[0], k8s[:1]) is None  # one node: node0 is stable already
+        assert node_roles.stable_name(node("d", bad), [node("d", bad), k8s[0]]) is None
+    assert node_roles.stable_name(k8s[0], k8s[:1]) is None  # one node: node0 is stable already
 
     topo = wiring.Topology(controller=None, directory=None)
     cluster = [*k8s, node("v", "vm")]
     for n in cluster:
-        topo.node_names[n["NodeID"]] = wiring._name_node(topo, n, cluster)
+        topo.node_names[n["NodeID"]] = node_roles.name_node(topo.node_names, n, cluster)
     assert list(topo.node_names.values()) == [
         "agentkv-pool-0", "agentkv-pool-1", "gpu-worker-x7k2p", "vm"]
     # The pod behind "agentkv-pool-1" comes back as a new Ray node: while the old one is
     # alive it gets a number, once that one is gone it takes the name over.
     back = node("b2", "agentkv-pool-1")
-    assert wiring._name_node(topo, back, [*cluster, back]) == "node4"
-    assert wiring._name_node(topo, back, [k8s[0], k8s[2], cluster[3], back]) == \
+    assert node_roles.name_node(topo.node_names, back, [*cluster, back]) == "node4"
+    assert node_roles.name_node(topo.node_names, back, [k8s[0], k8s[2], cluster[3], back]) == \
         "agentkv-pool-1"
 
 
@@ -135,6 +135,44 @@ def test_a_join_meets_a_slow_hbm_actor_and_skips_only_a_dead_one(monkeypatch) ->
     assert wiring.join_new_nodes(load_config(env={}), topo) == ["node9"]
     assert met == [("node0-hbm0", "node9"), ("node0-hbm2", "node9")]
     assert announced == ["node9"]
+
+
+def test_a_pair_whose_introduction_timed_out_is_met_on_a_later_join(monkeypatch) -> None:
+    """An introduction that timed out (``ActorSlow``: a starved actor, a 120 s wait) was
+    swallowed like a dead actor's: a placed node is never placed again, so the pair never
+    met and every move between the two found no peer. It is now kept and tried again on
+    each later poll, until the two meet or one of them is gone."""
+    joined = [{"NodeID": "a", "Alive": True, "NodeManagerHostname": "vm", "Resources": {}}]
+    monkeypatch.setattr(wiring, "_ray", lambda: SimpleNamespace(nodes=lambda: joined))
+
+    def placed(cfg, topo, nodes, cluster):
+        topo.node_names["a"] = "node9"
+        topo.pools["node9"], topo.pool_node["node9"] = peer("node9"), "a"
+
+    met: list[tuple[str, str]] = []
+    answers = {"node0-hbm0": [ActorSlow("no answer in 120 s"), None],
+               "node0-hbm1": [ActorSlow("no answer in 120 s"), ActorGone("RayActorError")]}
+
+    def introduce(a, b):
+        pending = answers.get(a.name)
+        answer = pending.pop(0) if pending else None
+        if answer is not None:
+            raise answer
+        met.append((a.name, b.name))
+
+    monkeypatch.setattr(wiring, "place", placed)
+    monkeypatch.setattr(wiring, "introduce", introduce)
+    controller = SimpleNamespace(add_pool=lambda name, handle: None,
+                                 add_hbm=lambda *args: None)
+    hbms = {name: peer(name) for name in ("node0-hbm0", "node0-hbm1", "node0-hbm2")}
+    topo = wiring.Topology(controller=controller, directory=None, hbms=hbms)
+    assert wiring.join_new_nodes(load_config(env={}), topo) == ["node9"]
+    assert met == [("node0-hbm2", "node9")]
+    assert [(a.name, b.name) for a, b in topo.unmet] == [("node0-hbm0", "node9"),
+                                                         ("node0-hbm1", "node9")]
+    assert wiring.join_new_nodes(load_config(env={}), topo) == []  # no new node: a retry
+    assert met == [("node0-hbm2", "node9"), ("node0-hbm0", "node9")]
+    assert topo.unmet == []  # met, or gone (node0-hbm1 died meanwhile)
 
 
 class _Pinged:

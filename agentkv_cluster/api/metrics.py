@@ -259,9 +259,7 @@ class ServiceMetrics:
         """Each pool's NVMe space reserve, (held, when full), by pool; the series of pools
         no longer there go."""
         for gauge in (self.nvme_reserve, self.nvme_reserve_target):
-            for labels in _label_sets(gauge):
-                if labels["pool"] not in reserves:
-                    gauge.remove(labels["pool"])
+            _keep_only(gauge, "pool", reserves)
         for pool, (held, target) in reserves.items():
             self.nvme_reserve.labels(pool=pool).set(held)
             self.nvme_reserve_target.labels(pool=pool).set(target)
@@ -293,9 +291,7 @@ class ServiceMetrics:
 
     def set_scrape_parts(self, answered: Mapping[str, bool]) -> None:
         """Which parts answered this scrape; the series of parts no longer asked go."""
-        for labels in _label_sets(self.scrape_part_ok):
-            if labels["part"] not in answered:
-                self.scrape_part_ok.remove(labels["part"])
+        _keep_only(self.scrape_part_ok, "part", answered)
         for part, ok in answered.items():
             self.scrape_part_ok.labels(part=part).set(1 if ok else 0)
 
@@ -326,6 +322,13 @@ class ServiceMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _keep_only(gauge: Gauge, label: str, keep: Mapping[str, object]) -> None:
+    """Remove the series of a one-label gauge whose ``label`` value is not in ``keep``."""
+    for labels in _label_sets(gauge):
+        if labels[label] not in keep:
+            gauge.remove(labels[label])
 
 
 def _label_sets(metric: object) -> list[dict[str, str]]:

@@ -8,9 +8,12 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentkv_cluster.cli import CliError, add_state_dir, check_writable_file, redact_url
+
+if TYPE_CHECKING:
+    from security.erasure import BegunErasure
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -256,15 +259,15 @@ def _erased(args: argparse.Namespace) -> int:
     return 0 if failed == 0 and not unfinished else 1
 
 
-def _unfinished_lines(begun: Any, where: str = "") -> tuple[str, str]:
-    """Which erasure ``begun`` (a ``BegunErasure``) is, and what to do about it."""
+def _unfinished_lines(begun: BegunErasure, where: str = "") -> tuple[str, str]:
+    """Which erasure ``begun`` is, and what to do about it."""
     what = "tenant" if begun.generation is None else f"generation {begun.generation} of"
     detail = (f"begun at record {begun.seq}{where}, its end never recorded (no receipt); "
               "run the same `agentkv tenant erase` again to finish it")
     return f"erasure of {what} {begun.tenant}", detail
 
 
-def _unfinished(path: Path | None) -> list:
+def _unfinished(path: Path | None) -> list[BegunErasure]:
     """The erasures the audit log at ``path`` says began and never ended (none: no log)."""
     from security.erasure import unfinished_erasures
 

@@ -244,8 +244,8 @@ def join_new_nodes(cfg: AgentKvConfig, topo: Topology, front: Any | None = None,
     (pools, then HBM actors). A node is placed once; an actor that dies while it is wired
     is skipped, and dead actors are the health watcher's business. Pairs an earlier join
     could not introduce in time (``Topology.unmet``) are introduced first."""
-    for a, b in topo.unmet[:]:
-        topo.unmet.remove((a, b))
+    unmet, topo.unmet = topo.unmet, []
+    for a, b in unmet:  # one still unanswered is kept again by _meet
         _meet(topo, a, b)
     cluster = [n for n in _ray().nodes() if n.get("Alive")]
     new = sorted((n for n in cluster if n["NodeID"] not in topo.node_names),

@@ -7,6 +7,9 @@ mid-restore, and reports per page where the bytes came from and how long the eng
 waited. Pages with no copy left, or whose copies could not be brought back, are refused
 as ``RefusedPageLost`` (the engine re-prefills; lost ones are counted).
 
+``RoomQueue`` keeps a load that waits for room from starving: once it has been blocked a
+while, later loads on the same HBM actor wait for it (a bounded time each).
+
 ``PreparedLoads`` is the API front's half: each prepared load until ``complete_load``
 has served all its pages, the engine released them, its time ran out (``LOAD_TTL_S``),
 or its tenant holds too many (``MAX_PREPARED_KEYS``), so loads never completed cannot
@@ -53,6 +56,61 @@ class RefusedBusy(RequestRefused):
     nothing was changed; retry later, or release pages)."""
 
 
+AGE_S = 0.2  # a load blocked for room this long goes before later loads on its HBM actors
+YIELD_S = 1.0  # at most this long, over one load, does a later load wait for older ones
+
+
+class RoomQueue:
+    """Loads blocked for room, so that none starves. A load waits for room all or nothing,
+    so while other loads keep pinning pages on its HBM actor (each a few, one after
+    another), a load that needs more room may never see it free, and was refused as busy
+    at its deadline while the later loads went on. Once a load has been blocked for
+    ``age_s``, a load that began later and needs any of the HBM actors it is short of waits
+    until it got its pins or gave up, at most ``yield_s`` over that later load: an engine
+    whose own pins hold the older load back (so that they would go only once its next load
+    ran) is delayed, not deadlocked. Older loads first among those waiting (thread-safe)."""
+
+    def __init__(self, age_s: float = AGE_S, yield_s: float = YIELD_S) -> None:
+        self.age_s, self.yield_s = age_s, yield_s
+        self._blocked: dict[int, tuple[float, frozenset[str]]] = {}  # ticket -> since, short
+        self._tickets = itertools.count()
+        self._cv = threading.Condition()
+
+    def ticket(self) -> int:
+        """A load's place in line (its arrival order)."""
+        with self._cv:
+            return next(self._tickets)
+
+    def blocked(self, ticket: int, short: set[str], now: float) -> None:
+        """The load ``ticket`` waits for room on ``short`` (since its first time, ``now``)."""
+        with self._cv:
+            since = self._blocked.get(ticket, (now, frozenset()))[0]
+            self._blocked[ticket] = (since, frozenset(short))
+
+    def done(self, ticket: int) -> None:
+        """The load got its pins, or gave up: the loads behind it go on."""
+        with self._cv:
+            if self._blocked.pop(ticket, None) is not None:
+                self._cv.notify_all()
+
+    def ahead(self, ticket: int, hbms: set[str], now: float) -> bool:
+        """An older load has been blocked for room on one of ``hbms`` for ``age_s``."""
+        with self._cv:
+            return any(other < ticket and now - since >= self.age_s and not short.isdisjoint(hbms)
+                       for other, (since, short) in self._blocked.items())
+
+    def wait_behind(self, ticket: int, hbms: set[str], until: float) -> float:
+        """Wait while ``ahead`` (until the monotonic ``until``); returns the seconds waited
+        (0.0: nothing was ahead)."""
+        t0 = time.monotonic()
+        with self._cv:
+            if not self.ahead(ticket, hbms, t0):
+                return 0.0
+            self._cv.wait_for(lambda: not self.ahead(ticket, hbms, time.monotonic()),
+                              max(0.0, until - t0))
+        return time.monotonic() - t0
+
+
 class EngineLoader:
     def __init__(self, controller: Guarded, executor: Executor,
                  check: Callable[[list[TransferResult]], None]) -> None:
@@ -64,6 +122,7 @@ class EngineLoader:
         self.phases: deque[LoadPhases] = deque(maxlen=10_000)  # the latest loads (stats)
         self.unexported: deque[LoadPhases] = deque(maxlen=10_000)  # not yet in metrics
         self.deadline_s = 45.0  # a load waiting for room or arrivals is refused after this
+        self.room = RoomQueue()
 
     def load(self, tenant: str, session: str, keys: list[bytes]) -> list[LoadReport]:
         t0 = time.monotonic()
@@ -78,11 +137,12 @@ class EngineLoader:
         # one at once, one waiting for its credit as soon as it looks), a prefetch in
         # flight is promoted to the foreground.
         phases = LoadPhases(pages=len(gids))
+        ticket, hbms = self.room.ticket(), {r.hbm for r in before.values()}
         self.controller.table.want(gids, 1)
         try:
             self.executor.abandon_queued(gids)
             for attempt in range(2):
-                by_gid = self._bring_in(gids, phases)
+                by_gid = self._bring_in(gids, phases, ticket, hbms)
                 failed = [g for g, r in by_gid.items() if not r.ok]
                 if not failed:
                     break
@@ -100,6 +160,7 @@ class EngineLoader:
                                       ) from None
             raise
         finally:
+            self.room.done(ticket)
             self.controller.table.want(gids, -1)
         total = time.monotonic() - t0
         phases.total_s, phases.restored = total, len(by_gid)
@@ -133,13 +194,17 @@ class EngineLoader:
                         f"this load's pages need {n} B of HBM at once, more than the "
                         f"{budget.capacity} B its HBM actor has: load fewer pages at a time")
 
-    def _bring_in(self, gids: list[int], phases: LoadPhases) -> dict[int, TransferResult]:
-        """Pin ``gids`` and restore the missing ones; returns restore results by gid.
-        Adds the time of each step to ``phases``."""
+    def _bring_in(self, gids: list[int], phases: LoadPhases, ticket: int, hbms: set[str]
+                  ) -> dict[int, TransferResult]:
+        """Pin ``gids`` (on ``hbms``) and restore the missing ones; returns restore results
+        by gid. Adds the time of each step to ``phases``."""
         results: list[TransferResult] = []
         deadline = time.monotonic() + self.deadline_s
+        behind_until = min(deadline, time.monotonic() + self.room.yield_s)
         waited_for_room = False  # the first plan waits for pages moving out, later ones for room
         while True:
+            if time.monotonic() < behind_until:  # an older load starved of room goes first
+                phases.blocked_s += self.room.wait_behind(ticket, hbms, behind_until)
             t = time.monotonic()
             demotes, restores, lost, blocked = self.controller.access_settled(gids,
                                                                              time.monotonic)
@@ -183,6 +248,7 @@ class EngineLoader:
                 raise RefusedBusy("HBM is full of pinned pages; release some and retry")
             t = time.monotonic()
             short = {self.controller.table.record(g).hbm for g in blocked}
+            self.room.blocked(ticket, short, t)
             with self.executor.room_wanted(short):  # prefetches there give their room back
                 self.controller.wait_changed(seen, 0.05)  # a pin dropped or a move ended
             phases.blocked_s += time.monotonic() - t

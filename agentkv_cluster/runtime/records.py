@@ -352,9 +352,9 @@ class TransferResult:
 @dataclass(slots=True)
 class LoadPhases:
     """Where one engine load's time went, in seconds (metrics: ``agentkv_load_phase_seconds``):
-    waiting for its pages to stop being moved out (``settle``), waiting for room while the
-    HBM is full of other loads' pins (``blocked``, all or nothing), its own demotions and
-    restores (``transfer``), and waiting for pages already on their way in (``arrival``)."""
+    waiting for its pages to stop being moved out (``settle``), for room (``blocked``: the
+    HBM full of other loads' pins, or behind an older load starved of room), its own
+    demotions and restores (``transfer``), for pages on their way in (``arrival``)."""
 
     settle_s: float = 0.0
     blocked_s: float = 0.0

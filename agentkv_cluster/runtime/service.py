@@ -128,6 +128,8 @@ class Service:
         actors (and a pool on pool nodes) within ``JOIN_POLL_S``."""
         while not self._stop.wait(JOIN_POLL_S):
             try:
+                assert self.topo is not None
+                wiring.meet_unmet(self.topo)  # not under the lock: each try may take minutes
                 with self._topology:
                     assert self.topo is not None
                     added = wiring.join_new_nodes(self.cfg, self.topo, self.front,

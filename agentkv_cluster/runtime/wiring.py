@@ -242,11 +242,8 @@ def join_new_nodes(cfg: AgentKvConfig, topo: Topology, front: Any | None = None,
     """Place actors on Ray nodes that joined after ``deploy`` (GPU workers scaled up, a pool
     pod replaced), wire them to the rest, then announce them; returns the new actors' names
     (pools, then HBM actors). A node is placed once; an actor that dies while it is wired
-    is skipped, and dead actors are the health watcher's business. Pairs an earlier join
-    could not introduce in time (``Topology.unmet``) are introduced first."""
-    unmet, topo.unmet = topo.unmet, []
-    for a, b in unmet:  # one still unanswered is kept again by _meet
-        _meet(topo, a, b)
+    is skipped, and dead actors are the health watcher's business. Pairs it could not
+    introduce in time are kept in ``Topology.unmet`` (``meet_unmet``)."""
     cluster = [n for n in _ray().nodes() if n.get("Alive")]
     new = sorted((n for n in cluster if n["NodeID"] not in topo.node_names),
                  key=lambda n: n["NodeID"])
@@ -286,10 +283,21 @@ def join_new_nodes(cfg: AgentKvConfig, topo: Topology, front: Any | None = None,
     return fresh + added
 
 
+def meet_unmet(topo: Topology) -> None:
+    """Introduce the pairs an earlier join could not introduce in time (``Topology.unmet``);
+    one still unanswered is kept for the next poll. The service runs this outside its
+    topology lock: each try may wait ``introduce``'s whole timeout each way on a starved
+    actor, and audit writes and policy swaps need that lock meanwhile. It changes no
+    topology, only actors' peers, and only the join thread touches ``unmet``."""
+    unmet, topo.unmet = topo.unmet, []
+    for a, b in unmet:
+        _meet(topo, a, b)
+
+
 def _meet(topo: Topology, a: Any, b: Any) -> None:
     """``introduce``, unless one of the two died meanwhile (its node left: the controller's
     watcher forgets a dead actor, announced or not). A pair one of which did not answer in
-    time (``ActorSlow``) is kept in ``topo.unmet`` and met on a later join: a placed node
+    time (``ActorSlow``) is kept in ``topo.unmet`` for ``meet_unmet``: a placed node
     is never placed again, and until they meet, moves between the two find no peer."""
     try:
         introduce(a, b)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -170,9 +171,37 @@ def test_a_pair_whose_introduction_timed_out_is_met_on_a_later_join(monkeypatch)
     assert met == [("node0-hbm2", "node9")]
     assert [(a.name, b.name) for a, b in topo.unmet] == [("node0-hbm0", "node9"),
                                                          ("node0-hbm1", "node9")]
-    assert wiring.join_new_nodes(load_config(env={}), topo) == []  # no new node: a retry
+    assert wiring.join_new_nodes(load_config(env={}), topo) == []  # no new node
+    assert len(topo.unmet) == 2  # the join itself does not wait on them again
+    wiring.meet_unmet(topo)  # the next poll
     assert met == [("node0-hbm2", "node9"), ("node0-hbm0", "node9")]
     assert topo.unmet == []  # met, or gone (node0-hbm1 died meanwhile)
+
+
+def test_the_join_poll_meets_unmet_pairs_outside_the_topology_lock(monkeypatch) -> None:
+    """Each try of an unmet pair may wait 120 s each way on a starved actor; under the
+    topology lock it held up retired-page summaries (the audit loop) and policy swaps."""
+    from agentkv_cluster.runtime import service as service_mod
+
+    svc = service_mod.Service.__new__(service_mod.Service)
+    svc._stop, svc._topology = threading.Event(), threading.Lock()
+    svc.topo, svc.cfg, svc.front, svc.hbm_capacity = wiring.Topology(
+        controller=None, directory=None), None, None, None
+    seen: list[tuple[str, bool]] = []
+
+    def meet_unmet(topo):
+        seen.append(("meet", svc._topology.locked()))
+
+    def join_new_nodes(cfg, topo, front, capacity):
+        seen.append(("join", svc._topology.locked()))
+        svc._stop.set()
+        return []
+
+    monkeypatch.setattr(service_mod, "JOIN_POLL_S", 0.01)
+    monkeypatch.setattr(wiring, "meet_unmet", meet_unmet)
+    monkeypatch.setattr(wiring, "join_new_nodes", join_new_nodes)
+    svc._join_nodes()
+    assert seen == [("meet", False), ("join", True)]
 
 
 class _Pinged:

@@ -207,6 +207,7 @@ class Eraser:
         self.signer = signer
         self._tiers: dict[str, TierDeleter] = {}
         self._unrecorded = {} if unrecorded is None else unrecorded
+        self._begun: tuple[tuple[int, int, int], list[BegunErasure]] | None = None
 
     def register_tier(self, name: str, delete_fn: TierDeleter) -> None:
         if not _TIER_RE.fullmatch(name) or name in self._tiers:
@@ -214,9 +215,25 @@ class Eraser:
         self._tiers[name] = delete_fn
 
     def unfinished(self, tenant: str, generation: int | None = None) -> BegunErasure | None:
-        """The erasure of this scope that began and recorded no end, if any."""
-        return next((b for b in unfinished_erasures(self.audit.path)
-                     if (b.tenant, b.generation) == (tenant, generation)), None)
+        """The erasure of this scope that began and recorded no end, if any. The log is
+        read in full, so: a tenant never marked erased has no unfinished erasure of its
+        own (the mark is written before any key goes, and only an erasure that destroyed
+        keys is ever resumed), and its log is not read; the log is read again only once it
+        changed (a resume asks twice: for the namespaces, then to finish)."""
+        if generation is None and tenant not in self.keyring.erasures():
+            return None
+        return next((b for b in self._unfinished() if (b.tenant, b.generation) ==
+                     (tenant, generation)), None)
+
+    def _unfinished(self) -> list[BegunErasure]:
+        try:
+            st = os.stat(self.audit.path)
+        except FileNotFoundError:
+            return []
+        stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if self._begun is None or self._begun[0] != stamp:
+            self._begun = (stamp, unfinished_erasures(self.audit.path))
+        return self._begun[1]
 
     def directory_namespaces(self, tenant: str) -> list[str]:
         """The blinded directory namespaces an erasure of ``tenant`` deletes: its own while

@@ -154,3 +154,60 @@ def test_a_whole_tenant_erasure_ends_an_unfinished_one_of_its_generations(tmp_pa
     Eraser(ring, audit, signer).erase_tenant("alice", now=2.0)
     audit.close()
     assert unfinished_erasures(log) == []
+
+
+def _count_reads(monkeypatch) -> list[str]:
+    import security.erasure as erasure_mod
+
+    reads: list[str] = []
+    real = erasure_mod.unfinished_erasures
+
+    def counted(path):
+        reads.append(str(path))
+        return real(path)
+
+    monkeypatch.setattr(erasure_mod, "unfinished_erasures", counted)
+    return reads
+
+
+def test_erasing_a_tenant_never_created_does_not_read_the_log(tmp_path, signer, monkeypatch):
+    """The log is read in full to find an unfinished erasure: every erasure of an unknown
+    (or mistyped) tenant did so, twice on the service (namespaces, then the resume)."""
+    ring = TenantKeyring(FileKeySource(tmp_path / "keys"))
+    audit = AuditLog(tmp_path / "audit.log", signer)
+    audit.append("erasure.begun", {"tenant": "alice", "generation": None, "scope": "tenant",
+                                   "key_ids": ["alice/g1/00"]}, 1.0)
+    reads = _count_reads(monkeypatch)
+    eraser = Eraser(ring, audit, signer)
+    with pytest.raises(KeyUnavailable, match="no keys"):
+        eraser.directory_namespaces("bob")
+    with pytest.raises(KeyUnavailable, match="no keys"):
+        eraser.erase_tenant("bob", now=2.0)
+    # alice's begun record is in the log, but she was never marked erased: no key of hers
+    # can have gone, so there is nothing to resume (her keys would be erased afresh)
+    with pytest.raises(KeyUnavailable):
+        eraser.erase_tenant("alice", now=2.0)
+    assert reads == []
+    with pytest.raises(KeyUnavailable):  # a generation scope still reads it, once
+        eraser.erase_generation("bob", 1, now=2.0)
+    assert len(reads) == 1
+    audit.close()
+
+
+def test_a_resume_reads_the_log_once_and_again_after_it_changed(tmp_path, signer, monkeypatch):
+    ring = TenantKeyring(FileKeySource(tmp_path / "keys"))
+    ring.create_tenant("alice")
+    ring.mark_erased("alice", 1.0)
+    key_ids = ring.destroy_tenant("alice")  # an erasure that stopped before its end
+    audit = AuditLog(tmp_path / "audit.log", signer)
+    audit.append("erasure.begun", {"tenant": "alice", "generation": None, "scope": "tenant",
+                                   "key_ids": key_ids}, 1.0)
+    reads = _count_reads(monkeypatch)
+    eraser = Eraser(ring, audit, signer)
+    assert eraser.directory_namespaces("alice") == []  # none was recorded by that erasure
+    receipt = eraser.erase_tenant("alice", now=2.0)
+    assert list(receipt.key_ids) == key_ids and len(reads) == 1  # one read served both
+    with pytest.raises(KeyUnavailable):  # finished: the log changed, so it is read again
+        eraser.erase_tenant("alice", now=3.0)
+    assert len(reads) == 2
+    audit.close()

@@ -369,7 +369,7 @@ class Controller:
         its scheduled moves (returns how many; queued transfers give up: ``PageTable.doomed``).
         The caller waits until ``tenant_moving`` is false, then calls ``forget_tenant``."""
         self.table.begin_erase(tenant)
-        gids = [g for g, r in self.table.pages.items() if r.meta.tenant == tenant]
+        gids = [g for g, r in self.table.pages.items() if r.meta.erased_with(tenant)]
         return self.schedule.cancel(gids, kinds=(ActionKind.DEMOTE, ActionKind.RESTORE))
 
     def forget_tenant(self, tenant: str, cancelled: int | None = None) -> TenantForgotten:
@@ -380,7 +380,7 @@ class Controller:
         if cancelled is None:
             cancelled = self.begin_forget(tenant)
         table = self.table
-        gids = [g for g, r in table.pages.items() if r.meta.tenant == tenant]
+        gids = [g for g, r in table.pages.items() if r.meta.erased_with(tenant)]
         keys: dict[str, list[bytes]] = {}
         resident = pins = straggling = 0
         for gid in gids:

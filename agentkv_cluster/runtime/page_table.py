@@ -225,9 +225,10 @@ class PageTable:
         return True
 
     def doomed(self, gid: int) -> bool:
-        """The page's tenant is being erased: moves of it stop (read without the lock)."""
+        """The page's tenant (or namespace) is being erased: moves of it stop (read
+        without the lock)."""
         rec = self.pages.get(gid)
-        return rec is not None and rec.meta.tenant in self.erasing
+        return rec is not None and any(rec.meta.erased_with(t) for t in self.erasing)
 
     def settled(self, gids: list[int]) -> bool:
         """No page of ``gids`` moves out of reach: none has its HBM copy being dropped
@@ -252,8 +253,8 @@ class PageTable:
         return any(g not in self.pages or self.doomed(g) for g in gids)
 
     def tenant_moving(self, tenant: str) -> bool:
-        """A transfer of one of ``tenant``'s pages is in flight."""
-        return any(r.busy for r in self.pages.values() if r.meta.tenant == tenant)
+        """A transfer of a page that goes with ``tenant``'s erasure is in flight."""
+        return any(r.busy for r in self.pages.values() if r.meta.erased_with(tenant))
 
     def want(self, gids: list[int], step: int) -> None:
         """An engine waits for ``gids`` (step 1) or stopped waiting (-1)."""

@@ -27,8 +27,7 @@ class RefusedNotFound(RequestRefused):
 
 
 class PageConflict(RequestRefused):
-    """A page's identity is stored already with another size or shape (an identity names
-    one page's content: a store of it again keeps the first copy)."""
+    """A page's identity is stored already with another size or shape (the first stays)."""
 
 
 class UnknownSession(RuntimeError_, KeyError):
@@ -40,8 +39,7 @@ class UnknownPageKey(RuntimeError_, KeyError):
 
 
 class TenantErased(RuntimeError_):
-    """The tenant was erased (or is being erased) while the request ran: nothing of it is
-    served, and what the request had started was undone."""
+    """The tenant was (or is being) erased meanwhile: nothing served, what began undone."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,10 +57,8 @@ class TenantForgotten:
 
 @dataclass(frozen=True, kw_only=True)
 class PoolReceipt:
-    """What a store or restore moved: the tier that holds (or held) the copy and the
-    plaintext bytes of its codec's form that crossed the link. The actor answers its
-    ``wire()`` form (plain ints travel through Ray's msgpack path; a dataclass is pickled,
-    ~0.1 ms more per call here) and ``PoolHandle`` hands this type to its callers."""
+    """What a store or restore moved: the copy's tier and the plaintext bytes of its form
+    that crossed the link. Sent as ``wire()`` (plain ints: Ray's msgpack path)."""
 
     tier: Tier
     nbytes: int
@@ -157,8 +153,8 @@ class PoolPurged:
 
 @dataclass(frozen=True, kw_only=True)
 class ControllerErased:
-    """The controller's part of a tenant erasure (``ControllerActor.erase_tenant``): what
-    it forgot, and what its HBM actors overwrote, summed over them."""
+    """The controller's part of a tenant erasure (``ControllerActor.erase_tenant``): what it
+    forgot, and what its HBM actors overwrote, summed."""
 
     forgotten: TenantForgotten
     hbm_pages: int
@@ -205,7 +201,7 @@ class PageMeta:
     key: bytes  # blinded directory key (per tenant or PUBLIC namespace)
     digest: bytes  # PageIdentity.digest()
     tenant: str  # the tenant whose session stored the page
-    namespace: str  # key and sealing namespace: ``tenant`` or "public"
+    namespace: str  # key and sealing namespace: ``tenant`` or PUBLIC ("_public")
     session: str
     page_id: int  # the engine's id within the session
     state_type: StateType
@@ -213,6 +209,11 @@ class PageMeta:
     tokens: int
     shape: KvShape | None = None  # None: opaque bytes, only Codec.FULL applies
     content_hash: bytes = b""  # BLAKE2b-128 of the page's bytes (for the audit summary)
+
+    def erased_with(self, tenant: str) -> bool:
+        """Goes with ``tenant``'s erasure: its own page, or one in its namespace (PUBLIC)."""
+        return tenant in (self.tenant, self.namespace)
+
     @property
     def session_key(self) -> SessionKey:
         return SessionKey(self.tenant, self.session)
@@ -280,8 +281,7 @@ class PageRecord:
     @property
     def moving_out(self) -> bool:
         """A demotion of it is in flight and its HBM copy is not to be had meanwhile: the
-        worker decided to drop it (until then the page is ``leaving``, and a load takes it
-        back)."""
+        worker decided to drop it (until then it is ``leaving``: a load takes it back)."""
         return self.busy and not self.resident and not self.leaving
 
 

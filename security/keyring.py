@@ -234,6 +234,12 @@ class TenantKeyring:
         """When ``namespace`` was last erased (seconds), or None if it never was."""
         return self.erasures().get(validate_namespace(namespace))
 
+    def erased_generations(self) -> list[tuple[str, int]]:
+        """(namespace, generation) of every erased generation (its ``.gone`` marker, until
+        a whole-tenant erasure removes it)."""
+        found = (_KEK_RE.fullmatch(n) for n in self.source.names())
+        return sorted((m["ns"], int(m["gen"])) for m in found if m and m["kind"] == "gone")
+
     def erasures(self) -> dict[str, float]:
         """Every erased namespace, with when it was last erased (seconds)."""
         out: dict[str, float] = {}
@@ -285,6 +291,11 @@ class TenantKeyring:
             for cache in (self._keks, self._seal, self._open):
                 for slot in [s for s in cache if s[0] == namespace]:
                     del cache[slot]
+
+    def forget_generation(self, namespace: str, generation: int) -> None:
+        """Drop the cached keys of one generation: a process that did not destroy it calls
+        this when it learns of its erasure (``erased_generations``)."""
+        self._forget(validate_namespace(namespace), {generation})
 
     def _forget(self, namespace: str, generations: set[int]) -> None:
         with self._lock:

@@ -21,7 +21,8 @@ mark, destroy), then runs the tiers in order, each reporting what it did:
 Only then is the receipt signed; it lists each tier with its count (-1 and the tier
 in ``failed_tiers`` when a tier could not finish). ``ErasureWatcher`` runs steps 1-3
 for an erasure made by another process (``agentkv tenant erase`` on the key directory
-while the service runs) and records what it did in the audit log.
+while the service runs) and records what it did in the audit log; one generation's
+erasure made there is ``generation_erasure``'s.
 
 What the API front lets through meanwhile is ``runtime.front.ErasureGate``.
 """
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agentkv_cluster.runtime.directory_glue import GUARD_BACKOFF, RedisSpec, open_directory
+from agentkv_cluster.runtime.generation_erasure import GenerationErasures
 from agentkv_cluster.runtime.handles import ActorGone
 from security.audit import AuditLog
 from security.erasure import Eraser, ErasureReceipt
@@ -80,6 +82,7 @@ class ClusterErasure:
         self.signer = signer
         self._lock = threading.Lock()  # one erasure at a time
         self.enforced: dict[str, float] = {}  # tenant -> erasure mark already enforced
+        self.generations = GenerationErasures(topo, keys_dir, audit, self._lock)
         # what an erasure whose end the log refused deleted: its rerun's receipt counts it
         self._unrecorded: dict[int, tuple[tuple[str, int], ...]] = {}
 
@@ -319,6 +322,7 @@ class ErasureWatcher:
         self._stop = stop
         self._wake = threading.Event()
         erasure.remember_marks()
+        erasure.generations.enforce_present()
         self._thread = threading.Thread(target=self._run, name="agentkv-erasures", daemon=True)
 
     def start(self) -> ErasureWatcher:
@@ -342,7 +346,8 @@ class ErasureWatcher:
                 return
             try:
                 self.erasure.reconcile_users()
-                if self.erasure.enforce_new_marks():  # tenant names stay out of the logs
+                tenants = self.erasure.enforce_new_marks()
+                if tenants or self.erasure.generations.enforce_new():  # no names in the log
                     log.info("enforced an erasure made outside this service (see audit log)")
             except Exception:
                 log.exception("enforcing an erasure failed")

@@ -175,11 +175,12 @@ class PoolHandle(ActorHandle):
     def delete(self, key: bytes, namespace: str) -> int:
         return self._call("delete", key, namespace)
 
-    def erase_tenant(self, tenant: str, tier: int) -> list[bytes]:
-        return self._call("erase_tenant", tenant, tier)
+    def erase_tenant(self, tenant: str, tier: int, generation: int | None = None
+                     ) -> list[bytes]:
+        return self._call("erase_tenant", tenant, tier, generation)
 
-    def purge_tenant(self, tenant: str) -> PoolPurged:
-        return self._call("purge_tenant", tenant)
+    def purge_tenant(self, tenant: str, generation: int | None = None) -> PoolPurged:
+        return self._call("purge_tenant", tenant, generation)
 
     def tenants_held(self) -> list[str]:
         return self._call("tenants_held")

@@ -26,7 +26,7 @@ from agentkv_cluster.runtime.pool_records import (
     holding_of,
     read_entry,
 )
-from agentkv_cluster.runtime.pool_tiers import NvmeTierFull, TierWriter
+from agentkv_cluster.runtime.pool_tiers import NvmeTierFull, StoresInFlight, TierWriter
 from agentkv_cluster.runtime.records import PageMeta, PoolPurged, PoolReceipt
 from security.blinding import DirectoryBlinder, size_bucket
 from security.chunked import ChunkedSealer
@@ -45,15 +45,6 @@ _TORN_RETRIES = 3
 
 class PageMissing(Exception):
     """The pool holds no readable copy of that page in that form."""
-
-
-@dataclass(slots=True)
-class _Storing:
-    """A store between its start and its commit: a delete or an erasure of its page meanwhile
-    cancels it (the copy is scrubbed instead of kept)."""
-
-    namespace: str
-    cancelled: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,8 +84,7 @@ class PoolActor:
         self._index: dict[tuple[bytes, Codec], StoredCopy] = {}
         self._lock = threading.RLock()
         self.tiers = TierWriter(self.host, self.nvme, self._lock, spec.name)
-        self._storing: dict[tuple[bytes, Codec], _Storing] = {}
-        self._stored = threading.Condition(self._lock)  # a store of some page committed
+        self.storing = StoresInFlight(self._lock)
         self.opener = ChunkOpener(self.sealer, self.chunked, self.mover, spec.name)
         self.torn = 0  # restores that found their host copy rewritten mid-read and retried
         self._rebuild()
@@ -216,20 +206,20 @@ class PoolActor:
                           namespace=meta.namespace, full=meta.length,
                           state_type=meta.state_type.value,
                           shape=None if shape is None else shape.stored())
-        storing = self._begin_store(meta.key, codec, meta.namespace)
+        storing = self.storing.begin(meta.key, codec, meta.namespace)
         sealed = (meta.key, codec, copy, meta.digest, plain)
         try:
             self.tiers.write(tier, copy, lambda: self.records.into_slot(self.host, *sealed),
                              lambda: self.records.to_nvme(self.nvme, *sealed))
         except BaseException as exc:  # nothing written; an older copy of the page stays
             with self._lock:
-                self._end_store(meta.key, codec)
+                self.storing.end(meta.key, codec)
                 held = self._index.get((meta.key, codec))
             if isinstance(exc, NvmeTierFull) and held is not None:  # it holds the page already
                 return PoolReceipt(tier=held.tier, nbytes=held.nbytes)
             raise
         with self._lock:
-            self._end_store(meta.key, codec)
+            self.storing.end(meta.key, codec)
             held = self._index.get((meta.key, codec))  # replaced only now, if at all
             if storing.cancelled:  # deleted or erased while it was sealed: keep nothing
                 self.tiers.discard(copy, scrub=True)
@@ -247,19 +237,6 @@ class PoolActor:
             self.publisher.delete(ns_dir, meta.key)
         return PoolReceipt(tier=copy.tier, nbytes=len(plain))
 
-    def _begin_store(self, key: bytes, codec: Codec, namespace: str) -> _Storing:
-        """Wait for a store of the same copy in flight, then mark this one as in flight
-        (``delete_copy`` and ``erase_tenant`` cancel it; the old copy stays until then)."""
-        with self._lock:
-            while (key, codec) in self._storing:
-                self._stored.wait()
-            storing = self._storing[(key, codec)] = _Storing(namespace)
-            return storing
-
-    def _end_store(self, key: bytes, codec: Codec) -> None:  # under the lock
-        del self._storing[(key, codec)]
-        self._stored.notify_all()
-
     def restore_to(self, key: bytes, digest: bytes, codec: int, dst: tuple) -> tuple[int, int]:
         """Open the (key, codec) copy, on whichever tier holds it, and push its plaintext into
         ``dst`` (``RemoteSpan.wire()``). Plain values: Ray passes those without pickling."""
@@ -268,8 +245,7 @@ class PoolActor:
         try:
             for _ in range(_TORN_RETRIES):
                 with self._lock:
-                    while (key, want) in self._storing:  # being stored again: read the new one
-                        self._stored.wait()
+                    self.storing.wait(key, want)  # being stored again: read the new one
                     copy = self._index.get((key, want))
                     if copy is None:
                         raise PageMissing(f"no {want.name} copy of that page in {self.name}")
@@ -323,8 +299,7 @@ class PoolActor:
     def delete_copy(self, key: bytes, codec: Codec) -> bool:
         """Drop the page's copy in ``codec`` (a store of it in flight keeps nothing)."""
         with self._lock:
-            if (storing := self._storing.get((key, codec))) is not None:
-                storing.cancelled = True
+            self.storing.cancel(key, codec)
             copy = self._index.pop((key, codec), None)
             if copy is not None:
                 self.tiers.discard(copy)
@@ -339,34 +314,53 @@ class PoolActor:
                 self.publisher.delete(self.blinder.namespace(namespace), key)
         return gone
 
-    def erase_tenant(self, tenant: str, tier: int) -> list[bytes]:
+    def erase_tenant(self, tenant: str, tier: int, generation: int | None = None
+                     ) -> list[bytes]:
         """Tenant erasure: drop and scrub every copy of ``tenant``'s own pages held in
-        ``tier``; returns their keys (the caller removes the directory entries: by then
-        the blinded namespace can no longer be derived here). See ``purge_tenant``."""
+        ``tier`` (with ``generation``: those sealed under it); returns their keys (the caller
+        removes the directory entries: by then the blinded namespace can no longer be
+        derived here). See ``purge_tenant``."""
         with self._lock:
-            for storing in self._storing.values():  # stores in flight keep nothing
-                storing.cancelled |= storing.namespace == tenant
+            if generation is None:  # stores in flight keep nothing (of a generation: they
+                self.storing.cancel_namespace(tenant)  # seal under the current one)
             doomed = [(k, codec) for (k, codec), c in self._index.items()
-                      if c.namespace == tenant and c.tier is Tier(tier)]
+                      if c.namespace == tenant and c.tier is Tier(tier)
+                      and generation in (None, c.seal_gen)]
             for key, codec in doomed:
                 self._shred_copy(key, codec)
             return [k for k, _ in doomed]
 
-    def purge_tenant(self, tenant: str) -> PoolPurged:
+    def purge_tenant(self, tenant: str, generation: int | None = None) -> PoolPurged:
         """Tenant erasure on this node: forget the tenant's cached keys (a tenant created again
         gets new ones), overwrite and drop every copy of its pages (host slots and NVMe payloads
         zeroed in place), then zero every free host slot, dead NVMe record (dropped copies keep
         their sealed bytes until reused) and free staging slot. Returns the counts per tier
-        and the erased keys (for the directory)."""
-        self.keyring.forget(tenant)
-        self.blinder.forget(tenant)
+        and the erased keys (for the directory). With ``generation`` (erased by another
+        process: ``agentkv tenant erase --generation``): only that generation's cached keys
+        and the copies sealed under it (overwritten; nothing else is zeroed: what it left
+        elsewhere is sealed under the lost key); pages left with no copy leave the
+        directory here."""
+        if generation is None:
+            self.keyring.forget(tenant)
+            self.blinder.forget(tenant)
+        else:  # a store sealing under it from now on fails: its key file is gone
+            self.keyring.forget_generation(tenant, generation)
         with self._lock:
-            host = self.erase_tenant(tenant, int(Tier.HOST))
-            nvme = self.erase_tenant(tenant, int(Tier.NVME))
-            return PoolPurged(keys=tuple(sorted(set(host + nvme))), host=len(host),
-                              nvme=len(nvme), host_free_zeroed=self.host.scrub_free(),
-                              nvme_dead_zeroed=self.nvme.shred_dead(),
-                              staging_zeroed=self.mover.scrub_free())
+            host = self.erase_tenant(tenant, int(Tier.HOST), generation)
+            nvme = self.erase_tenant(tenant, int(Tier.NVME), generation)
+            keys = sorted(set(host + nvme))
+            bare = [k for k in keys if all((k, c) not in self._index for c in Codec)]
+            whole = generation is None  # what a generation left is sealed under a lost key
+            purged = PoolPurged(keys=tuple(keys), host=len(host), nvme=len(nvme),
+                                host_free_zeroed=self.host.scrub_free() if whole else 0,
+                                nvme_dead_zeroed=self.nvme.shred_dead() if whole else 0,
+                                staging_zeroed=self.mover.scrub_free() if whole else 0)
+        if generation is not None:  # the directory, never under the lock (none left
+            with suppress(KeyUnavailable):  # when the whole tenant was erased meanwhile)
+                namespace = self.blinder.namespace(tenant)
+                for key in bare:
+                    self.publisher.delete(namespace, key)
+        return purged
 
     def tenants_held(self) -> list[str]:
         """The namespaces this pool holds copies of (recovered records included)."""

@@ -10,7 +10,8 @@ the new one is written (and keeps the old one when the NVMe tier has no room lef
 it: a full file system once the shard's space reserve for tombstones is spent), and a store
 refused for a full tier is answered with the old copy when the pool holds the page in that
 form already (pages are immutable).
-``TierCounts`` counts stores that found the NVMe tier full, and those refused for it.
+``TierCounts`` counts stores that found the NVMe tier full, and those refused for it;
+``StoresInFlight`` keeps each store between its start and its commit.
 """
 
 from __future__ import annotations
@@ -24,6 +25,49 @@ from agentkv_cluster.runtime.pool_records import StoredCopy
 from store.host_pool import HostPool, PoolFull
 from store.nvme import DiskFull, NvmeShard
 from store.types import Tier
+
+
+@dataclass(slots=True)
+class Storing:
+    """A store between its start and its commit: a delete or an erasure of its page meanwhile
+    cancels it (the copy is scrubbed instead of kept)."""
+
+    namespace: str
+    cancelled: bool = False
+
+
+class StoresInFlight:
+    """The pool's stores in flight, by (key, codec), under the pool's lock: a second store of
+    the same copy, or a restore of it, waits until the one in flight committed (the old copy
+    stays until then); ``cancel`` makes one keep nothing."""
+
+    def __init__(self, lock: threading.RLock) -> None:
+        self._storing: dict[tuple[bytes, int], Storing] = {}
+        self._stored = threading.Condition(lock)  # a store of some page committed
+
+    def begin(self, key: bytes, codec: int, namespace: str) -> Storing:
+        """Wait for a store of the same copy in flight, then mark this one in flight."""
+        with self._stored:
+            self.wait(key, codec)
+            storing = self._storing[(key, codec)] = Storing(namespace)
+            return storing
+
+    def wait(self, key: bytes, codec: int) -> None:
+        """Until no store of (key, codec) is in flight (the lock held)."""
+        while (key, codec) in self._storing:
+            self._stored.wait()
+
+    def end(self, key: bytes, codec: int) -> None:  # under the lock
+        del self._storing[(key, codec)]
+        self._stored.notify_all()
+
+    def cancel(self, key: bytes, codec: int) -> None:
+        if (storing := self._storing.get((key, codec))) is not None:
+            storing.cancelled = True
+
+    def cancel_namespace(self, namespace: str) -> None:
+        for storing in self._storing.values():
+            storing.cancelled |= storing.namespace == namespace
 
 
 class NvmeTierFull(Exception):

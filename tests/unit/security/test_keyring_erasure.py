@@ -31,6 +31,22 @@ def test_a_process_that_cached_the_keys_forgets_them(keyring, tmp_path) -> None:
     other.open_key("bob", 1, epoch)  # other tenants' cache is untouched
 
 
+def test_a_process_that_cached_a_generation_forgets_only_it(keyring, tmp_path) -> None:
+    other = TenantKeyring(FileKeySource(tmp_path / "keys"))  # e.g. a pool actor
+    keyring.rotate("alice")
+    old_epoch, _ = other.seal_key("alice", 1)
+    new_epoch, _ = other.seal_key("alice", 2)
+    keyring.destroy_generation("alice", 1)  # `tenant erase --generation 1`, elsewhere
+    assert keyring.erased_generations() == [("alice", 1)]
+    other.open_key("alice", 1, old_epoch)  # still cached: the erasure did not reach it
+    other.forget_generation("alice", 1)
+    with pytest.raises(KeyUnavailable):
+        other.open_key("alice", 1, old_epoch)
+    other.open_key("alice", 2, new_epoch)  # the newer generation is untouched
+    keyring.destroy_tenant("alice")
+    assert keyring.erased_generations() == []  # a whole erasure takes the markers too
+
+
 def test_tenants_lists_those_with_a_blinding_secret(keyring) -> None:
     assert keyring.tenants() == ["alice", "bob"]
     keyring.destroy_tenant("bob")

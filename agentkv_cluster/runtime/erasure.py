@@ -92,16 +92,18 @@ class ClusterErasure:
             keyring = TenantKeyring(FileKeySource(self.keys_dir))
             eraser = Eraser(keyring, self.audit, self.signer, self._unrecorded)
             namespaces = eraser.directory_namespaces(tenant)  # nothing to erase: raises
-            try:  # its calls and loads fail from here; the keys go even if this cannot
-                self.topo.controller.freeze_tenant(tenant)
-            except ActorGone:
-                log.warning("erasure: the controller is unreachable; its tier will fail")
             report = _LazyPurge(lambda: self.purge(tenant))
             for tier in TIERS:
                 eraser.register_tier(tier, lambda _s, t=tier: report.count(t))
             eraser.register_tier("directory", lambda _s: sum(
                 self._directory(ns, report.keys()) for ns in namespaces))
+            if self.front is not None:  # its calls fail from here (``forget`` ends it)
+                self.front.erasures.freeze(tenant)
             try:
+                try:  # its calls and loads fail from here; the keys go even if this cannot
+                    self.topo.controller.freeze_tenant(tenant)
+                except ActorGone:
+                    log.warning("erasure: the controller is unreachable; its tier will fail")
                 receipt = eraser.erase_tenant(tenant, time.time())
             finally:
                 if self.front is not None:

@@ -66,12 +66,18 @@ class ErasureGate:
         self.on_pending: Callable[[], None] = lambda: None  # the watcher's wake-up
         self._marks: dict[str, tuple[float | None, float, int]] = {}  # (at, checked, stamp)
         self._enforced: dict[str, float] = {}  # tenant -> the mark this service enforced
+        self._frozen: set[str] = set()  # tenants this service is erasing (``freeze``)
         self._lock = threading.Lock()
 
     def check(self, principal: Principal) -> None:
         """Refuse a token issued before its tenant's erasure (``Unauthenticated``), and one
-        issued after it while the purge here has not finished (``TenantErased``)."""
+        issued after it while the purge here has not finished (``TenantErased``); every
+        token of a tenant this service is erasing (``TenantErased``)."""
         tenant = principal.tenant
+        with self._lock:
+            frozen = tenant in self._frozen
+        if frozen:
+            raise TenantErased(f"tenant {tenant} is being erased")
         at = self.erased_at(tenant)
         if at is None:
             return
@@ -100,10 +106,18 @@ class ErasureGate:
             self._marks[tenant] = (at, now, stamp)
         return at
 
+    def freeze(self, tenant: str) -> None:
+        """This service's erasure of ``tenant`` begins: its calls are refused from now on,
+        before its mark is written (the controller's freeze does not see a ``complete_load``,
+        which the front serves from HBM), until ``forget``."""
+        with self._lock:
+            self._frozen.add(tenant)
+
     def forget(self, tenant: str) -> None:
-        """Re-read ``tenant``'s mark on its next request."""
+        """Re-read ``tenant``'s mark on its next request (and end its ``freeze``)."""
         with self._lock:
             self._marks.pop(tenant, None)
+            self._frozen.discard(tenant)
 
     def enforced(self, tenant: str, at: float) -> None:
         """This service purged what ``tenant`` left at its erasure of ``at``."""

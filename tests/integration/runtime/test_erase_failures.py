@@ -24,7 +24,7 @@ PAGE = 2 * 2 * 2 * 128 * 64 * 2
 class _Unreachable:
     """A pool whose node is gone: every call fails as a dead Ray actor's would."""
 
-    def purge_tenant(self, tenant: str) -> dict:
+    def purge_tenant(self, tenant: str, generation: int | None = None) -> dict:
         raise ActorGone("pool-gone: RayActorError")
 
 

@@ -42,7 +42,7 @@ class _FillsTheDisk:
     def __init__(self, disk: Path) -> None:
         self.disk, self.calls = disk, 0
 
-    def purge_tenant(self, tenant: str) -> PoolPurged:
+    def purge_tenant(self, tenant: str, generation: int | None = None) -> PoolPurged:
         self.calls += 1
         if self.calls == 1:
             fill(self.disk)

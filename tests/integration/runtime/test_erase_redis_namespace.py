@@ -65,7 +65,7 @@ class _Pool:
     def options(self, *, timeout_s: float | None) -> _Pool:
         return self
 
-    def purge_tenant(self, tenant: str) -> PoolPurged:
+    def purge_tenant(self, tenant: str, generation: int | None = None) -> PoolPurged:
         return PoolPurged(keys=tuple(self.keys[:self.reported]), host=len(self.keys), nvme=0,
                           host_free_zeroed=0, nvme_dead_zeroed=0, staging_zeroed=0)
 

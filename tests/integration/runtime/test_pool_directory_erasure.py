@@ -86,8 +86,8 @@ class _PoolHandle:
     def options(self, *, timeout_s: float | None) -> _PoolHandle:
         return self
 
-    def purge_tenant(self, tenant: str):
-        return self.actor.purge_tenant(tenant)
+    def purge_tenant(self, tenant: str, generation: int | None = None):
+        return self.actor.purge_tenant(tenant, generation)
 
 
 class _Topology:

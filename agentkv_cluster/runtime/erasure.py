@@ -324,7 +324,7 @@ class ErasureWatcher:
         self._stop = stop
         self._wake = threading.Event()
         erasure.remember_marks()
-        erasure.generations.enforce_present()
+        erasure.generations.remember_present()
         self._thread = threading.Thread(target=self._run, name="agentkv-erasures", daemon=True)
 
     def start(self) -> ErasureWatcher:

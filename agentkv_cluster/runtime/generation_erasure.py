@@ -44,15 +44,11 @@ class GenerationErasures:
         ring = TenantKeyring(FileKeySource(self.keys_dir, writable=False))
         return set(ring.erased_generations())
 
-    def enforce_present(self) -> list[tuple[str, int]]:
-        """At start: every generation erased so far is purged again (a pool that outlived
-        the last service may still cache its key); recorded only where a pool held
-        something of it. Returns those."""
-        found = []
-        for tenant, generation in sorted(self._present()):
-            if self._enforce(tenant, generation, quiet=True):
-                found.append((tenant, generation))
-        return found
+    def remember_present(self) -> None:
+        """At start: generations erased so far need nothing here. The pools started with
+        this service (they are not detached actors) and cache no key yet, and a restarted
+        pool drops the records it can no longer open as it rebuilds its index."""
+        self.enforced = self._present()
 
     def enforce_new(self) -> list[tuple[str, int]]:
         """Purge every generation whose marker appeared since the last look, each recorded
@@ -61,12 +57,12 @@ class GenerationErasures:
         self.enforced &= present  # a tenant erased whole loses its markers: its name and
         new = sorted(present - self.enforced)  # generation numbers may come back
         for tenant, generation in new:
-            self._enforce(tenant, generation, quiet=False)
+            self._enforce(tenant, generation)
         return new
 
-    def _enforce(self, tenant: str, generation: int, *, quiet: bool) -> bool:
-        """Purge (tenant, generation) on every pool; True when a pool held a copy of it.
-        A pool that does not answer fails the purge, which is tried again on the next look."""
+    def _enforce(self, tenant: str, generation: int) -> None:
+        """Purge (tenant, generation) on every pool. A pool that does not answer fails the
+        purge, which is tried again on the next look."""
         host = nvme = 0
         gone: list[str] = []
         with self._lock:
@@ -77,15 +73,12 @@ class GenerationErasures:
                     gone.append(name)
                     continue
                 host, nvme = host + got.host, nvme + got.nvme
-            held = host + nvme > 0
             if not gone:
                 self.enforced.add((tenant, generation))
             else:
                 log.warning("erasure of a key generation: pool(s) %s did not answer; tried "
                             "again on the next look", ", ".join(gone))
-            if held or gone or not quiet:
-                self.audit.append("erasure.enforced", {
-                    "tenant": tenant, "scope": "generation", "generation": generation,
-                    "counts": [["host", host], ["nvme", nvme]], "failed_tiers": sorted(gone)},
-                    time.time())
-        return held
+            self.audit.append("erasure.enforced", {
+                "tenant": tenant, "scope": "generation", "generation": generation,
+                "counts": [["host", host], ["nvme", nvme]], "failed_tiers": sorted(gone)},
+                time.time())

@@ -50,13 +50,13 @@ def test_each_erased_generation_is_enforced_once_and_again_when_the_name_returns
     ring.create_tenant("acme")
     ring.rotate("acme")
     ring.destroy_generation("acme", 1)
-    assert gens.enforce_present() == []  # at start: purged, nothing held, not recorded
-    assert pool.asked == [("acme", 1)] and _records(audit.path) == []
+    assert gens.enforce_new() == [("acme", 1)]
+    assert pool.asked == [("acme", 1)]
     assert gens.enforce_new() == [] and len(pool.asked) == 1  # once
     ring.destroy_generation("acme", 2)
     assert gens.enforce_new() == [("acme", 2)]
     assert [(r["tenant"], r["generation"], r["scope"]) for r in _records(audit.path)] == \
-        [("acme", 2, "generation")]
+        [("acme", 1, "generation"), ("acme", 2, "generation")]
     ring.destroy_tenant("acme")  # the markers go with the tenant
     assert gens.enforce_new() == []
     ring.create_tenant("acme")  # the name comes back, its generation 1 erased again
@@ -66,12 +66,17 @@ def test_each_erased_generation_is_enforced_once_and_again_when_the_name_returns
     audit.close()
 
 
-def test_a_generation_a_pool_held_at_start_is_recorded(tmp_path):
-    ring, gens, audit = _setup(tmp_path, _Pool(held=2))
+def test_generations_erased_before_the_start_are_left_to_the_fresh_pools(tmp_path):
+    pool = _Pool(held=2)
+    ring, gens, audit = _setup(tmp_path, pool)
     ring.create_tenant("acme")
     ring.rotate("acme")
     ring.destroy_generation("acme", 1)
-    assert gens.enforce_present() == [("acme", 1)]
+    gens.remember_present()  # at start
+    assert gens.enforce_new() == [] and pool.asked == []
+    ring.rotate("acme")
+    ring.destroy_generation("acme", 2)
+    assert gens.enforce_new() == [("acme", 2)]
     (record,) = _records(audit.path)
     assert record["counts"] == [["host", 2], ["nvme", 0]] and record["failed_tiers"] == []
     audit.close()

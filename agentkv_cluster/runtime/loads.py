@@ -209,6 +209,8 @@ class EngineLoader:
             demotes, restores, lost, blocked = self.controller.access_settled(gids,
                                                                              time.monotonic)
             planned = time.monotonic()
+            if not blocked:  # pinned: the loads behind it go on while it transfers
+                self.room.done(ticket)
             if waited_for_room:
                 phases.blocked_s += planned - t
             else:

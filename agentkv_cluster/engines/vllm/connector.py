@@ -35,6 +35,7 @@ from agentkv_cluster.engines.vllm.embedded import (
     TokenResolver,
 )
 from agentkv_cluster.engines.vllm.hintsock import HintSocket
+from agentkv_cluster.engines.vllm.layout import block_views
 from agentkv_cluster.engines.vllm.meta import AgentKVConnectorMetadata, AgentKVWorkerMeta
 from agentkv_cluster.engines.vllm.scheduler import SchedulerSide
 from agentkv_cluster.engines.vllm.service import ServiceBackend
@@ -82,6 +83,15 @@ class AgentKVConnector(KVConnectorBase_V1):
                 min_tail_tokens=cfg.min_tail_tokens,
                 hints=HintSocket(cfg.hint_socket) if cfg.hint_socket else None)
 
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        """Layer-by-layer loads make the forward wait in ``wait_for_layer_load``, which a
+        full CUDA graph skips on replay (the forward would read layers not copied yet):
+        vLLM then captures piecewise graphs. Asynchronous loads, and copies run between
+        forwards (``background_io: off``), leave the forward nothing to wait for."""
+        cfg = ConnectorConfig.from_extra(extra_config)
+        return not cfg.async_load and cfg.background_io != "off"
+
     def _service(self) -> ServiceBackend:
         cfg = self.config
         return ServiceBackend(cfg.address(), default_token=cfg.service_token,
@@ -91,6 +101,7 @@ class AgentKVConnector(KVConnectorBase_V1):
     # ------------------------------------------------------------------ worker role
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         cfg = self.config
+        kv_caches = block_views(kv_caches, self._kv_cache_config.num_blocks)
         if cfg.backend == "service":
             backend: Any = self._service()
         else:
@@ -149,7 +160,8 @@ class AgentKVConnector(KVConnectorBase_V1):
             return None
         self._write_stats()
         dropped, failed = self._worker.take_dropped(), self._worker.take_failed_loads()
-        return AgentKVWorkerMeta(dropped, failed) if dropped or failed else None
+        passed = self._worker.take_passed()
+        return AgentKVWorkerMeta(dropped, failed, passed) if dropped or failed or passed else None
 
     def _write_stats(self) -> None:
         """``AGENTKV_VLLM_STATS=PATH``: the worker's counters as JSON (tests, benchmark)."""
@@ -194,12 +206,21 @@ class AgentKVConnector(KVConnectorBase_V1):
         return self._scheduler.build_connector_meta(scheduler_output)
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        if self._scheduler is None:
+            return
         meta = connector_output.kv_connector_worker_meta
-        if self._scheduler is not None and isinstance(meta, AgentKVWorkerMeta):
+        released = set(connector_output.finished_sending or ())
+        if isinstance(meta, AgentKVWorkerMeta):
             self._scheduler.forget(meta.dropped)
             self._scheduler.load_failed(meta.failed_loads)
-        if self._scheduler is not None:  # blocks freed: the closes they held back go out
-            self._scheduler.released(connector_output.finished_sending)
+            released |= meta.passed
+        self._scheduler.loaded(connector_output.finished_recving)
+        self._scheduler.released(released)  # the closes they held back go out
+
+    def has_pending_push_work(self) -> bool:
+        """A session's close waits for a barrier the worker reports (``retiring.py``):
+        the engine keeps stepping, though it may have no request left, until it does."""
+        return self._scheduler is not None and self._scheduler.awaiting_barriers
 
     def request_finished(self, request: Request, block_ids: list[int]
                          ) -> tuple[bool, dict[str, Any] | None]:

@@ -31,9 +31,13 @@ class RequestOps:
     caller: Caller
     loads: tuple[BlockOp, ...] = ()  # in token order: a failed block fails all after it
     saves: tuple[BlockOp, ...] = ()
+    tail: bool = False  # the last load is a partial block: the forward writes the rest
     async_load: bool = False  # load off the step; done when get_finished reports req_id
     release: bool = False  # vLLM holds the finished request's blocks until these saves
-    barrier: bool = False  # ... and until every save queued before them is written
+    # ... and until every save queued before them is written; without ``release`` (vLLM
+    # holds the blocks itself) the barrier's passing is reported in AgentKVWorkerMeta
+    barrier: bool = False
+    unrestored: tuple[int, ...] = ()  # blocks vLLM counts restored that no load fills
 
 
 @dataclass
@@ -45,14 +49,16 @@ class AgentKVConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
 
 @dataclass
 class AgentKVWorkerMeta(KVConnectorWorkerMetadata):  # type: ignore[misc]
-    """Worker -> scheduler: block digests no longer held (the directory mirror forgets them)
-    and, per request, the tokens whose load failed (recomputed by vLLM)."""
+    """Worker -> scheduler: block digests no longer held (the directory mirror forgets them),
+    per request the tokens whose load failed (recomputed by vLLM), and the requests whose
+    barrier without a release passed (every save queued before it is written)."""
 
     dropped: set[bytes] = field(default_factory=set)
     failed_loads: dict[str, int] = field(default_factory=dict)
+    passed: set[str] = field(default_factory=set)
 
     def aggregate(self, other: AgentKVWorkerMeta) -> AgentKVWorkerMeta:
         failed = dict(self.failed_loads)
         for req, n in other.failed_loads.items():  # every worker saw the same request fail
             failed[req] = max(n, failed.get(req, 0))
-        return AgentKVWorkerMeta(self.dropped | other.dropped, failed)
+        return AgentKVWorkerMeta(self.dropped | other.dropped, failed, self.passed | other.passed)

@@ -13,7 +13,10 @@ backends use one ledger (``SessionCloses``, pure):
 2. a session with a retiring hint waiting takes it only once none of its requests is in
    flight; the last one to finish *carries* it: ``request_finished`` keeps its blocks
    (returns True) and the worker reports it finished (``get_finished``) only after every
-   save it queued before has been written;
+   save it queued before has been written. One aborted while its asynchronous load runs
+   is held by vLLM itself until the load is reported, and freed then: reporting it
+   finished as well would free it twice (vLLM asserts). Its barrier, with no release,
+   is reported in the worker's metadata instead (``passed``);
 3. then the hint is due (``released``) and takes effect:
 
    - service (``CloseSender``): ``task_end``'s close goes out on the scheduler's lookup
@@ -140,6 +143,7 @@ class _InFlight:
     def __init__(self) -> None:
         self.ledger = SessionCloses()
         self._keys: dict[str, SessionKey] = {}  # req id -> its session, from its arrival
+        self.barriers: set[str] = set()  # carriers vLLM holds itself: their barrier's report
 
     def key(self, hints: AgentHints) -> SessionKey | None:
         raise NotImplementedError
@@ -157,19 +161,31 @@ class _InFlight:
         return key is not None and self.ledger.finished(req_id, key, st)
 
     def finish(self, req_id: str, st: Any, ops: list[RequestOps], delay: bool) -> bool:
-        """The scheduler's request ``st`` (its ``caller``) finished; ``delay``: vLLM keeps
-        its blocks for its tail save. When it carries its session's hint, vLLM keeps them
-        (True) until the worker wrote every save queued before it: a ``barrier`` release
-        in the next step's ``ops`` (on its tail save's, if any)."""
+        """The scheduler's request ``st`` (its ``caller``, ``loading``) finished; ``delay``:
+        vLLM keeps its blocks for its tail save. When it carries its session's hint, vLLM
+        keeps them (True) until the worker wrote every save queued before it: a ``barrier``
+        release in the next step's ``ops`` (on its tail save's, if any). One still loading
+        gets a barrier without a release: vLLM keeps and frees its blocks for the load."""
         key = self._keys.get(req_id)
         if not self.finished(req_id, st):
             return delay
+        # a release or barrier only: no save or load reads its caller
+        caller = st.caller or Caller(tenant="", session=key[1] if key else "")
+        if st.loading:
+            self.barriers.add(req_id)
+            ops.append(RequestOps(req_id, caller, barrier=True))
+            return False
         if delay:
             ops[-1] = replace(ops[-1], barrier=True)
-        else:  # a release only: no save or load reads its caller
-            caller = st.caller or Caller(tenant="", session=key[1] if key else "")
+        else:
             ops.append(RequestOps(req_id, caller, release=True, barrier=True))
         return True
+
+    def _passed(self, req_ids: Iterable[str]) -> dict[SessionKey, Admitted | None]:
+        """``SessionCloses.released``, for the released requests and passed barriers."""
+        ids = tuple(req_ids)
+        self.barriers.difference_update(ids)
+        return self.ledger.released(ids)
 
 
 def retiring_for(backend: Any, pool: ThreadPoolExecutor | None
@@ -215,7 +231,7 @@ class RetireHold(_InFlight):
 
     def released(self, req_ids: Iterable[str]) -> None:
         """vLLM freed these requests' blocks: their sessions' hints go out next step."""
-        self._due.extend(self.ledger.released(tuple(req_ids)))
+        self._due.extend(self._passed(req_ids))
 
     def take(self, events: Events) -> Events:
         """The events for this step's metadata: those now due first, then ``events``
@@ -257,7 +273,7 @@ class CloseSender(_InFlight):
     def released(self, req_ids: Iterable[str]) -> None:
         """vLLM freed these requests' blocks: send the closes now due (never raises)."""
         try:
-            for request in self.ledger.released(tuple(req_ids)).values():
+            for request in self._passed(req_ids).values():
                 if request is not None:
                     self._send(request)
         except Exception:  # never into vLLM's scheduler: that session stays open

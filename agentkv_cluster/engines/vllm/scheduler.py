@@ -3,24 +3,23 @@
 Per request: parse the hints, resolve the caller (tenant from the token), forward the
 lifecycle events, find the longest prefix of the prompt's blocks the backend holds,
 remember which vLLM blocks the restored tokens land in, and plan, each step, the blocks
-that become full (computed) and must be saved. A remote lookup (service backend) runs
-on a background thread; until it answers, vLLM is told "not yet" (``None``) and keeps
-scheduling other requests; a lookup that takes longer than ``lookup_timeout_s`` counts
-as a miss. Nothing here waits on the store.
+that become full (computed) and must be saved (``planning.py``). A remote lookup
+(service backend) runs on a background thread; until it answers, vLLM is told "not yet"
+(``None``) and keeps scheduling other requests; a lookup that takes longer than
+``lookup_timeout_s`` counts as a miss. Nothing here waits on the store.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from agentkv_cluster.engines.vllm.backend import (
     BackendUnavailable,
     BlockBackend,
-    Caller,
     CallerRefused,
     ConnectorCounters,
 )
@@ -32,34 +31,17 @@ from agentkv_cluster.engines.vllm.hints import (
     parse_hints,
 )
 from agentkv_cluster.engines.vllm.hintsock import HintSocket
-from agentkv_cluster.engines.vllm.matching import PrefixMatcher
+from agentkv_cluster.engines.vllm.matching import Match, PrefixMatcher
 from agentkv_cluster.engines.vllm.meta import AgentKVConnectorMetadata, BlockOp, RequestOps
+from agentkv_cluster.engines.vllm.planning import ReqState, SavePlanner
 from agentkv_cluster.engines.vllm.retiring import CloseSender, RetireHold, retiring_for
-from agentkv_cluster.lifecycle.identity import PageIdentity
-from security.keyring import PUBLIC_NAMESPACE
 
 log = logging.getLogger(__name__)
 CLOSE_FLUSH_S = 10.0  # at shutdown, how long the session closes not sent yet may take
 
 
-@dataclass(slots=True)
-class _Req:
-    request: Any  # vllm.v1.request.Request (live: its token list grows as it decodes)
-    hints: AgentHints | None = None  # None: the hints did not parse
-    caller: Caller | None = None  # set once admitted (token verified)
-    publish: bool = False
-    errors: list[str] = field(default_factory=list)
-    lookup: Future | None = None
-    lookup_started: float = 0.0
-    matched: list[PageIdentity] = field(default_factory=list)  # held by the backend
-    tail: PageIdentity | None = None  # a held partial block right after ``matched``
-    local_tokens: int = 0  # vLLM's own prefix-cache hit (block aligned)
-    load_tokens: int = 0
-    block_ids: list[int] = field(default_factory=list)
-    saved_upto: int = 0  # blocks [0, saved_upto) are held or planned
-    resave_from: int = 0  # the first block neither held nor restored
-    tail_saved: bool = False  # the partial last block of its final step is planned
-    hashes: list[bytes] = field(default_factory=list)
+def _miss() -> Match:
+    return Match(blocks=[], tail=None, resave_from=0)
 
 
 class SchedulerSide:
@@ -75,17 +57,18 @@ class SchedulerSide:
         self.min_tail_tokens = min_tail_tokens  # 0: tails are never saved
         self.hints = hints
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="agentkv-lookup") if remote else None
-        self._reqs: dict[str, _Req] = {}
+        self._reqs: dict[str, ReqState] = {}
         self._ops: list[RequestOps] = []  # loads and releases for the next metadata
         self.matcher = PrefixMatcher(backend, versions, block_size)
+        self.saves = SavePlanner(backend, self.matcher, block_size, min_tail_tokens)
         self.closes = retiring_for(backend, self._pool)  # task_end waits for in-flight work
 
     # -- per request ---------------------------------------------------------------------
-    def _state(self, request: Any) -> _Req:
+    def _state(self, request: Any) -> ReqState:
         st = self._reqs.get(request.request_id)
         if st is not None:
             return st
-        st = self._reqs[request.request_id] = _Req(request=request)
+        st = self._reqs[request.request_id] = ReqState(request=request)
         try:
             hints = parse_hints(request.kv_transfer_params)
         except HintError as exc:
@@ -105,7 +88,7 @@ class SchedulerSide:
         except Exception:  # never into vLLM's scheduler
             log.exception("AgentKV: reading the hints of %s failed", request.request_id)
 
-    def _admit(self, st: _Req) -> None:
+    def _admit(self, st: ReqState) -> None:
         """Verify the caller and forward the events (on the lookup thread when remote)."""
         hints = st.hints
         assert hints is not None
@@ -130,7 +113,7 @@ class SchedulerSide:
             except (BackendUnavailable, CallerRefused, ValueError) as exc:
                 st.errors.append(f"event {event.kind.value}: {exc}")
 
-    def _unavailable(self, st: _Req, what: str, exc: Exception) -> None:
+    def _unavailable(self, st: ReqState, what: str, exc: Exception) -> None:
         self.counters.add(backend_errors=1)
         st.errors.append(f"AgentKV backend unavailable ({what}); recomputed")
         log.warning("AgentKV backend unavailable during %s: %s; recomputing", what, exc)
@@ -144,7 +127,7 @@ class SchedulerSide:
             log.exception("AgentKV: lookup for %s failed; recomputing", request.request_id)
             st = self._reqs.get(request.request_id)
             if st is not None:
-                st.caller, st.matched = None, []
+                st.caller, st.matched, st.tail = None, [], None
                 st.errors.append("internal error in the AgentKV lookup; recomputed")
             return 0, False
 
@@ -164,7 +147,7 @@ class SchedulerSide:
                 self._admit(st)
             if st.caller is None or not wanted:
                 return 0, False
-            st.matched = self._lookup_now(st, n_blocks, num_computed_tokens)
+            found = self._lookup_now(st, n_blocks, num_computed_tokens)
         else:  # remote: admission and lookup on the lookup thread, never in this one
             if st.lookup is None:
                 st.lookup = self._pool.submit(self._admit_and_lookup, st, n_blocks, wanted,
@@ -177,9 +160,12 @@ class SchedulerSide:
                     return None, False  # ask again next step; vLLM schedules the others
                 st.errors.append("AgentKV lookup timed out; recomputed")
                 self.counters.add(backend_errors=1)
-                st.matched = []
+                found = _miss()
             else:
-                st.matched = st.lookup.result()
+                found = st.lookup.result()
+        # taken whole, here: the tail only continues the blocks found with it (a stale one
+        # after a failed or timed-out lookup claimed tokens no load would fill)
+        st.matched, st.tail, st.resave_from = found.blocks, found.tail, found.resave_from
         self.counters.add(lookups=1)
         tokens = len(st.matched) * self.block_size
         if st.tail is not None and tokens >= num_computed_tokens:
@@ -188,28 +174,26 @@ class SchedulerSide:
         self.counters.add(matched_tokens=new)
         return new, self.async_load and new > 0
 
-    def _admit_and_lookup(self, st: _Req, n_blocks: int, wanted: bool, local: int
-                          ) -> list[PageIdentity]:
+    def _admit_and_lookup(self, st: ReqState, n_blocks: int, wanted: bool, local: int
+                          ) -> Match:
         self._admit(st)
         if st.caller is not None and not wanted:  # vLLM's cache serves it: a reader, still
             self.matcher.claim(st.caller, st.request, st.hashes, local // self.block_size)
-        return self._lookup_now(st, n_blocks, local) if st.caller and wanted else []
+        return self._lookup_now(st, n_blocks, local) if st.caller and wanted else _miss()
 
-    def _lookup_now(self, st: _Req, n_blocks: int, local: int) -> list[PageIdentity]:
+    def _lookup_now(self, st: ReqState, n_blocks: int, local: int) -> Match:
         assert st.caller is not None
         t0 = time.perf_counter()
         try:
-            found = self.matcher.match(st.caller, st.request, st.hashes, n_blocks,
-                                       local // self.block_size)
-            st.resave_from, st.tail = found.resave_from, found.tail
-            return found.blocks
+            return self.matcher.match(st.caller, st.request, st.hashes, n_blocks,
+                                      local // self.block_size)
         except BackendUnavailable as exc:
             self._unavailable(st, "lookup", exc)
         except CallerRefused as exc:
             st.errors.append(str(exc))
         finally:
             self.counters.add(lookup_us=int((time.perf_counter() - t0) * 1e6))
-        return []
+        return _miss()
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int
                                  ) -> None:
@@ -217,19 +201,37 @@ class SchedulerSide:
         if st is None or st.caller is None:
             return
         block_ids = blocks.get_block_ids()[0]
-        first = st.local_tokens // self.block_size
-        last = (st.local_tokens + num_external_tokens) // self.block_size
+        try:
+            self._plan_loads(st, request.request_id, block_ids, num_external_tokens)
+        except Exception:  # never into vLLM's scheduler; but vLLM counts those tokens as
+            # restored now: the worker reports their blocks failed, so they are recomputed
+            log.exception("AgentKV: planning the restore of %s failed", request.request_id)
+            st.errors.append("internal error in the AgentKV restore; recomputed")
+            bs, end = self.block_size, st.local_tokens + num_external_tokens
+            lost = tuple(block_ids[st.local_tokens // bs:-(-end // bs)])
+            st.load_tokens, st.loading = 0, self.async_load and bool(lost)
+            if lost:
+                self._ops.append(RequestOps(request.request_id, st.caller, unrestored=lost,
+                                            async_load=st.loading))
+
+    def _plan_loads(self, st: ReqState, req_id: str, block_ids: list[int],
+                    num_external_tokens: int) -> None:
+        assert st.caller is not None
+        end = st.local_tokens + num_external_tokens
+        first, last = st.local_tokens // self.block_size, end // self.block_size
         loads = [BlockOp(st.matched[i], block_ids[i]) for i in range(first, last)]
-        if st.tail is not None and st.local_tokens + num_external_tokens == st.tail.end:
+        tail = st.tail is not None and end == st.tail.end
+        if tail:
             loads.append(BlockOp(st.tail, block_ids[last]))
         st.load_tokens = num_external_tokens or st.load_tokens  # (0: resumed, none now)
+        st.loading = self.async_load and bool(loads)
         # embedded: vLLM's own hit's held blocks as saves: the worker, skipping them, makes
         # this session one of their readers (no other session's retire drops them then)
         local = min(first, st.resave_from, len(st.matched)) if hasattr(self.backend, "expect") else 0
         held = tuple(BlockOp(st.matched[i], block_ids[i]) for i in range(local))
         if loads or held:
-            self._ops.append(RequestOps(request.request_id, st.caller, tuple(loads), held,
-                                        async_load=self.async_load and bool(loads)))
+            self._ops.append(RequestOps(req_id, st.caller, tuple(loads), held, tail=tail,
+                                        async_load=st.loading))
 
     def build_connector_meta(self, so: Any) -> AgentKVConnectorMetadata:
         meta = AgentKVConnectorMetadata(requests=self._ops,
@@ -245,8 +247,8 @@ class SchedulerSide:
             st.saved_upto = min(len(st.matched), st.resave_from)  # those are held already
             if st.caller is None:
                 continue
-            self._plan(meta, st, new.req_id, new.num_computed_tokens,
-                       so.num_scheduled_tokens.get(new.req_id, 0))
+            self.saves.plan(meta, st, new.req_id, new.num_computed_tokens,
+                            so.num_scheduled_tokens.get(new.req_id, 0))
         cached = so.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
             st = self._reqs.get(req_id)
@@ -259,8 +261,8 @@ class SchedulerSide:
                 st.block_ids.extend(new_ids[0])
             if st.caller is None:
                 continue
-            self._plan(meta, st, req_id, cached.num_computed_tokens[i],
-                       so.num_scheduled_tokens.get(req_id, 0))
+            self.saves.plan(meta, st, req_id, cached.num_computed_tokens[i],
+                            so.num_scheduled_tokens.get(req_id, 0))
         if isinstance(self.closes, RetireHold):  # embedded: the events go to the worker,
             meta.events = self.closes.take(self.backend.take_events())  # see retiring.py
         return meta
@@ -279,71 +281,36 @@ class SchedulerSide:
                 log.exception("AgentKV: standalone hint failed; ignored")
 
     def _apply_hints(self, hints: AgentHints) -> None:
-        st = _Req(request=None, hints=hints)
+        st = ReqState(request=None, hints=hints)
         self._admit(st)
         for err in st.errors:
             log.warning("AgentKV: standalone hint for %s: %s", hints.session, err)
 
-    def load_failed(self, failed: dict[str, int]) -> None:
-        """The worker could not restore these tokens; vLLM recomputes them."""
-        for req_id, tokens in failed.items():
+    def loaded(self, req_ids: set[str] | None) -> None:
+        """The worker finished these asynchronous loads (``finished_recving``)."""
+        for req_id in req_ids or ():
             st = self._reqs.get(req_id)
             if st is not None:
-                st.load_tokens = max(0, st.load_tokens - tokens)
-                st.errors.append(f"{tokens} tokens could not be restored; recomputed")
+                st.loading = False
+
+    def load_failed(self, failed: dict[str, int]) -> None:
+        """The worker could not restore the last ``tokens`` of these requests' loads.
+        vLLM recomputes them from the first block not restored, and the worker saved
+        nothing that request's step computed from there: those blocks are not held, so
+        their saves are planned again as they are recomputed."""
+        for req_id, tokens in failed.items():
+            st = self._reqs.get(req_id)
+            if st is None:
+                continue
+            bad = max(0, st.local_tokens + st.load_tokens - tokens) // self.block_size
+            st.load_tokens = max(0, st.load_tokens - tokens)
+            st.matched, st.tail = st.matched[:bad], None
+            st.saved_upto, st.tail_saved = min(st.saved_upto, bad), False
+            st.errors.append(f"{tokens} tokens could not be restored; recomputed")
 
     def forget(self, dropped: set[bytes]) -> None:
         if dropped and hasattr(self.backend, "forget"):  # the embedded directory's mirror
             self.backend.forget(dropped)
-
-    def _plan(self, meta: AgentKVConnectorMetadata, st: _Req, req_id: str, computed: int,
-              scheduled: int) -> None:
-        try:
-            self._plan_one(meta, st, req_id, computed, scheduled)
-        except Exception:  # never into vLLM's scheduler: this request just is not saved
-            log.exception("AgentKV: planning saves for %s failed", req_id)
-            st.caller = None
-
-    def _plan_one(self, meta: AgentKVConnectorMetadata, st: _Req, req_id: str, computed: int,
-                  scheduled: int) -> None:
-        assert st.caller is not None
-        full = min((computed + scheduled) // self.block_size, len(st.block_ids),
-                   len(st.request.all_token_ids) // self.block_size)
-        saves: tuple[BlockOp, ...] = ()
-        if full > st.saved_upto:
-            ns = PUBLIC_NAMESPACE if st.publish else st.caller.tenant
-            ids = self.matcher.identities(st.request, st.hashes, full, ns)
-            saves = tuple(BlockOp(ids[b], st.block_ids[b]) for b in range(st.saved_upto, full))
-            st.saved_upto = full
-            expect = getattr(self.backend, "expect", None)  # the embedded directory's mirror
-            if expect is not None:
-                for op in saves:
-                    expect(op.identity)
-        end, req = computed + scheduled, st.request
-        if (self.min_tail_tokens and not st.tail_saved and end == len(req.all_token_ids)
-                and len(req.output_token_ids) + 1 >= getattr(req, "max_tokens", 1 << 62)):
-            # its last step (max_tokens): the forward leaves the tail in the last block,
-            # copied out right after it, before vLLM frees the request's blocks
-            tail = self._tail_op(st, end)
-            if tail is not None:
-                saves += (tail,)
-        if saves:
-            meta.requests.append(RequestOps(req_id, st.caller, saves=saves))
-
-    def _tail_op(self, st: _Req, end: int) -> BlockOp | None:
-        """Save the partly filled block holding tokens up to ``end`` (the agent's next
-        prompt repeats them); None for a short tail or unsaved full blocks before it."""
-        assert st.caller is not None
-        index, n = divmod(end, self.block_size)
-        if n < self.min_tail_tokens or index >= len(st.block_ids) or st.saved_upto < index:
-            return None
-        ns = PUBLIC_NAMESPACE if st.publish else st.caller.tenant
-        ident = self.matcher.tail(st.request, st.hashes, ns, end)
-        expect = getattr(self.backend, "expect", None)
-        if expect is not None:
-            expect(ident)
-        st.tail_saved = True
-        return BlockOp(ident, st.block_ids[index])
 
     def request_finished(self, request: Any, block_ids: list[int]
                          ) -> tuple[bool, dict[str, Any] | None]:
@@ -354,7 +321,7 @@ class SchedulerSide:
                                   "tenant": st.caller.tenant if st.caller else None}
         delay = False
         try:
-            delay = self._save_tail(st, request, block_ids)
+            delay = self.saves.finished(st, request, block_ids, self._ops)
             if self.closes is not None and st.hints is not None:  # see retiring.py
                 delay = self.closes.finish(request.request_id, st, self._ops, delay)
         except Exception:  # never into vLLM's scheduler: no tail saved, or the session kept
@@ -363,26 +330,17 @@ class SchedulerSide:
             report["errors"] = st.errors
         return delay, {KEY: report}
 
-    def _save_tail(self, st: _Req, request: Any, block_ids: list[int]) -> bool:
-        """A request that stopped before ``max_tokens`` (a stop token or string): its tail
-        was not planned with its last step. vLLM then keeps the request's blocks until the
-        next step's ``wait_for_save`` copied the tail out and ``get_finished`` reports it
-        (they stay allocated one step longer). True when that was planned."""
-        if (st.caller is None or st.tail_saved or not self.min_tail_tokens
-                or not getattr(request, "output_token_ids", None)):
-            return False  # planned already, or nothing ran (aborted, still loading)
-        st.block_ids = list(block_ids)
-        computed = min(request.num_computed_tokens, len(request.all_token_ids) - 1)
-        op = self._tail_op(st, computed)
-        if op is None:
-            return False
-        self._ops.append(RequestOps(request.request_id, st.caller, saves=(op,), release=True))
-        return True
-
     def released(self, req_ids: set[str] | None) -> None:
-        """vLLM freed these finished requests' blocks (``finished_sending``)."""
+        """The worker released these finished requests: vLLM freed their blocks
+        (``finished_sending``), or a barrier of one vLLM held itself passed."""
         if self.closes is not None and req_ids:
             self.closes.released(req_ids)
+
+    @property
+    def awaiting_barriers(self) -> bool:
+        """A session's hint waits for a barrier only the worker's metadata reports: vLLM
+        holds no request for it, so only this keeps the engine stepping meanwhile."""
+        return self.closes is not None and bool(self.closes.barriers)
 
     def close(self, timeout_s: float = CLOSE_FLUSH_S) -> None:
         """Stop; the session closes not sent yet are sent first, for at most ``timeout_s``

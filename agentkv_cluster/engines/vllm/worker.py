@@ -3,17 +3,22 @@
 vLLM's per-layer KV tensors put blocks at dim 0 (``[num_blocks, ...]``, the standardised
 layout of vLLM >= 0.32), so a block of one layer is ``kv[block_id]`` whatever the
 attention backend stores inside it; a block page is those slices of every layer, in
-layer order, at full precision.
+layer order, at full precision. A backend that splits vLLM's block into smaller kernel
+blocks has one row per kernel block: ``layout.block_views`` groups them per vLLM block.
 
 - Loads start when vLLM binds the step's metadata, before the forward. Asynchronous
   ones (the request waits in vLLM's ``WAITING_FOR_REMOTE_KVS`` while the others run) go
   to the loader thread and are reported done by ``get_finished``. Loads the step's
   forward reads run on a step thread, layer by layer: the forward waits in
-  ``wait_for_layer_load`` only for a layer not copied yet. Every block is read and
-  checked before any of its layers is written; a block that is missing, damaged or of
-  another identity stops the request's load there: it and every later block are
-  reported through ``get_block_ids_with_load_errors`` and vLLM recomputes them (the
-  connector sets ``kv_load_failure_policy="recompute"``).
+  ``wait_for_layer_load`` only for a layer not copied yet. A partly filled block (a
+  tail) is copied before the forward instead: the forward writes this step's tokens into
+  the rest of that block before it waits for the layer, and a copy after would overwrite
+  them. Every block is read and checked before any of its layers is written; a block
+  that is missing, damaged or of another identity stops the request's load there: it and
+  every later block are reported through ``get_block_ids_with_load_errors`` and vLLM
+  recomputes them (the connector sets ``kv_load_failure_policy="recompute"``); the
+  request's saves of that step from there on are dropped (computed on blocks not
+  restored), and the scheduler plans them again as vLLM recomputes them.
 - Saves are gathered in ``wait_for_save`` (after the forward wrote the step's KV) into
   host memory, then written by a background thread (``writer.py``), so vLLM frees or
   reuses the blocks at once and never waits for the store; a full queue skips the save
@@ -32,9 +37,9 @@ from __future__ import annotations
 
 import logging
 import queue
-import re
 import threading
 import time
+from dataclasses import replace
 
 import torch
 
@@ -49,18 +54,13 @@ from agentkv_cluster.engines.vllm.blocks import (
     BlockMismatch,
     open_block,
 )
-from agentkv_cluster.engines.vllm.meta import AgentKVConnectorMetadata, RequestOps
+from agentkv_cluster.engines.vllm.layout import ordered_layers
+from agentkv_cluster.engines.vllm.meta import AgentKVConnectorMetadata, BlockOp, RequestOps
 from agentkv_cluster.engines.vllm.writer import BlockWriter
 
 log = logging.getLogger(__name__)
-_LAYER_RE = re.compile(r"layers\.(\d+)\.")
 _STOP = object()
 _PREFETCH = object()
-
-
-def _layer_order(name: str) -> tuple[int, str]:
-    m = _LAYER_RE.search(name)
-    return (int(m.group(1)) if m else 1 << 30, name)
 
 
 class WorkerSide:
@@ -77,7 +77,7 @@ class WorkerSide:
         self._errors: set[int] = set()
         self.writer = BlockWriter(backend, counters, save_queue)
         self._pending_lock = self.writer.lock
-        self._failed_loads: dict[str, int] = {}  # req id -> tokens not restored
+        self._failed: dict[str, set[BlockOp]] = {}  # req id -> its loads that failed
         self._names: dict[str, int] = {}
         self._begun: AgentKVConnectorMetadata | None = None
         self._step_loader: threading.Thread | None = None
@@ -89,17 +89,13 @@ class WorkerSide:
         self._loader.start()
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        names = sorted(kv_caches, key=_layer_order)
-        self.layers = [kv_caches[n] for n in names]
+        """``kv_caches``: one tensor per layer with vLLM's blocks at dim 0
+        (``layout.block_views``)."""
+        names, self.layers, self.geometry = ordered_layers(kv_caches)
         self._names = {n: i for i, n in enumerate(names)}
         first = self.layers[0]
-        for t in self.layers:
-            if t.shape[1:] != first.shape[1:] or t.dtype != first.dtype:
-                raise ValueError("AgentKV needs every layer's KV block in one shape and dtype")
         if self.background is None:
             self.background = first.device.type != "cpu"
-        self.geometry = BlockGeometry(layers=len(self.layers), per_layer=tuple(first.shape[1:]),
-                                      dtype=str(first.dtype).removeprefix("torch."))
         self.writer.geometry = self.geometry
         log.info("AgentKV: %d KV layers, block %s %s, %d blocks on %s", len(self.layers),
                  self.geometry.per_layer, self.geometry.dtype, first.shape[0], first.device)
@@ -134,6 +130,11 @@ class WorkerSide:
                 log.warning("AgentKV: event %s not applied: %s", event.kind.value, exc)
         now = [req for req in meta.requests if req.loads and not req.async_load]
         for req in meta.requests:
+            if req.unrestored:  # the scheduler could not plan these: vLLM recomputes them
+                with self._pending_lock:
+                    self._errors.update(req.unrestored)
+                    if req.async_load:
+                        self._recved.add(req.req_id)
             if req.loads and req.async_load:
                 self.counters.add(async_loads=1)
                 if self.background:
@@ -143,6 +144,7 @@ class WorkerSide:
                     with self._pending_lock:
                         self._recved.add(req.req_id)
         if now and self.background:
+            now = [self._tail_first(req) for req in now]
             self._layer_done = [threading.Event() for _ in self.layers]
             self._step_loader = threading.Thread(target=self._load_layerwise, args=(now,),
                                                  name="agentkv-step-load", daemon=True)
@@ -154,6 +156,14 @@ class WorkerSide:
                 self._prefetch()
             elif self._jobs.empty():
                 self._jobs.put(_PREFETCH)  # tool returns predicted soon: host pool, off the step
+
+    def _tail_first(self, req: RequestOps) -> RequestOps:
+        """Copy ``req``'s tail now, before the forward writes this step's tokens into the
+        rest of its block (before it waits for the layer); the rest of ``req``'s loads."""
+        if not req.tail:
+            return req
+        self._load_safe(replace(req, loads=req.loads[-1:]))
+        return replace(req, loads=req.loads[:-1], tail=False)
 
     def wait_layer(self, index: int) -> None:
         """Block until layer ``index`` of this step's loads is in vLLM's cache."""
@@ -277,8 +287,7 @@ class WorkerSide:
         failed = req.loads[first:]
         with self._pending_lock:
             self._errors.update(o.block_id for o in failed)
-            self._failed_loads[req.req_id] = sum(o.identity.end - o.identity.start
-                                                 for o in failed)
+            self._failed.setdefault(req.req_id, set()).update(failed)
         self.counters.add(load_failures=len(failed))
 
     def _scatter_host(self, block_id: int, host: torch.Tensor) -> None:
@@ -293,9 +302,11 @@ class WorkerSide:
         return errors
 
     def take_failed_loads(self) -> dict[str, int]:
+        """Per request, the tokens not restored since the last call (each step's)."""
         with self._pending_lock:
-            failed, self._failed_loads = self._failed_loads, {}
-        return failed
+            failed, self._failed = self._failed, {}
+        return {r: sum(o.identity.end - o.identity.start for o in ops)
+                for r, ops in failed.items()}
 
     # -- saves ------------------------------------------------------------------------
     def wait_for_save(self, meta: AgentKVConnectorMetadata) -> None:
@@ -308,16 +319,22 @@ class WorkerSide:
         finally:  # copied out (or given up): vLLM may free the finished requests' blocks;
             # a barrier's once every save queued before is written (synchronous: now)
             for req in meta.requests:
-                if req.release:
-                    self.writer.release(req.req_id, barrier=req.barrier and self.background)
+                if req.release or req.barrier:
+                    self.writer.release(req.req_id, barrier=req.barrier and self.background,
+                                        free=req.release)
         us = int((time.perf_counter() - t0) * 1e6)
         self.counters.add(step_wait_us=us, gather_us=us)
 
     def _gather(self, meta: AgentKVConnectorMetadata) -> None:
         assert self.geometry is not None
         claim = getattr(self.backend, "claim", None)
+        with self._pending_lock:  # this step's failed loads (an async one's is not running)
+            cut = {r: min(o.identity.start for o in ops) for r, ops in self._failed.items()}
         for req in meta.requests:
+            bad = cut.get(req.req_id)
             for op in req.saves:
+                if bad is not None and op.identity.start >= bad:
+                    continue  # computed on blocks not restored (vLLM recomputes them)
                 try:
                     if self.backend.contains(req.caller, op.identity):
                         if claim is not None:  # held (another session wrote it): a
@@ -330,6 +347,10 @@ class WorkerSide:
                     self.writer.submit(req.caller, op.identity, host)
                 else:
                     self.writer.write(req.caller, op.identity, host)
+
+    def take_passed(self) -> set[str]:
+        """Requests whose barrier without a release passed (``RequestOps.barrier``)."""
+        return self.writer.take_passed()
 
     def take_dropped(self) -> set[bytes]:
         """Digests the scheduler must stop matching: dropped by the store, or never saved."""

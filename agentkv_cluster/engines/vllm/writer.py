@@ -8,7 +8,8 @@ later miss). A block queued and not yet written is served to loads from memory
 or, with a *barrier*, only once every save queued before them is written: the release of
 the request that carries its session's ``task_end`` or ``branch_abandoned``
 (``retiring.py``), so the retire (embedded store) or the close (service) comes after the
-session's last saves.
+session's last saves. A barrier with nothing to free (vLLM holds that request's blocks
+itself) is only reported passed (``take_passed``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ _STOP = object()
 @dataclass(frozen=True, slots=True)
 class _Barrier:
     req_id: str  # released once the writer reaches it
+    free: bool  # vLLM frees the request's blocks then (False: only reported passed)
 
 
 class BlockWriter:
@@ -45,7 +47,8 @@ class BlockWriter:
         self._pending: dict[bytes, torch.Tensor] = {}  # queued saves, servable before written
         self._failed: set[bytes] = set()
         self._released: set[str] = set()
-        self._barriers: list[str] = []  # not queued yet: the queue was full
+        self._passed: set[str] = set()
+        self._barriers: list[_Barrier] = []  # not queued yet: the queue was full
         self._warned = False
         self._queue: queue.Queue = queue.Queue(maxsize=save_queue)
         self._thread = threading.Thread(target=self._loop, name="agentkv-save", daemon=True)
@@ -68,20 +71,24 @@ class BlockWriter:
                 self._pending.pop(digest, None)
                 self._failed.add(digest)
 
-    def release(self, req_id: str, *, barrier: bool) -> None:
+    def release(self, req_id: str, *, barrier: bool, free: bool = True) -> None:
         """vLLM may free ``req_id``'s blocks now, or with ``barrier`` once every save
-        queued before this call is written."""
+        queued before this call is written; ``free=False``: vLLM holds none of them for
+        the connector, the barrier is only reported passed."""
         if barrier:
-            self._barriers.append(req_id)
+            self._barriers.append(_Barrier(req_id, free))
             self._queue_barriers()
         else:
-            with self.lock:
-                self._released.add(req_id)
+            self._reached(_Barrier(req_id, free))
+
+    def _reached(self, barrier: _Barrier) -> None:
+        with self.lock:
+            (self._released if barrier.free else self._passed).add(barrier.req_id)
 
     def _queue_barriers(self) -> None:
         while self._barriers:
             try:
-                self._queue.put_nowait(_Barrier(self._barriers[0]))
+                self._queue.put_nowait(self._barriers[0])
             except queue.Full:
                 return  # tried again at the next take_released
             self._barriers.pop(0)
@@ -91,6 +98,13 @@ class BlockWriter:
         with self.lock:
             released, self._released = self._released, set()
         return released
+
+    def take_passed(self) -> set[str]:
+        """Barriers without a release the writer reached since the last call."""
+        self._queue_barriers()
+        with self.lock:
+            passed, self._passed = self._passed, set()
+        return passed
 
     def take_failed(self) -> set[bytes]:
         """Digests of blocks not saved (queue full, or the write failed)."""
@@ -105,8 +119,7 @@ class BlockWriter:
                 if item is _STOP:
                     return
                 if isinstance(item, _Barrier):
-                    with self.lock:
-                        self._released.add(item.req_id)
+                    self._reached(item)
                     continue
                 self.write(*item)
             finally:

@@ -80,6 +80,7 @@ def test_a_task_end_waits_for_a_request_of_its_session_in_vllms_queue():
                                    BS)
     meta = sched.build_connector_meta(_step())
     assert [len(o.loads) for o in meta.requests] == [1] and _kinds(meta) == []
+    sched.loaded({"queued"})  # finished_recving: then it runs, and finishes
     delay, _ = sched.request_finished(queued, [2, 3, 4])
     assert delay is True  # the last one carries the task_end: vLLM keeps its blocks ...
     ops = sched.build_connector_meta(_step()).requests

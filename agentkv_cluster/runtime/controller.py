@@ -340,8 +340,8 @@ class Controller:
             if ok:
                 rec.hidden_s = result.elapsed_s if action.reason is Reason.PREFETCH else 0.0
             elif rec.resident and rec.hbm == action.hbm and rec.hbm in table.hbms:
-                table.evict(rec, tracked=True)
-                rec.pins, rec.view.pinned = 0, False
+                table.evict(rec, tracked=True)  # each load unpins its own pins
+                rec.view.pinned = rec.pins > 0
 
     def keep_if_room(self, gid: int, now: float) -> bool:
         """A demotion copied the page out, its HBM copy still in place: keep that copy if

@@ -344,12 +344,15 @@ class Executor:
         return TransferResult(action=a, outcome=Outcome.DONE, source=source, exact=receipt.exact)
 
     def _delete(self, a: Action) -> None:
-        """A retired page: drop its HBM copy; its pool copies too unless another HBM shares it."""
+        """A retired page: drop its HBM copy; its pool copies too unless another HBM shares it
+        (even when the HBM actor failed: the pool's copies and directory entry would stay)."""
         hbm = self.hbms.get(a.hbm)
-        if hbm is not None:
-            hbm.drop(a.key)
-        if a.reason is not Reason.SHARED and a.pool in self.pools:
-            self.pools[a.pool].delete(a.key, a.tenant)
+        try:
+            if hbm is not None:
+                hbm.drop(a.key)
+        finally:
+            if a.reason is not Reason.SHARED and a.pool in self.pools:
+                self.pools[a.pool].delete(a.key, a.tenant)
 
     def close(self) -> None:
         with self._lock:

@@ -260,10 +260,12 @@ class ServiceFront:
     @contextmanager
     def _staged(self, n: int) -> Iterator[list[int]]:
         """``n`` staging slots, taken all at once under a lock (no hold-and-wait between
-        chunks), given back on exit."""
-        with self._slots:
-            slots = [self.mover.take_slot(timeout_s=60.0) for _ in range(n)]
+        chunks), given back on exit (those taken before one timed out, too)."""
+        slots: list[int] = []
         try:
+            with self._slots:
+                for _ in range(n):
+                    slots.append(self.mover.take_slot(timeout_s=60.0))
             yield slots
         finally:
             for slot in slots:

@@ -131,3 +131,26 @@ def test_arrivals_that_keep_failing_past_the_deadline_are_page_lost_not_bad_inpu
     finisher.join()
     assert all(ctl.manager.table.pages[g].pins == 0 for g in (g0, g1))  # nothing held
     assert isinstance(as_api_error(RefusedPageLost("x")), PageLost)
+
+
+def test_a_failed_restore_leaves_the_other_loads_pins_counted() -> None:
+    """Load A restores a page, load B pins it while it arrives; A's restore fails. The
+    failure zeroed every pin of the page, so A's own unpin afterwards (or after B pinned
+    it again) took B's pin: B then held a page with no pin, evictable under its engine
+    (found by review)."""
+    ctl = Guarded(Controller(make_strategy("agentkv")))
+    ctl.add_hbm("h", 8 * MB)
+    admitted(ctl, "a", range(1), 0.0)
+    (gid,) = ctl.table.resolve("t", "a", [b"a/0"])
+    rec = ctl.manager.table.pages[gid]
+    ctl.manager.table.evict(rec, tracked=True)
+    rec.copies, rec.pool = {Codec.FULL: Tier.HOST}, "p"
+    _demotes, (restore,), _lost, _blocked = ctl.access([gid], 1.0)  # load A
+    _demotes, restores, _lost, _blocked = ctl.access([gid], 1.1)  # load B: pinned, arriving
+    assert restores == [] and rec.pins == 2
+    ctl.finished(TransferResult(action=restore, outcome=Outcome.FAILED, error="x"), 1.2)
+    assert not rec.resident
+    ctl.table.unpin([gid], 1.3)  # A gives up its pin
+    assert rec.pins == 1  # B's is still counted
+    ctl.table.unpin([gid], 1.4)  # B restores it itself: it unpins first, then pins again
+    assert rec.pins == 0 and not rec.view.pinned

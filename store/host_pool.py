@@ -338,9 +338,10 @@ class HostPool:
         """Whether no write or free touched ``slot`` since :meth:`view` returned ``seq``."""
         return self._words[self._base(slot) + SEQ] == seq
 
-    def slots(self) -> Iterator[tuple[int, int, int]]:
-        """(slot, version, length) of every allocated slot holding a page (a snapshot)."""
-        held = np.flatnonzero((self._table[:, STATE] == _USED) & (self._table[:, LEN] > 0))
+    def slots(self, *, empty: bool = False) -> Iterator[tuple[int, int, int]]:
+        """(slot, version, length) of each allocated slot holding a page, or none (``empty``)."""
+        full = self._table[:, LEN] > 0
+        held = np.flatnonzero((self._table[:, STATE] == _USED) & (~full if empty else full))
         for slot in held:
             row = self._table[slot]
             yield int(slot), int(row[VER]), int(row[LEN])

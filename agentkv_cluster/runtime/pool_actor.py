@@ -100,7 +100,10 @@ class PoolActor:
             return HostPool.attach(name, writer=True)  # restart: take over the old segment
 
     def _rebuild(self) -> None:
-        """Index every record found on the host segment and the NVMe shard."""
+        """Index every record found on the host segment and the NVMe shard. A slot a store
+        allocated and never committed (the old actor died) holds nothing: it is freed."""
+        for slot, _version, _length in list(self.host.slots(empty=True)):
+            self.host.free(slot)
         for slot, _version, _length in list(self.host.slots()):
             try:
                 entry = read_entry(self.chunked, self.host.read(slot), Tier.HOST, slot)
@@ -120,6 +123,9 @@ class PoolActor:
             self._adopt(*entry)
 
     def _adopt(self, key: bytes, codec: Codec, copy: StoredCopy) -> None:
+        if (key, codec) in self._index:  # the old actor died between a re-store's write and
+            self.tiers.discard(copy)  # its old copy's release: one copy (pages never change)
+            return
         self._index[(key, codec)] = copy
         with suppress(KeyUnavailable):  # a legacy record of an erased tenant: no namespace
             self.publisher.saw(self.blinder.namespace(copy.namespace), copy.dir_gen)

@@ -117,10 +117,19 @@ class NvmeShard:
                 return Lookup.MISS
             view = self._files.read(loc, out)
             if view is None:
-                self._corrupt += 1
-                self._index.unpublish(key)
+                self._drop_corrupt(key)
                 return Lookup.MISS
             return view if out is not None else bytes(view)
+
+    def _drop_corrupt(self, key: bytes) -> None:
+        """A record that failed verification goes as a delete does, with a tombstone: out
+        of the index only, an older record of the key in another segment came back at the
+        next recovery, once compaction had removed the damaged one (caller holds the lock)."""
+        self._corrupt += 1
+        try:
+            self._retire(key)
+        except DiskFull:  # no room even for a tombstone: at least it is not served now
+            self._index.unpublish(key)
 
     def locate(self, key: bytes) -> tuple[Lookup, RecordLocation | None]:
         with self._lock:
@@ -314,8 +323,7 @@ class NvmeShard:
         for key, loc in records:
             view = self._files.read(loc, None)
             if view is None:  # failed verification
-                self._index.unpublish(key)
-                self._corrupt += 1
+                self._drop_corrupt(key)
                 dropped += 1
                 continue
             # A copy: the read buffer is reused by the next read.

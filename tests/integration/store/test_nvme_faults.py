@@ -288,3 +288,25 @@ def test_version_1_records_are_still_read_and_verified(tmp_path, engine):
     with NvmeShard(tmp_path, NvmeShardConfig(engine=engine)) as shard:
         assert shard.get(b"large") is Lookup.MISS
         assert shard.get(b"small") == data[b"small"]
+
+
+def test_a_damaged_newest_record_never_lets_an_older_one_come_back(tmp_path):
+    """A damaged record was dropped from the index without a tombstone: once compaction
+    removed its segment, the next recovery published the key's older record again (its
+    segment kept for the live records beside it), so a key deleted or replaced came back
+    with a stale value (found by review)."""
+    cfg = NvmeShardConfig(segment_bytes=64 << 10)
+    with NvmeShard(tmp_path, cfg) as shard:
+        shard.put(b"k", blob(10_000, 1), 1)  # segment 0, beside a live record
+        shard.put(b"keep", blob(40_000, 3), 1)
+        shard.put(b"k", blob(20_000, 2), 2)  # does not fit segment 0: segment 1
+        loc = shard.locate(b"k")[1]
+        assert loc.segment == 1 and shard.locate(b"keep")[1].segment == 0
+        flip_bit(seg_path(tmp_path, 1), loc.payload_offset + 5_000)
+        assert shard.get(b"k") is Lookup.MISS  # damaged: dropped
+        assert shard.delete(b"k") is Lookup.MISS  # the user's delete finds nothing to do
+        report = shard.compact(min_dead_ratio=0.5)  # segment 1 goes, segment 0 stays
+        assert seg_path(tmp_path, 0).exists() and not seg_path(tmp_path, 1).exists(), report
+    with NvmeShard(tmp_path, cfg) as shard:
+        assert shard.get(b"k") is Lookup.MISS  # not the old value back
+        assert shard.get(b"keep") == blob(40_000, 3)

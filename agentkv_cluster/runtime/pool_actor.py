@@ -26,7 +26,12 @@ from agentkv_cluster.runtime.pool_records import (
     holding_of,
     read_entry,
 )
-from agentkv_cluster.runtime.pool_tiers import NvmeTierFull, StoresInFlight, TierWriter
+from agentkv_cluster.runtime.pool_tiers import (
+    NvmeTierFull,
+    StoresInFlight,
+    TierWriter,
+    open_host,
+)
 from agentkv_cluster.runtime.records import PageMeta, PoolPurged, PoolReceipt
 from security.blinding import DirectoryBlinder, size_bucket
 from security.chunked import ChunkedSealer
@@ -34,7 +39,7 @@ from security.errors import KeyUnavailable
 from security.keyring import FileKeySource, TenantKeyring
 from security.sealing import TenantSealer
 from store.directory import DirectoryEntry
-from store.host_pool import HostPool, SlotEmpty, TornRead
+from store.host_pool import SlotEmpty, TornRead
 from store.nvme import FsyncPolicy, NvmeShard, NvmeShardConfig
 from store.types import Codec, Lookup, Tier
 
@@ -74,7 +79,8 @@ class PoolActor:
         self.blinder = DirectoryBlinder(self.keyring)
         self.mover = Mover(f"pool-{spec.name}-{secrets.token_hex(3)}",
                            staging_slot_bytes(spec.host_slot_bytes), spec.staging_slots)
-        self.host = self._open_host()
+        self.host = open_host(spec.shm_name, host_slot_bytes(spec.host_slot_bytes),
+                              spec.host_slots)
         self.buffers = RecordBuffers(self.host.slot_bytes)  # NVMe records, both ways
         self.chunked = ChunkedSealer(self.keyring)
         self.records = RecordSealer(self.chunked, self.buffers)
@@ -91,14 +97,6 @@ class PoolActor:
         self.publisher.start(self.republish)  # republishes after failed or lost writes
 
     # -- start-up and recovery ---------------------------------------------------------------
-    def _open_host(self) -> HostPool:
-        name = self.spec.shm_name
-        slot = host_slot_bytes(self.spec.host_slot_bytes)
-        try:
-            return HostPool.create(name, slot, self.spec.host_slots)
-        except FileExistsError:
-            return HostPool.attach(name, writer=True)  # restart: take over the old segment
-
     def _rebuild(self) -> None:
         """Index every record found on the host segment and the NVMe shard. A slot a store
         allocated and never committed (the old actor died) holds nothing: it is freed."""

@@ -11,11 +11,13 @@ it: a full file system once the shard's space reserve for tombstones is spent), 
 refused for a full tier is answered with the old copy when the pool holds the page in that
 form already (pages are immutable).
 ``TierCounts`` counts stores that found the NVMe tier full, and those refused for it;
-``StoresInFlight`` keeps each store between its start and its commit.
+``StoresInFlight`` keeps each store between its start and its commit; ``open_host`` opens
+the node's host segment.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from contextlib import suppress
@@ -25,6 +27,29 @@ from agentkv_cluster.runtime.pool_records import StoredCopy
 from store.host_pool import HostPool, PoolFull
 from store.nvme import DiskFull, NvmeShard
 from store.types import Tier
+
+log = logging.getLogger(__name__)
+SLOT_ALIGN = 4096  # HostPool.create rounds a slot's size up to this
+
+
+def open_host(name: str, slot_bytes: int, slots: int) -> HostPool:
+    """The node's host segment: created, or taken over after the pool actor died (it
+    outlives the actor, so the new one finds the old one's pages). One of another geometry
+    (``pool.slot_bytes`` or ``pool.pool_bytes`` changed meanwhile) is replaced: taken over,
+    its smaller slots failed every full-size store on the node until removed by hand, and
+    its size was not the one configured."""
+    try:
+        return HostPool.create(name, slot_bytes, slots)
+    except FileExistsError:
+        pool = HostPool.attach(name, writer=True)
+    if pool.num_slots == slots and slot_bytes <= pool.slot_bytes < slot_bytes + SLOT_ALIGN:
+        return pool
+    log.warning("host pool %s: the segment left by the last actor has %d slots of %d B, "
+                "the configuration %d of %d B: replaced (its pages are recomputed)",
+                name, pool.num_slots, pool.slot_bytes, slots, slot_bytes)
+    pool.unlink()
+    pool.close()
+    return HostPool.create(name, slot_bytes, slots)
 
 
 @dataclass(slots=True)

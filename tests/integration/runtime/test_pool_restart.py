@@ -4,10 +4,13 @@ review). A real pool in this process: /dev/shm, NVMe files, AES-GCM, NIXL."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from agentkv_cluster.runtime import wiring
 from agentkv_cluster.runtime.pool_actor import PoolActor
+from agentkv_cluster.runtime.pool_tiers import SLOT_ALIGN
 from store.directory import EmbeddedDirectory
 from store.types import Codec
 from tests.support.pool_pages import front_mover, pool_spec, store_page
@@ -81,5 +84,21 @@ def test_two_copies_a_dead_actor_left_of_one_page_become_one(spec) -> None:
     try:  # deleted, it stays deleted
         assert actor.holds_many([key]) == [None] and actor.host.stats().used_slots == 0
         assert (key, Codec.FULL) not in actor._index
+    finally:
+        _stop(actor, front)
+
+
+def test_a_segment_of_another_geometry_is_replaced(spec) -> None:
+    actor, front = _start(spec)
+    store_page(actor, front, 1)
+    before = actor.host.slot_bytes
+    _stop(actor, front)
+    bigger = replace(spec, host_slot_bytes=2 * spec.host_slot_bytes)  # pool.slot_bytes raised
+    actor, front = _start(bigger)
+    try:
+        assert actor.host.slot_bytes >= 2 * before - SLOT_ALIGN  # not the old, smaller slots
+        assert actor.host.stats().used_slots == 0  # its pages went with it (recomputed)
+        store_page(actor, front, 2)  # the new segment takes stores
+        assert actor.host.stats().used_slots == 1
     finally:
         _stop(actor, front)

@@ -34,8 +34,11 @@ def _public(cls: type, stop: type = object) -> dict[str, object]:
 
 
 def _params(fn: object) -> list[tuple[str, object, object]]:
+    """The parameters after ``self``, less the ``_ray_trace_ctx`` that Ray adds to an actor
+    class's methods once an actor of it was created in this interpreter."""
     sig = inspect.signature(fn)  # type: ignore[arg-type]
-    return [(p.name, p.kind, p.default) for p in list(sig.parameters.values())[1:]]
+    return [(p.name, p.kind, p.default) for p in list(sig.parameters.values())[1:]
+            if p.name != "_ray_trace_ctx"]
 
 
 @pytest.mark.parametrize(("handle", "actor"), PAIRS, ids=lambda c: c.__name__)

@@ -227,15 +227,15 @@ class EngineLoader:
                 # Pages that were on their way in (a prefetch, another load's restore) are
                 # pinned as they are; their transfers ran alongside this load's own.
                 t = time.monotonic()
-                try:
+                own = {r.action.gid for r in results if r.action.kind is ActionKind.RESTORE}
+                try:  # (a page dropped right after the wait, its session closed: KeyError)
                     self.controller.wait_arrived(gids, LOAD_WAIT_S)
-                except (TenantErased, UnknownPageKey, ServiceStopping):  # no pin stays
-                    self.controller.table.unpin(gids, time.monotonic())
+                    late = [g for g in gids if g not in own
+                            and not self.controller.table.record(g).resident]
+                except (TenantErased, UnknownPageKey, ServiceStopping, KeyError):  # no pin
+                    self.controller.table.unpin(gids, time.monotonic())  # stays
                     raise
                 phases.arrival_s += time.monotonic() - t
-                own = {r.action.gid for r in results if r.action.kind is ActionKind.RESTORE}
-                late = [g for g in gids if g not in own
-                        and not self.controller.table.record(g).resident]
                 if not late:
                     break
                 # such a transfer failed (its page left HBM): restore those pages here

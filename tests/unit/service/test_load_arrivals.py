@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -18,12 +19,13 @@ from agentkv_cluster.runtime.records import (
     ActionKind,
     Outcome,
     Reason,
+    RefusedNotFound,
     TransferResult,
 )
 from agentkv_cluster.runtime.refusal_codes import as_api_error
 from agentkv_cluster.runtime.strategies import make_strategy
 from store.types import Codec, Tier
-from tests.unit.service.test_controller import MB, admitted, done
+from tests.unit.service.test_controller import MB, admitted, done, meta
 
 
 class _Worker:
@@ -154,3 +156,26 @@ def test_a_failed_restore_leaves_the_other_loads_pins_counted() -> None:
     assert rec.pins == 1  # B's is still counted
     ctl.table.unpin([gid], 1.4)  # B restores it itself: it unpins first, then pins again
     assert rec.pins == 0 and not rec.view.pinned
+
+
+def test_a_page_dropped_right_after_the_arrival_wait_leaves_no_pin_on_the_others() -> None:
+    """Between the arrival wait and the check of what arrived, closing the session dropped
+    one of the load's pages: the KeyError ended the load with its pin left on the page
+    another session keeps (in no session's pins, so never expired: pinned for good)."""
+    ctl, (g0, g1), prefetch = _prefetching()
+    loader = EngineLoader(ctl, _Worker(ctl), check=lambda results: None)
+    real_wait = ctl.wait_arrived
+
+    def wait_then_close(gids, timeout_s):
+        real_wait(gids, timeout_s)
+        ctl.table.open_session("t", "b")  # b stores a/1 too: it stays when a closes
+        ctl.admit("t", "b", [replace(meta("a", 1), session="b")], 2.0)
+        ctl.events.close_session("t", "a", 2.0)  # a/0 retired, a/1 kept for b
+
+    ctl.wait_arrived = wait_then_close
+    finisher = _finish_later(ctl, prefetch, 0.1)
+    with pytest.raises(RefusedNotFound):
+        loader.load("t", "a", [b"a/0", b"a/1"])
+    finisher.join()
+    assert g0 not in ctl.manager.table.pages
+    assert ctl.manager.table.pages[g1].pins == 0

@@ -26,6 +26,7 @@ from agentkv_cluster.runtime.refusal_codes import as_api_error
 from agentkv_cluster.runtime.strategies import make_strategy
 from store.types import Codec, Tier
 from tests.unit.service.test_controller import MB, admitted, done, meta
+from tests.unit.service.test_page_lost import _one_page_in_the_pool
 
 
 class _Worker:
@@ -140,13 +141,8 @@ def test_a_failed_restore_leaves_the_other_loads_pins_counted() -> None:
     failure zeroed every pin of the page, so A's own unpin afterwards (or after B pinned
     it again) took B's pin: B then held a page with no pin, evictable under its engine
     (found by review)."""
-    ctl = Guarded(Controller(make_strategy("agentkv")))
-    ctl.add_hbm("h", 8 * MB)
-    admitted(ctl, "a", range(1), 0.0)
-    (gid,) = ctl.table.resolve("t", "a", [b"a/0"])
+    ctl, gid = _one_page_in_the_pool()
     rec = ctl.manager.table.pages[gid]
-    ctl.manager.table.evict(rec, tracked=True)
-    rec.copies, rec.pool = {Codec.FULL: Tier.HOST}, "p"
     _demotes, (restore,), _lost, _blocked = ctl.access([gid], 1.0)  # load A
     _demotes, restores, _lost, _blocked = ctl.access([gid], 1.1)  # load B: pinned, arriving
     assert restores == [] and rec.pins == 2

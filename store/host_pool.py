@@ -37,10 +37,10 @@ from store.parallel import as_bytes, copy_into
 from store.shm_segment import SHM_DIR, ShmSegment
 from store.types import PageTooLarge, PoolError
 
-__all__ = ["SHM_DIR", "EmptyPage", "HostPool", "NotWriter", "PageTooLarge", "PoolBusy",
+__all__ = ["PAGE_BYTES", "SHM_DIR", "EmptyPage", "HostPool", "NotWriter", "PageTooLarge", "PoolBusy",
            "PoolError", "PoolFormatError", "PoolFull", "PoolStats", "SlotEmpty", "TornRead"]
 
-_PAGE = 4096
+PAGE_BYTES = 4096  # slot sizes are rounded up to it; table and data start on it
 MAGIC = b"AKVHPOOL"  # a segment starts with it (store.kv replaces one a dead writer left)
 _VERSION = 1
 # magic, version, row_bytes, slot_bytes, num_slots, table, data, size
@@ -137,9 +137,9 @@ class HostPool:
             raise ValueError(
                 f"slot_bytes and num_slots must be positive, got {slot_bytes}, {num_slots}"
             )
-        slot_bytes = _round_up(slot_bytes, _PAGE)
-        table_off = _PAGE
-        data_off = _round_up(table_off + num_slots * _ROW * 8, _PAGE)
+        slot_bytes = _round_up(slot_bytes, PAGE_BYTES)
+        table_off = PAGE_BYTES
+        data_off = _round_up(table_off + num_slots * _ROW * 8, PAGE_BYTES)
         size = data_off + slot_bytes * num_slots
 
         def init(mm: mmap.mmap) -> None:

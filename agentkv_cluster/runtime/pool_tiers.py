@@ -24,12 +24,11 @@ from contextlib import suppress
 from dataclasses import dataclass
 
 from agentkv_cluster.runtime.pool_records import StoredCopy
-from store.host_pool import HostPool, PoolFull
+from store.host_pool import PAGE_BYTES, HostPool, PoolFull
 from store.nvme import DiskFull, NvmeShard
 from store.types import Tier
 
 log = logging.getLogger(__name__)
-SLOT_ALIGN = 4096  # HostPool.create rounds a slot's size up to this
 
 
 def open_host(name: str, slot_bytes: int, slots: int) -> HostPool:
@@ -42,7 +41,7 @@ def open_host(name: str, slot_bytes: int, slots: int) -> HostPool:
         return HostPool.create(name, slot_bytes, slots)
     except FileExistsError:
         pool = HostPool.attach(name, writer=True)
-    if pool.num_slots == slots and slot_bytes <= pool.slot_bytes < slot_bytes + SLOT_ALIGN:
+    if pool.num_slots == slots and slot_bytes <= pool.slot_bytes < slot_bytes + PAGE_BYTES:
         return pool
     log.warning("host pool %s: the segment left by the last actor has %d slots of %d B, "
                 "the configuration %d of %d B: replaced (its pages are recomputed)",

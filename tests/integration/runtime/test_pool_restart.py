@@ -10,8 +10,8 @@ import pytest
 
 from agentkv_cluster.runtime import wiring
 from agentkv_cluster.runtime.pool_actor import PoolActor
-from agentkv_cluster.runtime.pool_tiers import SLOT_ALIGN
 from store.directory import EmbeddedDirectory
+from store.host_pool import PAGE_BYTES
 from store.types import Codec
 from tests.support.pool_pages import front_mover, pool_spec, store_page
 
@@ -96,7 +96,7 @@ def test_a_segment_of_another_geometry_is_replaced(spec) -> None:
     bigger = replace(spec, host_slot_bytes=2 * spec.host_slot_bytes)  # pool.slot_bytes raised
     actor, front = _start(bigger)
     try:
-        assert actor.host.slot_bytes >= 2 * before - SLOT_ALIGN  # not the old, smaller slots
+        assert actor.host.slot_bytes >= 2 * before - PAGE_BYTES  # not the old, smaller slots
         assert actor.host.stats().used_slots == 0  # its pages went with it (recomputed)
         store_page(actor, front, 2)  # the new segment takes stores
         assert actor.host.stats().used_slots == 1

@@ -15,8 +15,8 @@ import hashlib
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -31,7 +31,7 @@ from agentkv_cluster.api.metrics import ServiceMetrics
 from agentkv_cluster.config import FRAME_ENVELOPE_BYTES
 from agentkv_cluster.runtime.handles import ActorGone, ActorSlow, ControllerHandle, HbmHandle
 from agentkv_cluster.runtime.loads import LOAD_TTL_S, PreparedLoad, PreparedLoads
-from agentkv_cluster.runtime.mover import Mover
+from agentkv_cluster.runtime.mover import Mover, Staged, lease_end
 from agentkv_cluster.runtime.page_naming import PageNaming
 from agentkv_cluster.runtime.records import LoadReport, PageMeta, UnknownPageKey
 from agentkv_cluster.runtime.refusal_codes import REFUSALS, as_api_error
@@ -149,9 +149,8 @@ class ServiceFront:
         self.grants = CachedGrants(PublishGrants(self.keyring.source), ERASED_RECHECK_S)
         self.access = AccessPolicy(on_denied, self.grants)  # every denial is reported
         self.naming = PageNaming(self.access, self.blinder, keys_dir)
-        # Slots are taken per chunk, all at once under a lock: no hold-and-wait.
+        # Slots are taken per chunk, all at once (``Mover.staged``): no hold-and-wait.
         self.mover = Mover(f"front-{id(self):x}", page_bytes, 8 * STAGE_PAGES)
-        self._slots = threading.Lock()
         self.loads = PreparedLoads()
 
     def endpoint(self) -> Any:
@@ -249,27 +248,19 @@ class ServiceFront:
         took: set[str] = set()  # the HBM actors the pages landed in
         for i in range(0, len(metas), STAGE_PAGES):  # STAGE_PAGES staging slots at a time
             chunk = datas[i:i + STAGE_PAGES]
-            with self._staged(len(chunk)) as slots:
-                for slot, data in zip(slots, chunk):
+            with self._staged(len(chunk)) as staged:
+                for slot, data in zip(staged.slots, chunk):
                     self.mover.slot_view(slot, len(data))[:] = memoryview(data)
-                spans = [self.mover.slot_span(s, len(d)) for s, d in zip(slots, chunk)]
+                spans = [staged.span(i, len(d)) for i, d in enumerate(chunk)]
                 took.update(self._call(self.controller.store, principal.tenant, session,
                                        metas[i:i + STAGE_PAGES], spans))
         return took
 
-    @contextmanager
-    def _staged(self, n: int) -> Iterator[list[int]]:
-        """``n`` staging slots, taken all at once under a lock (no hold-and-wait between
-        chunks), given back on exit (those taken before one timed out, too)."""
-        slots: list[int] = []
-        try:
-            with self._slots:
-                for _ in range(n):
-                    slots.append(self.mover.take_slot(timeout_s=60.0))
-            yield slots
-        finally:
-            for slot in slots:
-                self.mover.give_slot(slot)
+    def _staged(self, n: int) -> AbstractContextManager[Staged]:
+        """``n`` staging slots, their spans lent for the controller's or an HBM actor's
+        answer; held out of use past the lease when it did not come (``ActorGone``)."""
+        return self.mover.staged(n, lease_end(self.controller.timeout_s), held_on=(ActorGone,),
+                                 timeout_s=60.0)
 
     def lookup_prefix(self, principal: Principal, session: str, identities: list[bytes]
                       ) -> dict[str, Any]:
@@ -354,9 +345,10 @@ class ServiceFront:
         one with no reference is served as it is (``exact`` false). Every other page comes
         from HBM in one call, its pushes in flight together: the load's pins are held until
         the engine releases them, so a slow ``complete_load`` keeps other loads waiting."""
-        with self._staged(len(keys)) as slots:
+        with self._staged(len(keys)) as staged:
+            slots = staged.slots
             hbm = self.hbms[reports[0].hbm]  # a session's pages are pinned in its HBM actor
-            spans = [self.mover.slot_span(s, r.nbytes) for s, r in zip(slots, reports)]
+            spans = [staged.span(i, r.nbytes) for i, r in enumerate(reports)]
             exact = [bool(r.exact) for r in reports]
             verify = [(0.0, 0)] * len(keys)
             whole = [i for i, r in enumerate(reports) if r.exact]

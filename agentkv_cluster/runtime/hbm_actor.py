@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agentkv_cluster.runtime.actor_groups import MOVE_OUT, group
-from agentkv_cluster.runtime.mover import Endpoint, Mover, RemoteSpan
+from agentkv_cluster.runtime.handles import ActorGone
+from agentkv_cluster.runtime.mover import LEASE_GRACE_S, Endpoint, Mover, RemoteSpan, lease_end
 from agentkv_cluster.runtime.records import (
     DemoteReceipt,
     HbmPurged,
@@ -55,6 +56,7 @@ class HbmActor:
         self._pages: dict[bytes, int] = {}  # key -> arena page
         self._pools: dict[str, PoolHandle] = {}  # pool name -> handle (see add_pool)
         self._landing: dict[int, str] = {}  # arena page -> owner that reserved it
+        self._held: list[tuple[float, int]] = []  # (until, arena page): see ``hold``
         # One lock; waiting on it is for a free arena page (see ``_alloc``).
         self._lock = threading.Condition(threading.Lock())
 
@@ -80,17 +82,41 @@ class HbmActor:
         s = self.arena.stats()
         return {"name": self.spec.name, "pages": len(self._pages), "used_pages": s.used_pages,
                 "capacity_bytes": self.spec.page_bytes * self.spec.num_pages,
-                "used_bytes": s.used_bytes, "landing_pages": len(self._landing)}
+                "used_bytes": s.used_bytes, "landing_pages": len(self._landing),
+                "held_pages": len(self._held), "held_slots": self.mover.held_slots()}
 
     def keys(self) -> list[bytes]:
         return list(self._pages)
 
     # -- page slots -------------------------------------------------------------------------
-    def _span(self, page: int, length: int) -> RemoteSpan:
-        """A peer may write the span: the arena zeroes past what it turns out to hold."""
+    def _span(self, page: int, length: int, expires: float = 0.0) -> RemoteSpan:
+        """A peer may write the span (until ``expires``, the lease): the arena zeroes past
+        what it turns out to hold."""
         self.arena.lend(page, length)
         return RemoteSpan(endpoint=self.mover.endpoint(), region=self._whole.pack(),
-                          offset=self.arena.page_offset(page), length=length)
+                          offset=self.arena.page_offset(page), length=length, expires=expires)
+
+    @group(MOVE_OUT)
+    def hold(self, key: bytes, expires: float, page: int = -1, owner: str = "") -> bool:
+        """Take a page out of use until LEASE_GRACE_S past ``expires``: a pool that did not
+        answer may still push into it through a span lent until then, over whatever the
+        page would hold next. The page is ``key``'s, or landing ``page`` while ``owner``
+        still has it reserved; it comes back zeroed (``_reclaim``)."""
+        with self._lock:
+            if page >= 0 and self._landing.get(page) == owner:
+                del self._landing[page]
+            else:
+                page = self._pages.pop(key, -1)
+            if page >= 0:
+                self._held.append(((expires or time.time()) + LEASE_GRACE_S, page))
+            return page >= 0
+
+    def _reclaim(self) -> None:
+        """Free the held pages whose time is up, zeroed (the caller holds the lock)."""
+        now = time.time()
+        for until, page in [h for h in self._held if h[0] <= now]:
+            self._held.remove((until, page))
+            self.arena.free(page, scrub=True)
 
     def _alloc(self, key: bytes) -> int:
         """An arena page for ``key``. When none is free this waits (at most
@@ -100,6 +126,7 @@ class HbmActor:
             self._release(key)  # first: the old page is room for the new one
             deadline = time.monotonic() + ALLOC_WAIT_S
             while True:
+                self._reclaim()
                 try:
                     page = self.arena.alloc()
                     break
@@ -107,7 +134,7 @@ class HbmActor:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         raise
-                self._lock.wait(left)
+                self._lock.wait(min(left, 0.25) if self._held else left)  # held: by the clock
             self._pages[key] = page
             return page
 
@@ -184,6 +211,8 @@ class HbmActor:
                 if page is not None:
                     self.arena.free(page, scrub=True)
                     n += 1
+            for _, page in self._held:  # zeroed now, and again when they come back
+                self.arena.zero(page)
             free = self.arena.scrub_free()
             self._lock.notify_all()
         return HbmPurged(pages=n, free_zeroed=free, staging_zeroed=self.mover.scrub_free())
@@ -218,6 +247,7 @@ class HbmActor:
         given back is zeroed."""
         out = []
         with self._lock:
+            self._reclaim()
             while n > len(out) and len(self._landing) < self.spec.landing_pages:
                 try:
                     page = self.arena.alloc()
@@ -265,14 +295,11 @@ class HbmActor:
         link = 0
         copies, sizes = [], []
         for tier, codec in targets:
-            slot = self.mover.take_slot()
-            try:
+            # Lent to the pool's answer; a pool that did not answer may still pull it.
+            with self.mover.staged(1, lease_end(handle.timeout_s), held_on=(ActorGone,)) as st:
                 n = encode_page(raw, meta.length, meta.shape, Codec(codec),
-                                self.mover.slot_view(slot))
-                receipt = handle.store_from(meta, Tier(tier), Codec(codec),
-                                            self.mover.slot_span(slot, n))
-            finally:
-                self.mover.give_slot(slot)
+                                self.mover.slot_view(st.slots[0]))
+                receipt = handle.store_from(meta, Tier(tier), Codec(codec), st.span(0, n))
             link += n
             copies.append((int(receipt.tier), int(codec)))
             sizes.append(n)
@@ -289,22 +316,24 @@ class HbmActor:
         if meta.length > self.spec.page_bytes:  # a push would run into the next arena page
             raise PageTooLarge(f"a {meta.length} B page does not fit {self.spec.page_bytes} B")
         page = self._alloc(meta.key)
+        expires = lease_end(handle.timeout_s)  # what the pool is lent lasts as we wait
+        full = Codec(codec) is Codec.FULL
         try:
-            if Codec(codec) is Codec.FULL:
-                span = self._span(page, meta.length)  # straight into the arena page
+            if full:
+                span = self._span(page, meta.length, expires)  # straight into the arena page
                 got = handle.restore_to(meta.key, meta.digest, int(codec), span.wire())
             else:
-                slot = self.mover.take_slot()
-                try:
-                    span = self.mover.slot_span(slot, self.mover.slot_bytes)
+                with self.mover.staged(1, expires, held_on=(ActorGone,)) as st:
+                    span = st.span(0, self.mover.slot_bytes)
                     got = handle.restore_to(meta.key, meta.digest, int(codec), span.wire())
                     self.arena.lend(page, meta.length)
                     dst = self.arena.view(page)[: meta.length].numpy()
-                    decode_into(self.mover.slot_view(slot, got.nbytes), meta.shape, dst)
-                finally:
-                    self.mover.give_slot(slot)
-        except Exception:
-            self.drop(meta.key)
+                    decode_into(self.mover.slot_view(st.slots[0], got.nbytes), meta.shape, dst)
+        except Exception as exc:
+            if full and isinstance(exc, ActorGone):  # the pool may still push into the page
+                self.hold(meta.key, expires)
+            else:
+                self.drop(meta.key)
             raise
         self.arena.mark_written(page, meta.length)
         return RestoreReceipt(tier=int(got.tier), codec=int(codec), link_bytes=got.nbytes,

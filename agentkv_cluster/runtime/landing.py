@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from agentkv_cluster.runtime.handles import ActorGone
+from agentkv_cluster.runtime.mover import lease_end
 from agentkv_cluster.runtime.records import PageMeta, RestoreReceipt
 from store.hbm import PageTooLarge
 from store.types import Codec
@@ -61,10 +63,13 @@ class LandingPages:
                 hbm.release_landing([page], self.owner)
             raise PageTooLarge(f"a {meta.length} B page does not fit a {wire[4]} B arena page")
         landed = hbm.start_land(meta.key, page, meta.length, self.owner)
+        expires = lease_end(pool.timeout_s)  # the push may start while we wait, not after
         try:
-            got = pool.restore_to(meta.key, meta.digest, int(codec), (*wire[:4], meta.length))
-        except BaseException:
-            self._undo(hbm, meta.key, page, landed)
+            got = pool.restore_to(meta.key, meta.digest, int(codec),
+                                  (*wire[:4], meta.length, expires))
+        except BaseException as exc:
+            self._undo(hbm, meta.key, page, landed, expires if isinstance(exc, ActorGone)
+                       else None)
             raise
         landed()
         self.one_hop += 1
@@ -111,15 +116,21 @@ class LandingPages:
             with contextlib.suppress(Exception):
                 stock.handle.release_landing([int(p) for p, _ in got], self.owner)
 
-    def _undo(self, hbm: HbmHandle, key: bytes, page: int, landed: Callable[[], Any]
-              ) -> None:
+    def _undo(self, hbm: HbmHandle, key: bytes, page: int, landed: Callable[[], Any],
+              unanswered: float | None) -> None:
         """The push failed: free the page, whichever side of ``land`` it is on (an actor
-        that died took it along)."""
+        that died took it along). When the pool did not answer (``unanswered``: the end of
+        the lease the push ran under) it may still push into the page: the HBM actor
+        holds the page out of use past the lease instead (``HbmActor.hold``)."""
         try:
             landed()
+            reserved = False
         except Exception:  # noqa: BLE001 - not landed: it is still reserved
-            with contextlib.suppress(Exception):
-                hbm.release_landing([page], self.owner)
-            return
+            reserved = True
         with contextlib.suppress(Exception):
-            hbm.drop(key, scrub=True)  # what the push left, over what the page held before
+            if unanswered is not None:
+                hbm.hold(key, unanswered, page, self.owner)
+            elif reserved:
+                hbm.release_landing([page], self.owner)
+            else:
+                hbm.drop(key, scrub=True)  # what the push left, over what the page held

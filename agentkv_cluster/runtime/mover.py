@@ -13,7 +13,9 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from dataclasses import dataclass
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -27,6 +29,24 @@ class MoveError(Exception):
 
 class StagingFull(MoveError):
     """Every staging slot is in use."""
+
+
+class SpanExpired(MoveError):
+    """The span's lease ended before the transfer started: its owner stopped waiting for
+    the call that carried it and may give the memory to another request."""
+
+
+# How long memory lent under a lease stays out of use once the lease ends with its call
+# unanswered (``Mover.hold_slot``, ``HbmActor.hold``): a transfer started just before
+# the lease ended may still run (a transfer's wait is TRANSFER_WAIT_S), plus the clock
+# difference between two nodes (leases are wall-clock times, checked by the peer).
+TRANSFER_WAIT_S = 60.0
+LEASE_GRACE_S = TRANSFER_WAIT_S + 30.0
+
+
+def lease_end(lease_s: float | None) -> float:
+    """The wall-clock end of a lease of ``lease_s`` seconds from now (0.0: no lease)."""
+    return 0.0 if lease_s is None else time.time() + lease_s
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,17 +65,30 @@ class RemoteSpan:
     region: bytes  # Region.pack()
     offset: int
     length: int
+    # The lease: a wall-clock time (``time.time()``) after which no transfer may start on
+    # the span (0.0: none). The owner lends memory to a call it waits for; once the call
+    # goes unanswered (``ActorSlow``) the owner reuses the memory only LEASE_GRACE_S after
+    # this, so a peer that wakes up late cannot read or write another request's bytes.
+    expires: float = 0.0
 
-    def wire(self) -> tuple[str, bytes, bytes, int, int]:
+    def wire(self) -> tuple[str, bytes, bytes, int, int, float]:
         """Plain values only: Ray ships these without pickling (hot-path calls)."""
         return (self.endpoint.agent, self.endpoint.metadata, self.region, self.offset,
-                self.length)
+                self.length, self.expires)
 
     @classmethod
     def from_wire(cls, wire: tuple | list) -> RemoteSpan:
-        agent, metadata, region, offset, length = wire
+        agent, metadata, region, offset, length, *lease = wire
         return cls(endpoint=Endpoint(agent=agent, metadata=metadata), region=region,
-                   offset=offset, length=length)
+                   offset=offset, length=length, expires=float(lease[0]) if lease else 0.0)
+
+    def part(self, start: int, length: int) -> RemoteSpan:
+        """``length`` bytes of this span from ``start``, under the same lease."""
+        if start < 0 or start + length > self.length:
+            raise MoveError(f"bytes {start}..{start + length} are outside a span of "
+                            f"{self.length}")
+        return RemoteSpan(endpoint=self.endpoint, region=self.region,
+                          offset=self.offset + start, length=length, expires=self.expires)
 
 
 class Mover:
@@ -75,8 +108,10 @@ class Mover:
         self._endpoint: Endpoint | None = None
         self.staging_region = self.transport.register(self.staging)
         self._free = list(range(num_slots - 1, -1, -1))
+        self._held: list[tuple[float, int]] = []  # (until, slot): see ``hold_slot``
         self._lock = threading.Lock()
         self._slot_ready = threading.Condition(self._lock)
+        self._taking = threading.Lock()  # ``staged``: one caller takes its slots at a time
         self._peers: set[str] = set()
         self._xfer = threading.Lock()  # the NIXL transport is driven by one thread at a time
         self.bytes_moved = 0
@@ -94,34 +129,89 @@ class Mover:
 
     # -- staging slots ----------------------------------------------------------------
     def take_slot(self, timeout_s: float = 10.0) -> int:
+        deadline = time.monotonic() + timeout_s
         with self._slot_ready:
-            if not self._slot_ready.wait_for(lambda: bool(self._free), timeout_s):
-                raise StagingFull(f"{self.transport.name}: no staging slot free")
+            while not self._reclaim():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise StagingFull(f"{self.transport.name}: no staging slot free")
+                self._slot_ready.wait(min(left, 1.0))  # held slots come back by the clock
             return self._free.pop()
+
+    @contextlib.contextmanager
+    def staged(self, n: int, expires: float, held_on: tuple[type[BaseException], ...] = (),
+               timeout_s: float = 10.0) -> Iterator[Staged]:
+        """``n`` staging slots, taken all at once (callers that take several never hold
+        some while waiting for more), their spans lent until ``expires``. They are given
+        back on exit (those taken before one timed out, too); when the body raised one of
+        ``held_on`` (a call it lent them to went unanswered, so a peer may still move
+        bytes through them), they are held out of use past the lease (``hold_slot``)."""
+        staged = Staged(self, expires)
+        held = False
+        try:
+            with self._taking:
+                for _ in range(n):
+                    staged.slots.append(self.take_slot(timeout_s))
+            yield staged
+        except held_on:
+            held = True
+            raise
+        finally:
+            for slot in staged.slots:
+                if held:
+                    self.hold_slot(slot, expires)
+                else:
+                    self.give_slot(slot)
 
     def give_slot(self, slot: int) -> None:
         with self._slot_ready:
             self._free.append(slot)
             self._slot_ready.notify()
 
+    def hold_slot(self, slot: int, expires: float) -> None:
+        """Keep ``slot`` out of use until LEASE_GRACE_S after ``expires`` (the lease of the
+        spans of it lent to a call that went unanswered: the peer may still move bytes
+        through them); it comes back zeroed. Without a lease, from now."""
+        until = (expires or time.time()) + LEASE_GRACE_S
+        with self._slot_ready:
+            self._held.append((until, slot))
+
+    def held_slots(self) -> int:
+        with self._slot_ready:
+            return len(self._held)
+
+    def _reclaim(self) -> bool:
+        """Free the held slots whose time is up (zeroed: they may hold a late peer's
+        bytes); whether a slot is free. The caller holds the lock."""
+        if self._held:
+            now = time.time()
+            for until, slot in [h for h in self._held if h[0] <= now]:
+                self._held.remove((until, slot))
+                self.slot_view(slot)[:] = 0
+                self._free.append(slot)
+        return bool(self._free)
+
     def scrub_free(self) -> int:
         """Zero every staging slot not in use (erasure: a slot keeps the plaintext of the
-        last page staged in it); returns how many were zeroed."""
+        last page staged in it), held ones too (zeroed again when they come back);
+        returns how many were zeroed."""
         with self._slot_ready:
-            for slot in self._free:
+            slots = [*self._free, *(slot for _, slot in self._held)]
+            for slot in slots:
                 self.slot_view(slot)[:] = 0
-            return len(self._free)
+            return len(slots)
 
     def slot_view(self, slot: int, length: int | None = None) -> np.ndarray:
         start = slot * self.slot_bytes
         return self.staging[start:start + (self.slot_bytes if length is None else length)]
 
-    def slot_span(self, slot: int, length: int) -> RemoteSpan:
-        """The span a peer uses to read from or write into one of our staging slots."""
+    def slot_span(self, slot: int, length: int, expires: float = 0.0) -> RemoteSpan:
+        """The span a peer uses to read from or write into one of our staging slots, lent
+        until ``expires`` (``lease_end``; 0.0: no lease)."""
         if length > self.slot_bytes:
             raise MoveError(f"{length} bytes exceed a staging slot of {self.slot_bytes}")
         return RemoteSpan(endpoint=self.endpoint(), region=self.staging_region.pack(),
-                          offset=slot * self.slot_bytes, length=length)
+                          offset=slot * self.slot_bytes, length=length, expires=expires)
 
     # -- transfers ----------------------------------------------------------------------
     def introduce(self, endpoint: Endpoint) -> None:
@@ -144,6 +234,9 @@ class Mover:
     def _submit(self, op: TransferOp, local: Region, local_offset: int, span: RemoteSpan
                 ) -> int:
         """Start one transfer of ``span``; the caller holds ``_xfer``."""
+        if span.expires and time.time() > span.expires:
+            raise SpanExpired(f"the lease on {span.length} B of {span.endpoint.agent} ended "
+                              f"{time.time() - span.expires:.1f} s ago")
         self._peer(span.endpoint)
         return self.transport.submit(TransferJob(
             op=op, local=local, remote=Region.unpack(span.region), length=span.length,
@@ -152,7 +245,7 @@ class Mover:
     def _move(self, op: TransferOp, local: Region, local_offset: int, span: RemoteSpan) -> int:
         with self._xfer:
             result = self.transport.wait(self._submit(op, local, local_offset, span),
-                                         timeout_s=60.0)
+                                         timeout_s=TRANSFER_WAIT_S)
         if result.status is not TransferStatus.DONE:
             raise MoveError(f"{op.value} of {span.length} B failed: {result.error}")
         self.bytes_moved += span.length
@@ -169,7 +262,7 @@ class Mover:
         moved, failed = 0, ""
         with self._xfer:
             for job_id in job_ids:
-                result = self.transport.wait(job_id, timeout_s=60.0)
+                result = self.transport.wait(job_id, timeout_s=TRANSFER_WAIT_S)
                 if result.status is TransferStatus.DONE:
                     moved += result.nbytes
                 elif not failed:
@@ -184,7 +277,7 @@ class Mover:
         with self._xfer:
             for job_id in job_ids:
                 with contextlib.suppress(Exception):  # already failing: the caller's error wins
-                    self.transport.wait(job_id, timeout_s=60.0)
+                    self.transport.wait(job_id, timeout_s=TRANSFER_WAIT_S)
 
     def pull(self, span: RemoteSpan, local: Region, local_offset: int = 0) -> int:
         """Copy a peer's span into our registered ``local`` region (NIXL READ)."""
@@ -196,3 +289,16 @@ class Mover:
 
     def close(self) -> None:
         self.transport.close()
+
+
+@dataclass(slots=True)
+class Staged:
+    """Staging slots taken together for one call, and the lease of their spans."""
+
+    mover: Mover
+    expires: float  # ``lease_end`` of the call the slots are lent to
+    slots: list[int] = field(default_factory=list)
+
+    def span(self, i: int, length: int) -> RemoteSpan:
+        """The span of ``length`` bytes of the ``i``-th slot, under the lease."""
+        return self.mover.slot_span(self.slots[i], length, self.expires)

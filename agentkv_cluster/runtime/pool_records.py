@@ -325,8 +325,7 @@ class ChunkOpener:
                 start, stop = parts[ready][0], parts[end - 1][0] + parts[end - 1][1]
                 jobs.append(self.mover.push_async(
                     self.mover.staging_region, base + start,
-                    RemoteSpan(endpoint=dst.endpoint, region=dst.region,
-                               offset=dst.offset + start, length=stop - start)))
+                    dst.part(start, stop - start)))
                 ready = end
             return True
         finally:

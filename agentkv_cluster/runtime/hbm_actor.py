@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +59,7 @@ class HbmActor:
         self._pools: dict[str, PoolHandle] = {}  # pool name -> handle (see add_pool)
         self._landing: dict[int, str] = {}  # arena page -> owner that reserved it
         self._held: list[tuple[float, int]] = []  # (until, arena page): see ``hold``
+        self._unread: dict[int, bool] = {}  # page released while read -> scrub (``_reading``)
         # One lock; waiting on it is for a free arena page (see ``_alloc``).
         self._lock = threading.Condition(threading.Lock())
 
@@ -116,7 +119,7 @@ class HbmActor:
         now = time.time()
         for until, page in [h for h in self._held if h[0] <= now]:
             self._held.remove((until, page))
-            self.arena.free(page, scrub=True)
+            self._free(page, scrub=True)
 
     def _alloc(self, key: bytes) -> int:
         """An arena page for ``key``. When none is free this waits (at most
@@ -142,9 +145,36 @@ class HbmActor:
         """Free the page ``key`` holds, if any (the caller holds the lock)."""
         page = self._pages.pop(key, None)
         if page is not None:
-            self.arena.free(page, scrub=scrub)
-            self._lock.notify_all()
+            self._free(page, scrub)
         return page is not None
+
+    def _free(self, page: int, scrub: bool) -> None:
+        """Free an arena page; one being read (``_reading``) once its reads end, so no
+        other page is allocated there while a push or an encoding still reads it (the
+        caller holds the lock)."""
+        if self.arena.is_pinned(page):
+            self._unread[page] = self._unread.get(page, False) or scrub
+            return
+        self.arena.free(page, scrub=scrub)
+        self._lock.notify_all()
+
+    @contextmanager
+    def _reading(self, keys: list[bytes]) -> Iterator[list[int]]:
+        """The arena pages of resident ``keys``, pinned while the caller reads them: a drop,
+        an erasure or a reset meanwhile frees a page only once its reads ended. Raises
+        ``UnknownPageKey`` (nothing pinned) if a key is not resident."""
+        with self._lock:
+            pages = [self._page(key) for key in keys]
+            for page in pages:
+                self.arena.pin(page)
+        try:
+            yield pages
+        finally:
+            with self._lock:
+                for page in pages:
+                    self.arena.unpin(page)
+                    if page in self._unread and not self.arena.is_pinned(page):
+                        self._free(page, self._unread.pop(page))
 
     def _page(self, key: bytes) -> int:
         page = self._pages.get(key)
@@ -175,15 +205,16 @@ class HbmActor:
         pushed) if a page is not resident."""
         if len(keys) != len(dsts):
             raise ValueError(f"{len(keys)} keys for {len(dsts)} spans")
-        offsets = [self.arena.page_offset(self._page(key)) for key in keys]
-        jobs: list[int] = []
-        try:
-            for offset, dst in zip(offsets, dsts):
-                jobs.append(self.mover.push_async(self._whole, offset, dst))
-        except BaseException:
-            self.mover.drain(jobs)  # the peer reuses its spans once we answer
-            raise
-        return self.mover.wait_all(jobs)
+        with self._reading(keys) as pages:
+            jobs: list[int] = []
+            try:
+                for page, dst in zip(pages, dsts):
+                    jobs.append(self.mover.push_async(self._whole, self.arena.page_offset(page),
+                                                      dst))
+            except BaseException:
+                self.mover.drain(jobs)  # the peer reuses its spans once we answer
+                raise
+            return self.mover.wait_all(jobs)
 
     @group(MOVE_OUT)
     def drop(self, key: bytes, scrub: bool = False) -> bool:
@@ -209,7 +240,7 @@ class HbmActor:
             for key in keys:
                 page = self._pages.pop(key, None)
                 if page is not None:
-                    self.arena.free(page, scrub=True)
+                    self._free(page, scrub=True)
                     n += 1
             for _, page in self._held:  # zeroed now, and again when they come back
                 self.arena.zero(page)
@@ -230,7 +261,7 @@ class HbmActor:
         with self._lock:
             n = len(self._pages)
             for page in [*self._pages.values(), *self._landing]:
-                self.arena.free(page)
+                self._free(page, scrub=False)
             self._pages.clear()
             self._landing.clear()
             self._lock.notify_all()
@@ -290,15 +321,15 @@ class HbmActor:
         """Encode the page for each (tier, codec) target, let ``pool`` (a handle or the name
         of one given to ``add_pool``) pull and seal it. Answers ``DemoteReceipt.wire()``."""
         handle = self._pool(pool)
-        page = self._page(meta.key)
-        raw = self.arena.view(page)[: meta.length].numpy()
         link = 0
         copies, sizes = [], []
         for tier, codec in targets:
             # Lent to the pool's answer; a pool that did not answer may still pull it.
             with self.mover.staged(1, lease_end(handle.timeout_s), held_on=(ActorGone,)) as st:
-                n = encode_page(raw, meta.length, meta.shape, Codec(codec),
-                                self.mover.slot_view(st.slots[0]))
+                with self._reading([meta.key]) as (page,):
+                    raw = self.arena.view(page)[: meta.length].numpy()
+                    n = encode_page(raw, meta.length, meta.shape, Codec(codec),
+                                    self.mover.slot_view(st.slots[0]))
                 receipt = handle.store_from(meta, Tier(tier), Codec(codec), st.span(0, n))
             link += n
             copies.append((int(receipt.tier), int(codec)))

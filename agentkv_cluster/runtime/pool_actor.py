@@ -279,8 +279,8 @@ class PoolActor:
                       slot: int, span: RemoteSpan) -> bool:
         """Read ``copy`` from the shard, open it into staging ``slot`` and push it to ``span``;
         False (nothing pushed) when the copy was dropped or replaced meanwhile."""
-        def current() -> bool:
-            return self._index.get((key, codec)) is copy
+        def current() -> bool:  # a store of it in flight may have written its new record
+            return self._index.get((key, codec)) is copy and not self.storing.busy(key, codec)
 
         with self.buffers.take() as buf:
             data = self.nvme.get(copy.nkey, out=buf)

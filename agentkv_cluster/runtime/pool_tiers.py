@@ -81,6 +81,11 @@ class StoresInFlight:
         while (key, codec) in self._storing:
             self._stored.wait()
 
+    def busy(self, key: bytes, codec: int) -> bool:
+        """Whether a store of (key, codec) is in flight: an NVMe read of its copy may meet
+        the record that store wrote under the same key before it committed."""
+        return (key, codec) in self._storing
+
     def end(self, key: bytes, codec: int) -> None:  # under the lock
         del self._storing[(key, codec)]
         self._stored.notify_all()

@@ -152,6 +152,46 @@ def test_copy_rewritten_while_opened_is_retried_never_torn_never_a_reject(servic
     assert pool.stats()["torn"] >= 3, (pool.stats(), len(served), missing)  # control: it raced
 
 
+def test_an_nvme_copy_stored_again_while_restored_is_read_again_not_a_reject(service):
+    """A store of a page writes its NVMe record under the key the old record had and commits
+    the copy to the index after: a restore reading between the two met the new record with
+    the old copy's binding, counted it as tampering and failed. It now waits for the store
+    and serves the new copy. The re-store writes at the moment the restore reads, and
+    commits once the restore opened what it read."""
+    hbm, pool, front = service
+    pages = _pages(front)
+    _store(pool, front, 0, Tier.NVME)
+    actor = pool.target
+    written, opened = threading.Event(), threading.Event()
+    to_nvme, get, open_and_push = actor.records.to_nvme, actor.nvme.get, actor.opener.open_and_push
+
+    def to_nvme_then_wait(*args) -> None:  # on the shard; in the index once the open ended
+        to_nvme(*args)
+        written.set()
+        opened.wait(30)
+
+    def get_meanwhile(*args, **kwargs):
+        if not written.is_set():
+            threading.Thread(target=_store, args=(pool, front, 1, Tier.NVME)).start()
+            written.wait(30)
+        return get(*args, **kwargs)
+
+    def open_then_commit(*args):
+        try:
+            return open_and_push(*args)
+        finally:
+            opened.set()
+
+    actor.records.to_nvme, actor.nvme.get = to_nvme_then_wait, get_meanwhile
+    actor.opener.open_and_push = open_then_commit
+    try:
+        hbm.restore(_meta(), int(Tier.NVME), int(Codec.FULL), pool)
+    finally:
+        del actor.records.to_nvme, actor.nvme.get, actor.opener.open_and_push
+    assert hbm.read(b"k" * 32)[:PAGE] == pages[1]
+    assert pool.stats()["rejects"] == 0
+
+
 def test_moves_may_name_a_pool_handed_over_once(service):
     hbm, pool, front = service
     pages = _pages(front)

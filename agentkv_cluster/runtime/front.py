@@ -363,9 +363,18 @@ class ServiceFront:
                                           session, keys[i], spans[i])
                     verify[i] = (time.monotonic() - t0, report.nbytes if exact[i] else 0)
                     self.metrics.verify(principal.tenant, exact[i], verify[i][0])
-            finally:
-                if served is not None:  # its pushes land in our slots: wait before reuse
-                    served()
+            except BaseException as exc:  # an ActorGone of either must reach the slots' hold
+                if served is not None:
+                    try:
+                        served()  # its pushes land in our slots: wait before reuse
+                    except ActorGone as late:
+                        if not isinstance(exc, ActorGone):
+                            raise late from exc
+                    except Exception:  # noqa: BLE001, S110 - the first error is the one to report
+                        pass
+                raise
+            if served is not None:
+                served()
             unverified = [i for i, r in enumerate(reports) if not r.exact and not exact[i]]
             if unverified:
                 hbm.serve([keys[i] for i in unverified], [spans[i] for i in unverified])

@@ -252,7 +252,7 @@ class HbmHandle(ActorHandle):
         """``land`` sent now; the returned function waits for it (or raises what it raised)."""
         return self._start("land", key, page, length, owner)
 
-    def hold(self, key: bytes, expires: float, page: int = -1, owner: str = "") -> bool:
+    def hold(self, key: bytes, expires: float, page: int, owner: str) -> bool:
         return self._call("hold", key, expires, page, owner)
 
     def release_landing(self, pages: list[int], owner: str) -> int:

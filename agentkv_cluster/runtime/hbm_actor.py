@@ -7,31 +7,20 @@ compressed bytes cross the link to the pool; bytes move by NIXL only.
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agentkv_cluster.runtime.actor_groups import MOVE_OUT, group
+from agentkv_cluster.runtime.arena_pages import ArenaPages
 from agentkv_cluster.runtime.handles import ActorGone
-from agentkv_cluster.runtime.mover import LEASE_GRACE_S, Endpoint, Mover, RemoteSpan, lease_end
-from agentkv_cluster.runtime.records import (
-    DemoteReceipt,
-    HbmPurged,
-    PageMeta,
-    RestoreReceipt,
-    UnknownPageKey,
-)
+from agentkv_cluster.runtime.mover import Endpoint, Mover, RemoteSpan, lease_end
+from agentkv_cluster.runtime.records import DemoteReceipt, HbmPurged, PageMeta, RestoreReceipt
 from store.codecs.pages import decode_into, encode_page
-from store.hbm import ArenaFull, HbmArena, PageTooLarge
+from store.hbm import HbmArena, PageTooLarge
 from store.types import Codec, Tier
 
 if TYPE_CHECKING:
     from agentkv_cluster.runtime.handles import PoolHandle
-
-ALLOC_WAIT_S = 2.0  # how long a page allocation waits for a drop on its way (``_alloc``)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,13 +44,8 @@ class HbmActor:
         self.mover = Mover(f"hbm-{spec.name}", spec.page_bytes, spec.staging_slots)
         # The whole arena is one NIXL region; a peer addresses a page at its page_offset.
         self._whole = self.mover.register(self.arena.buffer)
-        self._pages: dict[bytes, int] = {}  # key -> arena page
+        self.pages = ArenaPages(self.arena, spec.landing_pages)  # which page is whose
         self._pools: dict[str, PoolHandle] = {}  # pool name -> handle (see add_pool)
-        self._landing: dict[int, str] = {}  # arena page -> owner that reserved it
-        self._held: list[tuple[float, int]] = []  # (until, arena page): see ``hold``
-        self._unread: dict[int, bool] = {}  # page released while read -> scrub (``_reading``)
-        # One lock; waiting on it is for a free arena page (see ``_alloc``).
-        self._lock = threading.Condition(threading.Lock())
 
     # -- identity -----------------------------------------------------------------------------
     def endpoint(self) -> Endpoint:
@@ -83,13 +67,12 @@ class HbmActor:
 
     def stats(self) -> dict[str, Any]:
         s = self.arena.stats()
-        return {"name": self.spec.name, "pages": len(self._pages), "used_pages": s.used_pages,
+        return {"name": self.spec.name, **self.pages.counts(), "used_pages": s.used_pages,
                 "capacity_bytes": self.spec.page_bytes * self.spec.num_pages,
-                "used_bytes": s.used_bytes, "landing_pages": len(self._landing),
-                "held_pages": len(self._held), "held_slots": self.mover.held_slots()}
+                "used_bytes": s.used_bytes, "held_slots": self.mover.held_slots()}
 
     def keys(self) -> list[bytes]:
-        return list(self._pages)
+        return self.pages.keys()
 
     # -- page slots -------------------------------------------------------------------------
     def _span(self, page: int, length: int, expires: float = 0.0) -> RemoteSpan:
@@ -100,103 +83,21 @@ class HbmActor:
                           offset=self.arena.page_offset(page), length=length, expires=expires)
 
     @group(MOVE_OUT)
-    def hold(self, key: bytes, expires: float, page: int = -1, owner: str = "") -> bool:
-        """Take a page out of use until LEASE_GRACE_S past ``expires``: a pool that did not
-        answer may still push into it through a span lent until then, over whatever the
-        page would hold next. The page is ``key``'s, or landing ``page`` while ``owner``
-        still has it reserved; it comes back zeroed (``_reclaim``)."""
-        with self._lock:
-            if page >= 0 and self._landing.get(page) == owner:
-                del self._landing[page]
-            else:
-                page = self._pages.pop(key, -1)
-            if page >= 0:
-                self._held.append(((expires or time.time()) + LEASE_GRACE_S, page))
-            return page >= 0
-
-    def _reclaim(self) -> None:
-        """Free the held pages whose time is up, zeroed (the caller holds the lock)."""
-        now = time.time()
-        for until, page in [h for h in self._held if h[0] <= now]:
-            self._held.remove((until, page))
-            self._free(page, scrub=True)
-
-    def _alloc(self, key: bytes) -> int:
-        """An arena page for ``key``. When none is free this waits (at most
-        ``ALLOC_WAIT_S``) for one: the manager's budget already counts the room a drop on
-        its way will free (a page a load took back, a victim still being copied out)."""
-        with self._lock:
-            self._release(key)  # first: the old page is room for the new one
-            deadline = time.monotonic() + ALLOC_WAIT_S
-            while True:
-                self._reclaim()
-                try:
-                    page = self.arena.alloc()
-                    break
-                except ArenaFull:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise
-                self._lock.wait(min(left, 0.25) if self._held else left)  # held: by the clock
-            self._pages[key] = page
-            return page
-
-    def _release(self, key: bytes, scrub: bool = False) -> bool:
-        """Free the page ``key`` holds, if any (the caller holds the lock)."""
-        page = self._pages.pop(key, None)
-        if page is not None:
-            self._free(page, scrub)
-        return page is not None
-
-    def _free(self, page: int, scrub: bool) -> None:
-        """Free an arena page; one being read (``_reading``) once its reads end, so no
-        other page is allocated there while a push or an encoding still reads it (the
-        caller holds the lock)."""
-        if self.arena.is_pinned(page):
-            self._unread[page] = self._unread.get(page, False) or scrub
-            return
-        self.arena.free(page, scrub=scrub)
-        self._lock.notify_all()
-
-    @contextmanager
-    def _reading(self, keys: list[bytes]) -> Iterator[list[int]]:
-        """The arena pages of resident ``keys``, pinned while the caller reads them: a drop,
-        an erasure or a reset meanwhile frees a page only once its reads ended. Raises
-        ``UnknownPageKey`` (nothing pinned) if a key is not resident."""
-        with self._lock:
-            pages = [self._page(key) for key in keys]
-            for page in pages:
-                self.arena.pin(page)
-        try:
-            yield pages
-        finally:
-            with self._lock:
-                for page in pages:
-                    self.arena.unpin(page)
-                    if page in self._unread and not self.arena.is_pinned(page):
-                        self._free(page, self._unread.pop(page))
-
-    def _page(self, key: bytes) -> int:
-        page = self._pages.get(key)
-        if page is None:
-            raise UnknownPageKey("page is not resident in this HBM actor")
-        return page
+    def hold(self, key: bytes, expires: float, page: int, owner: str) -> bool:
+        """``ArenaPages.hold``: a one-hop push into landing ``page`` went unanswered."""
+        return self.pages.hold(key, expires, page, owner)
 
     def ingest(self, key: bytes, src: RemoteSpan) -> int:
         """Pull a page from a peer's staging (the API front) into a fresh arena page."""
-        page = self._alloc(key)
-        try:
+        page = self.pages.alloc(key)
+        with self.pages.writing(key, page, src.length, lent=0.0):  # a stalled pull may write
             self.arena.lend(page, src.length)
             self.mover.pull(src, self._whole, self.arena.page_offset(page))
-        except Exception:
-            self.drop(key)
-            raise
-        self.arena.mark_written(page, src.length)
         return src.length
 
     def span(self, key: bytes) -> RemoteSpan:
         """Where a resident page sits, for a peer's NIXL transfer (link checks)."""
-        page = self._page(key)
+        page = self.pages.page(key)
         return self._span(page, self.arena.length(page) or self.spec.page_bytes)
 
     def serve(self, keys: list[bytes], dsts: list[RemoteSpan]) -> int:
@@ -205,7 +106,7 @@ class HbmActor:
         pushed) if a page is not resident."""
         if len(keys) != len(dsts):
             raise ValueError(f"{len(keys)} keys for {len(dsts)} spans")
-        with self._reading(keys) as pages:
+        with self.pages.reading(keys) as pages:
             jobs: list[int] = []
             try:
                 for page, dst in zip(pages, dsts):
@@ -220,8 +121,7 @@ class HbmActor:
     def drop(self, key: bytes, scrub: bool = False) -> bool:
         """Free ``key``'s page; ``scrub`` zeroes it too (a restore into it failed part way,
         so it may still hold bytes of the page that had it before)."""
-        with self._lock:
-            return self._release(key, scrub)
+        return self.pages.release(key, scrub)
 
     @group(MOVE_OUT)
     def erase(self, keys: list[bytes]) -> int:
@@ -235,17 +135,7 @@ class HbmActor:
         reused) and every free staging slot (the last page encoded there). Landing pages an
         executor holds in stock are not touched here (a push may be on its way into one):
         the controller has its executor give them back, zeroed, right after this."""
-        with self._lock:
-            n = 0
-            for key in keys:
-                page = self._pages.pop(key, None)
-                if page is not None:
-                    self._free(page, scrub=True)
-                    n += 1
-            for _, page in self._held:  # zeroed now, and again when they come back
-                self.arena.zero(page)
-            free = self.arena.scrub_free()
-            self._lock.notify_all()
+        n, free = self.pages.purge(keys)
         return HbmPurged(pages=n, free_zeroed=free, staging_zeroed=self.mover.scrub_free())
 
     def arena_holds(self, needles: list[bytes]) -> list[bool]:
@@ -256,16 +146,9 @@ class HbmActor:
 
     @group(MOVE_OUT)
     def reset(self) -> int:
-        """Drop every page and landing reservation (a new controller takes over this actor;
-        the old one, whose executor held the reservations, is gone)."""
-        with self._lock:
-            n = len(self._pages)
-            for page in [*self._pages.values(), *self._landing]:
-                self._free(page, scrub=False)
-            self._pages.clear()
-            self._landing.clear()
-            self._lock.notify_all()
-            return n
+        """Drop every page and landing reservation (``ArenaPages.reset``: a new controller
+        takes over this actor)."""
+        return self.pages.reset()
 
     # -- landing pages (one-hop restores) -----------------------------------------------------
     def reserve(self, n: int, owner: str) -> list[tuple[int, tuple]]:
@@ -276,43 +159,21 @@ class HbmActor:
         They are not zeroed here (that cost a page-sized memset per one-hop restore): the
         push overwrites the page up to its length, ``land`` zeroes past it, and a page
         given back is zeroed."""
-        out = []
-        with self._lock:
-            self._reclaim()
-            while n > len(out) and len(self._landing) < self.spec.landing_pages:
-                try:
-                    page = self.arena.alloc()
-                except ArenaFull:
-                    break
-                self._landing[page] = owner
-                out.append((page, self._span(page, self.spec.page_bytes).wire()))
-        return out
+        return [(page, self._span(page, self.spec.page_bytes).wire())
+                for page in self.pages.reserve(n, owner)]
 
     def land(self, key: bytes, page: int, length: int, owner: str) -> None:
         """A reserved page now holds ``key`` (``length`` bytes, pushed by a pool)."""
-        with self._lock:
-            if self._landing.get(page) != owner:
-                raise UnknownPageKey(f"arena page {page} is not reserved by {owner}")
-            del self._landing[page]
-            self._release(key)
-            self._pages[key] = page
-            self.arena.mark_written(page, length)
+        self.pages.land(key, page, length, owner)
 
     @group(MOVE_OUT)
     def release_landing(self, pages: list[int], owner: str) -> int:
-        """Give reserved pages back (their owner no longer needs them)."""
-        with self._lock:
-            mine = [p for p in pages if self._landing.get(p) == owner]
-            for page in mine:
-                del self._landing[page]
-                self.arena.free(page, scrub=True)  # old bytes, or part of a failed push
-            self._lock.notify_all()
-            return len(mine)
+        """Give reserved pages back (their owner no longer needs them), zeroed."""
+        return self.pages.release_landing(pages, owner)
 
     def read(self, key: bytes) -> bytes:
         """Test and debug helper: the resident bytes (never on the hot path)."""
-        page = self._page(key)
-        return self.arena.read(page)
+        return self.arena.read(self.pages.page(key))
 
     # -- tier moves ---------------------------------------------------------------------------
     @group(MOVE_OUT)
@@ -326,7 +187,7 @@ class HbmActor:
         for tier, codec in targets:
             # Lent to the pool's answer; a pool that did not answer may still pull it.
             with self.mover.staged(1, lease_end(handle.timeout_s), held_on=(ActorGone,)) as st:
-                with self._reading([meta.key]) as (page,):
+                with self.pages.reading([meta.key]) as (page,):
                     raw = self.arena.view(page)[: meta.length].numpy()
                     n = encode_page(raw, meta.length, meta.shape, Codec(codec),
                                     self.mover.slot_view(st.slots[0]))
@@ -346,10 +207,10 @@ class HbmActor:
         handle = self._pool(pool)
         if meta.length > self.spec.page_bytes:  # a push would run into the next arena page
             raise PageTooLarge(f"a {meta.length} B page does not fit {self.spec.page_bytes} B")
-        page = self._alloc(meta.key)
+        page = self.pages.alloc(meta.key)
         expires = lease_end(handle.timeout_s)  # what the pool is lent lasts as we wait
         full = Codec(codec) is Codec.FULL
-        try:
+        with self.pages.writing(meta.key, page, meta.length, expires if full else None):
             if full:
                 span = self._span(page, meta.length, expires)  # straight into the arena page
                 got = handle.restore_to(meta.key, meta.digest, int(codec), span.wire())
@@ -360,13 +221,6 @@ class HbmActor:
                     self.arena.lend(page, meta.length)
                     dst = self.arena.view(page)[: meta.length].numpy()
                     decode_into(self.mover.slot_view(st.slots[0], got.nbytes), meta.shape, dst)
-        except Exception as exc:
-            if full and isinstance(exc, ActorGone):  # the pool may still push into the page
-                self.hold(meta.key, expires)
-            else:
-                self.drop(meta.key)
-            raise
-        self.arena.mark_written(page, meta.length)
         return RestoreReceipt(tier=int(got.tier), codec=int(codec), link_bytes=got.nbytes,
                               exact=Codec(codec) is Codec.FULL).wire()
 

@@ -19,8 +19,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from agentkv_cluster.runtime.handles import ActorSlow
 from store.buffers import aligned_buffer
-from store.transport.base import Region, TransferJob, TransferOp, TransferStatus
+from store.transport.base import (
+    Region,
+    TransferJob,
+    TransferOp,
+    TransferStatus,
+    TransferTimeout,
+)
 
 
 class MoveError(Exception):
@@ -29,6 +36,12 @@ class MoveError(Exception):
 
 class StagingFull(MoveError):
     """Every staging slot is in use."""
+
+
+class TransferStalled(ActorSlow, MoveError):
+    """A transfer did not end within TRANSFER_WAIT_S: NIXL may still move its bytes, so the
+    memory at both ends is treated as lent to a call that went unanswered (held past its
+    lease, ``Mover.staged`` and ``HbmActor``). It crosses actors as an ``ActorSlow``."""
 
 
 class SpanExpired(MoveError):
@@ -244,8 +257,11 @@ class Mover:
 
     def _move(self, op: TransferOp, local: Region, local_offset: int, span: RemoteSpan) -> int:
         with self._xfer:
-            result = self.transport.wait(self._submit(op, local, local_offset, span),
-                                         timeout_s=TRANSFER_WAIT_S)
+            job_id = self._submit(op, local, local_offset, span)
+            try:
+                result = self.transport.wait(job_id, timeout_s=TRANSFER_WAIT_S)
+            except TransferTimeout as exc:
+                raise TransferStalled(f"{op.value} of {span.length} B: {exc}") from None
         if result.status is not TransferStatus.DONE:
             raise MoveError(f"{op.value} of {span.length} B failed: {result.error}")
         self.bytes_moved += span.length
@@ -258,16 +274,24 @@ class Mover:
 
     def wait_all(self, job_ids: list[int]) -> int:
         """Wait for every job; raises ``MoveError`` for the first that failed, once all
-        ended (none still writes into a buffer its caller frees on the error)."""
-        moved, failed = 0, ""
+        ended (none still writes into a buffer its caller frees on the error), or
+        ``TransferStalled`` when one did not end (its buffers must be held, not freed)."""
+        moved, failed, stalled = 0, "", 0
         with self._xfer:
             for job_id in job_ids:
-                result = self.transport.wait(job_id, timeout_s=TRANSFER_WAIT_S)
+                try:
+                    result = self.transport.wait(job_id, timeout_s=TRANSFER_WAIT_S)
+                except TransferTimeout:
+                    stalled += 1
+                    continue
                 if result.status is TransferStatus.DONE:
                     moved += result.nbytes
                 elif not failed:
                     failed = result.error or result.status.name
         self.bytes_moved += moved
+        if stalled:
+            raise TransferStalled(f"{stalled} of {len(job_ids)} WRITEs did not end in "
+                                  f"{TRANSFER_WAIT_S:.0f} s")
         if failed:
             raise MoveError(f"WRITE failed: {failed}")
         return moved

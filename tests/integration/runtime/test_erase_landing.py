@@ -34,13 +34,13 @@ def test_erasure_zeroes_landing_pages_held_in_stock(service) -> None:
     prepared = session.prepare_load(keys[:1])  # a restore stocks the executor's landing pages
     session.complete_load(prepared["load_id"])
     deadline = time.monotonic() + 10.0
-    while not hbm._landing and time.monotonic() < deadline:
+    while not hbm.pages._landing and time.monotonic() < deadline:
         time.sleep(0.02)
 
     def stocked_with_acme() -> int:
         arena = hbm.arena
         return sum(any(m in arena.view(p).numpy().tobytes() for m in marks)
-                   for p in list(hbm._landing))
+                   for p in list(hbm.pages._landing))
 
     assert stocked_with_acme() >= 1  # the case this test is about: a page reserved unzeroed
     receipt = service.erase_tenant("acme")

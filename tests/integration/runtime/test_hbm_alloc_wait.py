@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from agentkv_cluster.runtime import hbm_actor
+from agentkv_cluster.runtime import arena_pages
 from store.hbm import ArenaFull
 from tests.support.local_topology import local_topology
 
@@ -47,7 +47,7 @@ def test_a_page_waits_for_a_drop_on_its_way(full) -> None:
 
 def test_with_no_drop_coming_it_gives_up(full, monkeypatch) -> None:
     hbm, src = full
-    monkeypatch.setattr(hbm_actor, "ALLOC_WAIT_S", 0.2)
+    monkeypatch.setattr(arena_pages, "ALLOC_WAIT_S", 0.2)
     with pytest.raises(ArenaFull):
         hbm.ingest(b"c" * 32, src)
     assert hbm.read(b"a" * 32)[:16] == bytes(range(16))  # nothing was lost

@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from agentkv_cluster.runtime import hbm_actor
+from agentkv_cluster.runtime import arena_pages
 from tests.integration.runtime.test_cluster import identity, kv_page
 from tests.support.local_service import local_service
 
@@ -21,7 +21,7 @@ PAGE = 2 * 2 * 2 * 128 * 64 * 2  # kv_page's geometry
 
 
 def test_a_store_waits_for_arena_pages_on_their_way_out(monkeypatch) -> None:
-    monkeypatch.setattr(hbm_actor, "ALLOC_WAIT_S", 0.05)  # give up on each try at once
+    monkeypatch.setattr(arena_pages, "ALLOC_WAIT_S", 0.05)  # give up on each try at once
     with local_service("agentkv-arena-wait-", page_bytes=PAGE, hbm_pages=4,
                        pool_bytes=16 * PAGE) as svc:
         actor = svc.topo.hbms["node0-hbm0"].target
@@ -29,18 +29,18 @@ def test_a_store_waits_for_arena_pages_on_their_way_out(monkeypatch) -> None:
             session = client.open_session("s")
             session.store_pages([kv_page(0, "evidence", identity("acme", "s", 0))])
             held = []
-            with actor._lock:  # every free page, as drops on their way would hold them
+            with actor.pages._lock:  # every free page, as drops on their way would hold them
                 while True:
                     try:
                         held.append(actor.arena.alloc())
-                    except hbm_actor.ArenaFull:
+                    except arena_pages.ArenaFull:
                         break
 
             def give_back() -> None:
-                with actor._lock:
+                with actor.pages._lock:
                     for page in held:
                         actor.arena.free(page)
-                    actor._lock.notify_all()
+                    actor.pages._lock.notify_all()
 
             threading.Timer(0.5, give_back).start()
             keys = session.store_pages([kv_page(1, "evidence", identity("acme", "s", 1000))])

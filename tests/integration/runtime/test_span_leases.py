@@ -28,6 +28,7 @@ from agentkv_cluster.runtime.landing import LandingPages
 from agentkv_cluster.runtime.mover import MoveError, Mover, SpanExpired, lease_end
 from agentkv_cluster.runtime.records import PageMeta
 from store.hbm import ArenaFull
+from store.transport.base import TransferTimeout
 from store.types import Codec, Tier
 from tests.support.local_topology import local_topology
 
@@ -201,3 +202,21 @@ def test_a_transfer_on_an_expired_span_is_refused(tmp_path) -> None:
     finally:
         a.close()
         b.close()
+
+
+def test_a_pool_holds_the_slot_a_stalled_pull_may_still_write(full, monkeypatch) -> None:
+    """The pool pulls a demoted page into a staging slot of its own: when the pull did not
+    end (``TransferStalled``) the slot is held, not given to the next store."""
+    _, pool, front = full
+    actor = pool.target
+    wait = actor.mover.transport.wait
+
+    def wait_then_time_out(job_id, timeout_s=30.0):
+        wait(job_id, timeout_s)  # ended, in truth: this one is made to look stalled
+        raise TransferTimeout(f"job {job_id} not finished after {timeout_s} s")
+
+    monkeypatch.setattr(actor.mover.transport, "wait", wait_then_time_out)
+    free = len(actor.mover._free)
+    with pytest.raises(ActorSlow):
+        pool.store_from(_meta(b"s" * 32), Tier.HOST, Codec.FULL, front.slot_span(0, PAGE))
+    assert actor.mover.held_slots() == 1 and len(actor.mover._free) == free - 1

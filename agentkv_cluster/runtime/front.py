@@ -29,17 +29,14 @@ from agentkv_cluster.api.errors import (
 )
 from agentkv_cluster.api.metrics import ServiceMetrics
 from agentkv_cluster.config import FRAME_ENVELOPE_BYTES
+from agentkv_cluster.runtime.actor_watch import Liveness, liveness
 from agentkv_cluster.runtime.handles import ActorGone, ActorSlow, ControllerHandle, HbmHandle
 from agentkv_cluster.runtime.loads import LOAD_TTL_S, PreparedLoad, PreparedLoads
 from agentkv_cluster.runtime.mover import Mover, Staged, lease_end
 from agentkv_cluster.runtime.page_naming import PageNaming
 from agentkv_cluster.runtime.records import LoadReport, PageMeta, UnknownPageKey
 from agentkv_cluster.runtime.refusal_codes import REFUSALS, as_api_error
-from agentkv_cluster.runtime.request_args import (
-    MAX_EVENT_DEPTH,
-    event_depth,
-    identity_tokens,
-)
+from agentkv_cluster.runtime.request_args import event_fields, identity_tokens, session_name
 from agentkv_cluster.runtime.store_survival import store_held
 from agentkv_cluster.runtime.tenants import ensure_tenant
 from security.blinding import DirectoryBlinder
@@ -192,8 +189,7 @@ class ServiceFront:
 
     # -- sessions and events -----------------------------------------------------------------
     def open_session(self, principal: Principal, session: str) -> dict[str, Any]:
-        if not 0 < len(session) <= 256:
-            raise InvalidArgument("session must be 1..256 characters")
+        session = session_name(session)
         # Read fresh, not cached: a request that authenticated just before an erasure
         # must not provision the tenant's keys again.
         self.erasures.forget(principal.tenant)
@@ -210,18 +206,13 @@ class ServiceFront:
     def close_session(self, principal: Principal, session: str) -> dict[str, Any]:
         """Close the token's tenant's ``session`` (``EventPlanner.close_session``) and forget
         its prepared loads. Idempotent: a session not open answers ``closed`` false."""
-        if not 0 < len(session) <= 256:
-            raise InvalidArgument("session must be 1..256 characters")
-        closed = self._call(self.controller.close_session, principal.tenant, session)
+        closed = self._call(self.controller.close_session, principal.tenant,
+                            session_name(session))
         self.loads.forget_session(principal.tenant, session)
         return {"session": session, **closed.wire()}
 
     def send_event(self, principal: Principal, session: str, event: dict[str, Any]) -> dict[str, Any]:
-        if "tenant" in event or "session" in event:
-            raise InvalidArgument("tenant and session come from the token and the request")
-        if event_depth(event) > MAX_EVENT_DEPTH:
-            raise InvalidArgument(f"event nests deeper than {MAX_EVENT_DEPTH} levels")
-        return self._call(self.controller.event, principal.tenant, session, event)
+        return self._call(self.controller.event, principal.tenant, session, event_fields(event))
 
     # -- engine side --------------------------------------------------------------------------
     def store_pages(self, principal: Principal, session: str, pages: list[dict[str, Any]]
@@ -258,9 +249,18 @@ class ServiceFront:
 
     def _staged(self, n: int) -> AbstractContextManager[Staged]:
         """``n`` staging slots, their spans lent for the controller's or an HBM actor's
-        answer; held out of use past the lease when it did not come (``ActorGone``)."""
-        return self.mover.staged(n, lease_end(self.controller.timeout_s), held_on=(ActorGone,),
-                                 timeout_s=60.0)
+        answer; held out of use past the lease when none came (``_unanswered``)."""
+        return self.mover.staged(n, lease_end(self.controller.timeout_s),
+                                 held_on=self._unanswered, timeout_s=60.0)
+
+    def _unanswered(self, exc: BaseException) -> bool:
+        """Whether an actor may still move bytes through slots lent to a call that raised
+        ``exc``: it did not answer or cannot be reached (``ActorSlow``), or the controller
+        died (an HBM actor it asked may still pull). A death the controller relays, or an
+        HBM actor's own, leaves nobody to (holding then would only starve the front)."""
+        if isinstance(exc, ActorSlow) or not isinstance(exc, ActorGone):
+            return isinstance(exc, ActorSlow)
+        return liveness(self.controller) is not Liveness.ALIVE
 
     def lookup_prefix(self, principal: Principal, session: str, identities: list[bytes]
                       ) -> dict[str, Any]:
@@ -363,12 +363,12 @@ class ServiceFront:
                                           session, keys[i], spans[i])
                     verify[i] = (time.monotonic() - t0, report.nbytes if exact[i] else 0)
                     self.metrics.verify(principal.tenant, exact[i], verify[i][0])
-            except BaseException as exc:  # an ActorGone of either must reach the slots' hold
+            except BaseException as exc:  # an ActorSlow of either must reach the slots' hold
                 if served is not None:
                     try:
                         served()  # its pushes land in our slots: wait before reuse
-                    except ActorGone as late:
-                        if not isinstance(exc, ActorGone):
+                    except ActorSlow as late:
+                        if not self._unanswered(exc):
                             raise late from exc
                     except Exception:  # noqa: BLE001, S110 - the first error is the one to report
                         pass

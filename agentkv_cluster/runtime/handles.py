@@ -51,7 +51,8 @@ class ActorGone(Exception):
 
 
 class ActorSlow(ActorGone):
-    """No answer within the call's timeout: the actor may be alive and busy
+    """No answer within the call's timeout, or the actor unreachable for now: it may be
+    alive and busy, and still move bytes through spans the call lent it
     (``actor_watch`` forgets one only after several missed pings)."""
 
 
@@ -120,7 +121,9 @@ class ActorHandle:
             if isinstance(cause, Exception):
                 raise cause from None  # the actor's own exception, message intact
             raise exc.as_instanceof_cause() from None
-        except (rex.RayActorError, rex.ActorUnavailableError) as exc:
+        except rex.ActorUnavailableError as exc:  # unreachable, not known dead
+            raise ActorSlow(f"{self.name}: {type(exc).__name__}") from None
+        except rex.RayActorError as exc:
             raise ActorGone(f"{self.name}: {type(exc).__name__}") from None
         except rex.GetTimeoutError as exc:
             raise ActorSlow(f"{self.name}: no answer in {timeout_s} s") from exc

@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentkv_cluster.runtime.actor_groups import MOVE_OUT, group
 from agentkv_cluster.runtime.arena_pages import ArenaPages
-from agentkv_cluster.runtime.handles import ActorGone
-from agentkv_cluster.runtime.mover import Endpoint, Mover, RemoteSpan, lease_end
+from agentkv_cluster.runtime.mover import Endpoint, Mover, RemoteSpan, lease_end, unanswered
 from agentkv_cluster.runtime.records import DemoteReceipt, HbmPurged, PageMeta, RestoreReceipt
 from store.codecs.pages import decode_into, encode_page
 from store.hbm import HbmArena, PageTooLarge
@@ -186,7 +185,7 @@ class HbmActor:
         copies, sizes = [], []
         for tier, codec in targets:
             # Lent to the pool's answer; a pool that did not answer may still pull it.
-            with self.mover.staged(1, lease_end(handle.timeout_s), held_on=(ActorGone,)) as st:
+            with self.mover.staged(1, lease_end(handle.timeout_s), held_on=unanswered) as st:
                 with self.pages.reading([meta.key]) as (page,):
                     raw = self.arena.view(page)[: meta.length].numpy()
                     n = encode_page(raw, meta.length, meta.shape, Codec(codec),
@@ -215,7 +214,7 @@ class HbmActor:
                 span = self._span(page, meta.length, expires)  # straight into the arena page
                 got = handle.restore_to(meta.key, meta.digest, int(codec), span.wire())
             else:
-                with self.mover.staged(1, expires, held_on=(ActorGone,)) as st:
+                with self.mover.staged(1, expires, held_on=unanswered) as st:
                     span = st.span(0, self.mover.slot_bytes)
                     got = handle.restore_to(meta.key, meta.digest, int(codec), span.wire())
                     self.arena.lend(page, meta.length)

@@ -14,12 +14,12 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from agentkv_cluster.runtime.handles import ActorSlow
+from agentkv_cluster.runtime.handles import ActorGone, ActorSlow
 from store.buffers import aligned_buffer
 from store.transport.base import (
     Region,
@@ -55,6 +55,18 @@ class SpanExpired(MoveError):
 # difference between two nodes (leases are wall-clock times, checked by the peer).
 TRANSFER_WAIT_S = 60.0
 LEASE_GRACE_S = TRANSFER_WAIT_S + 30.0
+
+
+def unanswered(exc: BaseException) -> bool:
+    """Whether a call that raised ``exc`` may still move bytes through memory it was lent:
+    its actor did not answer, or cannot be reached, or is dead while an actor it asked
+    may not be (``ActorGone``; ``ActorSlow`` and ``TransferStalled`` among them)."""
+    return isinstance(exc, ActorGone)
+
+
+def stalled(exc: BaseException) -> bool:
+    """Whether ``exc`` is a transfer of this process that may still run."""
+    return isinstance(exc, TransferStalled)
 
 
 def lease_end(lease_s: float | None) -> float:
@@ -152,13 +164,15 @@ class Mover:
             return self._free.pop()
 
     @contextlib.contextmanager
-    def staged(self, n: int, expires: float, held_on: tuple[type[BaseException], ...] = (),
+    def staged(self, n: int, expires: float,
+               held_on: Callable[[BaseException], bool] = lambda _exc: False,
                timeout_s: float = 10.0) -> Iterator[Staged]:
         """``n`` staging slots, taken all at once (callers that take several never hold
         some while waiting for more), their spans lent until ``expires``. They are given
-        back on exit (those taken before one timed out, too); when the body raised one of
-        ``held_on`` (a call it lent them to went unanswered, so a peer may still move
-        bytes through them), they are held out of use past the lease (``hold_slot``)."""
+        back on exit (those taken before one timed out, too); when the body raised an
+        error ``held_on`` accepts (a call it lent them to went unanswered, so a peer may
+        still move bytes through them), they are held out of use past the lease
+        (``hold_slot``)."""
         staged = Staged(self, expires)
         held = False
         try:
@@ -166,8 +180,8 @@ class Mover:
                 for _ in range(n):
                     staged.slots.append(self.take_slot(timeout_s))
             yield staged
-        except held_on:
-            held = True
+        except BaseException as exc:
+            held = held_on(exc)
             raise
         finally:
             for slot in staged.slots:
@@ -205,14 +219,14 @@ class Mover:
         return bool(self._free)
 
     def scrub_free(self) -> int:
-        """Zero every staging slot not in use (erasure: a slot keeps the plaintext of the
-        last page staged in it), held ones too (zeroed again when they come back);
-        returns how many were zeroed."""
+        """Zero every free staging slot (erasure: a slot keeps the plaintext of the last
+        page staged in it); returns how many were zeroed. Held slots are zeroed when they
+        come back, not now: a late peer may still read one, and would seal the zeroes as
+        the page it was moving (another tenant's, maybe)."""
         with self._slot_ready:
-            slots = [*self._free, *(slot for _, slot in self._held)]
-            for slot in slots:
+            for slot in self._free:
                 self.slot_view(slot)[:] = 0
-            return len(slots)
+            return len(self._free)
 
     def slot_view(self, slot: int, length: int | None = None) -> np.ndarray:
         start = slot * self.slot_bytes

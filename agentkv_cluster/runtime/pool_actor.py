@@ -14,7 +14,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
-from agentkv_cluster.runtime.mover import Endpoint, Mover, RemoteSpan, TransferStalled
+from agentkv_cluster.runtime.mover import Endpoint, Mover, RemoteSpan, stalled
 from agentkv_cluster.runtime.pool_geometry import host_slot_bytes, staging_slot_bytes
 from agentkv_cluster.runtime.pool_publisher import PoolPublisher
 from agentkv_cluster.runtime.pool_records import (
@@ -187,7 +187,7 @@ class PoolActor:
                    ) -> tuple[int, int]:
         """Pull an encoded page from ``src``, seal it, store it on ``tier`` or, when that one
         is full, the other (``pool_tiers``); ``NvmeTierFull`` when neither has room."""
-        with self.mover.staged(1, 0.0, held_on=(TransferStalled,)) as st:  # it may still write
+        with self.mover.staged(1, 0.0, held_on=stalled) as st:  # a stalled pull may write
             slot = st.slots[0]
             self.mover.pull(src, self.mover.staging_region, slot * self.mover.slot_bytes)
             return self._store(meta, tier, codec, self.mover.slot_view(slot, src.length)).wire()

@@ -1,6 +1,6 @@
 """What a request carries, checked before the API front acts on it (no I/O, no state):
-an event's nesting, a stored page's identity and fields (its KV shape against its bytes),
-an identity's token count."""
+a session's name, an event's fields and nesting, a stored page's identity and fields (its
+KV shape against its bytes), an identity's token count."""
 
 from __future__ import annotations
 
@@ -25,6 +25,23 @@ def event_depth(value: Any, limit: int = MAX_EVENT_DEPTH + 1) -> int:
             stack.extend((v, level + 1) for v in (item.values() if isinstance(item, dict)
                                                   else item))
     return deepest
+
+
+def session_name(session: str) -> str:
+    """``session``, if it is a name the service keeps (1..256 characters)."""
+    if not 0 < len(session) <= 256:
+        raise InvalidArgument("session must be 1..256 characters")
+    return session
+
+
+def event_fields(event: dict[str, Any]) -> dict[str, Any]:
+    """``event``, if it names neither tenant nor session (those come from the token and
+    the request) and nests at most ``MAX_EVENT_DEPTH`` levels."""
+    if "tenant" in event or "session" in event:
+        raise InvalidArgument("tenant and session come from the token and the request")
+    if event_depth(event) > MAX_EVENT_DEPTH:
+        raise InvalidArgument(f"event nests deeper than {MAX_EVENT_DEPTH} levels")
+    return event
 
 
 def kv_shape(page: dict[str, Any], length: int) -> KvShape | None:

@@ -116,14 +116,16 @@ def test_a_second_serve_is_refused_and_a_restart_after_kill_9_serves_what_was_st
         ids = [identity("acme", "s1", 1000 * i).pack() for i in range(PAGES)]
         with _client(address) as client:
             s = client.open_session("s1")
-            found = s.lookup_prefix(ids)
-            keys = found["keys"]
             # Pages that were only in HBM died with the first process; the rest survive.
-            assert 0 < found["length"] == len(keys) <= PAGES
-            for i in range(0, len(keys), 4):
-                batch = keys[i : i + 4]
-                assert s.load(batch) == [_page(j)["data"] for j in range(i, i + len(batch))]
-                s.release(batch)
+            # Each page is looked up on its own: which pages the policy kept in HBM (page 0
+            # among them, or not) depends on timing, but stores beyond the HBM's room had
+            # to push some out to the pool before they were answered.
+            survived = [i for i, raw in enumerate(ids) if s.lookup_prefix([raw])["length"]]
+            assert 0 < len(survived) <= PAGES
+            for i in survived:
+                (key,) = s.lookup_prefix([ids[i]])["keys"]
+                assert s.load([key]) == [_page(i)["data"]]
+                s.release([key])
         shm = Path("/dev/shm") / ("akv-node0-" + hashlib.blake2b(
             str(nvme / "node0").encode(), digest_size=6).hexdigest())
         assert shm.exists()  # the one the killed process left, taken over

@@ -23,7 +23,7 @@ import pytest
 
 from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.runtime import arena_pages, mover
-from agentkv_cluster.runtime.handles import ActorGone, ActorSlow, PoolHandle
+from agentkv_cluster.runtime.handles import ActorSlow, PoolHandle
 from agentkv_cluster.runtime.landing import LandingPages
 from agentkv_cluster.runtime.mover import MoveError, Mover, SpanExpired, lease_end
 from agentkv_cluster.runtime.records import PageMeta
@@ -162,11 +162,12 @@ def test_staging_slots_lent_to_an_unanswered_call_are_held(tmp_path, monkeypatch
     monkeypatch.setattr(mover, "LEASE_GRACE_S", 0.0)  # held until the lease ends
     front = Mover(f"test-lease-{id(tmp_path):x}", 4096, 4)
     try:
-        with pytest.raises(MoveError), front.staged(2, lease_end(1.0), held_on=(ActorGone,)):
+        with pytest.raises(MoveError), front.staged(2, lease_end(1.0),
+                                                    held_on=mover.unanswered):
             raise MoveError("answered, with an error: the slots come back")
         assert front.held_slots() == 0 and len(front._free) == 4
         with pytest.raises(ActorSlow), front.staged(2, lease_end(1.0),
-                                                    held_on=(ActorGone,)) as st:
+                                                    held_on=mover.unanswered) as st:
             for slot in st.slots:
                 front.slot_view(slot)[:] = 7
             raise ActorSlow("unanswered")

@@ -121,7 +121,7 @@ class LandingPages:
         """The push failed: free the page, whichever side of ``land`` it is on (an actor
         that died took it along). When the pool did not answer (``unanswered``: the end of
         the lease the push ran under) it may still push into the page: the HBM actor
-        holds the page out of use past the lease instead (``HbmActor.hold``)."""
+        holds the page out of use past the lease instead (``ArenaPages.hold``)."""
         try:
             landed()
             reserved = False

@@ -41,7 +41,7 @@ class StagingFull(MoveError):
 class TransferStalled(ActorSlow, MoveError):
     """A transfer did not end within TRANSFER_WAIT_S: NIXL may still move its bytes, so the
     memory at both ends is treated as lent to a call that went unanswered (held past its
-    lease, ``Mover.staged`` and ``HbmActor``). It crosses actors as an ``ActorSlow``."""
+    lease, ``Mover.staged`` and ``ArenaPages``). It crosses actors as an ``ActorSlow``."""
 
 
 class SpanExpired(MoveError):
@@ -50,7 +50,7 @@ class SpanExpired(MoveError):
 
 
 # How long memory lent under a lease stays out of use once the lease ends with its call
-# unanswered (``Mover.hold_slot``, ``HbmActor.hold``): a transfer started just before
+# unanswered (``Mover.hold_slot``, ``ArenaPages``): a transfer started just before
 # the lease ended may still run (a transfer's wait is TRANSFER_WAIT_S), plus the clock
 # difference between two nodes (leases are wall-clock times, checked by the peer).
 TRANSFER_WAIT_S = 60.0

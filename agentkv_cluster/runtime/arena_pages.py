@@ -26,8 +26,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from agentkv_cluster.runtime.handles import DEFAULT_TIMEOUT_S, ActorGone
-from agentkv_cluster.runtime.mover import LEASE_GRACE_S
+from agentkv_cluster.runtime.handles import DEFAULT_TIMEOUT_S
+from agentkv_cluster.runtime.mover import Held, lease_end, unanswered
 from agentkv_cluster.runtime.records import UnknownPageKey
 from store.hbm import ArenaFull, HbmArena
 
@@ -42,8 +42,8 @@ class ArenaPages:
         self.landing_pages = landing_pages
         self._pages: dict[bytes, int] = {}  # key -> arena page
         self._landing: dict[int, str] = {}  # arena page -> owner that reserved it
-        self._held: list[tuple[float, int]] = []  # (until, page): see ``hold``
-        self._stuck: list[tuple[float, int]] = []  # (until, page) a stalled read keeps pinned
+        self._held: Held[int] = Held()  # pages: see ``hold``
+        self._stuck: Held[int] = Held()  # pages a stalled read keeps pinned
         self._unread: dict[int, bool] = {}  # released while pinned -> zero it when freed
         self._lock = threading.Condition(threading.Lock())
 
@@ -123,13 +123,14 @@ class ArenaPages:
         stalled = False
         try:
             yield pages
-        except ActorGone:
-            stalled = True
+        except BaseException as exc:
+            stalled = unanswered(exc)
             raise
         finally:
             with self._lock:
                 if stalled:
-                    self._stuck += [(time.time() + LEASE_GRACE_S, page) for page in pages]
+                    for page in pages:
+                        self._stuck.add(page, 0.0)
                 else:
                     for page in pages:
                         self._unpin(page)
@@ -150,10 +151,10 @@ class ArenaPages:
                 if self._pages.get(key) == page:
                     del self._pages[key]
                     self._unread[page] = True
-                if lent is not None and isinstance(exc, ActorGone):
+                if lent is not None and unanswered(exc):
                     self._unread.pop(page, None)
                     self.arena.unpin(page)
-                    self._held.append(((lent or time.time()) + LEASE_GRACE_S, page))
+                    self._held.add(page, lent)
                 else:
                     self._unpin(page)
             raise
@@ -175,18 +176,15 @@ class ArenaPages:
                 del self._unread[page]
             else:  # freed already: nothing to hold
                 return False
-            self._held.append(((expires or time.time()) + LEASE_GRACE_S, page))
+            self._held.add(page, expires)
             return True
 
     def _reclaim(self) -> None:
         """Free the held pages whose time is up, zeroed, and drop the pins a stalled read
         left once theirs is (the caller holds the lock)."""
-        now = time.time()
-        for until, page in [h for h in self._stuck if h[0] <= now]:
-            self._stuck.remove((until, page))
+        for page in self._stuck.due():
             self._unpin(page)
-        for until, page in [h for h in self._held if h[0] <= now]:
-            self._held.remove((until, page))
+        for page in self._held.due():
             if self.arena.is_pinned(page):  # a read pinned it meanwhile: freed after it
                 self._unread[page] = True
             else:
@@ -201,7 +199,7 @@ class ArenaPages:
             n = sum(self._release(key, scrub=True) for key in keys)
             for page in self._unread:
                 self._unread[page] = True
-            for _, page in self._held:  # zeroed now, and again when they come back
+            for page in self._held:  # zeroed now, and again when they come back
                 self.arena.zero(page)
             return n, self.arena.scrub_free()
 
@@ -213,8 +211,9 @@ class ArenaPages:
             n = len(self._pages)
             for page in self._pages.values():
                 self._free(page, scrub=False)
-            until = time.time() + DEFAULT_TIMEOUT_S + LEASE_GRACE_S
-            self._held += [(until, page) for page in self._landing]
+            expires = lease_end(DEFAULT_TIMEOUT_S)
+            for page in self._landing:
+                self._held.add(page, expires)
             self._pages.clear()
             self._landing.clear()
             return n

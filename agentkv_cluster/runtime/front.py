@@ -258,8 +258,10 @@ class ServiceFront:
         ``exc``: it did not answer or cannot be reached (``ActorSlow``), or the controller
         died (an HBM actor it asked may still pull). A death the controller relays, or an
         HBM actor's own, leaves nobody to (holding then would only starve the front)."""
-        if isinstance(exc, ActorSlow) or not isinstance(exc, ActorGone):
-            return isinstance(exc, ActorSlow)
+        if isinstance(exc, ActorSlow):
+            return True
+        if not isinstance(exc, ActorGone):
+            return False
         return liveness(self.controller) is not Liveness.ALIVE
 
     def lookup_prefix(self, principal: Principal, session: str, identities: list[bytes]
@@ -367,8 +369,8 @@ class ServiceFront:
                 if served is not None:
                     try:
                         served()  # its pushes land in our slots: wait before reuse
-                    except ActorSlow as late:
-                        if not self._unanswered(exc):
+                    except ActorSlow as late:  # held either way: say so without a ping
+                        if not isinstance(exc, ActorSlow):
                             raise late from exc
                     except Exception:  # noqa: BLE001, S110 - the first error is the one to report
                         pass

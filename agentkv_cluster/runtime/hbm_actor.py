@@ -221,7 +221,7 @@ class HbmActor:
                     dst = self.arena.view(page)[: meta.length].numpy()
                     decode_into(self.mover.slot_view(st.slots[0], got.nbytes), meta.shape, dst)
         return RestoreReceipt(tier=int(got.tier), codec=int(codec), link_bytes=got.nbytes,
-                              exact=Codec(codec) is Codec.FULL).wire()
+                              exact=full).wire()
 
     def close(self) -> None:
         self.mover.close()

@@ -18,8 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from agentkv_cluster.runtime.handles import ActorGone
-from agentkv_cluster.runtime.mover import lease_end
+from agentkv_cluster.runtime.mover import lease_end, unanswered
 from agentkv_cluster.runtime.records import PageMeta, RestoreReceipt
 from store.hbm import PageTooLarge
 from store.types import Codec
@@ -68,8 +67,7 @@ class LandingPages:
             got = pool.restore_to(meta.key, meta.digest, int(codec),
                                   (*wire[:4], meta.length, expires))
         except BaseException as exc:
-            self._undo(hbm, meta.key, page, landed, expires if isinstance(exc, ActorGone)
-                       else None)
+            self._undo(hbm, meta.key, page, landed, expires if unanswered(exc) else None)
             raise
         landed()
         self.one_hop += 1

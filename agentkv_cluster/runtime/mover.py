@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -72,6 +73,35 @@ def stalled(exc: BaseException) -> bool:
 def lease_end(lease_s: float | None) -> float:
     """The wall-clock end of a lease of ``lease_s`` seconds from now (0.0: no lease)."""
     return 0.0 if lease_s is None else time.time() + lease_s
+
+
+T = TypeVar("T")
+
+
+class Held(Generic[T]):
+    """Memory kept out of use until ``LEASE_GRACE_S`` past the lease it was lent under
+    (staging slots, arena pages). Not locked: its owner's lock guards it."""
+
+    def __init__(self) -> None:
+        self._until: list[tuple[float, T]] = []
+
+    def add(self, item: T, expires: float) -> None:
+        """Hold ``item`` until LEASE_GRACE_S past ``expires`` (``lease_end``; 0.0: from now)."""
+        self._until.append(((expires or time.time()) + LEASE_GRACE_S, item))
+
+    def due(self) -> list[T]:
+        """Take out the items whose time is up."""
+        now = time.time()
+        out = [item for until, item in self._until if until <= now]
+        if out:
+            self._until = [held for held in self._until if held[0] > now]
+        return out
+
+    def __len__(self) -> int:
+        return len(self._until)
+
+    def __iter__(self) -> Iterator[T]:
+        return (item for _, item in self._until)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,7 +163,7 @@ class Mover:
         self._endpoint: Endpoint | None = None
         self.staging_region = self.transport.register(self.staging)
         self._free = list(range(num_slots - 1, -1, -1))
-        self._held: list[tuple[float, int]] = []  # (until, slot): see ``hold_slot``
+        self._held: Held[int] = Held()  # slots: see ``hold_slot``
         self._lock = threading.Lock()
         self._slot_ready = threading.Condition(self._lock)
         self._taking = threading.Lock()  # ``staged``: one caller takes its slots at a time
@@ -199,9 +229,8 @@ class Mover:
         """Keep ``slot`` out of use until LEASE_GRACE_S after ``expires`` (the lease of the
         spans of it lent to a call that went unanswered: the peer may still move bytes
         through them); it comes back zeroed. Without a lease, from now."""
-        until = (expires or time.time()) + LEASE_GRACE_S
         with self._slot_ready:
-            self._held.append((until, slot))
+            self._held.add(slot, expires)
 
     def held_slots(self) -> int:
         with self._slot_ready:
@@ -210,12 +239,9 @@ class Mover:
     def _reclaim(self) -> bool:
         """Free the held slots whose time is up (zeroed: they may hold a late peer's
         bytes); whether a slot is free. The caller holds the lock."""
-        if self._held:
-            now = time.time()
-            for until, slot in [h for h in self._held if h[0] <= now]:
-                self._held.remove((until, slot))
-                self.slot_view(slot)[:] = 0
-                self._free.append(slot)
+        for slot in self._held.due():
+            self.slot_view(slot)[:] = 0
+            self._free.append(slot)
         return bool(self._free)
 
     def scrub_free(self) -> int:

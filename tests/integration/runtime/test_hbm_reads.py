@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from agentkv_cluster.lifecycle.types import StateType
-from agentkv_cluster.runtime import arena_pages, hbm_actor
+from agentkv_cluster.runtime import arena_pages, hbm_actor, mover
 from agentkv_cluster.runtime.handles import ActorSlow
 from agentkv_cluster.runtime.records import PageMeta
 from store.hbm import ArenaFull
@@ -150,7 +150,7 @@ def test_pages_of_a_push_that_did_not_end_stay_pinned_past_the_grace(full, monke
     front holds its slots the same way."""
     hbm, _, front = full
     actor = hbm.target
-    monkeypatch.setattr(arena_pages, "LEASE_GRACE_S", 1.5)
+    monkeypatch.setattr(mover, "LEASE_GRACE_S", 1.5)
     monkeypatch.setattr(arena_pages, "ALLOC_WAIT_S", 0.3)
     wait = actor.mover.transport.wait
 

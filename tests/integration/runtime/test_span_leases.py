@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from agentkv_cluster.lifecycle.types import StateType
-from agentkv_cluster.runtime import arena_pages, mover
+from agentkv_cluster.runtime import mover
 from agentkv_cluster.runtime.handles import ActorSlow, PoolHandle
 from agentkv_cluster.runtime.landing import LandingPages
 from agentkv_cluster.runtime.mover import MoveError, Mover, SpanExpired, lease_end
@@ -123,7 +123,7 @@ def test_a_push_after_the_lease_is_refused(full) -> None:
 
 def test_a_held_page_comes_back_zeroed_after_the_grace(full, monkeypatch) -> None:
     hbm, pool, front = full
-    monkeypatch.setattr(arena_pages, "LEASE_GRACE_S", 0.0)  # held until the lease ends
+    monkeypatch.setattr(mover, "LEASE_GRACE_S", 0.0)  # held until the lease ends
     late, handle = _late(pool, after=0.0, timeout_s=3.0)
     with pytest.raises(ActorSlow):
         hbm.restore(_meta(b"r" * 32), int(Tier.HOST), int(Codec.FULL), handle)

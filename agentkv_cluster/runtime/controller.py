@@ -1,11 +1,9 @@
 """The page manager: decides what moves between tiers, and when. No Ray, threads, locks,
-waits or clock reads (``now`` is passed in). Over the page table (``runtime/page_table.py``)
-it turns engine calls into ``Action`` lists (demote, restore, delete) with one eviction
-policy per HBM actor and a ``Strategy`` (LRU baseline or AgentKV); events go through the
-event planner (``runtime/event_planner.py``), moves planned for later wait in the schedule
-(``runtime/schedule.py``). The executor carries actions out and reports each
-``TransferResult`` to ``finished``; the controller actor serialises calls and does all
-waiting (``runtime/guard.py``)."""
+waits or clock reads (``now`` is passed in). Over the page table it turns engine calls into
+``Action`` lists with one eviction policy per HBM actor and a ``Strategy`` (LRU baseline or
+AgentKV); events go through ``event_planner.py``, moves planned for later wait in
+``schedule.py``. The executor reports each ``TransferResult`` to ``finished``; the
+controller actor serialises calls and does all waiting (``guard.py``)."""
 
 from __future__ import annotations
 
@@ -115,7 +113,8 @@ class Controller:
         out = []
         for gid in gids:
             rec = self.table.pages.get(gid)
-            if rec is None:
+            if rec is None:  # retired while its bytes came in
+                out += self.events.left_behind(gid, landed=ok)
                 continue
             self.table.set_busy(rec, False)
             if not ok and rec.resident:
@@ -136,8 +135,7 @@ class Controller:
         moving nothing; the caller first waits out drops (``PageTable.settled``)."""
         table = self.table
         table.check_alive(gids)
-        # Demanded now: scheduled migrations and prefetches of these pages are moot.
-        self.schedule.cancel(gids, kinds=(ActionKind.DEMOTE, ActionKind.RESTORE))
+        self.schedule.cancel(gids, kinds=(ActionKind.DEMOTE, ActionKind.RESTORE))  # moot now
         demotes: list[Action] = []
         restores: list[Action] = []
         lost: list[int] = []
@@ -315,14 +313,14 @@ class Controller:
                                  session=rec.meta.session_key)]
 
     # -- executor feedback ----------------------------------------------------------------------
-    def finished(self, result: TransferResult, now: float) -> None:
+    def finished(self, result: TransferResult, now: float) -> list[Action]:
         action, ok = result.action, result.ok
         table = self.table
         table.changed()
         table.recalled.discard(action.gid)
         rec = table.pages.get(action.gid)
-        if rec is None:
-            return
+        if rec is None:  # retired meanwhile: what the move left goes too (deletions)
+            return self.events.moved_after_retire(result)
         table.set_busy(rec, False)
         rec.leaving = False
         if action.kind is ActionKind.DEMOTE:
@@ -342,6 +340,7 @@ class Controller:
             elif rec.resident and rec.hbm == action.hbm and rec.hbm in table.hbms:
                 table.evict(rec, tracked=True)  # each load unpins its own pins
                 rec.view.pinned = rec.pins > 0
+        return []
 
     def keep_if_room(self, gid: int, now: float) -> bool:
         """A demotion copied the page out, its HBM copy still in place: keep that copy if

@@ -119,8 +119,8 @@ class ControllerActor:
         while not self._stop.is_set():
             now = time.monotonic()
             finished = self.executor.get_finished()
-            for result in finished:
-                self.controller.finished(result, now)
+            for result in finished:  # and what a move left of a page retired meanwhile
+                self.executor.submit(self.controller.finished(result, now))
             self._check(finished)
             if now >= expire_at:  # pins of loads never released, sessions abandoned
                 self.controller.table.expire_held(now, self.spec.pin_timeout_s)
@@ -182,6 +182,7 @@ class ControllerActor:
         """Admit pages (making room first), then let the HBM actor pull their bytes; returns
         the HBM actors that took bytes (``store_survival``: the front checks it was one)."""
         pending = list(range(len(metas)))
+        epoch = self.controller.table.erasures[tenant]
         took: set[str] = set()
         deadline = time.monotonic() + 30.0
         while pending:
@@ -193,9 +194,12 @@ class ControllerActor:
             full = self._check(self.executor.run(demotes))  # no room for the victims' copies
             try:
                 hbm = self.controller.table.hbm_of(tenant, session)
-            except (TenantErased, UnknownSession):  # erased meanwhile: undo the admission
+            except (TenantErased, UnknownSession):  # erased or closed meanwhile: undo
                 self.controller.ingested([g for g, needs in admitted if needs], ok=False)
-                raise TenantErased("the tenant was erased during this store") from None
+                if self._erased_since(tenant, epoch):
+                    raise TenantErased("the tenant was erased during this store") from None
+                raise RefusedNotFound(f"session {session!r} was closed during this store") \
+                    from None
             retry = []
             for i, (gid, needs) in zip(pending, admitted):
                 if needs is None:
@@ -307,8 +311,7 @@ class ControllerActor:
             if self.controller.table.share(meta, hbm):  # held in this session's HBM
                 continue
             if elsewhere is None:
-                elsewhere = held_elsewhere(self.directory, self.pools, metas[n:], namespaces[n:],
-                                           n)
+                elsewhere = held_elsewhere(self.directory, self.pools, metas[n:], namespaces[n:], n)
             found = elsewhere.get(n)
             if found is None:
                 return n
@@ -344,8 +347,7 @@ class ControllerActor:
             zeroed = sum(p.free_zeroed for p in purged) + stocked
             return ControllerErased(forgotten=replace(gone, keys={}),
                                     hbm_pages=sum(p.pages for p in purged),
-                                    hbm_free_zeroed=zeroed,
-                                    hbm_actors=len(purged))
+                                    hbm_free_zeroed=zeroed, hbm_actors=len(purged))
         finally:
             self.controller.table.end_erase(tenant)
 
@@ -361,8 +363,7 @@ class ControllerActor:
         traffic = {k: v for k, v in self.executor.traffic.by_tenant_tier.items()
                    if k[1] != "hbm"}  # bytes into HBM are counted by the API front
         phases = [self.loader.unexported.popleft() for _ in range(len(self.loader.unexported))]
-        return MetricsSince(cursor=end, waits=_wait_labels(waits),
-                            phases=phases, hbm_used=hbm,
+        return MetricsSince(cursor=end, waits=_wait_labels(waits), phases=phases, hbm_used=hbm,
                             recompute=dict(self.loader.recompute_tokens), traffic=traffic,
                             codecs=dict(self.executor.traffic.by_tenant_codec),
                             gave_room=self.executor.gave_room)

@@ -12,7 +12,7 @@ refilled before the tool's predicted return. Pure: no Ray, no I/O, time passed i
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from agentkv_cluster.lifecycle import events as ev
@@ -27,6 +27,7 @@ from agentkv_cluster.runtime.records import (
     PageRecord,
     Reason,
     SessionState,
+    TransferResult,
     UnknownPageKey,
 )
 from agentkv_cluster.runtime.schedule import MoveSchedule
@@ -96,6 +97,9 @@ class EventPlanner:
         # Summaries of retired audited pages, until the service appends them to its audit
         # log (``drain_audit``); bounded so a service that never drains cannot grow it.
         self.audit_summaries: deque[AuditSummary] = deque(maxlen=AUDIT_BACKLOG)
+        # Pages retired while a move of them was in flight, by gid: their deletion ran
+        # before that move ended, so what the move leaves goes after it (``left_behind``).
+        self.retired_moving: dict[int, Action] = {}
 
     def translate(self, owner: str, session: str, data: dict[str, Any]) -> ev.Event:
         """Wire event -> typed event with engine page ids mapped to global ids."""
@@ -260,10 +264,36 @@ class EventPlanner:
         else:
             self.graph.retire(gid)
         shared = any((rec.meta.key, h) in table.by_key for h in table.hbms)
-        return Action(kind=ActionKind.DELETE, gid=gid, hbm=rec.hbm, start_at=now,
-                      reason=Reason.SHARED if shared else Reason.RETIRE,
-                      session=rec.meta.session_key, tenant=rec.meta.namespace, key=rec.meta.key,
-                      pool=rec.pool)
+        action = Action(kind=ActionKind.DELETE, gid=gid, hbm=rec.hbm, start_at=now,
+                        reason=Reason.SHARED if shared else Reason.RETIRE,
+                        session=rec.meta.session_key, tenant=rec.meta.namespace,
+                        key=rec.meta.key, pool=rec.pool)
+        if rec.busy:  # a demotion, restore or ingest of it is in flight
+            self.retired_moving[gid] = action
+        return action
+
+    def moved_after_retire(self, result: TransferResult) -> list[Action]:
+        """``left_behind`` for a move that ended (a deletion itself leaves nothing)."""
+        move = result.action
+        if move.kind is ActionKind.DELETE:
+            return []
+        return self.left_behind(move.gid, result.ok and move.kind is ActionKind.RESTORE,
+                                result.pool if result.copies else "")
+
+    def left_behind(self, gid: int, landed: bool = False, pool: str = "") -> list[Action]:
+        """A move of page ``gid`` ended: if the page was retired meanwhile, the deletion
+        of what the move left after that retirement's own deletion ran: the HBM page it
+        ``landed`` (a restore, an ingest) and the copies it wrote to ``pool`` (a demotion).
+        Nothing goes that a live page holds under the same key (pages are immutable: the
+        same key is the same bytes)."""
+        retired = self.retired_moving.pop(gid, None)
+        if retired is None:
+            return []
+        live = {h for h in self.table.hbms if (retired.key, h) in self.table.by_key}
+        hbm = retired.hbm if landed and retired.hbm not in live else ""
+        pool = "" if live else pool
+        return [replace(retired, hbm=hbm, pool=pool, reason=Reason.RETIRE)] \
+            if hbm or pool else []
 
     def close_session(self, tenant: str, session: str, now: float
                       ) -> tuple[SessionClosed, list[Action]]:

@@ -166,7 +166,7 @@ class Executor:
                                                    error=f"Abandoned: {why}", elapsed_s=0.0))
         now = time.monotonic()
         for result in given_up:
-            self.controller.finished(result, now)
+            self.submit(self.controller.finished(result, now))
         return len(given_up)
 
     def get_finished(self) -> list[TransferResult]:
@@ -212,7 +212,7 @@ class Executor:
         finally:
             if copied is not None:
                 copied.set()
-        self.controller.finished(result, time.monotonic())
+        self.submit(self.controller.finished(result, time.monotonic()))  # deletions, if any
         return result
 
     def _run(self, action: Action, copied: threading.Event | None = None) -> TransferResult:
@@ -257,8 +257,10 @@ class Executor:
             and liveness(hbm, DEATH_PING_S) is Liveness.GONE
 
     def _moot(self, gid: int) -> bool:
-        """A background move gives way: its page is wanted now, or its tenant erased."""
-        return self.controller.table.wanted(gid) or self.controller.table.doomed(gid)
+        """A background move gives way: its page is wanted now, retired, or its tenant
+        erased."""
+        table = self.controller.table
+        return table.wanted(gid) or gid not in table.pages or table.doomed(gid)
 
     def _pool_for(self, rec_pool: str, hbm: str) -> str:
         """The name of the pool a move between ``hbm`` and it uses; the HBM actor gets the
@@ -325,6 +327,8 @@ class Executor:
             except Abandoned:
                 if self.controller.table.doomed(a.gid):
                     raise TenantErased("the page's tenant is being erased") from None
+                if a.gid not in self.controller.table.pages:  # retired: nothing to restore
+                    raise
                 if not self.controller.table.wanted(a.gid):  # it gave its room to a load
                     with self._lock:
                         self.gave_room += 1

@@ -217,3 +217,19 @@ def test_an_erasure_wakes_its_tenants_moves_waiting_for_a_credit(wakes: bool) ->
         finally:
             stop.set()
             loop.join(5.0)
+
+
+def test_a_prefetch_waiting_for_its_credit_gives_up_when_its_session_closes() -> None:
+    """Its page is retired: there is nothing to bring back. It does not count as giving its
+    room to a load, and it lands nothing that would then have to be deleted."""
+    with _prefetch_waiting_for_credit() as w:
+        w.ctl.events.close_session("t", "a", 2.0)
+        results: list = []
+        while not results and time.monotonic() < w.deadline:
+            time.sleep(0.01)
+            results = w.ex.get_finished()
+        (result,) = results
+        assert result.outcome is Outcome.ABANDONED, result.error
+        assert w.ex.gave_room == 0
+        assert w.ctl.finished(result, 2.1) == []
+        assert w.ctl.manager.events.retired_moving == {}

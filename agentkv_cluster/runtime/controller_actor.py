@@ -257,12 +257,13 @@ class ControllerActor:
         return {"kind": event.kind.value, "actions": len(actions),
                 "retired": sum(a.kind is ActionKind.DELETE for a in actions)}
 
-    def load(self, tenant: str, session: str, keys: list[bytes]) -> list[LoadReport]:
-        """Pin ``keys`` in HBM (restoring what is missing); a load that runs while its
-        tenant is erased fails with ``TenantErased`` and reports nothing."""
+    def load(self, tenant: str, session: str, keys: list[bytes], public_read: bool
+             ) -> list[LoadReport]:
+        """Pin ``keys`` in HBM (restoring what is missing; PUBLIC pages if ``public_read``);
+        a load that runs while its tenant is erased fails with ``TenantErased``."""
         epoch = self.controller.table.erasures[tenant]
         try:
-            reports = self.loader.load(tenant, session, keys)
+            reports = self.loader.load(tenant, session, keys, public_read)
         except (KeyError, RequestRefused) as exc:
             if self._erased_since(tenant, epoch):
                 raise TenantErased("the tenant was erased during this load") from None
@@ -335,9 +336,8 @@ class ControllerActor:
     def erase_tenant(self, tenant: str) -> ControllerErased:
         """Tenant erasure across the controller and every HBM actor, as one step: refuse
         the tenant's calls, cancel its moves (loads in flight fail with ``TenantErased``),
-        forget its pages, pins and sessions; each HBM actor zeroes the tenant's pages, its
-        free pages and staging slots, then takes back (zeroed) the executor's landing
-        stock. Raises if an HBM actor is unreachable (the tier is recorded as failed)."""
+        forget its pages, pins and sessions; each HBM actor zeroes its pages, free pages,
+        staging slots and landing stock. Raises if one is unreachable (a failed tier)."""
         try:
             gone = self.controller.forget_tenant(tenant, wake=self.executor.credits.wake)
             self.idle.forget_tenant(tenant)

@@ -41,7 +41,7 @@ from agentkv_cluster.runtime.store_survival import store_held
 from agentkv_cluster.runtime.tenants import ensure_tenant
 from security.blinding import DirectoryBlinder
 from security.errors import InvalidToken, KeyUnavailable
-from security.keyring import FileKeySource, TenantKeyring
+from security.keyring import PUBLIC_NAMESPACE, FileKeySource, TenantKeyring
 from security.principals import AccessPolicy, DenialHook, Principal, TokenIssuer
 from security.publishing import CachedGrants, PublishGrants
 
@@ -131,13 +131,9 @@ class ServiceFront:
                  on_denied: DenialHook | None = None, max_reply_bytes: int = 64 << 20
                  ) -> None:
         """``max_reply_bytes``: the wire's frame limit; ``complete_load`` pages by it."""
-        self.controller = controller
-        self.hbms = hbms
-        self.keys_dir = keys_dir
-        self.issuer = issuer
-        self.metrics = metrics
-        self.page_bytes = page_bytes
-        self.max_reply_bytes = max_reply_bytes
+        self.controller, self.hbms, self.keys_dir = controller, hbms, keys_dir
+        self.issuer, self.metrics = issuer, metrics
+        self.page_bytes, self.max_reply_bytes = page_bytes, max_reply_bytes
         self.keyring = TenantKeyring(FileKeySource(keys_dir))
         self.erasures = ErasureGate(self.keyring, keys_dir)
         self.blinder = DirectoryBlinder(self.keyring)
@@ -284,7 +280,12 @@ class ServiceFront:
         return {"length": n, "keys": [m.key for m in metas[:n]], "refused": refused}
 
     def prepare_load(self, principal: Principal, session: str, keys: list[bytes]) -> dict[str, Any]:
-        reports = self._call(self.controller.load, principal.tenant, session, keys)
+        try:  # PUBLIC pages in the session: for a token that opted in, or a publisher's
+            reports = self._call(self.controller.load, principal.tenant, session, keys,
+                                 principal.public_read or principal.can_publish)
+        except AccessDenied:  # a PUBLIC page, and neither: audited
+            self.naming.check(principal, PUBLIC_NAMESPACE, "read")
+            raise
         for r in reports:
             self.metrics.restore(principal.tenant, r.source, r.delay_s, r.hidden_s)
             if r.source != "hbm":

@@ -313,8 +313,9 @@ class ControllerHandle(ActorHandle):
     def event(self, tenant: str, session: str, data: dict[str, Any]) -> dict[str, Any]:
         return self._call("event", tenant, session, data)
 
-    def load(self, tenant: str, session: str, keys: list[bytes]) -> list[LoadReport]:
-        return self._call("load", tenant, session, keys)
+    def load(self, tenant: str, session: str, keys: list[bytes], public_read: bool
+             ) -> list[LoadReport]:
+        return self._call("load", tenant, session, keys, public_read)
 
     def serve_exact(self, tenant: str, session: str, key: bytes, dst: RemoteSpan) -> bool:
         return self._call("serve_exact", tenant, session, key, dst)

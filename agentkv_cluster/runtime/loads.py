@@ -1,19 +1,14 @@
 """An engine load on the controller actor: wait, pin all or nothing, restore, report.
 
-``EngineLoader`` is the one place that turns ``load(keys)`` into page reports: it waits
-(in the guard) until the pages stop moving, pins them all or none, has the executor run
-the demotions and restores the page manager planned, retries once when an actor died
-mid-restore, and reports per page where the bytes came from and how long the engine
-waited. Pages with no copy left, or whose copies could not be brought back, are refused
-as ``RefusedPageLost`` (the engine re-prefills; lost ones are counted).
-
-``RoomQueue`` keeps a load that waits for room from starving: once it has been blocked a
-while, later loads on the same HBM actor wait for it (a bounded time each).
-
-``PreparedLoads`` is the API front's half: each prepared load until ``complete_load``
-has served all its pages, the engine released them, its time ran out (``LOAD_TTL_S``),
-or its tenant holds too many (``MAX_PREPARED_KEYS``), so loads never completed cannot
-grow the front without bound.
+``EngineLoader`` turns ``load(keys)`` into page reports: it waits (in the guard) until the
+pages stop moving, pins them all or none, has the executor run the planned demotions and
+restores, retries once when an actor died mid-restore, and reports per page where the
+bytes came from and how long the engine waited. Pages with no copy left, or that could not
+be brought back, are refused as ``RefusedPageLost`` (the engine re-prefills). ``RoomQueue``
+keeps a load waiting for room from starving: once blocked a while, later loads on the same
+HBM actor wait for it (a bounded time each). ``PreparedLoads`` is the API front's half:
+each prepared load until served, released, expired (``LOAD_TTL_S``) or crowded out
+(``MAX_PREPARED_KEYS``), so loads never completed cannot grow the front without bound.
 """
 
 from __future__ import annotations
@@ -44,10 +39,14 @@ from store.types import Codec
 
 class RefusedPageLost(RequestRefused):
     """A load refused through no fault of its caller: pages of it have no copy left (their
-    HBM actor died with their only copy), or their restore failed (a copy may still exist,
-    and a later load may find it). Nothing stays pinned; the engine re-prefills the pages
-    (the API's ``page_lost``). A ``RequestRefused``, so the handlers of refusals (an
-    erasure, a session closed meanwhile) still see it first."""
+    HBM actor died with their only copy), or their restore failed (a later load may find a
+    copy). Nothing stays pinned; the engine re-prefills (the API's ``page_lost``). A
+    ``RequestRefused``: the handlers of refusals (an erasure, a close) still see it first."""
+
+
+class RefusedForeign(RequestRefused):
+    """A load names a page of the PUBLIC namespace (adopted into the session by a token of
+    the tenant that opted in) with a token that did not opt in (the API's ``forbidden``)."""
 
 
 class RefusedBusy(RequestRefused):
@@ -124,13 +123,14 @@ class EngineLoader:
         self.deadline_s = 45.0  # a load waiting for room or arrivals is refused after this
         self.room = RoomQueue()
 
-    def load(self, tenant: str, session: str, keys: list[bytes]) -> list[LoadReport]:
+    def load(self, tenant: str, session: str, keys: list[bytes], public_read: bool = False
+             ) -> list[LoadReport]:
         t0 = time.monotonic()
         try:
             gids = self.controller.table.resolve(tenant, session, keys)
         except (UnknownSession, UnknownPageKey) as exc:
             raise RefusedNotFound(str(exc)) from None
-        self._refuse_outsized(gids)
+        self._refuse_at_once(tenant, gids, public_read)
         before = {g: self.controller.table.record(g) for g in gids}
         was_resident = {g: r.resident and not r.busy for g, r in before.items()}
         # Wanted for the whole load: background moves of these pages give way (a queued
@@ -176,10 +176,10 @@ class EngineLoader:
         did. Its pins went with it; the load answers ``not_found``."""
         return (tenant, session) not in self.controller.table.sessions
 
-    def _refuse_outsized(self, gids: list[int]) -> None:
-        """Refuse at once a load whose pages outsize their HBM actor's whole budget: it
-        could never be pinned all at once, and waited for room until its deadline (45 s,
-        a server thread held) before it was refused all the same."""
+    def _refuse_at_once(self, tenant: str, gids: list[int], public_read: bool) -> None:
+        """Refuse before anything moves: a PUBLIC page for a token that did not opt in, and
+        pages that outsize their HBM actor's whole budget (never pinnable at once, such a
+        load held a server thread for its 45 s deadline, then was refused all the same)."""
         need: Counter[str] = Counter()
         with self.controller.cv:
             table = self.controller.manager.table
@@ -187,6 +187,9 @@ class EngineLoader:
                 rec = table.pages.get(gid)
                 if rec is not None:
                     need[rec.hbm] += rec.view.size_bytes
+                    if rec.meta.namespace != tenant and not public_read:
+                        raise RefusedForeign(f"a page of this load is in the {rec.meta.namespace}"
+                                             " namespace, and this token did not opt in to it")
             for hbm, n in need.items():
                 budget = table.hbms.get(hbm)
                 if budget is not None and n > budget.capacity:

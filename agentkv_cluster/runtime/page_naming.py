@@ -48,12 +48,17 @@ class PageNaming:
                         state_type=state_type, length=length,
                         tokens=identity.end - identity.start, shape=shape)
 
-    def _namespace(self, principal: Principal, identity: PageIdentity, action: str) -> str:
-        ns = identity.tenant
-        try:  # another tenant's namespace is refused here, and the denial audited
-            self.access.check(principal, ns, action)
+    def check(self, principal: Principal, namespace: str, action: str) -> None:
+        """``AccessDenied`` unless ``principal`` may ``action`` in ``namespace`` (another
+        tenant's, PUBLIC without the opt-in or grant): the denial is audited."""
+        try:
+            self.access.check(principal, namespace, action)
         except SecurityDenied as exc:
             raise AccessDenied(str(exc)) from None
+
+    def _namespace(self, principal: Principal, identity: PageIdentity, action: str) -> str:
+        ns = identity.tenant
+        self.check(principal, ns, action)
         if ns == PUBLIC_NAMESPACE:
             ensure_tenant(self.keys_dir, PUBLIC_NAMESPACE)
         return ns

@@ -9,6 +9,7 @@ is the caller's bad input (``bad_args``).
 from __future__ import annotations
 
 from agentkv_cluster.api.errors import (
+    AccessDenied,
     InvalidArgument,
     NoRoom,
     NotFound,
@@ -18,7 +19,7 @@ from agentkv_cluster.api.errors import (
     TenantErased,
 )
 from agentkv_cluster.runtime.guard import ServiceStopping
-from agentkv_cluster.runtime.loads import RefusedBusy, RefusedPageLost
+from agentkv_cluster.runtime.loads import RefusedBusy, RefusedForeign, RefusedPageLost
 from agentkv_cluster.runtime.records import RefusedNotFound, RequestRefused
 from agentkv_cluster.runtime.records import TenantErased as ErasedInController
 
@@ -30,6 +31,7 @@ _CODES: tuple[tuple[type[Exception], type[ServiceError]], ...] = (
     (RefusedNotFound, NotFound),  # not_found
     (RefusedPageLost, PageLost),  # page_lost: recompute
     (RefusedBusy, NoRoom),  # busy: retry later
+    (RefusedForeign, AccessDenied),  # forbidden
 )
 
 

@@ -238,3 +238,31 @@ def test_a_reader_cannot_retype_a_public_page_or_retire_it_in_the_publishers_nam
         service.drain_audit()
         assert not [r for r in _records(service, "page_retired") if r["tenant"] == "cyberdyne"]
         assert p.load(p.store_pages([page])) == [page["data"]]
+
+
+def test_a_token_without_the_opt_in_cannot_load_a_public_page_its_tenant_adopted(service
+                                                                                ) -> None:
+    """A session is its tenant's, not its token's: a PUBLIC page that an opted-in token
+    looked up (adopting it into the session) could be loaded there, by its key, with a
+    token of the same tenant that never opted in (found from outside). The opt-in is the
+    token's, so the load checks it too; the refusal is audited like a lookup's."""
+    page = _public_page("handbooks", 0)
+    ident = identity(PUBLIC_NAMESPACE, "handbooks", 0).pack()
+    assert _cli(service, "create", "soylent") == 0
+    assert _cli(service, "publish", "soylent") == 0
+    with service.client("soylent", roles=PUBLISHER) as pub:
+        _store_eventually(pub.open_session("s1"), page, ok=True)
+    before = len(_denied(service))
+    with service.client("vandelay", public_read=True) as reader, \
+            service.client("vandelay") as plain:
+        found = reader.open_session("shared").lookup_prefix([ident])
+        assert found["length"] == 1
+        same_session = plain.open_session("shared")
+        with pytest.raises(RemoteError) as err:
+            same_session.load(found["keys"])
+        assert err.value.code == "forbidden" and "PUBLIC" in str(err.value)
+        assert _denied(service)[before:] == [
+            ("vandelay", PUBLIC_NAMESPACE, "read", NO_PUBLIC_READ)]
+        own = kv_page(1, "evidence", identity("vandelay", "shared", 0))
+        assert same_session.load(same_session.store_pages([own])) == [own["data"]]
+        assert reader.open_session("shared").load(found["keys"]) == [page["data"]]

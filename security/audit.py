@@ -91,14 +91,24 @@ class AuditLog:
         self._seq, self._prev, self._time, self._since = 0, GENESIS, float("-inf"), 0
         self._key: str | None = None
         self._offset, self._last = 0, b""
-        self._own_time = float("-inf")
+        # The time each thread last wrote: a thread's clock may not go back, while a time
+        # taken before another thread's (or writer's) append is not a clock going back.
+        self._own, self._opened_at = threading.local(), float("-inf")
         try:
             with self._exclusive():  # read under the lock: no writer is halfway through a line
                 self._check_signer()
         except BaseException:
             os.close(self._fd)
             raise
-        self._own_time = self._time  # this writer's clock may not go back past the chain
+        self._opened_at = self._time  # no thread's clock may go back past the chain's
+
+    @property
+    def _own_time(self) -> float:
+        return getattr(self._own, "time", self._opened_at)
+
+    @_own_time.setter
+    def _own_time(self, value: float) -> None:
+        self._own.time = value
 
     def _check_signer(self) -> None:
         """Refuse to extend a log that another key signs: ``verify_log`` takes one public
@@ -245,8 +255,8 @@ class AuditLog:
         now = float(now)
         if now < self._own_time:
             raise ValueError("audit time went backwards")
-        # Another writer may have appended a later time while this one waited for the lock:
-        # the record takes that time, so the chain's times never decrease.
+        # Another writer (or thread) may have appended a later time since this time was
+        # taken: the record takes that time, so the chain's times never decrease.
         now = max(now, self._time)
         self._own_time = now
         rec_hash = record_hash(self._seq, now, kind, data, self._prev)

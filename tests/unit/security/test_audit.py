@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import shutil
+import threading
 import time
 
 import pytest
@@ -138,6 +139,28 @@ def test_time_going_backwards_is_refused_and_detected(tmp_path, signer):
     with pytest.raises(ValueError, match="backwards"):
         audit.append("admin", {"x": 2}, 9.0)
     audit.close()
+
+
+def test_a_time_taken_before_another_threads_append_is_not_a_clock_going_back(tmp_path,
+                                                                              signer):
+    """The service shares one writer among threads: an erasure takes its time, then runs
+    for seconds while request threads append denials with later times. Its end record was
+    refused as "time went backwards", so the erasure (keys already destroyed) signed no
+    receipt. A thread's own clock still may not go back; a time behind another thread's
+    record takes that record's time, as one behind another writer's does."""
+    audit = AuditLog(tmp_path / "a.log", signer)
+    audit.append("erasure.begun", {"n": 1}, 10.0)
+    other = threading.Thread(target=audit.append, args=("access.denied", {"n": 2}, 20.0))
+    other.start()
+    other.join()
+    pos = audit.append("erasure.done", {"n": 3}, 10.0)  # this thread's clock: still 10
+    assert pos.seq == 2
+    with pytest.raises(ValueError, match="backwards"):
+        audit.append("admin", {"n": 4}, 9.0)
+    audit.close(now=30.0)
+    times = [json.loads(line)["time"] for line in (tmp_path / "a.log").read_text().splitlines()]
+    assert times[:3] == [10.0, 20.0, 20.0]
+    assert verify_log(tmp_path / "a.log", Verifier(signer.public_raw())).ok
 
 
 def test_reopen_continues_the_chain(tmp_path, signer):

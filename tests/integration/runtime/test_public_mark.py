@@ -71,6 +71,17 @@ def _store_eventually(s, page: dict, ok: bool, within_s: float = 5.0) -> None:
         time.sleep(0.2)
 
 
+def _published(service: Service, publisher: str, topic: str) -> tuple[dict, bytes]:
+    """A PUBLIC page of ``topic`` that ``publisher`` (created and granted here) stored
+    from a session it then left; the page and its packed identity."""
+    page = _public_page(topic, 0)
+    assert _cli(service, "create", publisher) == 0
+    assert _cli(service, "publish", publisher) == 0
+    with service.client(publisher, roles=PUBLISHER) as pub:
+        _store_eventually(pub.open_session(f"{publisher}-1"), page, ok=True)
+    return page, identity(PUBLIC_NAMESPACE, topic, 0).pack()
+
+
 def test_an_admin_token_cannot_publish_even_for_a_granted_tenant(service) -> None:
     assert _cli(service, "create", "acme") == 0
     assert _cli(service, "publish", "acme") == 0  # the grant is there; the role is not
@@ -191,12 +202,7 @@ def test_a_reader_cannot_retire_a_public_page_for_the_other_readers(service) -> 
     """A reader (``public_read``, no right to publish) cannot name a PUBLIC page it looked up
     in its events (found from outside: as its task's input, its task end deleted PUBLIC's
     copy and directory entry, so any opted-in tenant could wipe what a publisher shared)."""
-    page = _public_page("schemas", 0)
-    ident = identity(PUBLIC_NAMESPACE, "schemas", 0).pack()
-    assert _cli(service, "create", "tyrell") == 0
-    assert _cli(service, "publish", "tyrell") == 0
-    with service.client("tyrell", roles=PUBLISHER) as pub:
-        _store_eventually(pub.open_session("t1"), page, ok=True)
+    page, ident = _published(service, "tyrell", "schemas")
     # What it published stays in PUBLIC; no session of the publisher holds it any more.
     assert not service.erase_tenant("tyrell").failed_tiers
     with service.client("mallory", public_read=True) as reader:
@@ -246,12 +252,7 @@ def test_a_token_without_the_opt_in_cannot_load_a_public_page_its_tenant_adopted
     looked up (adopting it into the session) could be loaded there, by its key, with a
     token of the same tenant that never opted in (found from outside). The opt-in is the
     token's, so the load checks it too; the refusal is audited like a lookup's."""
-    page = _public_page("handbooks", 0)
-    ident = identity(PUBLIC_NAMESPACE, "handbooks", 0).pack()
-    assert _cli(service, "create", "soylent") == 0
-    assert _cli(service, "publish", "soylent") == 0
-    with service.client("soylent", roles=PUBLISHER) as pub:
-        _store_eventually(pub.open_session("s1"), page, ok=True)
+    page, ident = _published(service, "soylent", "handbooks")
     before = len(_denied(service))
     with service.client("vandelay", public_read=True) as reader, \
             service.client("vandelay") as plain:

@@ -71,7 +71,8 @@ def test_an_ingest_that_lands_after_the_retirement_drops_its_hbm_page() -> None:
 def test_nothing_goes_that_a_live_page_holds_under_the_same_key() -> None:
     ctl, demotions = _full_hbm()
     ctl.events.close_session("t", "a", 2.0)
-    assert admitted(ctl, "a", range(1), 2.1) is not None  # page a/0 stored again: live
+    admitted(ctl, "a", range(1), 2.1)  # page a/0 stored again: live under its key
+    assert (b"a/0", "h") in ctl.table.by_key
     after = ctl.finished(done(demotions[0], copies=((Tier.HOST, Codec.FULL),),
                               tier_bytes=(MB,), pool="p"), 2.2)
     assert after == []

@@ -14,6 +14,7 @@ from agentkv_cluster.runtime.actor_groups import MOVE_OUT, group
 from agentkv_cluster.runtime.arena_pages import ArenaPages
 from agentkv_cluster.runtime.mover import Endpoint, Mover, RemoteSpan, lease_end, unanswered
 from agentkv_cluster.runtime.records import DemoteReceipt, HbmPurged, PageMeta, RestoreReceipt
+from store.codecs import CodecInputError
 from store.codecs.pages import decode_into, encode_page
 from store.hbm import HbmArena, PageTooLarge
 from store.types import Codec, Tier
@@ -179,17 +180,25 @@ class HbmActor:
     def demote(self, meta: PageMeta, targets: list[tuple[int, int]], pool: PoolHandle | str,
                drop: bool = True) -> tuple:
         """Encode the page for each (tier, codec) target, let ``pool`` (a handle or the name
-        of one given to ``add_pool``) pull and seal it. Answers ``DemoteReceipt.wire()``."""
+        of one given to ``add_pool``) pull and seal it. A page the lossy codec cannot
+        encode (NaN/inf, or values beyond fp16 range) goes FULL instead: the receipt names
+        the codec each copy has. Answers ``DemoteReceipt.wire()``."""
         handle = self._pool(pool)
         link = 0
         copies, sizes = [], []
         for tier, codec in targets:
+            if codec != Codec.FULL and any(c == Codec.FULL for _, c in copies):
+                continue  # fell back to FULL below: that copy holds all a lossy one would
             # Lent to the pool's answer; a pool that did not answer may still pull it.
             with self.mover.staged(1, lease_end(handle.timeout_s), held_on=unanswered) as st:
                 with self.pages.reading([meta.key]) as (page,):
                     raw = self.arena.view(page)[: meta.length].numpy()
-                    n = encode_page(raw, meta.length, meta.shape, Codec(codec),
-                                    self.mover.slot_view(st.slots[0]))
+                    out = self.mover.slot_view(st.slots[0])
+                    try:
+                        n = encode_page(raw, meta.length, meta.shape, Codec(codec), out)
+                    except CodecInputError:  # NaN/inf or beyond fp16: no lossy form
+                        codec = int(Codec.FULL)
+                        n = encode_page(raw, meta.length, meta.shape, Codec.FULL, out)
                 receipt = handle.store_from(meta, Tier(tier), Codec(codec), st.span(0, n))
             link += n
             copies.append((int(receipt.tier), int(codec)))

@@ -15,7 +15,7 @@ from agentkv_cluster.runtime import wiring
 from agentkv_cluster.runtime.landing import LandingPages
 from agentkv_cluster.runtime.mover import Mover
 from agentkv_cluster.runtime.pool_actor import PageMissing
-from agentkv_cluster.runtime.records import KvShape, PageMeta, UnknownPageKey
+from agentkv_cluster.runtime.records import DemoteReceipt, KvShape, PageMeta, UnknownPageKey
 from store.hbm import PageTooLarge
 from store.types import Codec, Tier
 from tests.support.local_topology import local_topology
@@ -81,6 +81,27 @@ def test_compressed_copy_goes_through_the_hbm_actor(service):
     assert hbm.stats()["landing_pages"] == 0  # compressed restores never take stock
     back = np.frombuffer(hbm.read(meta.key)[:meta.length], np.float16).astype(np.float32)
     assert np.abs(back - kv.astype(np.float32)).max() < 0.1  # INT8 of N(0,1): close, lossy
+
+
+def test_a_page_the_lossy_codec_cannot_encode_is_demoted_full(service):
+    """INT8 and INT4 keep fp16 scales: a page holding inf (or values beyond fp16 range)
+    has no lossy form. Its demotion failed, so a gap migration of it never happened and
+    it stayed in HBM; now its copy is FULL (the receipt says so) and comes back exact."""
+    hbm, _pool, front = service
+    shape = KvShape(layers=2, kv_heads=4, tokens=64, head_dim=64)
+    meta = replace(_meta(), length=shape.nbytes(), shape=shape)
+    kv = np.random.default_rng(6).standard_normal(shape.nbytes() // 2).astype(np.float16)
+    kv[5] = np.inf
+    front.slot_view(0, meta.length)[:] = kv.view(np.uint8)
+    wiring.introduce(hbm, front)
+    hbm.ingest(meta.key, front.slot_span(0, meta.length))
+    receipt = hbm.demote(meta, [(int(Tier.HOST), int(Codec.INT4)),
+                                (int(Tier.NVME), int(Codec.INT8))], "node0", True)
+    assert isinstance(receipt, DemoteReceipt)
+    assert receipt.copies == ((int(Tier.HOST), int(Codec.FULL)),)  # one copy holds it all
+    assert receipt.tier_bytes == (meta.length,)
+    hbm.restore(meta, int(Tier.HOST), int(Codec.FULL), "node0")
+    assert hbm.read(meta.key)[:meta.length] == kv.tobytes()
 
 
 def test_failed_push_leaves_no_page_and_keeps_the_stock_bounded(service):

@@ -186,9 +186,10 @@ class HbmActor:
         handle = self._pool(pool)
         link = 0
         copies, sizes = [], []
+        fell_back = False
         for tier, codec in targets:
-            if codec != Codec.FULL and any(c == Codec.FULL for _, c in copies):
-                continue  # fell back to FULL below: that copy holds all a lossy one would
+            if fell_back:
+                break  # a lossy target went FULL below: that copy holds all the rest would
             # Lent to the pool's answer; a pool that did not answer may still pull it.
             with self.mover.staged(1, lease_end(handle.timeout_s), held_on=unanswered) as st:
                 with self.pages.reading([meta.key]) as (page,):
@@ -197,7 +198,7 @@ class HbmActor:
                     try:
                         n = encode_page(raw, meta.length, meta.shape, Codec(codec), out)
                     except CodecInputError:  # NaN/inf or beyond fp16: no lossy form
-                        codec = int(Codec.FULL)
+                        codec, fell_back = int(Codec.FULL), True
                         n = encode_page(raw, meta.length, meta.shape, Codec.FULL, out)
                 receipt = handle.store_from(meta, Tier(tier), Codec(codec), st.span(0, n))
             link += n

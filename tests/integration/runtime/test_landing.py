@@ -96,10 +96,13 @@ def test_a_page_the_lossy_codec_cannot_encode_is_demoted_full(service):
     wiring.introduce(hbm, front)
     hbm.ingest(meta.key, front.slot_span(0, meta.length))
     receipt = hbm.demote(meta, [(int(Tier.HOST), int(Codec.INT4)),
-                                (int(Tier.NVME), int(Codec.INT8))], "node0", True)
+                                (int(Tier.NVME), int(Codec.FULL))], "node0", False)
     assert isinstance(receipt, DemoteReceipt)
-    assert receipt.copies == ((int(Tier.HOST), int(Codec.FULL)),)  # one copy holds it all
+    # One FULL copy holds it all: a second (the reference) would replace it in the pool
+    # while the manager counted both.
+    assert receipt.copies == ((int(Tier.HOST), int(Codec.FULL)),)
     assert receipt.tier_bytes == (meta.length,)
+    hbm.drop(meta.key)
     hbm.restore(meta, int(Tier.HOST), int(Codec.FULL), "node0")
     assert hbm.read(meta.key)[:meta.length] == kv.tobytes()
 

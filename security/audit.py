@@ -255,10 +255,12 @@ class AuditLog:
         now = float(now)
         if now < self._own_time:
             raise ValueError("audit time went backwards")
+        # This thread's clock, as the caller gave it: a time it reuses after its record was
+        # moved up to another's is not a clock going back.
+        self._own_time = now
         # Another writer (or thread) may have appended a later time since this time was
         # taken: the record takes that time, so the chain's times never decrease.
         now = max(now, self._time)
-        self._own_time = now
         rec_hash = record_hash(self._seq, now, kind, data, self._prev)
         line = canonical_json({"seq": self._seq, "time": now, "kind": kind, "data": data,
                                "prev": self._prev, "hash": rec_hash}) + b"\n"

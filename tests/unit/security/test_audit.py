@@ -155,11 +155,12 @@ def test_a_time_taken_before_another_threads_append_is_not_a_clock_going_back(tm
     other.join()
     pos = audit.append("erasure.done", {"n": 3}, 10.0)  # this thread's clock: still 10
     assert pos.seq == 2
+    audit.append("page_retired", {"n": 3.5}, 10.0)  # reused after its record moved to 20
     with pytest.raises(ValueError, match="backwards"):
         audit.append("admin", {"n": 4}, 9.0)
     audit.close(now=30.0)
     times = [json.loads(line)["time"] for line in (tmp_path / "a.log").read_text().splitlines()]
-    assert times[:3] == [10.0, 20.0, 20.0]
+    assert times[:4] == [10.0, 20.0, 20.0, 20.0]
     assert verify_log(tmp_path / "a.log", Verifier(signer.public_raw())).ok
 
 

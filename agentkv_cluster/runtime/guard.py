@@ -18,7 +18,12 @@ from collections.abc import Callable
 from typing import Any
 
 from agentkv_cluster.runtime.controller import Controller
-from agentkv_cluster.runtime.records import Action, RuntimeError_, TenantForgotten
+from agentkv_cluster.runtime.records import (
+    Action,
+    RequestRefused,
+    RuntimeError_,
+    TenantForgotten,
+)
 
 LOAD_WAIT_S = 60.0  # an engine load waits at most this long for its pages to stop moving
 
@@ -26,6 +31,13 @@ LOAD_WAIT_S = 60.0  # an engine load waits at most this long for its pages to st
 class ServiceStopping(RuntimeError_):
     """The service is stopping: a call that would wait (for room, for pages to move) is
     refused instead; what it had started was undone."""
+
+
+class StillMoving(RequestRefused):
+    """A load's wait for its pages ran out (``LOAD_WAIT_S``) while a move of one still
+    ran: its HBM copy being dropped, or its bytes on their way in. The page is slow, not
+    lost, so the load is refused as busy (retry), never as ``page_lost``, and never
+    served before its bytes are in HBM."""
 
 
 class Guarded:
@@ -75,22 +87,27 @@ class Guarded:
             table.check_alive(gids)
             return done
 
-    def wait_arrived(self, gids: list[int], timeout_s: float) -> bool:
+    def wait_arrived(self, gids: list[int], timeout_s: float) -> None:
         """Block until no page of ``gids`` is on its way into HBM (``PageRecord.arriving``:
-        a load pins such a page as it is and runs its own restores alongside)."""
+        a load pins such a page as it is and runs its own restores alongside); past
+        ``timeout_s``, ``StillMoving``."""
         with self.cv:
             table = self.manager.table
             done = self.cv.wait_for(lambda: self.stopping or table.arrived(gids), timeout_s)
             self._stopped()
             table.check_alive(gids)
-            return done
+            if not done:
+                raise StillMoving(f"a page of this load was still on its way into HBM "
+                                  f"after {timeout_s:.0f} s; retry")
 
     def access_settled(self, gids: list[int], clock: Callable[[], float]
                        ) -> tuple[list[Action], list[Action], list[int], list[int]]:
         """``Controller.access`` once no page of ``gids`` moves (see ``wait_idle``), with
-        no other call in between."""
+        no other call in between; ``StillMoving`` if one still does after ``LOAD_WAIT_S``."""
         with self.cv:
-            self.wait_idle(gids, LOAD_WAIT_S)
+            if not self.wait_idle(gids, LOAD_WAIT_S):  # nothing is pinned yet
+                raise StillMoving(f"a page of this load was still being moved out of HBM "
+                                  f"after {LOAD_WAIT_S:.0f} s; retry")
             return self.access(gids, clock())
 
     def wait_changed(self, seen: int, timeout_s: float) -> int:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from agentkv_cluster.runtime.executor import Executor
-from agentkv_cluster.runtime.guard import LOAD_WAIT_S, Guarded, ServiceStopping
+from agentkv_cluster.runtime.guard import LOAD_WAIT_S, Guarded, ServiceStopping, StillMoving
 from agentkv_cluster.runtime.records import (
     ActionKind,
     LoadPhases,
@@ -235,8 +235,8 @@ class EngineLoader:
                     self.controller.wait_arrived(gids, LOAD_WAIT_S)
                     late = [g for g in gids if g not in own
                             and not self.controller.table.record(g).resident]
-                except (TenantErased, UnknownPageKey, ServiceStopping, KeyError):  # no pin
-                    self.controller.table.unpin(gids, time.monotonic())  # stays
+                except (TenantErased, UnknownPageKey, ServiceStopping, StillMoving, KeyError):
+                    self.controller.table.unpin(gids, time.monotonic())  # no pin stays
                     raise
                 phases.arrival_s += time.monotonic() - t
                 if not late:

@@ -18,7 +18,7 @@ from agentkv_cluster.api.errors import (
     Stopping,
     TenantErased,
 )
-from agentkv_cluster.runtime.guard import ServiceStopping
+from agentkv_cluster.runtime.guard import ServiceStopping, StillMoving
 from agentkv_cluster.runtime.loads import RefusedBusy, RefusedForeign, RefusedPageLost
 from agentkv_cluster.runtime.records import RefusedNotFound, RequestRefused
 from agentkv_cluster.runtime.records import TenantErased as ErasedInController
@@ -31,6 +31,7 @@ _CODES: tuple[tuple[type[Exception], type[ServiceError]], ...] = (
     (RefusedNotFound, NotFound),  # not_found
     (RefusedPageLost, PageLost),  # page_lost: recompute
     (RefusedBusy, NoRoom),  # busy: retry later
+    (StillMoving, NoRoom),  # busy: a page still moves, retry later
     (RefusedForeign, AccessDenied),  # forbidden
 )
 

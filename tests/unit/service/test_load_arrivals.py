@@ -10,9 +10,9 @@ from dataclasses import replace
 
 import pytest
 
-from agentkv_cluster.api.errors import PageLost
+from agentkv_cluster.api.errors import NoRoom, PageLost
 from agentkv_cluster.runtime.controller import Controller
-from agentkv_cluster.runtime.guard import Guarded
+from agentkv_cluster.runtime.guard import Guarded, StillMoving
 from agentkv_cluster.runtime.loads import EngineLoader, RefusedPageLost
 from agentkv_cluster.runtime.records import (
     Action,
@@ -175,3 +175,37 @@ def test_a_page_dropped_right_after_the_arrival_wait_leaves_no_pin_on_the_others
     finisher.join()
     assert g0 not in ctl.manager.table.pages
     assert ctl.manager.table.pages[g1].pins == 0
+
+
+def test_a_page_still_moving_out_after_the_wait_is_busy_not_lost(monkeypatch) -> None:
+    """A demotion dropping a page's HBM copy that outlasts the load's wait: the load used
+    to go on as if it had settled, found no copy yet and refused the page as lost
+    (``page_lost``: the engine recomputes a page that is only slow). It is busy: retry."""
+    monkeypatch.setattr("agentkv_cluster.runtime.guard.LOAD_WAIT_S", 0.1)
+    ctl = Guarded(Controller(make_strategy("lru")))
+    ctl.add_hbm("h", 8 * MB)
+    admitted(ctl, "a", range(1), 0.0)
+    (gid,) = ctl.table.resolve("t", "a", [b"a/0"])
+    rec = ctl.manager.table.pages[gid]
+    ctl.manager.table.evict(rec, tracked=True)  # its demotion dropped the HBM copy ...
+    ctl.manager.table.set_busy(rec, True)  # ... and has not reported its pool copy yet
+    assert rec.moving_out and not rec.copies
+    loader = EngineLoader(ctl, _Worker(ctl), check=lambda results: None)
+    with pytest.raises(StillMoving, match="still being moved out of HBM") as caught:
+        loader.load("t", "a", [b"a/0"])
+    assert isinstance(as_api_error(caught.value), NoRoom)  # busy, never page_lost
+    assert rec.pins == 0 and loader.recompute_tokens == {}
+
+
+def test_a_page_still_arriving_after_the_wait_is_busy_not_served(monkeypatch) -> None:
+    """A prefetch that outlasts the arrival wait: its page is resident in the table (its
+    slot is taken) but its bytes are not in HBM yet. The load used to take it as arrived
+    and report it served from HBM. It is refused as busy, with no pin left."""
+    monkeypatch.setattr("agentkv_cluster.runtime.loads.LOAD_WAIT_S", 0.1)
+    ctl, (g0, g1), _prefetch = _prefetching()  # the prefetch never ends
+    loader = EngineLoader(ctl, _Worker(ctl), check=lambda results: None)
+    with pytest.raises(StillMoving, match="still on its way into HBM") as caught:
+        loader.load("t", "a", [b"a/0", b"a/1"])
+    assert isinstance(as_api_error(caught.value), NoRoom)
+    assert all(ctl.manager.table.pages[g].pins == 0 for g in (g0, g1))
+    assert ctl.manager.table.pages[g0].arriving  # still on its way: nothing undone

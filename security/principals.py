@@ -197,6 +197,12 @@ class AccessPolicy:
             return NO_GRANT
         return None
 
+    def may_load_public(self, principal: Principal) -> bool:
+        """Whether ``principal`` may load the PUBLIC pages adopted into its session (a
+        session is its tenant's, not its token's): with the opt-in (``public_read``), or
+        with the publish role (it may have stored them)."""
+        return self._public_refusal(principal, "read") is None or principal.can_publish
+
     def lookup_namespaces(self, principal: Principal, identity_digest: bytes) -> tuple[str, ...]:
         """Where a lookup of this prefix may look, own namespace first."""
         if principal.public_read and identity_digest in self._public:

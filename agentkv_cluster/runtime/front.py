@@ -282,7 +282,7 @@ class ServiceFront:
     def prepare_load(self, principal: Principal, session: str, keys: list[bytes]) -> dict[str, Any]:
         try:  # PUBLIC pages in the session: for a token that opted in, or a publisher's
             reports = self._call(self.controller.load, principal.tenant, session, keys,
-                                 principal.public_read or principal.can_publish)
+                                 self.access.may_load_public(principal))
         except AccessDenied:  # a PUBLIC page, and neither: audited
             self.naming.check(principal, PUBLIC_NAMESPACE, "read")
             raise

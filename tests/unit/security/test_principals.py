@@ -122,6 +122,9 @@ def test_public_namespace_is_opt_in_and_publisher_marked(issuer):
     policy.check(opted, PUBLIC_NAMESPACE, "read")
     with pytest.raises(AccessDenied):
         policy.check(opted, PUBLIC_NAMESPACE, "write")
+    # loading PUBLIC pages adopted into a session goes by token: opted in, or a publisher
+    assert policy.may_load_public(opted) and policy.may_load_public(admin)
+    assert not policy.may_load_public(plain)
 
 
 class _Granted:

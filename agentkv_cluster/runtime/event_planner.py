@@ -263,14 +263,18 @@ class EventPlanner:
             self.graph.drop_page(gid)  # whatever still blocks it (none if it is unknown)
         else:
             self.graph.retire(gid)
-        shared = any((rec.meta.key, h) in table.by_key for h in table.hbms)
         action = Action(kind=ActionKind.DELETE, gid=gid, hbm=rec.hbm, start_at=now,
-                        reason=Reason.SHARED if shared else Reason.RETIRE,
+                        reason=Reason.SHARED if self._held(rec.meta.key) else Reason.RETIRE,
                         session=rec.meta.session_key, tenant=rec.meta.namespace,
                         key=rec.meta.key, pool=rec.pool)
         if rec.busy:  # a demotion, restore or ingest of it is in flight
             self.retired_moving[gid] = action
         return action
+
+    def _held(self, key: bytes) -> set[str]:
+        """The HBM actors on which a live page holds ``key`` (the same key is the same
+        bytes: a retired page's copies under it are still someone's)."""
+        return {h for h in self.table.hbms if (key, h) in self.table.by_key}
 
     def moved_after_retire(self, result: TransferResult) -> list[Action]:
         """``left_behind`` for a move that ended (a deletion itself leaves nothing)."""
@@ -289,7 +293,7 @@ class EventPlanner:
         retired = self.retired_moving.pop(gid, None)
         if retired is None:
             return []
-        live = {h for h in self.table.hbms if (retired.key, h) in self.table.by_key}
+        live = self._held(retired.key)
         hbm = retired.hbm if landed and retired.hbm not in live else ""
         pool = "" if live else pool
         return [replace(retired, hbm=hbm, pool=pool, reason=Reason.RETIRE)] \

@@ -216,6 +216,11 @@ class SegmentFiles:
             self._reserve.fill(free_bytes(self.path))
             self._free_estimate = 0  # look at the file system again next time
 
+    def room_for_copies(self) -> int:
+        """Bytes compaction's copies can surely take now: what the file system has free, or
+        the space reserve, which a copy draws on only when it covers all that copy needs."""
+        return max(free_bytes(self.path), self._reserve.held)
+
     @property
     def reserve_bytes(self) -> int:
         """Bytes the space reserve holds now."""

@@ -8,11 +8,11 @@ POSIX jobs); every read is verified against the record's payload hash. A record 
 published in the index only after all of its bytes are written (and synced, per policy);
 a failed write is truncated away, so a full disk leaves the shard as it was. Tombstones
 and compaction's copies draw on a small space reserve (``store.nvme.reserve``) when the
-file system is full, so a full disk still deletes, shreds and compacts; puts never draw on
-it. When the active segment is full and the file system refuses the next segment file (out
-of inodes or space), a put fails with ``SegmentNotCreated`` (a ``DiskFull``) and changes
-nothing, while tombstones and compaction's copies go to the active segment past
-``segment_bytes``. One process owns a shard directory (flock).
+file system is full, so a full disk still deletes, shreds and compacts. A put that finds the
+quota or the file system full first compacts retired space (``_reclaim``), then fails with
+``DiskFull`` and changes nothing; when the file system refuses the next segment file (out
+of inodes or space) that is ``SegmentNotCreated``, while tombstones and compaction's copies
+go to the active segment past ``segment_bytes``. One process owns a directory (flock).
 
 Maintenance lives here as methods: recovery on open (every segment scanned; the newest
 sequence number of a key wins, a tombstone hides older records, a torn tail of the last
@@ -89,16 +89,15 @@ class NvmeShard:
             raise InvalidRecord(f"generation must be a non-negative int, got {generation!r}")
         payload = as_bytes_view(data)
         if payload.nbytes > self.config.max_record_bytes:
-            raise InvalidRecord(
-                f"payload of {payload.nbytes} B exceeds max_record_bytes "
-                f"{self.config.max_record_bytes}"
-            )
+            raise InvalidRecord(f"payload of {payload.nbytes} B exceeds max_record_bytes "
+                                f"{self.config.max_record_bytes}")
         with self._lock:
             self._check_open()
             try:
                 loc = self._files.append(key, payload, generation, self._index.take_seq())
-            except QuotaFull as full:
-                if not (self.config.compact_on_full and self._reclaim(full.over)):
+            except DiskFull as full:  # over the quota, or the file system is full
+                if not (self.config.compact_on_full and self._reclaim(*self._shortfall(
+                        full, fmt.header_block(len(key), self.config.align) + payload.nbytes))):
                     raise
                 loc = self._files.append(key, payload, generation, self._index.take_seq())
             self._index.advance_seq()
@@ -264,17 +263,28 @@ class NvmeShard:
                 if size and 1.0 - index.live_bytes(i) / size >= min_dead_ratio
             ])
 
-    def _reclaim(self, over: int) -> bool:
+    def _shortfall(self, full: DiskFull, record: int) -> tuple[int, int | None]:
+        """What a put refused with ``full`` needs compaction to free, and the live bytes it
+        may copy (None: any, past the quota). On a full file system: what is free, or the
+        reserve, which the removed segments give back (a later delete still finds room)."""
+        return (full.over, None) if isinstance(full, QuotaFull) else \
+            (fmt.round_up(record, self.config.align), self._files.room_for_copies())
+
+    def _reclaim(self, over: int, copy_room: int | None = None) -> bool:
         """Compact the segments with the most retired bytes until at least ``over`` bytes
-        are freed (a put went over the quota by that much); False, untouched, if all the
-        retired space in the shard would not free that much."""
-        dead = sorted(((size - self._index.live_bytes(i), i)
+        are freed, copying at most ``copy_room`` live bytes (see ``_shortfall``); False,
+        untouched, if the retired space in the shard would not free that much."""
+        dead = sorted(((size - self._index.live_bytes(i), self._index.live_bytes(i), i)
                        for i, size in self._files.sizes().items()), reverse=True)
         victims: list[int] = []
         freed = 0
-        for gone, i in dead:
+        for gone, live, i in dead:
             if freed >= over or gone <= 0:
                 break
+            if copy_room is not None:  # a copy lands at the next block: one more each
+                if live + self.config.align > copy_room:
+                    continue
+                copy_room -= live + self.config.align
             victims.append(i)
             freed += gone
         if freed < over:

@@ -108,8 +108,9 @@ MAX_RESERVE_TOMBSTONES = 1 << 16  # 512 MiB of reserve at the default align
 class NvmeShardConfig:
     segment_bytes: int = 256 << 20
     max_bytes: int | None = None  # quota over all segment files; None = file system limit
-    # A put that hits max_bytes first compacts the segments with the most retired bytes,
-    # then retries; False: it raises QuotaFull and only compact() reclaims.
+    # A put that hits max_bytes or a full file system first compacts the segments with the
+    # most retired bytes, then retries; False: it raises DiskFull (QuotaFull) and only
+    # compact() reclaims.
     compact_on_full: bool = True
     max_record_bytes: int = 1 << 30  # larger payloads are refused (InvalidRecord)
     fsync: FsyncPolicy = FsyncPolicy.ON_CLOSE

@@ -138,3 +138,16 @@ def test_a_tmpfs_out_of_inodes_and_blocks_still_deletes_from_the_reserve(tmp_pat
         assert shard.shred(b"k1") is Lookup.HIT
         assert 0 < shard.stats().reserve_bytes < reserve
         assert shard.keys() == [b"k2"] and shard.get(b"k2") == _payload(2)
+
+
+def test_one_key_overwritten_on_a_full_tmpfs_keeps_being_written(tmp_path) -> None:
+    """No quota: before, the overwrites' retired records filled the file system and every
+    later put failed (delete and reopen did not help). Two records a segment: the older
+    segments are all dead, and go without a copy (the live record is larger than the
+    reserve, so it could not be copied on a full file system)."""
+    with tmpfs(tmp_path / "fs", 4 << 20) as fs, \
+            NvmeShard(fs / "shard", NvmeShardConfig(segment_bytes=1 << 20)) as shard:
+        for i in range(40):  # 40 x 500 kB through 4 MiB, one record live
+            shard.put(b"k", _payload(i % 20), 1)
+        assert shard.keys() == [b"k"] and shard.get(b"k") == _payload(39 % 20)
+        assert shard.stats().reserve_bytes == shard.stats().reserve_target_bytes

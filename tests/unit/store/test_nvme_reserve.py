@@ -106,10 +106,27 @@ def test_a_put_on_a_full_file_system_fails_cleanly_and_leaves_the_reserve(disk):
         assert shard.stats().reserve_bytes == RESERVE  # a put never draws on it
         assert [shard.get(b"k%d" % i) for i in range(4)] == [_payload(i) for i in range(4)]
         assert shard.delete(b"k0") is Lookup.HIT  # the reserve is still there for this
-        with pytest.raises(DiskFull):  # and what the tombstone left over is no put's
-            shard.put(b"new", b"x" * PAYLOAD, 1)
+        left = shard.stats().reserve_bytes
+        with pytest.raises(DiskFull):  # and what the tombstone left over is no put's: nor
+            shard.put(b"new", b"x" * PAYLOAD, 1)  # may its compaction copy 3 live records
+        assert shard.stats().reserve_bytes == left  # into it (a delete would find none)
     with NvmeShard(disk.directory) as again:
         assert sorted(again.keys()) == [b"k1", b"k2", b"k3"]
+
+
+def test_a_key_overwritten_on_a_full_file_system_reclaims_its_old_records(disk):
+    """Overwrites leave retired records; on a full file system (no quota) a put used to
+    fail for good (delete and reopen did not help) until someone called ``compact``. It
+    compacts now, copying no more than the reserve and the free space can hold."""
+    shard = _filled(disk, n=1, segment_bytes=8 * RECORD)
+    disk.capacity += 3 * RECORD  # room for three more records, then full again
+    for i in range(40):  # the live data stays one record
+        shard.put(b"k0", _payload(i % 20), 1)
+    assert shard.get(b"k0") == _payload(39 % 20)
+    assert shard.stats().reserve_bytes == RESERVE  # drawn by the copies, given back
+    shard.close()
+    with NvmeShard(disk.directory) as again:
+        assert again.keys() == [b"k0"] and again.get(b"k0") == _payload(39 % 20)
 
 
 def test_every_tombstone_the_reserve_covers_lands_then_delete_fails_cleanly(disk):

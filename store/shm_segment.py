@@ -55,6 +55,8 @@ class ShmSegment:
 
     def __init__(self, name: str, fd: int, mm: mmap.mmap, writer: bool) -> None:
         self.name, self.fd, self.mm, self.writer = name, fd, mm, writer
+        st = os.fstat(fd)
+        self._file = (st.st_dev, st.st_ino)  # ``unlink`` removes this file, never a newer one
 
     @classmethod
     def create(cls, name: str, size: int, init: Callable[[mmap.mmap], None]) -> ShmSegment:
@@ -106,11 +108,14 @@ class ShmSegment:
         os.close(self.fd)
 
     def unlink(self) -> None:
-        """Remove the segment name (mappings stay valid until each process closes)."""
-        try:
-            os.unlink(segment_path(self.name))
-        except FileNotFoundError:
-            pass
+        """Remove the segment name (mappings stay valid until each process closes), if it
+        still names this segment: once removed, the name may be a new segment's (a store
+        that reopened under it), which a late second ``unlink`` must leave alone."""
+        path = segment_path(self.name)
+        with contextlib.suppress(FileNotFoundError):
+            now = os.stat(path)
+            if (now.st_dev, now.st_ino) == self._file:
+                os.unlink(path)
 
 
 def _take_writer_lock(fd: int, name: str) -> None:

@@ -138,6 +138,23 @@ def test_a_closed_store_says_so(tmp_path, mode):
     store.abort(r)  # nothing left to give back
 
 
+def test_a_second_close_leaves_a_newer_store_of_the_same_name_alone(tmp_path, mode):
+    """A store closed twice used to unlink its pool segment's name again, which by then
+    named the segment of a store reopened under it: a third store then opened beside
+    that live one (each with its own values under one name) instead of ``PoolBusy``."""
+    name = f"akv-kv-misuse-{uuid.uuid4().hex[:10]}"
+    old = open_store(tmp_path, mode, name=name)
+    old.close()
+    with open_store(tmp_path / "new", mode, name=name) as new:
+        new.put(b"k", b"new")
+        old.close()
+        assert os.path.exists(os.path.join(SHM_DIR, name))
+        with pytest.raises(PoolBusy):
+            open_store(tmp_path / "third", mode, name=name)
+        assert new.get(b"k") == b"new"
+    assert not os.path.exists(os.path.join(SHM_DIR, name))  # its own close unlinks it
+
+
 def test_arrays_of_python_objects_and_foreign_objects_are_type_errors(tmp_path, mode):
     with open_store(tmp_path, mode) as store:
         for tier in (Tier.HOST, Tier.NVME):

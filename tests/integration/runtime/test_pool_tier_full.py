@@ -126,9 +126,13 @@ def test_a_full_file_system_refuses_honestly_and_loses_nothing(tmp_path) -> None
         # Stored again while the disk is full: the old record is retired (its tombstone
         # draws on the shard's space reserve) and the new host copy takes its place.
         assert _store(pool, front, b"a", Tier.HOST)[0].tier is Tier.HOST
-        receipt, b = _store(pool, front, b"b", Tier.NVME)  # to the last free host slot instead
+        # The shard compacts the retired record away: room for one more on the full disk.
+        receipt, b = _store(pool, front, b"b", Tier.NVME)
+        assert receipt.tier is Tier.NVME
+        receipt, c = _store(pool, front, b"c", Tier.NVME)  # to the last free host slot instead
         assert receipt.tier is Tier.HOST
         with pytest.raises(NvmeTierFull, match="file system"):
-            _store(pool, front, b"c", Tier.HOST)
-        assert [_read(pool, front, n) for n in (b"a", b"b")] == [(Tier.HOST, a), (Tier.HOST, b)]
+            _store(pool, front, b"d", Tier.HOST)
+        assert [_read(pool, front, n) for n in (b"a", b"b", b"c")] == [
+            (Tier.HOST, a), (Tier.NVME, b), (Tier.HOST, c)]
         assert pool.stats()["refused_full"] == 1

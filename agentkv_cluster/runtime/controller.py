@@ -70,7 +70,8 @@ class Controller:
         """Pages the engine hands over (or adopts from the directory, with ``copies``).
 
         Returns [(gid, needs_bytes)] and the demotions that must run first; ``needs_bytes``
-        is None when pinned pages leave no room right now (the caller retries). Never
+        is None (gid 0, nothing admitted) when pinned pages leave no room right now, or a
+        deletion of a retired page under that key still runs (the caller retries). Never
         raises half way: a ``PageConflict`` (an identity held with another size) refuses
         all first, and victims already chosen always come back as actions."""
         table = self.table
@@ -86,23 +87,26 @@ class Controller:
         for meta in metas:
             gid = table.by_key.get((meta.key, state.hbm))
             rec = table.pages.get(gid) if gid is not None else None
-            if rec is None:
+            if new := rec is None:
+                if self.events.deleting(meta.key):  # a retired page's deletion (by key) runs:
+                    out.append((0, None))  # type: ignore[arg-type] - it would drop this one
+                    continue
                 rec = table.new_record(meta, state.hbm, now)
                 if copies and meta.key in copies:
                     rec.copies, rec.pool = dict(copies[meta.key]), pool
-            table.by_pid[(owner, session, meta.page_id)] = rec.gid
+            if needs := not (rec.resident or rec.busy or (copies and rec.copies)):
+                try:
+                    actions += self._make_room(rec.hbm, rec.view.size_bytes, now, owner)
+                except HbmFull:  # retry later, with no record meanwhile: a store refused as
+                    if new:  # busy in the end leaves no page without bytes behind
+                        table.drop(rec.gid)
+                    out.append((0, None))  # type: ignore[arg-type]
+                    continue
+                self._insert(rec, now, Codec.FULL)
+                table.set_busy(rec, True)  # until ``ingested``: no bytes to demote yet
+            table.by_pid.bind((owner, session, meta.page_id), rec.gid, keep=bool(copies))
             state.pages.add(rec.gid)
-            if rec.resident or rec.busy or (copies and rec.copies):
-                out.append((rec.gid, False))
-                continue
-            try:
-                actions += self._make_room(rec.hbm, rec.view.size_bytes, now, owner)
-            except HbmFull:
-                out.append((rec.gid, None))  # type: ignore[arg-type] - retry later
-                continue
-            self._insert(rec, now, Codec.FULL)
-            table.set_busy(rec, True)  # until ``ingested``: no bytes to demote yet
-            out.append((rec.gid, True))
+            out.append((rec.gid, needs))
         return out, actions
 
     def ingested(self, gids: list[int], ok: bool = True) -> list[Action]:
@@ -196,8 +200,7 @@ class Controller:
 
     # -- room, victims and their placement ------------------------------------------------------
     def _insert(self, rec: PageRecord, now: float, codec: Codec, admitted: bool = False) -> None:
-        """``rec`` is (or is about to be) in HBM as ``codec``; ``admitted``: its policy
-        already tracks it (a prefetch it admitted)."""
+        """``rec`` is (or is about to be) in HBM as ``codec``; ``admitted``: tracked already."""
         if not admitted:
             self.strategy.prepare(rec, now)
             self.table.hbms[rec.hbm].policy.on_insert(rec.view, now)
@@ -222,9 +225,8 @@ class Controller:
 
     def _select_victims(self, policy: EvictionPolicy, hbm: str, short: int, now: float
                         ) -> list[int]:
-        """The policy's victims for ``short`` bytes, sparing the pages a load waits for or
-        is about to (``PageTable.soon_read``) while other pages free enough: evicting one
-        makes that load wait for the demotion, then restore the page again."""
+        """The policy's victims for ``short`` bytes, sparing pages a load waits for or soon
+        will (``PageTable.soon_read``) while others free enough (it would restore them)."""
         spared = [rec.view for rec in self.table.soon_read(hbm) if not rec.view.pinned]
         for view in spared:
             view.pinned = True
@@ -237,8 +239,8 @@ class Controller:
 
     def _demote_victims(self, victims: list[int], policy: EvictionPolicy, now: float
                         ) -> list[Action]:
-        """Pressure demotions of ``victims`` (the policy already stopped tracking them),
-        each to the tier and form the strategy picks, with a refill scheduled."""
+        """Pressure demotions of ``victims`` (no longer tracked by the policy), each to the
+        tier and form the strategy picks, with a refill scheduled."""
         actions = []
         for gid in victims:
             rec = self.table.pages[gid]
@@ -386,9 +388,7 @@ class Controller:
             rec = table.pages[gid]
             self.strategy.forget(rec, table.policy_of(rec))
             keys.setdefault(rec.hbm, []).append(rec.meta.key)
-            pins += rec.pins
-            straggling += rec.busy
-            resident += rec.resident
+            pins, straggling, resident = pins + rec.pins, straggling + rec.busy, resident + rec.resident
             table.drop(gid)
             self._victims.pop(gid, None)
         self.strategy.forget_tenant(tenant)

@@ -1,8 +1,7 @@
 """The controller actor: the ``Controller`` bookkeeping, an ``Executor`` and a reconcile loop.
 
 Every engine call and orchestrator event of the API front lands here; the loop starts
-scheduled gap migrations and prefetches when due. Bytes never pass through this actor.
-"""
+scheduled gap migrations and prefetches when due. Bytes never pass through this actor."""
 
 from __future__ import annotations
 
@@ -143,8 +142,7 @@ class ControllerActor:
     def serve_exact(self, tenant: str, session: str, key: bytes, dst: RemoteSpan) -> bool:
         """Push the FULL reference copy of a page (if any) into ``dst``: a lossy working
         copy is verified against / replaced by it when the engine needs exact bytes."""
-        gid = self.controller.table.resolve(tenant, session, [key])[0]
-        rec = self.controller.table.record(gid)
+        rec = self.controller.table.record(self.controller.table.resolve(tenant, session, [key])[0])
         if Codec.FULL not in rec.copies or rec.pool not in self.pools:
             return False
         got = self.pools[rec.pool].restore_to(rec.meta.key, rec.meta.digest, int(Codec.FULL),
@@ -303,9 +301,9 @@ class ControllerActor:
     def lookup(self, tenant: str, session: str, metas: list[PageMeta], namespaces: list[str]
                ) -> int:
         """Length of the leading run of ``metas`` the cluster holds: in this session's HBM,
-        or found through the directory on any pool (then adopted with its copies). From
-        the first page not held here on, the rest are looked up at once: one directory
-        read per namespace and one ``holds_many`` per pool, not a round trip each."""
+        or found through the directory on any pool (then adopted with its copies). From the
+        first page not held here on, the rest are looked up at once (a read per namespace,
+        a ``holds_many`` per pool). Copies a deletion is on its way to are not held."""
         hbm = self.hbm_of(tenant, session)
         elsewhere: dict[int, tuple[str, PoolHolding]] | None = None
         for n, meta in enumerate(metas):
@@ -320,8 +318,10 @@ class ControllerActor:
             copies = {codec: tier for tier, codec in held.copies}
             meta = replace(meta, length=held.length, state_type=held.state_type,
                            shape=held.shape)
-            self.controller.admit(tenant, session, [meta], time.monotonic(),
-                                  copies={meta.key: copies}, pool=node)
+            (adopted, _), = self.controller.admit(tenant, session, [meta], time.monotonic(),
+                                                  copies={meta.key: copies}, pool=node)[0]
+            if not adopted:  # those copies are being deleted with the page that made them
+                return n
         return len(metas)
 
     # -- tenant erasure ------------------------------------------------------------------------

@@ -11,7 +11,7 @@ refilled before the tool's predicted return. Pure: no Ray, no I/O, time passed i
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -100,6 +100,10 @@ class EventPlanner:
         # Pages retired while a move of them was in flight, by gid: their deletion ran
         # before that move ended, so what the move leaves goes after it (``left_behind``).
         self.retired_moving: dict[int, Action] = {}
+        # Keys with a deletion on its way (built, not yet reported done). A deletion drops
+        # by key, so a page stored again under one meanwhile would go with it: ``admit``
+        # waits for it (``deleting``).
+        self.deletions: Counter[bytes] = Counter()
 
     def translate(self, owner: str, session: str, data: dict[str, Any]) -> ev.Event:
         """Wire event -> typed event with engine page ids mapped to global ids."""
@@ -178,16 +182,20 @@ class EventPlanner:
     def _retirable(self, gid: int, now: float, closing: bool = False) -> bool:
         """Whether page ``gid`` may retire now; writes the summary of an audited page that
         may (or that goes anyway: its session is ``closing``)."""
+        rec = self.table.pages[gid]
         try:
             blockers = self.graph.blockers(gid)
-        except KeyError:
-            return False
-        if blockers == {Blocker.AUDIT} or (closing and Blocker.AUDIT in blockers):
+        except KeyError:  # no event named it: only a close retires it, audited by its type
+            if not (closing and rec.view.state_type in self.graph.policy.audit_types):
+                return False
+            blockers = None
+        if blockers is None or blockers == {Blocker.AUDIT} or \
+                (closing and Blocker.AUDIT in blockers):
             # §5.2: the page may go once its irreversible summary (identity digest, type,
             # content hash) is on its way to the audit log (``drain_audit``).
-            rec = self.table.pages[gid]
             self.audit_summaries.append(AuditSummary.of(rec.meta, rec.view.state_type, now))
-            self.graph.record_audit_summary(gid)
+            if blockers is not None:
+                self.graph.record_audit_summary(gid)
             return True
         return not blockers
 
@@ -269,7 +277,12 @@ class EventPlanner:
                         key=rec.meta.key, pool=rec.pool)
         if rec.busy:  # a demotion, restore or ingest of it is in flight
             self.retired_moving[gid] = action
+        self.deletions[action.key] += 1
         return action
+
+    def deleting(self, key: bytes) -> bool:
+        """A deletion of ``key`` was built and has not been reported done."""
+        return self.deletions[key] > 0
 
     def _held(self, key: bytes) -> set[str]:
         """The HBM actors on which a live page holds ``key`` (the same key is the same
@@ -279,7 +292,10 @@ class EventPlanner:
     def moved_after_retire(self, result: TransferResult) -> list[Action]:
         """``left_behind`` for a move that ended (a deletion itself leaves nothing)."""
         move = result.action
-        if move.kind is ActionKind.DELETE:
+        if move.kind is ActionKind.DELETE:  # done (or failed): the key may be stored again
+            self.deletions[move.key] -= 1
+            if self.deletions[move.key] <= 0:
+                del self.deletions[move.key]
             return []
         return self.left_behind(move.gid, result.ok and move.kind is ActionKind.RESTORE,
                                 result.pool if result.copies else "")
@@ -296,8 +312,10 @@ class EventPlanner:
         live = self._held(retired.key)
         hbm = retired.hbm if landed and retired.hbm not in live else ""
         pool = "" if live else pool
-        return [replace(retired, hbm=hbm, pool=pool, reason=Reason.RETIRE)] \
-            if hbm or pool else []
+        if not (hbm or pool):
+            return []
+        self.deletions[retired.key] += 1
+        return [replace(retired, hbm=hbm, pool=pool, reason=Reason.RETIRE)]
 
     def close_session(self, tenant: str, session: str, now: float
                       ) -> tuple[SessionClosed, list[Action]]:

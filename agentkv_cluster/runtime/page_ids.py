@@ -31,6 +31,12 @@ class PageIds:
         self._gid[key] = gid
         self._ids.setdefault(gid, set()).add(key)
 
+    def bind(self, key: PidKey, gid: int, keep: bool = False) -> None:
+        """``key`` names ``gid``; ``keep``: unless it names another page already (a prefix
+        lookup binds each identity's position, never an id ``store_pages`` gave a page)."""
+        if not (keep and self._gid.get(key, gid) != gid):
+            self[key] = gid
+
     def holders(self, gid: int) -> set[tuple[str, str]]:
         """The (tenant, session) pairs that named ``gid`` by a page id of theirs."""
         return {(tenant, session) for tenant, session, _ in self._ids.get(gid, ())}

@@ -214,14 +214,15 @@ class PageTable:
 
     def share(self, meta: PageMeta, hbm: str) -> bool:
         """A prefix lookup found ``meta``'s page on ``hbm`` (held there or in the pool):
-        the asking session may load it under its own page id. False if it is unknown."""
+        the asking session may load it, and name it by its position (``PageIds.bind``,
+        unless a page the session stored has that id). False if it is unknown."""
         gid = self.by_key.get((meta.key, hbm))
         rec = self.pages.get(gid) if gid is not None else None
         state = self.sessions.get((meta.tenant, meta.session))
         if rec is None or state is None or not (rec.resident or rec.copies):
             return False
         state.pages.add(rec.gid)
-        self.by_pid[(meta.tenant, meta.session, meta.page_id)] = rec.gid
+        self.by_pid.bind((meta.tenant, meta.session, meta.page_id), rec.gid, keep=True)
         return True
 
     def doomed(self, gid: int) -> bool:

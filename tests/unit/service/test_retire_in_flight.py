@@ -68,9 +68,45 @@ def test_an_ingest_that_lands_after_the_retirement_drops_its_hbm_page() -> None:
         (ActionKind.DELETE, out[0][0], "h", "")]
 
 
+def test_a_key_is_stored_again_only_once_its_deletion_ran() -> None:
+    """A deletion drops by key: a page stored again under it before the deletion ran went
+    with it (the page table said resident, the HBM actor held nothing), so the store waits
+    for it (the controller actor retries the admission; a lookup stops there)."""
+    ctl = Controller(make_strategy("lru"))
+    ctl.add_hbm("h", 4 * MB)
+    assert admitted(ctl, "a", range(2), 0.0) == []
+    _, deletions = ctl.events.close_session("t", "a", 1.0)
+    ctl.table.open_session("t", "a")
+    out, demotes = ctl.admit("t", "a", [meta("a", 0), meta("a", 2)], 1.1)
+    assert out[0] == (0, None) and out[1][1] is True and demotes == []
+    state = ctl.table.session("t", "a")
+    assert state.pages == {out[1][0]} and (b"a/0", "h") not in ctl.table.by_key  # nothing
+    for a in deletions:
+        ctl.finished(done(a), 1.2)
+    (again, needs), = ctl.admit("t", "a", [meta("a", 0)], 1.3)[0]
+    assert needs is True and ctl.table.by_key[(b"a/0", "h")] == again
+    assert ctl.events.deletions == {}
+
+
+def test_a_store_with_no_room_leaves_no_page_behind() -> None:
+    """A page admitted while pinned pages fill the HBM stayed in the page table and the
+    session, with no bytes anywhere, once its store was refused as busy: a later load of
+    it was ``page_lost``, and an event could name it."""
+    ctl = Controller(make_strategy("lru"))
+    ctl.add_hbm("h", 1 * MB)
+    assert admitted(ctl, "a", range(1), 0.0) == []
+    ctl.table.pin(ctl.table.pages[1])
+    out, demotes = ctl.admit("t", "a", [meta("a", 1)], 1.0)
+    assert out == [(0, None)] and demotes == []
+    assert list(ctl.table.pages) == [1] and ctl.table.session("t", "a").pages == {1}
+    assert ctl.table.by_pid.get(("t", "a", 1)) is None and len(ctl.table.by_pid) == 1
+
+
 def test_nothing_goes_that_a_live_page_holds_under_the_same_key() -> None:
     ctl, demotions = _full_hbm()
-    ctl.events.close_session("t", "a", 2.0)
+    _, deletions = ctl.events.close_session("t", "a", 2.0)
+    for a in deletions:  # the close's own deletions ran: the keys may be stored again
+        ctl.finished(done(a), 2.05)
     admitted(ctl, "a", range(1), 2.1)  # page a/0 stored again: live under its key
     assert (b"a/0", "h") in ctl.table.by_key
     after = ctl.finished(done(demotions[0], copies=((Tier.HOST, Codec.FULL),),

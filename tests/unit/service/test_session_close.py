@@ -16,10 +16,12 @@ from agentkv_cluster.runtime.guard import Guarded
 from agentkv_cluster.runtime.loads import EngineLoader
 from agentkv_cluster.runtime.records import (
     ActionKind,
+    Outcome,
     PageMeta,
     Reason,
     RefusedNotFound,
     TenantErased,
+    TransferResult,
     UnknownPageKey,
     UnknownSession,
 )
@@ -137,7 +139,9 @@ def test_closing_again_or_a_session_never_opened_answers_not_closed() -> None:
 def test_a_session_opened_again_after_its_close_starts_afresh() -> None:
     ctl = _controller()
     _in_a_tool_call(ctl)
-    ctl.events.close_session("t", "a", 1.0)
+    _, deletions = ctl.events.close_session("t", "a", 1.0)
+    for a in deletions:  # ran: the same keys may be stored again (``Controller.admit``)
+        ctl.finished(TransferResult(action=a, outcome=Outcome.DONE), 1.0)
     gids = _in_a_tool_call(ctl)  # the same task id, page ids and versions from 1 again
     assert ctl.table.sessions[("t", "a")].pages == set(gids)
 
@@ -219,3 +223,31 @@ def test_a_load_in_flight_when_its_session_closes_ends_not_found_and_leaves_no_p
     assert (closed.retired, closed.kept) == (1, 1)
     assert not waiter.is_alive() and isinstance(failed[0], RefusedNotFound)
     assert ctl.manager.table.pages[shared].pins == 0  # "b"'s page keeps no pin of the load
+
+
+def test_a_prefix_lookup_never_moves_a_page_id_the_session_stored() -> None:
+    """A lookup names each page it finds by its position in the looked-up run. Looking up
+    [X1] (stored as page 1) used to move page id 0 from X0 to X1, so an event about page 0
+    (its task's end) then retired X1 and kept X0."""
+    ctl = _controller()
+    ctl.table.open_session("t", "a")
+    x0, x1 = _meta("t", "a", 0), _meta("t", "a", 1)
+    (g0, _), (g1, _) = ctl.admit("t", "a", [x0, x1], 0.0)[0]
+    assert ctl.table.share(replace(x1, page_id=0), "h")  # held: loadable by this session
+    assert [ctl.table.by_pid.get(("t", "a", i)) for i in (0, 1)] == [g0, g1]
+    ctl.table.open_session("t", "b")  # a session that stored nothing: position = page id
+    assert ctl.table.share(replace(x1, session="b", page_id=0), "h")
+    assert ctl.table.by_pid.get(("t", "b", 0)) == g1
+
+
+def test_a_close_leaves_the_summary_of_audited_pages_no_event_named() -> None:
+    """Pages stored as ``verified_result`` or ``failed_branch`` that no event named are
+    unknown to the event graph: a close retired them with no ``page_retired`` summary."""
+    ctl = _controller()
+    ctl.table.open_session("t", "a")
+    kinds = (StateType.VERIFIED_RESULT, StateType.FAILED_BRANCH, StateType.EVIDENCE)
+    ctl.admit("t", "a", [_meta("t", "a", i, kind=k) for i, k in enumerate(kinds)], 0.0)
+    closed, deletions = ctl.events.close_session("t", "a", 1.0)
+    assert closed.retired == 3 and len(deletions) == 3
+    summaries = ctl.events.drain_audit()
+    assert {s.state_type for s in summaries} == set(kinds[:2]) and len(summaries) == 2

@@ -27,8 +27,7 @@ this process's, NVMe records are found by key again after a restart (a pool segm
 crashed writer left in /dev/shm is replaced). A key's old value goes only once its new one
 is in, but in a host-only store with every slot taken ``put`` over a key on the host writes
 into that key's own slot (``ReplaceFailed`` if that fails: the key is gone, never half a
-value). Reservations: ``store.kv_reservations``. ``out`` buffers: ``BadOutBuffer``.
-"""
+value). Reservations: ``store.kv_reservations``. ``out`` buffers: ``BadOutBuffer``."""
 
 from __future__ import annotations
 
@@ -60,6 +59,7 @@ from store.kv_types import (
     ValueTooLarge,
     fit_out,
     length_arg,
+    no_room,
     out_arg,
     source_bytes,
     tier_arg,
@@ -194,12 +194,8 @@ class KVStore:
             r.tier = Tier.NVME
 
     def _no_room(self, key: bytes, tier: Tier, direct: bool) -> NoRoom:
-        why = "this store has no NVMe tier" if tier is Tier.NVME else (
-            f"all {self.config.host_slots} host slots are taken and there is no NVMe tier")
-        if tier is Tier.HOST and not direct and key in self._host_index:
-            why += ("; a reservation does not reuse its key's slot (the value stays readable "
-                    "until commit): put() replaces in place, or delete the key first")
-        return NoRoom(f"{key!r:.40}: {why}")
+        return no_room(key, tier, self.config.host_slots,
+                       tier is Tier.HOST and not direct and key in self._host_index)
 
     def commit(self, reservation: Reservation) -> Tier:
         """Publish a reserved value; the old value of its key goes. ``ReservationClosed``
@@ -282,7 +278,8 @@ class KVStore:
             return self.host.read(held.slot, dst)
         try:
             opened = self._seal.open_from_host(self.host, held.slot, key, dst)
-        except InvalidSeal:
+        except InvalidSeal:  # sealed under an erased key: never opens, so it goes (as on NVMe)
+            self._drop_host(key)
             raise KeyMissing(key) from None
         if opened is Lookup.MISS:
             raise KeyMissing(key)
@@ -342,7 +339,10 @@ class KVStore:
         if self.nvme is None:
             return False
         nkey = key if self.sealing is None else self._seal.slot_id(key)
-        return self.nvme.delete(nkey) is Lookup.HIT
+        try:
+            return self.nvme.delete(nkey) is Lookup.HIT
+        except DiskFull as exc:  # no room for its tombstone: it stays, readable
+            raise NoRoom(f"{key!r:.40}: no room on NVMe to record its deletion: {exc}") from exc
 
     def _drop_host(self, key: bytes) -> bool:
         held = self._host_index.pop(key, None)

@@ -86,6 +86,8 @@ class KVStoreConfig:
             raise ValueError("slot_bytes must be positive and host_slots non-negative")
         if not self.host_slots and self.nvme_dir is None:
             raise ValueError("a store needs a host tier, an NVMe tier, or both")
+        if self.nvme_dir is not None and not str(self.nvme_dir).strip():
+            raise ValueError("nvme_dir must name a directory (None: no NVMe tier), not ''")
 
 
 def source_bytes(value: Any) -> np.ndarray:
@@ -103,17 +105,23 @@ def source_bytes(value: Any) -> np.ndarray:
 
 
 def out_arg(out: Any) -> np.ndarray:
-    """``out`` as a flat uint8 array over its own memory (no copy), or ``BadOutBuffer``."""
-    try:
-        view = memoryview(out)
-    except TypeError:
-        raise _bad_out(f"a {type(out).__name__}, not a buffer") from None
-    objects = out.dtype.hasobject if isinstance(out, np.ndarray) else "O" in view.format
+    """``out`` as a flat uint8 array over its own memory (no copy), or ``BadOutBuffer``. An
+    array is taken by its flags, not as a buffer: numpy exports no buffer of some dtypes
+    (datetime64) that ``put`` stores as they are."""
+    if isinstance(out, np.ndarray):
+        objects, readonly, contiguous = (out.dtype.hasobject, not out.flags.writeable,
+                                         out.flags.c_contiguous)
+    else:
+        try:
+            view = memoryview(out)
+        except (TypeError, ValueError):
+            raise _bad_out(f"a {type(out).__name__}, not a buffer") from None
+        objects, readonly, contiguous = "O" in view.format, view.readonly, view.c_contiguous
     if objects:
         raise _bad_out("an array of Python objects")
-    if view.readonly:
+    if readonly:
         raise _bad_out("read-only")
-    if not view.c_contiguous:
+    if not contiguous:
         raise _bad_out("not C-contiguous")
     if isinstance(out, np.ndarray):
         return out.reshape(-1).view(np.uint8)  # contiguous: a view, never a copy
@@ -130,6 +138,17 @@ def fit_out(flat: np.ndarray, n: int) -> np.ndarray:
 def _bad_out(problem: str) -> BadOutBuffer:
     return BadOutBuffer(f"out is {problem}: get needs a writable, C-contiguous buffer of plain "
                        f"elements with room for the value")
+
+
+def no_room(key: bytes, tier: Tier, host_slots: int, reserved_over_key: bool) -> NoRoom:
+    """Why a value found no tier; ``reserved_over_key``: a reservation of a key held on the
+    host (it never reuses that slot)."""
+    why = "this store has no NVMe tier" if tier is Tier.NVME else (
+        f"all {host_slots} host slots are taken and there is no NVMe tier")
+    if reserved_over_key:
+        why += ("; a reservation does not reuse its key's slot (the value stays readable "
+                "until commit): put() replaces in place, or delete the key first")
+    return NoRoom(f"{key!r:.40}: {why}")
 
 
 def length_arg(nbytes: object) -> int:

@@ -127,6 +127,22 @@ def test_sealed_nvme_values_outlive_the_process_and_die_with_the_keys(tmp_path):
             store.get(b"k")
 
 
+def test_a_host_value_sealed_under_an_erased_generation_goes_as_on_nvme(tmp_path):
+    """It never opens again: it used to stay listed (``contains`` true after ``get`` said
+    missing) and keep its host slot for as long as the store ran."""
+    ring = memory_keyring("acme")
+    with open_store(tmp_path, "sealed", keyring=ring) as store:
+        store.put(b"h", value(1000, 1), Tier.HOST)
+        store.put(b"n", value(1000, 2), Tier.NVME)
+        ring.rotate("acme")
+        ring.destroy_generation("acme", 1)
+        for key in (b"h", b"n"):
+            with pytest.raises(KeyMissing):
+                store.get(key)
+            assert not store.contains(key)
+        assert store.host.stats().used_slots == 0
+
+
 def test_tampered_sealed_values_are_misses_not_garbage(tmp_path):
     with open_store(tmp_path, "sealed") as store:
         store.put(b"h", value(1 << 20, 4))

@@ -123,6 +123,29 @@ def test_a_write_the_disk_refuses_keeps_the_old_value(tmp_path, mode):
         assert set(raised) == {NoRoom}  # the shard's DiskFull, as the store's own error
 
 
+def test_a_delete_the_full_disk_cannot_record_is_the_stores_no_room(tmp_path, mode,
+                                                                    monkeypatch):
+    """No room left even for a tombstone: the shard's ``DiskFull`` came out of ``delete``
+    (and of a put over an NVMe key) as it was, not as a store error. The value stays."""
+    from store.nvme import DiskFull, NvmeShard
+
+    def full(*_args: object) -> None:
+        raise DiskFull("no room for a tombstone")
+
+    with open_store(tmp_path, mode) as store:
+        store.put(b"n", b"nvme-old", Tier.NVME)
+        monkeypatch.setattr(NvmeShard, "delete", full)
+        for call in (lambda: store.delete(b"n"), lambda: store.put(b"n", b"new", Tier.HOST)):
+            with pytest.raises(NoRoom, match="no room on NVMe to record its deletion"):
+                call()
+        assert store.get(b"n") == b"nvme-old" and store.host.stats().used_slots == 0
+
+
+def test_a_nameless_nvme_dir_is_refused():
+    with pytest.raises(ValueError, match="nvme_dir must name a directory"):
+        KVStoreConfig(name="x", slot_bytes=4096, nvme_dir="")
+
+
 def test_a_closed_store_says_so(tmp_path, mode):
     store = open_store(tmp_path, mode)
     store.put(b"a", b"x")

@@ -327,14 +327,14 @@ class PreparedLoads:
 
     def add(self, load: PreparedLoad) -> int:
         """Keep ``load``; returns its id. Expired loads go, and the tenant's oldest while
-        its loads hold more than ``max_keys`` pages."""
+        its loads hold more than ``max_keys`` pages (an empty load counts as one)."""
         with self._lock:
             while self._loads:
                 oldest = next(iter(self._loads))
                 if load.at - self._loads[oldest].at < self.ttl_s:
                     break
                 self._drop(oldest)
-            self._keys[load.tenant] += len(load.keys)
+            self._keys[load.tenant] += max(1, len(load.keys))
             load_id = next(self._ids)
             self._loads[load_id] = load
             if self._keys[load.tenant] > self.max_keys:
@@ -394,7 +394,7 @@ class PreparedLoads:
         load = self._loads.pop(load_id, None)
         if load is None:
             return False
-        self._keys[load.tenant] -= len(load.keys)
+        self._keys[load.tenant] -= max(1, len(load.keys))
         if self._keys[load.tenant] <= 0:
             del self._keys[load.tenant]
         return True

@@ -53,6 +53,17 @@ def test_a_tenant_over_its_page_cap_loses_its_oldest_loads_only() -> None:
     assert loads.get(theirs, "globex", "s", 0.0) is not None
 
 
+def test_empty_loads_count_against_the_cap_too() -> None:
+    """``prepare_load([])`` kept an empty load that counted nothing: a client could hold
+    any number of them until they expired."""
+    loads = PreparedLoads(max_keys=10)
+    ids = [loads.add(_load(n=0)) for _ in range(1000)]
+    assert len(loads) == 10 and all(loads.get(i, "acme", "s", 0.0) for i in ids[-10:])
+    for i in ids[-10:]:
+        loads.take(i)
+    assert len(loads) == 0 and loads.add(_load(n=10)) and len(loads) == 1
+
+
 def test_forget_tenant_drops_its_loads() -> None:
     loads = PreparedLoads()
     loads.add(_load())

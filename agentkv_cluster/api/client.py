@@ -125,7 +125,12 @@ class AgentKvClient(_ClosedOnExit):
             self._sock = _dial(*self._redial)
 
     def _exchange(self, rid: int, frame: bytes) -> Any:
-        """Send one frame and read its reply (the caller holds the lock)."""
+        """Send one frame and read its reply (the caller holds the lock). A frame over the
+        limit is refused here, unsent (the server would close the connection on it)."""
+        if len(frame) - p.HEADER.size > self._max_frame:
+            raise p.ProtocolError(p.ErrorCode.OVERSIZED, f"request of {len(frame)} bytes "
+                                  f"exceeds the {self._max_frame}-byte frame limit: nothing "
+                                  "was sent; send fewer pages per call")
         self._sock.sendall(frame)
         length = p.frame_length(self._recv_exact(p.HEADER.size), self._max_frame)
         reply = p.decode_reply(self._recv_exact(length), self._max_frame)

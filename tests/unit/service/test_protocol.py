@@ -61,3 +61,26 @@ def test_arg_checks_reject_bool_for_int() -> None:
     assert p.bytes_list({"keys": [b"a", b"b"]}, "keys") == [b"a", b"b"]
     with pytest.raises(p.ProtocolError):
         p.bytes_list({"keys": [b"a", "b"]}, "keys")
+
+
+def test_a_client_refuses_an_oversized_request_unsent() -> None:
+    """A 65 MiB ``store_pages`` reached the caller as ``ConnectionResetError`` (the server
+    closes the stream on an oversized frame): the client now says so before sending."""
+    import socket
+
+    from agentkv_cluster.api.client import AgentKvClient
+
+    ours, server = socket.socketpair()
+    ours.settimeout(5.0)  # sent, it would block: nobody reads the other end
+    try:
+        client = AgentKvClient(ours, token=None, max_frame=1 << 20)
+        with pytest.raises(p.ProtocolError) as refused:
+            client.call("store_pages", {"session": "s", "pages": [b"x" * (1 << 20)]})
+        assert refused.value.code is p.ErrorCode.OVERSIZED and "nothing was sent" in str(
+            refused.value)
+        server.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            server.recv(1)  # not a byte of it went out
+    finally:
+        ours.close()
+        server.close()

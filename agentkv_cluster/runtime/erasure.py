@@ -41,7 +41,7 @@ from agentkv_cluster.runtime.directory_glue import GUARD_BACKOFF, RedisSpec, ope
 from agentkv_cluster.runtime.generation_erasure import GenerationErasures
 from agentkv_cluster.runtime.handles import ActorGone
 from security.audit import AuditLog
-from security.erasure import Eraser, ErasureReceipt
+from security.erasure import Eraser, ErasureReceipt, unfinished_erasures
 from security.keyring import FileKeySource, TenantKeyring
 from security.signing import Signer
 from store.types import Lookup
@@ -277,7 +277,9 @@ class ClusterErasure:
     def remember_marks(self) -> list[str]:
         """At start: marks already present were enforced by the service that ran then,
         except where a pool recovered records of a tenant that is erased and has no keys
-        now (it was erased while the service was down): those are purged here, with an
+        now (it was erased while the service was down), and where the audit log holds an
+        erasure of the tenant that began and did not end (cut off with its keys still
+        there, maybe while no service ran): those are purged here, with an
         ``erasure.enforced`` record. Returns the tenants purged."""
         keyring = TenantKeyring(FileKeySource(self.keys_dir))
         marks = keyring.erasures()
@@ -287,7 +289,9 @@ class ClusterErasure:
                 held.update(pool.options(timeout_s=60.0).tenants_held())
             except ActorGone:
                 continue
-        stale = {t: at for t, at in marks.items() if t in held and not keyring.has_keys(t)}
+        cut = {b.tenant for b in unfinished_erasures(self.audit.path) if b.generation is None}
+        stale = {t: at for t, at in marks.items()
+                 if t in cut or (t in held and not keyring.has_keys(t))}
         for tenant, at in marks.items():
             if tenant not in stale:
                 self._enforced(tenant, at)

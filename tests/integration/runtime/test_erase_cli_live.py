@@ -117,6 +117,54 @@ def test_a_tenant_erased_while_the_service_was_down_is_gone_after_the_restart(
         second.stop()
 
 
+class _Killed(BaseException):
+    """The erase CLI's process dies here (nothing after it runs)."""
+
+
+def test_an_erasure_cut_off_after_its_mark_is_enforced_by_the_next_start(
+        tmp_path: Path, monkeypatch) -> None:
+    """The CLI wrote the erasure mark and died before it destroyed the keys, while the
+    service was down. The service started next took the mark for one it had enforced, and
+    a new token of the name read every page the erasure was to remove (the keys still
+    open them). The audit log says the erasure began and did not end: it purges now."""
+    from security.keyring import TenantKeyring
+
+    tenant = "acme-cut-off"
+    cfg = load_config(env={}, overrides={
+        "api": {"port": 0},
+        "hbm": {"page_bytes": PAGE, "num_pages": 8},
+        "pool": {"pool_bytes": 2 * PAGE, "slot_bytes": PAGE, "nvme_dir": str(tmp_path / "nv")},
+    })
+    pages = [kv_page(i, "evidence", identity(tenant, "d1", 1000 * i)) for i in range(6)]
+    first = Service(cfg, workdir=tmp_path, hbm_capacity=2 * PAGE).start(local=True)
+    try:
+        with first.client(tenant) as client:
+            client.open_session("d1").store_pages(pages)  # most demoted, some to NVMe
+    finally:
+        first.stop()
+    marked = TenantKeyring.mark_erased
+
+    def mark_then_die(self, *args, **kwargs) -> None:
+        marked(self, *args, **kwargs)
+        raise _Killed
+
+    monkeypatch.setattr(TenantKeyring, "mark_erased", mark_then_die)
+    log = tmp_path / "audit.log"
+    with pytest.raises(_Killed):
+        main(["tenant", "erase", tenant, "--keys-dir", str(tmp_path / "keys"),
+              "--audit-log", str(log), "--signing-key", str(tmp_path / "audit.key")])
+    monkeypatch.undo()
+    second = Service(cfg, workdir=tmp_path, hbm_capacity=2 * PAGE).start(local=True)
+    try:
+        assert tenant not in second.topo.pools["node0"].target.tenants_held()
+        assert [r["tenant"] for r in _enforced(log)] == [tenant]
+        with second.client(tenant) as fresh:
+            ids = [identity(tenant, "d1", 1000 * i).pack() for i in range(6)]
+            assert fresh.open_session("d1").lookup_prefix(ids)["length"] == 0
+    finally:
+        second.stop()
+
+
 def test_right_after_a_cli_erasure_no_token_reads_the_old_pages(service, monkeypatch) -> None:
     """Until the service has purged an erasure made by the CLI, a token issued before it is
     void at once (the front sees the mark as soon as the key directory changes) and one

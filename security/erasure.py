@@ -280,6 +280,8 @@ class Eraser:
         return self._finish(scope, key_ids, now, begun)
 
     def _begin(self, scope: EraseScope, key_ids: list[str], now: float) -> int:
+        # Keys it cannot destroy (a read-only key directory): refused before any record.
+        getattr(self.keyring.source, "require_writable", lambda: None)()
         return self.audit.append(BEGUN, {
             "tenant": scope.tenant, "generation": scope.generation,
             "scope": "tenant" if scope.generation is None else "generation",

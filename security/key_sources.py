@@ -91,12 +91,14 @@ class FileKeySource:
             raise KeyUnavailable(f"key {name} does not exist") from None
 
     def create(self, name: str, material: bytes) -> None:
-        self._require_writable()
+        self.require_writable()
         path = self.directory / _check_key_name(name)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
             raise KeyExists(f"key {name} already exists") from None
+        except OSError as exc:
+            raise self._refused(exc) from None
         try:
             try:
                 write_all(fd, material)
@@ -109,12 +111,14 @@ class FileKeySource:
         fsync_dir(self.directory)
 
     def destroy(self, name: str) -> bool:
-        self._require_writable()
+        self.require_writable()
         path = self.directory / _check_key_name(name)
         try:
             fd = os.open(path, os.O_WRONLY)
         except FileNotFoundError:
             return False
+        except OSError as exc:
+            raise self._refused(exc) from None
         try:  # overwrite before unlinking (best effort on CoW/flash, see docs/security.md)
             size = os.fstat(fd).st_size
             write_all(fd, b"\0" * size)
@@ -128,9 +132,17 @@ class FileKeySource:
     def names(self) -> list[str]:
         return sorted(p.name for p in self.directory.iterdir() if _KEY_NAME_RE.fullmatch(p.name))
 
-    def _require_writable(self) -> None:
-        if not self.writable:
-            raise KeyUnavailable(f"key directory {self.directory} is read-only")
+    def require_writable(self) -> None:
+        """``KeyUnavailable`` unless keys can be created and destroyed here: opened
+        read-only, or a read-only mount (a Kubernetes Secret volume)."""
+        if not self.writable or not os.access(self.directory, os.W_OK):
+            raise KeyUnavailable(f"key directory {self.directory} is read-only (a mounted "
+                                 "Secret?): nothing was changed; run this where the keys "
+                                 "are writable")
+
+    def _refused(self, exc: OSError) -> KeyUnavailable:
+        return KeyUnavailable(f"key directory {self.directory} refused the change "
+                              f"({exc.strerror}): nothing was changed")
 
 
 

@@ -40,6 +40,26 @@ def test_the_begun_record_names_the_keys_before_they_go(tmp_path, keyring, signe
     assert unfinished_erasures(log) == []
 
 
+@pytest.mark.parametrize("generation", [None, 1])
+def test_a_read_only_key_directory_refuses_an_erasure_before_any_record(
+        tmp_path, keyring, signer, generation):
+    """Keys in a read-only mount (a Kubernetes Secret) cannot be destroyed: the erasure
+    wrote ``erasure.begun`` and then failed with an OSError traceback, leaving an
+    "unfinished erasure" in the log. It is refused first, the log and keys untouched."""
+    log = tmp_path / "audit.log"
+    audit = AuditLog(log, signer, checkpoint_every=1000)
+    mounted = TenantKeyring(FileKeySource(tmp_path / "keys", writable=False))
+    eraser = Eraser(mounted, audit, signer)
+    with pytest.raises(KeyUnavailable, match="read-only .*nothing was changed"):
+        if generation is None:
+            eraser.erase_tenant("alice", now=2.0)
+        else:
+            eraser.erase_generation("alice", generation, now=2.0)
+    audit.close()
+    assert "erasure.begun" not in _kinds(log) and unfinished_erasures(log) == []
+    assert keyring.has_keys("alice") and keyring.erasures() == {}
+
+
 def test_an_append_the_disk_refuses_leaves_the_log_as_it_was(disk, signer):
     log = disk / "audit.log"
     audit = AuditLog(log, signer, checkpoint_every=1)

@@ -28,6 +28,7 @@ from security.audit_format import (
     Line,
     checkpoint_message,
     head_path,
+    head_signed_by,
     iter_lines,
     links,
     parse_line,
@@ -35,6 +36,7 @@ from security.audit_format import (
     read_records,
     record_hash,
     same_file,
+    signed_count,
 )
 from security.errors import AuditLogError, AuditRecordTooLarge
 from security.key_sources import write_all
@@ -113,13 +115,18 @@ class AuditLog:
     def _check_signer(self) -> None:
         """Refuse to extend a log that another key signs: ``verify_log`` takes one public
         key, so from the first record signed with a second key on, the log would verify
-        under neither (one wrong ``--signing-key`` broke the evidence chain for good)."""
+        under neither (one wrong ``--signing-key`` broke the evidence chain for good). Nor
+        one shorter than its signed head: the next head would sign the cut chain anew."""
         mine = fingerprint(self.signer.public_raw())
-        if self._seq and (self._key not in (None, mine) or not _head_signed_by(
+        if self._seq and (self._key not in (None, mine) or not head_signed_by(
                 self.path, Verifier(self.signer.public_raw()))):
             raise AuditLogError(f"{self.path} is signed with another key (checkpoint key "
                                 f"{self._key or 'unknown'}, this writer's is {mine}): refusing "
                                 "to append; use the log's signing key, or start a new log")
+        if (signed := signed_count(self.path)) > self._seq:
+            raise AuditLogError(f"{self.path} holds {self._seq} records, its signed head "
+                                f"{signed}: it was truncated; refusing to append (keep it as "
+                                "evidence and start a new log)")
 
     @contextlib.contextmanager
     def _exclusive(self) -> Iterator[None]:
@@ -289,16 +296,6 @@ class AuditLog:
         sig = self.signer.sign(checkpoint_message(self._seq, self._prev))
         atomic_write(head_path(self.path), canonical_json(
             {"count": self._seq, "head": self._prev, "sig": sig.hex()}) + b"\n", fsync=self.fsync)
-
-
-def _head_signed_by(path: Path, verifier: Verifier) -> bool:
-    """Whether the head file's signature verifies under ``verifier`` (a missing or
-    malformed head file is ``verify_log``'s finding, not a sign of another key)."""
-    try:
-        count, top, sig = read_head(path)
-    except (OSError, ValueError, KeyError, TypeError):
-        return True
-    return verifier.verify(sig, checkpoint_message(count, top))
 
 
 def _check_checkpoint(rec: dict, seq: int, prev: str, verifier: Verifier) -> str | None:

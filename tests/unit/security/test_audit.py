@@ -119,6 +119,21 @@ def test_rollback_of_log_and_head_is_detected_against_an_anchor(tmp_path, signer
     assert not verify_log(path, verifier, anchors=[forged]).ok
 
 
+def test_refuses_to_extend_a_log_shorter_than_its_signed_head(log, signer):
+    """A truncated log next to its head file fails ``verify_log``; the next writer used to
+    append and sign a new head over the cut chain, after which it verified again with the
+    cut-off records (an erasure's among them) gone."""
+    path, verifier, _ = log
+    _write(path, _lines(path)[:4])
+    assert any("truncated" in p for p in verify_log(path, verifier).problems)
+    with pytest.raises(AuditLogError, match="holds 4 records, its signed head 13: it was truncated"):
+        AuditLog(path, signer, fsync=False)
+    assert len(_lines(path)) == 4 and not verify_log(path, verifier).ok  # untouched
+    _write(path, [])
+    with pytest.raises(AuditLogError, match="truncated"):
+        AuditLog(path, signer, fsync=False)
+
+
 def test_missing_or_forged_head_file(log, signer):
     path, verifier, _ = log
     head = head_path(path)

@@ -293,6 +293,8 @@ class Eraser:
         begun = self.unfinished(scope.tenant, scope.generation)
         if begun is None:
             raise missing
+        if scope.generation is not None:  # cut off between its key and its marker
+            self.keyring.mark_generation_erased(scope.tenant, scope.generation)
         return self._finish(scope, list(begun.key_ids), now, begun.seq)
 
     def _finish(self, scope: EraseScope, key_ids: list[str], now: float, begun: int

@@ -205,9 +205,15 @@ class TenantKeyring:
         """Crypto-shred one generation; returns the destroyed key ids."""
         key_id = self.key_id(namespace, generation)
         self.source.destroy(kek_name(namespace, generation))
-        self.source.create(tombstone_name(namespace, generation), b"")
+        self.mark_generation_erased(namespace, generation)
         self._forget(namespace, {generation})
         return [key_id]
+
+    def mark_generation_erased(self, namespace: str, generation: int) -> None:
+        """The generation's ``.gone`` marker (running services enforce the erasure by it);
+        kept if there is one (an erasure finished again after it was cut off)."""
+        with contextlib.suppress(KeyExists):
+            self.source.create(tombstone_name(namespace, generation), b"")
 
     def mark_erased(self, namespace: str, at: float, directory_namespace: str | None = None
                     ) -> None:

@@ -60,6 +60,35 @@ def test_a_read_only_key_directory_refuses_an_erasure_before_any_record(
     assert keyring.has_keys("alice") and keyring.erasures() == {}
 
 
+class _Killed(BaseException):
+    """The erasing process dies here."""
+
+
+def test_a_generation_erasure_cut_off_before_its_marker_writes_it_when_finished(
+        tmp_path, keyring, signer, monkeypatch):
+    """Killed after the KEK went and before the generation's ``.gone`` marker: the rerun
+    signed a receipt but never wrote the marker, so no running service ever enforced the
+    erasure (they watch the markers) and pages sealed under it stayed served."""
+    keyring.rotate("alice")
+    log = tmp_path / "audit.log"
+
+    def killed(*_args: object) -> None:
+        raise _Killed
+
+    monkeypatch.setattr(TenantKeyring, "mark_generation_erased", killed)
+    audit = AuditLog(log, signer, checkpoint_every=1000)
+    with pytest.raises(_Killed):
+        Eraser(keyring, audit, signer).erase_generation("alice", 1, now=2.0)
+    audit.close()
+    monkeypatch.undo()
+    assert keyring.erased_generations() == [] and keyring.generations("alice") == [2]
+    audit = AuditLog(log, signer, checkpoint_every=1000)
+    receipt = Eraser(keyring, audit, signer).erase_generation("alice", 1, now=3.0)
+    audit.close()
+    assert receipt.generation == 1 and keyring.erased_generations() == [("alice", 1)]
+    assert unfinished_erasures(log) == []
+
+
 def test_an_append_the_disk_refuses_leaves_the_log_as_it_was(disk, signer):
     log = disk / "audit.log"
     audit = AuditLog(log, signer, checkpoint_every=1)

@@ -83,7 +83,8 @@ def test_a_generation_erasure_cut_off_before_its_marker_writes_it_when_finished(
     monkeypatch.undo()
     assert keyring.erased_generations() == [] and keyring.generations("alice") == [2]
     audit = AuditLog(log, signer, checkpoint_every=1000)
-    receipt = Eraser(keyring, audit, signer).erase_generation("alice", 1, now=3.0)
+    rerun = TenantKeyring(FileKeySource(tmp_path / "keys"))  # a new process: no cached KEK
+    receipt = Eraser(rerun, audit, signer).erase_generation("alice", 1, now=3.0)
     audit.close()
     assert receipt.generation == 1 and keyring.erased_generations() == [("alice", 1)]
     assert unfinished_erasures(log) == []

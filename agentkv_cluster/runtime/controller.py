@@ -70,7 +70,7 @@ class Controller:
         """Pages the engine hands over (or adopts from the directory, with ``copies``).
 
         Returns [(gid, needs_bytes)] and the demotions that must run first; ``needs_bytes``
-        is None (gid 0, nothing admitted) when pinned pages leave no room right now, or a
+        is None when pinned pages leave no room right now, or (gid 0, nothing admitted) a
         deletion of a retired page under that key still runs (the caller retries). Never
         raises half way: a ``PageConflict`` (an identity held with another size) refuses
         all first, and victims already chosen always come back as actions."""
@@ -87,25 +87,23 @@ class Controller:
         for meta in metas:
             gid = table.by_key.get((meta.key, state.hbm))
             rec = table.pages.get(gid) if gid is not None else None
-            if new := rec is None:
+            if rec is None:
                 if self.events.deleting(meta.key):  # a retired page's deletion (by key) runs:
                     out.append((0, None))  # type: ignore[arg-type] - it would drop this one
                     continue
                 rec = table.new_record(meta, state.hbm, now)
                 if copies and meta.key in copies:
                     rec.copies, rec.pool = dict(copies[meta.key]), pool
+            table.by_pid.bind((owner, session, meta.page_id), rec.gid, keep=bool(copies))
+            state.pages.add(rec.gid)
             if needs := not (rec.resident or rec.busy or (copies and rec.copies)):
                 try:
                     actions += self._make_room(rec.hbm, rec.view.size_bytes, now, owner)
-                except HbmFull:  # retry later, with no record meanwhile: a store refused as
-                    if new:  # busy in the end leaves no page without bytes behind
-                        table.drop(rec.gid)
-                    out.append((0, None))  # type: ignore[arg-type]
+                except HbmFull:  # retry later (a store refused in the end: forget_unstored)
+                    out.append((rec.gid, None))  # type: ignore[arg-type]
                     continue
                 self._insert(rec, now, Codec.FULL)
                 table.set_busy(rec, True)  # until ``ingested``: no bytes to demote yet
-            table.by_pid.bind((owner, session, meta.page_id), rec.gid, keep=bool(copies))
-            state.pages.add(rec.gid)
             out.append((rec.gid, needs))
         return out, actions
 

@@ -196,8 +196,7 @@ class ControllerActor:
                 self.controller.ingested([g for g, needs in admitted if needs], ok=False)
                 if self._erased_since(tenant, epoch):
                     raise TenantErased("the tenant was erased during this store") from None
-                raise RefusedNotFound(f"session {session!r} was closed during this store") \
-                    from None
+                raise RefusedNotFound(f"session {session!r} closed during this store") from None
             retry = []
             for i, (gid, needs) in zip(pending, admitted):
                 if needs is None:
@@ -216,6 +215,7 @@ class ControllerActor:
             pending = retry
             if pending:
                 if full or time.monotonic() > deadline:
+                    self.controller.events.forget_unstored(tenant, session, [g for g, _ in admitted])
                     raise RefusedBusy("no room for the pages that would make room: a pool's "
                                       "tiers are full" if full else "HBM is full of pinned "
                                       "pages; release some and retry")

@@ -280,6 +280,20 @@ class EventPlanner:
         self.deletions[action.key] += 1
         return action
 
+    def forget_unstored(self, owner: str, session: str, gids: list[int]) -> None:
+        """A store was refused (no room in the end): the pages it admitted that have no
+        bytes anywhere leave the session, and the page table where no one else holds them
+        (they stayed, loadable only as ``page_lost``, and events could name them)."""
+        table, state = self.table, self.table.sessions.get((owner, session))
+        for gid in gids:
+            rec = table.pages.get(gid)
+            if rec is None or state is None or rec.resident or rec.busy or rec.copies:
+                continue
+            state.pages.discard(gid)
+            table.by_pid.drop_session(gid, owner, session)
+            if not self._held_elsewhere(gid, owner, session):
+                table.drop(gid)
+
     def deleting(self, key: bytes) -> bool:
         """A deletion of ``key`` was built and has not been reported done."""
         return self.deletions[key] > 0

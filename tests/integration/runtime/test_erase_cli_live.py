@@ -9,6 +9,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -77,14 +78,9 @@ def test_an_erasure_made_by_the_cli_is_enforced_by_the_running_service(service) 
         assert again.lookup_prefix(ids)["length"] == 0
 
 
-def test_a_tenant_erased_while_the_service_was_down_is_gone_after_the_restart(
-        tmp_path: Path) -> None:
-    """Records the restarted pool recovers from its NVMe shard: those it can still read
-    (an older record format) are purged at start, with an ``erasure.enforced`` record;
-    the others do not open under any live key and are never adopted. Either way the new
-    tenant of that name finds nothing, and the shard files hold neither plaintext nor the
-    tenant's name."""
-    tenant = "acme-erased-offline"
+def _stored_then_stopped(tmp_path: Path, tenant: str) -> tuple[Any, list[dict]]:
+    """A service in ``tmp_path`` that stored six pages of ``tenant`` (most demoted, some
+    to NVMe) and stopped; its config and the pages."""
     cfg = load_config(env={}, overrides={
         "api": {"port": 0},
         "hbm": {"page_bytes": PAGE, "num_pages": 8},
@@ -94,10 +90,22 @@ def test_a_tenant_erased_while_the_service_was_down_is_gone_after_the_restart(
     first = Service(cfg, workdir=tmp_path, hbm_capacity=2 * PAGE).start(local=True)
     try:
         with first.client(tenant) as client:
-            client.open_session("d1").store_pages(pages)  # most demoted, some to NVMe
+            client.open_session("d1").store_pages(pages)
         assert first.topo.pools["node0"].target.nvme.stats().records > 0
     finally:
         first.stop()
+    return cfg, pages
+
+
+def test_a_tenant_erased_while_the_service_was_down_is_gone_after_the_restart(
+        tmp_path: Path) -> None:
+    """Records the restarted pool recovers from its NVMe shard: those it can still read
+    (an older record format) are purged at start, with an ``erasure.enforced`` record;
+    the others do not open under any live key and are never adopted. Either way the new
+    tenant of that name finds nothing, and the shard files hold neither plaintext nor the
+    tenant's name."""
+    tenant = "acme-erased-offline"
+    cfg, pages = _stored_then_stopped(tmp_path, tenant)
     log = tmp_path / "audit.log"
     assert main(["tenant", "erase", tenant, "--keys-dir", str(tmp_path / "keys"),
                  "--audit-log", str(log), "--signing-key", str(tmp_path / "audit.key")]) == 0
@@ -130,18 +138,7 @@ def test_an_erasure_cut_off_after_its_mark_is_enforced_by_the_next_start(
     from security.keyring import TenantKeyring
 
     tenant = "acme-cut-off"
-    cfg = load_config(env={}, overrides={
-        "api": {"port": 0},
-        "hbm": {"page_bytes": PAGE, "num_pages": 8},
-        "pool": {"pool_bytes": 2 * PAGE, "slot_bytes": PAGE, "nvme_dir": str(tmp_path / "nv")},
-    })
-    pages = [kv_page(i, "evidence", identity(tenant, "d1", 1000 * i)) for i in range(6)]
-    first = Service(cfg, workdir=tmp_path, hbm_capacity=2 * PAGE).start(local=True)
-    try:
-        with first.client(tenant) as client:
-            client.open_session("d1").store_pages(pages)  # most demoted, some to NVMe
-    finally:
-        first.stop()
+    cfg, _pages = _stored_then_stopped(tmp_path, tenant)
     marked = TenantKeyring.mark_erased
 
     def mark_then_die(self, *args, **kwargs) -> None:

@@ -297,6 +297,26 @@ class Eraser:
             self.keyring.mark_generation_erased(scope.tenant, scope.generation)
         return self._finish(scope, list(begun.key_ids), now, begun.seq)
 
+    def reissue(self, tenant: str, generation: int | None = None) -> ErasureReceipt | None:
+        """The receipt of the last recorded erasure of this scope, signed again from its
+        ``erasure`` record, which holds all of it (the process that finished it may have
+        died before it printed the receipt): the same bytes, the signature being
+        deterministic. None when the log records no such erasure."""
+        last = None
+        for _n, rec in read_records(self.audit.path) if self.audit.path.exists() else ():
+            data = rec.get("data") if isinstance(rec, dict) and rec.get("kind") == DONE else None
+            if isinstance(data, dict) and (data.get("tenant"), data.get("generation")) == \
+                    (tenant, generation):
+                last = rec
+        if last is None:
+            return None
+        data = last["data"]
+        return sign_receipt(ErasureReceipt(
+            tenant=tenant, scope=data["scope"], generation=generation,
+            key_ids=tuple(data["key_ids"]), counts=tuple((n, c) for n, c in data["counts"]),
+            failed_tiers=tuple(data["failed_tiers"]), time=float(last["time"]),
+            audit_seq=int(last["seq"]), audit_hash=str(last["hash"])), self.signer)
+
     def _finish(self, scope: EraseScope, key_ids: list[str], now: float, begun: int
                 ) -> ErasureReceipt:
         counts: list[tuple[str, int]] = []

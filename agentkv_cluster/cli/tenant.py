@@ -21,7 +21,7 @@ from agentkv_cluster.cli import (
 )
 
 if TYPE_CHECKING:
-    from security.erasure import Eraser
+    from security.erasure import Eraser, ErasureReceipt
     from security.keyring import TenantKeyring
 
 MAX_TOKEN_TTL_S = 366 * 86400.0  # a token lives at most a year (rotate the secret to revoke)
@@ -210,8 +210,11 @@ def _erase(args: argparse.Namespace) -> int:
         else:
             receipt = eraser.erase_generation(args.tenant, args.generation, now)
     except SecurityError as exc:
-        done = "; the tenant's directory entries were deleted before it" if directory_done else ""
-        raise CliError(f"{exc}{done}") from None
+        receipt = None if directory_done else _reissued(eraser, args, exc)
+        if receipt is None:
+            done = "; the tenant's directory entries were deleted before it" \
+                if directory_done else ""
+            raise CliError(f"{exc}{done}") from None
     finally:
         audit.close()
     text = receipt.to_json() + "\n"
@@ -222,6 +225,20 @@ def _erase(args: argparse.Namespace) -> int:
               " (what is left there is ciphertext under destroyed keys)", file=sys.stderr)
     _write_receipt(args.receipt_out, text)
     return 1 if receipt.failed_tiers else 0
+
+
+def _reissued(eraser: Eraser, args: argparse.Namespace, exc: Exception) -> ErasureReceipt | None:
+    """An erase of what is erased already (no keys, nothing unfinished): the receipt of
+    that erasure again, from its audit record, when the log has one (the run that finished
+    it may have died before it printed its receipt); None otherwise."""
+    from security.errors import KeyUnavailable
+
+    receipt = eraser.reissue(args.tenant, args.generation) \
+        if isinstance(exc, KeyUnavailable) else None
+    if receipt is not None:
+        print(f"tenant {args.tenant}: already erased (audit record {receipt.audit_seq}); this "
+              "is that erasure's receipt, signed again", file=sys.stderr)
+    return receipt
 
 
 def _erase_directory(args: argparse.Namespace, keyring: TenantKeyring, eraser: Eraser) -> int:

@@ -252,6 +252,10 @@ class Eraser:
         if not planned:  # nothing to erase (leave no mark either), or an erasure to finish
             return self._resume(scope, now, KeyUnavailable(
                 f"tenant {tenant} has no keys (never created or already erased)"))
+        # An earlier attempt cut off part way destroyed keys this one no longer finds: its
+        # receipt names them too (its ``erasure.begun`` did).
+        earlier = self.unfinished(tenant)
+        planned = list(dict.fromkeys([*(earlier.key_ids if earlier else ()), *planned]))
         # Recorded first: a log that refuses the record stops it here, nothing destroyed.
         begun = self._begin(scope, planned, now)
         # Marked next: a token issued before now must not provision the tenant again
@@ -262,7 +266,7 @@ class Eraser:
         except KeyUnavailable:  # generations without a blinding secret: never published
             directory_ns = None
         self.keyring.mark_erased(tenant, now, directory_ns)
-        key_ids = self.keyring.destroy_tenant(tenant)
+        key_ids = list(dict.fromkeys([*planned, *self.keyring.destroy_tenant(tenant)]))
         if tenant != PUBLIC_NAMESPACE:  # its grant to publish goes too (one older than
             PublishGrants(self.keyring.source).revoke(tenant)  # the mark is void anyway)
         return self._finish(scope, key_ids, now, begun)

@@ -90,6 +90,38 @@ def test_a_generation_erasure_cut_off_before_its_marker_writes_it_when_finished(
     assert unfinished_erasures(log) == []
 
 
+def test_a_tenant_erasure_cut_off_part_way_names_every_key_when_finished(
+        tmp_path, keyring, signer, monkeypatch):
+    """Killed after it destroyed generation 1 and before generation 2 and the blinding
+    secret: the rerun began afresh with what was left, and its receipt did not name
+    generation 1 (which only the first ``erasure.begun`` named)."""
+    keyring.rotate("alice")
+    planned = keyring.tenant_key_ids("alice")
+    source, destroyed = keyring.source, []
+    real = type(source).destroy
+
+    def destroy_once(self, name: str) -> bool:
+        if destroyed:
+            raise _Killed
+        destroyed.append(name)
+        return real(self, name)
+
+    monkeypatch.setattr(type(source), "destroy", destroy_once)
+    log = tmp_path / "audit.log"
+    audit = AuditLog(log, signer, checkpoint_every=1000)
+    with pytest.raises(_Killed):
+        Eraser(keyring, audit, signer).erase_tenant("alice", now=2.0)
+    audit.close()
+    monkeypatch.undo()
+    rerun = TenantKeyring(FileKeySource(tmp_path / "keys"))  # a new process
+    assert len(rerun.tenant_key_ids("alice")) == len(planned) - 1
+    audit = AuditLog(log, signer, checkpoint_every=1000)
+    receipt = Eraser(rerun, audit, signer).erase_tenant("alice", now=3.0)
+    audit.close()
+    assert sorted(receipt.key_ids) == sorted(planned) and not rerun.has_keys("alice")
+    assert unfinished_erasures(log) == []
+
+
 def test_an_append_the_disk_refuses_leaves_the_log_as_it_was(disk, signer):
     log = disk / "audit.log"
     audit = AuditLog(log, signer, checkpoint_every=1)

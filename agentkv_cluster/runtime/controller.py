@@ -386,7 +386,9 @@ class Controller:
             rec = table.pages[gid]
             self.strategy.forget(rec, table.policy_of(rec))
             keys.setdefault(rec.hbm, []).append(rec.meta.key)
-            pins, straggling, resident = pins + rec.pins, straggling + rec.busy, resident + rec.resident
+            pins += rec.pins
+            straggling += rec.busy
+            resident += rec.resident
             table.drop(gid)
             self._victims.pop(gid, None)
         self.strategy.forget_tenant(tenant)

@@ -289,7 +289,8 @@ class ClusterErasure:
                 held.update(pool.options(timeout_s=60.0).tenants_held())
             except ActorGone:
                 continue
-        cut = {b.tenant for b in unfinished_erasures(self.audit.path) if b.generation is None}
+        cut = {b.tenant for b in unfinished_erasures(self.audit.path) if b.generation is None} \
+            if marks else set()  # no mark: nothing to look up in the log
         stale = {t: at for t, at in marks.items()
                  if t in cut or (t in held and not keyring.has_keys(t))}
         for tenant, at in marks.items():

@@ -55,8 +55,7 @@ class ShmSegment:
 
     def __init__(self, name: str, fd: int, mm: mmap.mmap, writer: bool) -> None:
         self.name, self.fd, self.mm, self.writer = name, fd, mm, writer
-        st = os.fstat(fd)
-        self._file = (st.st_dev, st.st_ino)  # ``unlink`` removes this file, never a newer one
+        self._file = _identity(os.fstat(fd))  # ``unlink`` removes this file, never a newer one
 
     @classmethod
     def create(cls, name: str, size: int, init: Callable[[mmap.mmap], None]) -> ShmSegment:
@@ -111,11 +110,7 @@ class ShmSegment:
         """Remove the segment name (mappings stay valid until each process closes), if it
         still names this segment: once removed, the name may be a new segment's (a store
         that reopened under it), which a late second ``unlink`` must leave alone."""
-        path = segment_path(self.name)
-        with contextlib.suppress(FileNotFoundError):
-            now = os.stat(path)
-            if (now.st_dev, now.st_ino) == self._file:
-                os.unlink(path)
+        _unlink_if(segment_path(self.name), self._file)
 
 
 def _take_writer_lock(fd: int, name: str) -> None:
@@ -139,10 +134,17 @@ def remove_abandoned(name: str, magic: bytes) -> None:
         _take_writer_lock(fd, name)
         if os.pread(fd, len(magic), 0) != magic:
             raise FileExistsError(errno.EEXIST, f"{path} exists and is not such a segment")
-        held = os.fstat(fd)
-        with contextlib.suppress(FileNotFoundError):
-            now = os.stat(path)
-            if (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):  # not a new one
-                os.unlink(path)
+        _unlink_if(path, _identity(os.fstat(fd)))  # not a new one
     finally:
         os.close(fd)
+
+
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
+def _unlink_if(path: str, file: tuple[int, int]) -> None:
+    """Unlink ``path`` if it still names ``file`` (device, inode), not a file made since."""
+    with contextlib.suppress(FileNotFoundError):
+        if _identity(os.stat(path)) == file:
+            os.unlink(path)

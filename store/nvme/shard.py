@@ -274,7 +274,7 @@ class NvmeShard:
         """Compact the segments with the most retired bytes until at least ``over`` bytes
         are freed, copying at most ``copy_room`` live bytes (see ``_shortfall``); False,
         untouched, if the retired space in the shard would not free that much."""
-        dead = sorted(((size - self._index.live_bytes(i), self._index.live_bytes(i), i)
+        dead = sorted(((size - (live := self._index.live_bytes(i)), live, i)
                        for i, size in self._files.sizes().items()), reverse=True)
         victims: list[int] = []
         freed = 0

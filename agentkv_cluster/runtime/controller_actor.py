@@ -351,10 +351,13 @@ class ControllerActor:
         finally:
             self.controller.table.end_erase(tenant)
 
-    # -- recovery and stats ------------------------------------------------------------------
-    def republish(self) -> int:
-        return sum(int(p.republish()) for p in self.pools.values())
+    def copies_erased(self, pool: str, tenant: str, copies: list[tuple[bytes, int]]) -> int:
+        """A key generation's erasure overwrote ``copies`` ((key, codec)) of ``tenant``'s pages
+        on ``pool``: its pages lose them (a lookup counts none left with no copy). Returns
+        how many pages that left with none."""
+        return len(self.controller.table.drop_copies(pool, tenant, copies))
 
+    # -- stats --------------------------------------------------------------------------------
     def metrics_since(self, cursor: int) -> MetricsSince:
         """For the metrics exporter: credit waits after ``cursor`` (at most 10,000; fresh
         credits restart it), load phases since the last call, HBM in use, per-tenant counts."""

@@ -166,7 +166,7 @@ class ClusterErasure:
             except ActorGone:
                 gone.append(name)  # the other pools are still purged
                 continue
-            keys.update(got.keys)
+            keys.update(key for key, _ in got.copies)
             out["host"] += got.host
             out["nvme"] += got.nvme
             out["host-scrub"] += got.host_free_zeroed

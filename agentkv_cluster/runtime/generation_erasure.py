@@ -6,7 +6,8 @@ that generation's they could still open the copies sealed under it: the erasure 
 effect on a running service. ``GenerationErasures.enforce_new`` (on the erasure watcher's
 thread, within ``erasure.WATCH_POLL_S``) has every pool forget the generation's cached keys
 and overwrite and drop the copies sealed under it, pages left with no copy leave the
-directory, and it records ``erasure.enforced`` (scope ``generation``) in the audit log with
+directory, the controller's page records lose them (a prefix lookup stops before such a
+page), and it records ``erasure.enforced`` (scope ``generation``) in the audit log with
 its counts. A page whose copy went is restored no more (the engine recomputes it).
 
 Pages resident in HBM are plaintext, sealed under no generation: they stay. A generation
@@ -73,6 +74,7 @@ class GenerationErasures:
                     gone.append(name)
                     continue
                 host, nvme = host + got.host, nvme + got.nvme
+                self._tell_controller(name, tenant, got.copies)
             if not gone:
                 self.enforced.add((tenant, generation))
             else:
@@ -82,3 +84,15 @@ class GenerationErasures:
                 "tenant": tenant, "scope": "generation", "generation": generation,
                 "counts": [["host", host], ["nvme", nvme]], "failed_tiers": sorted(gone)},
                 time.time())
+
+    def _tell_controller(self, pool: str, tenant: str, copies: tuple[tuple[bytes, int], ...]
+                         ) -> None:
+        """The controller's page records lose the copies ``pool`` overwrote: a prefix
+        lookup no longer counts a page left with no copy (its load would be ``page_lost``)."""
+        if not copies:
+            return
+        try:
+            self.topo.controller.options(timeout_s=60.0).copies_erased(pool, tenant, list(copies))
+        except ActorGone:  # nothing is readable: its loads are page_lost all the same
+            log.warning("erasure of a key generation: the controller did not answer; lookups "
+                        "may count pages whose copies went (their loads are page_lost)")

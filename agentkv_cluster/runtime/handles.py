@@ -178,10 +178,6 @@ class PoolHandle(ActorHandle):
     def delete(self, key: bytes, namespace: str) -> int:
         return self._call("delete", key, namespace)
 
-    def erase_tenant(self, tenant: str, tier: int, generation: int | None = None
-                     ) -> list[bytes]:
-        return self._call("erase_tenant", tenant, tier, generation)
-
     def purge_tenant(self, tenant: str, generation: int | None = None) -> PoolPurged:
         return self._call("purge_tenant", tenant, generation)
 
@@ -339,8 +335,8 @@ class ControllerHandle(ActorHandle):
     def erase_tenant(self, tenant: str) -> ControllerErased:
         return self._call("erase_tenant", tenant)
 
-    def republish(self) -> int:
-        return self._call("republish")
+    def copies_erased(self, pool: str, tenant: str, copies: list[tuple[bytes, int]]) -> int:
+        return self._call("copies_erased", pool, tenant, copies)
 
     def metrics_since(self, cursor: int) -> MetricsSince:
         return self._call("metrics_since", cursor)

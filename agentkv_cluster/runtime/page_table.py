@@ -100,13 +100,31 @@ class PageTable:
             if pool == name and survivors:
                 self.hbm_pool[hbm] = min(survivors, key=lambda p: (paired[p], p))
                 paired[self.hbm_pool[hbm]] += 1
-        lost = []
+        lost = self.drop_copies(name)
         self.ledger.forget_pool(name)
+        return lost
+
+    def drop_copies(self, pool: str, namespace: str = "",
+                    copies: Iterable[tuple[bytes, int]] | None = None) -> list[int]:
+        """Copies ``pool`` holds no more: every one (the pool is gone), or ``copies`` ((key,
+        codec) of ``namespace``'s pages) that a key generation's erasure overwrote. Returns
+        the gids left with no copy. A page that keeps some copies keeps their ledger bytes."""
+        gone: dict[bytes, set[Codec]] = {}
+        for key, codec in copies or ():
+            gone.setdefault(key, set()).add(Codec(codec))
+        lost = []
         for rec in self.pages.values():
-            if rec.pool == name:
-                rec.copies, rec.pool, rec.stored = {}, "", {}
+            drop = set(rec.copies) if copies is None else gone.get(rec.meta.key, set())
+            if rec.pool != pool or not (copies is None or rec.meta.namespace == namespace
+                                        and drop & rec.copies.keys()):
+                continue
+            rec.copies = {c: t for c, t in rec.copies.items() if c not in drop}
+            if not rec.copies:
+                self.ledger.release(pool, rec.gid, rec.stored)
+                rec.pool, rec.stored, rec.clean_copy = "", {}, None
                 if not rec.resident:
                     lost.append(rec.gid)
+        self.changed()
         return lost
 
     def _least_loaded(self) -> str:

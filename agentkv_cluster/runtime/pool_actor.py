@@ -316,44 +316,44 @@ class PoolActor:
                 self.publisher.delete(self.blinder.namespace(namespace), key)
         return gone
 
-    def erase_tenant(self, tenant: str, tier: int, generation: int | None = None
-                     ) -> list[bytes]:
-        """Tenant erasure: drop and scrub every copy of ``tenant``'s own pages held in
-        ``tier`` (with ``generation``: those sealed under it); returns their keys (the caller
-        removes the directory entries: by then the blinded namespace can no longer be
-        derived here). See ``purge_tenant``."""
+    def _erase_copies(self, tenant: str, tier: Tier, generation: int | None
+                      ) -> list[tuple[bytes, Codec]]:
+        """Drop and scrub every copy of ``tenant``'s own pages held in ``tier`` (with
+        ``generation``: those sealed under it); returns them. See ``purge_tenant``."""
         with self._lock:
             if generation is None:  # stores in flight keep nothing (of a generation: they
                 self.storing.cancel_namespace(tenant)  # seal under the current one)
             doomed = [(k, codec) for (k, codec), c in self._index.items()
-                      if c.namespace == tenant and c.tier is Tier(tier)
+                      if c.namespace == tenant and c.tier is tier
                       and generation in (None, c.seal_gen)]
             for key, codec in doomed:
                 self._shred_copy(key, codec)
-            return [k for k, _ in doomed]
+            return doomed
 
     def purge_tenant(self, tenant: str, generation: int | None = None) -> PoolPurged:
         """Tenant erasure on this node: forget the tenant's cached keys (a tenant created again
         gets new ones), overwrite and drop every copy of its pages (host slots and NVMe payloads
         zeroed in place), then zero every free host slot, dead NVMe record (dropped copies keep
         their sealed bytes until reused) and free staging slot. Returns the counts per tier
-        and the erased keys (for the directory). With ``generation`` (erased by another
+        and the copies erased (the caller removes the directory entries: by then the blinded
+        namespace can no longer be derived here). With ``generation`` (erased by another
         process: ``agentkv tenant erase --generation``): only that generation's cached keys
         and the copies sealed under it (overwritten; nothing else is zeroed: what it left
         elsewhere is sealed under the lost key); pages left with no copy leave the
-        directory here."""
+        directory here (the caller tells the controller which copies went)."""
         if generation is None:
             self.keyring.forget(tenant)
             self.blinder.forget(tenant)
         else:  # a store sealing under it from now on fails: its key file is gone
             self.keyring.forget_generation(tenant, generation)
         with self._lock:
-            host = self.erase_tenant(tenant, int(Tier.HOST), generation)
-            nvme = self.erase_tenant(tenant, int(Tier.NVME), generation)
-            keys = sorted(set(host + nvme))
+            host = self._erase_copies(tenant, Tier.HOST, generation)
+            nvme = self._erase_copies(tenant, Tier.NVME, generation)
+            keys = sorted({k for k, _ in host + nvme})
             bare = [k for k in keys if all((k, c) not in self._index for c in Codec)]
             whole = generation is None  # what a generation left is sealed under a lost key
-            purged = PoolPurged(keys=tuple(keys), host=len(host), nvme=len(nvme),
+            purged = PoolPurged(copies=tuple((k, int(c)) for k, c in host + nvme),
+                                host=len(host), nvme=len(nvme),
                                 host_free_zeroed=self.host.scrub_free() if whole else 0,
                                 nvme_dead_zeroed=self.nvme.shred_dead() if whole else 0,
                                 staging_zeroed=self.mover.scrub_free() if whole else 0)

@@ -143,7 +143,7 @@ class HbmPurged:
 class PoolPurged:
     """What a pool actor overwrote for a tenant erasure (``PoolActor.purge_tenant``)."""
 
-    keys: tuple[bytes, ...]  # the tenant's pages it held copies of (for the directory)
+    copies: tuple[tuple[bytes, int], ...]  # (key, codec) of each copy overwritten
     host: int  # copies in host-pool slots, zeroed and freed
     nvme: int  # copies in the NVMe shard, zeroed in place, then tombstoned
     host_free_zeroed: int  # free host slots zeroed

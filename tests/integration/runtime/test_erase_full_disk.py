@@ -46,7 +46,7 @@ class _FillsTheDisk:
         self.calls += 1
         if self.calls == 1:
             fill(self.disk)
-        return PoolPurged(keys=(), host=0, nvme=0, host_free_zeroed=0, nvme_dead_zeroed=0,
+        return PoolPurged(copies=(), host=0, nvme=0, host_free_zeroed=0, nvme_dead_zeroed=0,
                           staging_zeroed=0)
 
 

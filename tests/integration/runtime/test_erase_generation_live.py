@@ -65,6 +65,8 @@ def test_a_generation_erased_while_the_service_runs_is_served_no_more() -> None:
         resident = {k for k in old_keys if _tiers_holding(service, [k])["hbm"]}
         only_g1 = [k for k in old_keys if before.get(k) == {1} and k not in resident]
         assert only_g1, (before, resident)  # pages whose only copy is sealed under it
+        raw = {k: p["identity"] for k, p in zip(old_keys, old)}
+        assert all(s.lookup_prefix([raw[k]])["length"] == 1 for k in old_keys)
 
         assert _cli(service, "erase", "acme", "--generation", "1") == 0
 
@@ -86,6 +88,10 @@ def test_a_generation_erased_while_the_service_runs_is_served_no_more() -> None:
         assert all(directory.get(namespace, k)[0] is Lookup.MISS for k in only_g1)
         assert all(directory.get(namespace, k)[0] is Lookup.HIT for k in new_keys
                    if k in after)  # the pages sealed under generation 2 stay listed
+        # A prefix lookup stops before a page left with no copy (it counted them, and
+        # their loads were page_lost); pages resident in HBM still count.
+        assert [s.lookup_prefix([raw[k]])["length"] for k in old_keys] == \
+            [0 if k in only_g1 else 1 for k in old_keys]
         for key in only_g1:  # no copy sealed under generation 1 is opened again
             with pytest.raises(RemoteError) as err:
                 s.load([key])

@@ -66,7 +66,8 @@ class _Pool:
         return self
 
     def purge_tenant(self, tenant: str, generation: int | None = None) -> PoolPurged:
-        return PoolPurged(keys=tuple(self.keys[:self.reported]), host=len(self.keys), nvme=0,
+        return PoolPurged(copies=tuple((k, 0) for k in self.keys[:self.reported]),
+                          host=len(self.keys), nvme=0,
                           host_free_zeroed=0, nvme_dead_zeroed=0, staging_zeroed=0)
 
 

@@ -28,7 +28,7 @@ class _Pool:
         self.asked.append((tenant, generation))
         if not self.answers:
             raise ActorGone("the pool died")
-        return PoolPurged(keys=(), host=self.held, nvme=0, host_free_zeroed=0,
+        return PoolPurged(copies=(), host=self.held, nvme=0, host_free_zeroed=0,
                           nvme_dead_zeroed=0, staging_zeroed=0)
 
 

@@ -17,10 +17,10 @@ from agentkv_cluster.runtime.directory_glue import held_elsewhere
 from agentkv_cluster.runtime.event_planner import AuditSummary, SessionClosed
 from agentkv_cluster.runtime.executor import Executor
 from agentkv_cluster.runtime.guard import Guarded
-from agentkv_cluster.runtime.handles import ActorGone, ActorSlow, HbmHandle, PoolHandle
+from agentkv_cluster.runtime.handles import HbmHandle, PoolHandle
 from agentkv_cluster.runtime.idle_sessions import IdleSessions
 from agentkv_cluster.runtime.link_credits import LinkCredits
-from agentkv_cluster.runtime.loads import EngineLoader, RefusedBusy
+from agentkv_cluster.runtime.loads import EngineLoader
 from agentkv_cluster.runtime.mover import RemoteSpan
 from agentkv_cluster.runtime.records import (
     ActionKind,
@@ -37,8 +37,8 @@ from agentkv_cluster.runtime.records import (
     UnknownPageKey,
     UnknownSession,
 )
+from agentkv_cluster.runtime.stores import EngineStorer
 from agentkv_cluster.runtime.strategies import Learned, make_strategy
-from store.hbm import ArenaFull
 from store.types import Codec, Tier
 
 
@@ -74,6 +74,8 @@ class ControllerActor:
             landing_pages=spec.landing_pages, on_finished=self._wake.set)
         self.directory = directory
         self.loader = EngineLoader(self.controller, self.executor, self._check)
+        self.storer = EngineStorer(self.controller, self.executor, self.hbms, self._check,
+                                   self.remove_hbm)
         self._restarting: set[str] = set()
         self.idle = IdleSessions(spec.idle_session_s)
         self._stop = threading.Event()
@@ -177,59 +179,10 @@ class ControllerActor:
 
     def store(self, tenant: str, session: str, metas: list[PageMeta],
               spans: list[RemoteSpan]) -> list[str]:
-        """Admit pages (making room first), then let the HBM actor pull their bytes; returns
-        the HBM actors that took bytes (``store_survival``: the front checks it was one)."""
-        pending = list(range(len(metas)))
-        epoch = self.controller.table.erasures[tenant]
-        took: set[str] = set()
-        deadline = time.monotonic() + 30.0
-        while pending:
-            try:
-                admitted, demotes = self.controller.admit(
-                    tenant, session, [metas[i] for i in pending], time.monotonic())
-            except UnknownSession as exc:
-                raise RefusedNotFound(str(exc)) from None
-            full = self._check(self.executor.run(demotes))  # no room for the victims' copies
-            try:
-                hbm = self.controller.table.hbm_of(tenant, session)
-            except (TenantErased, UnknownSession):  # erased or closed meanwhile: undo
-                self.controller.ingested([g for g, needs in admitted if needs], ok=False)
-                if self._erased_since(tenant, epoch):
-                    raise TenantErased("the tenant was erased during this store") from None
-                raise RefusedNotFound(f"session {session!r} closed during this store") from None
-            retry = []
-            for i, (gid, needs) in zip(pending, admitted):
-                if needs is None:
-                    retry.append(i)
-                elif needs:
-                    ok = False
-                    try:
-                        self._ingest(hbm, gid, metas[i], spans[i])
-                        ok = True
-                        took.add(hbm)
-                    except ArenaFull:  # the budget had room, the arena not yet: pages
-                        retry.append(i)  # moving out free theirs at the drop; admit again
-                    finally:
-                        copies = self.controller.ingested([gid], ok)
-                    self._check(self.executor.run(copies))
-            pending = retry
-            if pending:
-                if full or time.monotonic() > deadline:
-                    self.controller.events.forget_unstored(tenant, session, [g for g, _ in admitted])
-                    raise RefusedBusy("no room for the pages that would make room: a pool's "
-                                      "tiers are full" if full else "HBM is full of pinned "
-                                      "pages; release some and retry")
-                self.controller.pause(0.02)  # pinned pages fill the HBM (or arena)
+        """``EngineStorer.store``: the HBM actors that took the pages' bytes."""
+        took = self.storer.store(tenant, session, metas, spans)
         self.idle.touch(tenant, session, time.monotonic())
-        return sorted(took)
-
-    def _ingest(self, hbm: str, gid: int, meta: PageMeta, span: RemoteSpan) -> None:
-        try:
-            self.hbms[hbm].ingest(meta.key, span)
-        except ActorGone as exc:
-            if not isinstance(exc, ActorSlow):  # a slow one is the watcher's to judge
-                self.remove_hbm(hbm)
-            raise
+        return took
 
     def _check(self, results: list[TransferResult]) -> bool:
         """A move failed as an actor died: the dead HBM actors and pools go now, so a load's
@@ -263,21 +216,17 @@ class ControllerActor:
         try:
             reports = self.loader.load(tenant, session, keys, public_read)
         except (KeyError, RequestRefused) as exc:
-            if self._erased_since(tenant, epoch):
+            if self.controller.erased_since(tenant, epoch):
                 raise TenantErased("the tenant was erased during this load") from None
             if isinstance(exc, RequestRefused):
                 raise
             known = isinstance(exc, (UnknownSession, UnknownPageKey))
             raise (RefusedNotFound if known else RequestRefused)(
                 f"{type(exc).__name__}: {exc}") from None
-        if self._erased_since(tenant, epoch):
+        if self.controller.erased_since(tenant, epoch):
             raise TenantErased("the tenant was erased during this load")
         self.idle.touch(tenant, session, time.monotonic())
         return reports
-
-    def _erased_since(self, tenant: str, epoch: int) -> bool:
-        table = self.controller.table
-        return table.erasures[tenant] != epoch or tenant in table.erasing
 
     def release(self, tenant: str, session: str, keys: list[bytes]) -> int:
         try:

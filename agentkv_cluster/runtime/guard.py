@@ -110,6 +110,12 @@ class Guarded:
                                   f"after {LOAD_WAIT_S:.0f} s; retry")
             return self.access(gids, clock())
 
+    def erased_since(self, tenant: str, epoch: int) -> bool:
+        """``tenant`` was erased, or is being erased, since its erasure count was ``epoch``
+        (``PageTable.erasures``, read as a call began): what the call did is void."""
+        table = self.manager.table
+        return table.erasures[tenant] != epoch or tenant in table.erasing
+
     def wait_changed(self, seen: int, timeout_s: float) -> int:
         """Block until the manager changed after change ``seen`` (or the timeout); returns
         the change count."""

@@ -10,7 +10,12 @@ again (same key, same bytes: nothing to delete)."""
 
 from __future__ import annotations
 
+import pytest
+
+from agentkv_cluster.runtime import stores
 from agentkv_cluster.runtime.controller import Controller
+from agentkv_cluster.runtime.guard import Guarded
+from agentkv_cluster.runtime.loads import RefusedBusy
 from agentkv_cluster.runtime.records import Action, ActionKind, Outcome, Reason, TransferResult
 from agentkv_cluster.runtime.strategies import make_strategy
 from store.types import Codec, Tier
@@ -117,3 +122,26 @@ def test_nothing_goes_that_a_live_page_holds_under_the_same_key() -> None:
     after = ctl.finished(done(demotions[1], copies=((Tier.HOST, Codec.FULL),),
                               tier_bytes=(MB,), pool="p"), 2.3)
     assert [(a.gid, a.pool) for a in after] == [(2, "p")]
+
+
+class _NoMoves:
+    def run(self, actions: list[Action]) -> list[TransferResult]:
+        assert actions == []
+        return []
+
+
+def test_a_store_whose_key_stays_in_deletion_is_refused_as_busy_for_that_reason(
+        monkeypatch) -> None:
+    """A deletion that never reports (a transfer worker that stopped) keeps a store of its
+    key waiting until ``STORE_WAIT_S``; the refusal says so (it said the HBM was full of
+    pinned pages, with the HBM empty) and the session keeps nothing of the store."""
+    monkeypatch.setattr(stores, "STORE_WAIT_S", 0.05)
+    ctl = Controller(make_strategy("lru"))
+    ctl.add_hbm("h", 4 * MB)
+    assert admitted(ctl, "a", range(2), 0.0) == []
+    ctl.events.close_session("t", "a", 1.0)  # its deletions never finish
+    ctl.table.open_session("t", "a")
+    storer = stores.EngineStorer(Guarded(ctl), _NoMoves(), {}, lambda _: False, print)
+    with pytest.raises(RefusedBusy, match="still being deleted"):
+        storer.store("t", "a", [meta("a", 0)], [None])
+    assert ctl.table.session("t", "a").pages == set() and ctl.table.hbm_used() == {"h": 0}

@@ -152,16 +152,16 @@ def no_room(key: bytes, tier: Tier, host_slots: int, reserved_over_key: bool) ->
 
 
 def length_arg(nbytes: object) -> int:
-    try:
-        n = operator.index(nbytes)
-    except TypeError:
-        raise TypeError(f"nbytes must be an int, got {nbytes!r:.40}") from None
+    """``nbytes`` as an int >= 0; a bool is refused (``reserve(key, True)`` held a byte)."""
+    if isinstance(nbytes, bool) or not hasattr(type(nbytes), "__index__"):
+        raise TypeError(f"nbytes must be an int, got {nbytes!r:.40}")
+    n = operator.index(nbytes)
     if n < 0:
         raise ValueError(f"nbytes must be >= 0, got {n}")
     return n
 
 
 def tier_arg(tier: object) -> Tier:
-    if tier not in (Tier.HOST, Tier.NVME):
+    if isinstance(tier, bool) or tier not in (Tier.HOST, Tier.NVME):  # True == Tier.HOST
         raise ValueError(f"tier must be Tier.HOST or Tier.NVME, got {tier!r:.40}")
     return Tier(tier)

@@ -94,11 +94,11 @@ def test_bad_lengths_and_tiers_are_refused_and_hold_nothing(tmp_path, mode):
         for tier in (Tier.HOST, Tier.NVME):
             with pytest.raises(ValueError):
                 store.reserve(b"k", -5, tier)  # NVMe: used to store slot_bytes - 5 bytes
-            for bad in (10.0, "10", None):
+            for bad in (10.0, "10", None, True):  # True held one byte
                 with pytest.raises(TypeError):
                     store.reserve(b"k", bad, tier)
         assert store.host.stats().used_slots == 0 and len(store.nvme) == 0  # no slot leaked
-        for bad in (Tier.HBM, "host", 7):
+        for bad in (Tier.HBM, "host", 7, True):
             with pytest.raises(ValueError):
                 store.put(b"k", b"x", bad)  # used to go to NVMe
         assert store.put(b"k", b"x", 1) is Tier.HOST  # Tier is an IntEnum

@@ -34,7 +34,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = parser.add_subparsers(dest="tenant_command", metavar="ACTION", required=True)
 
     def common(p: argparse.ArgumentParser, audit_required: bool) -> None:
-        p.add_argument("tenant", metavar="TENANT", help="tenant name ([a-z0-9][a-z0-9_-]{0,62})")
+        p.add_argument("tenant", metavar="TENANT", help="tenant name "
+                       "([a-z0-9][a-z0-9_-]{0,62}), or _public: the PUBLIC namespace's keys")
         p.add_argument("--keys-dir", type=Path, metavar="D",
                        help="key directory (FileKeySource; a mounted Secret is read-only; "
                             "default STATE_DIR/keys)")

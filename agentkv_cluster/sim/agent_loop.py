@@ -11,7 +11,9 @@ reasoning page. Lifecycle, with the signal a real orchestrator sends:
 
 - task end: at the session's last call every live page ends (TASK_END);
 - branch abandoned: a reasoning page is dropped at the next call with
-  probability ``abandon_prob`` (BRANCH_ABANDONED) and never read again;
+  probability ``abandon_prob`` (BRANCH_ABANDONED) and never read again; it
+  becomes a FAILED_BRANCH then (``Batch.retype_at``), not at its production (its
+  type told the type-aware policies from the start that it would be dropped);
 - version superseded: an observation is replaced by a later one with
   probability ``supersede_prob`` at a later call (VERSION_SUPERSEDED).
 
@@ -50,6 +52,8 @@ class _Pages:
         self.reads: list[list[float]] = []
         self.eol: list[float] = []
         self.kind: list[int] = []
+        self.retype_at: list[float] = []
+        self.retype_to: list[int] = []
         self.session: list[str] = []
 
     def add(self, st: StateType, size: int, created: float, session: str) -> int:
@@ -59,6 +63,8 @@ class _Pages:
         self.reads.append([])
         self.eol.append(np.inf)
         self.kind.append(_K[EndOfLife.TASK_END])
+        self.retype_at.append(np.inf)
+        self.retype_to.append(_T[st])
         self.session.append(session)
         return len(self.sizes) - 1
 
@@ -116,8 +122,8 @@ def _end(pages: _Pages, p: int, t: float, kind: EndOfLife,
          becomes: StateType | None = None) -> None:
     pages.eol[p] = t
     pages.kind[p] = _K[kind]
-    if becomes is not None:
-        pages.types[p] = _T[becomes]
+    if becomes is not None:  # the orchestrator says so at the signal, not before
+        pages.retype_at[p], pages.retype_to[p] = t, _T[becomes]
 
 
 def agent_loop_workload(cfg: SimConfig) -> Workload:
@@ -173,5 +179,6 @@ def agent_loop_workload(cfg: SimConfig) -> Workload:
             eol_kind=np.array(pages.kind, dtype=np.int8), recompute_s=recompute,
             recompute_est_s=recompute * np.exp(cfg.cost_error * nrng.standard_normal(n)),
             correctness=weight_of[types], gap_tools=tuple(gap_tools),
-            gap_tool_s=tuple(gap_tool_s)))
+            gap_tool_s=tuple(gap_tool_s), retype_at=np.array(pages.retype_at),
+            retype_to=np.array(pages.retype_to, dtype=np.int8)))
     return Workload(source=f"agent-loop(seed={cfg.seed})", batches=batches)

@@ -25,12 +25,13 @@ from __future__ import annotations
 import math
 from collections import deque
 
+from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.policy.agentkv import AgentKvConfig, AgentKvPolicy
 from agentkv_cluster.policy.base import Mechanisms, PageView, PrefetchAdmission, ToolStart
 from agentkv_cluster.policy.predictor import Predictor
 from agentkv_cluster.policy.returns import ReturnModel
 from agentkv_cluster.sim.config import SimConfig
-from agentkv_cluster.sim.drivers import Demotion, PageFactory, cost_model
+from agentkv_cluster.sim.drivers import Demotion, PageFactory, cost_model, retype_view
 from store.types import Codec, Tier
 
 CONFIDENCE_REFRESH = 64  # outcomes between refreshes of resident pages' confidence
@@ -164,6 +165,11 @@ class AgentKvDriver:
     def observe_end(self, page: PageView, now: float) -> None:
         self.policy.observe_end(page, max(0.0, now - page.last_access))
         self._outcome(page, False)
+
+    def retype(self, page: PageView, state_type: StateType, now: float) -> None:
+        """The new type enters the reuse estimate at the page's next gap (``enter_gap``):
+        the gap now ending is scored against the features it began with."""
+        retype_view(page, state_type, keep_reuse=True)
 
     def enter_gap(self, page: PageView, tool_class: str, now: float) -> None:
         if tool_class:

@@ -23,6 +23,7 @@ from typing import Protocol
 from agentkv_cluster.lifecycle.types import TYPE_DEFAULTS, StateType
 from agentkv_cluster.policy.base import CostModel, EvictionPolicy, PageView, PrefetchAdmission
 from agentkv_cluster.sim.config import MB, SimConfig
+from agentkv_cluster.sim.workload import TYPE_ORDER, Batch
 from store.types import Codec, Tier
 
 
@@ -65,11 +66,36 @@ class PolicyDriver(Protocol):
     def enter_gap(self, page: PageView, tool_class: str, now: float) -> None:
         """The page starts a new idle gap waiting on ``tool_class`` ("" = unknown)."""
 
+    def retype(self, page: PageView, state_type: StateType, now: float) -> None:
+        """The page's type changed at ``now`` (``Batch.retype_at``); ``retype_view``."""
+
     def produced(self, page: PageView, now: float) -> None:
         """The page was produced at ``now`` (its first idle gap begins)."""
 
     def finish(self, now: float) -> None:
         """The batch's last event happened at ``now``."""
+
+
+def retype_view(view: PageView, state_type: StateType, keep_reuse: bool = False) -> None:
+    """The page's type changed: its view takes the type and its Table 1 correctness
+    weight, and its reuse prior unless ``keep_reuse`` (a driver with its own estimate,
+    made again at the next gap). The recompute estimate and tool class stay, as in the
+    service (``runtime/tuning.py`` ``set_type``, where the cost follows the type's
+    prior: here it is the cost model's estimate of the page)."""
+    prior = TYPE_DEFAULTS[state_type]
+    view.state_type, view.correctness_weight = state_type, prior.correctness_weight
+    if not keep_reuse:
+        view.reuse_prob = prior.reuse_prob
+
+
+def retype_due(batch: Batch, driver: PolicyDriver, view: PageView, now: float) -> None:
+    """Tell ``driver`` of the type change of ``view``'s page due by ``now``, if any."""
+    if batch.retype_at is None or batch.retype_to is None or \
+            now < batch.retype_at[view.page_id]:
+        return
+    state_type = TYPE_ORDER[int(batch.retype_to[view.page_id])]
+    if view.state_type is not state_type:
+        driver.retype(view, state_type, now)
 
 
 def cost_model(cfg: SimConfig) -> CostModel:
@@ -152,6 +178,9 @@ class FullPrecisionDriver:
 
     def observe_end(self, page: PageView, now: float) -> None:
         return None
+
+    def retype(self, page: PageView, state_type: StateType, now: float) -> None:
+        retype_view(page, state_type)
 
     def enter_gap(self, page: PageView, tool_class: str, now: float) -> None:
         if tool_class:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from agentkv_cluster.policy.base import PageView
-from agentkv_cluster.sim.drivers import Demotion, PolicyDriver
+from agentkv_cluster.sim.drivers import Demotion, PolicyDriver, retype_due
 from agentkv_cluster.sim.metrics import risk_of_read, wrong_eviction_weight
 from agentkv_cluster.sim.schedule import ACCESS, CREATE, EOL, FALSE, PREFETCH, EventQueue
 from agentkv_cluster.sim.workload import SIGNAL_ORDER, TYPE_ORDER, Batch, label_at
@@ -302,6 +302,7 @@ class BatchRun:
 
     def _on_access(self, i: int, now: float, _token: int) -> None:
         s = self._page(i)
+        retype_due(self.batch, self.driver, s.view, now)
         tr = self.trace
         view = s.view
         risk = wrong = 0.0
@@ -378,6 +379,7 @@ class BatchRun:
         if s.where in (RETIRED, NOT_YET):
             return
         s.view.dependency = 0.0
+        retype_due(self.batch, self.driver, s.view, now)
         self.driver.observe_end(s.view, now)
         signal = SIGNAL_ORDER[int(self._kinds[i])]
         decision = self.policy.on_consumers_done(s.view, now, signal=signal)

@@ -114,7 +114,7 @@ class Batch:
 
     index: int
     capacity_bytes: int  # HBM budget for this batch
-    types: np.ndarray  # int8 index into TYPE_ORDER
+    types: np.ndarray  # int8 index into TYPE_ORDER: the type the page is produced with
     sizes: np.ndarray  # int64 full-precision bytes
     created: np.ndarray  # float64 seconds
     eol: np.ndarray  # float64: when the end of life happens (inf = never); synthetic: never
@@ -136,6 +136,11 @@ class Batch:
     # signals as delivered (signal-quality model applied; None = at ``eol``, all of them)
     signal_at: np.ndarray | None = None
     false_signal_at: np.ndarray | None = None  # premature "dead" signals (inf = none)
+    # type changes, seen when they happen (None: none): from ``retype_at`` (float64, inf =
+    # never) the page is of type ``retype_to`` (int8 index into TYPE_ORDER): a block a
+    # second session reads becomes a fixed prefix, a branch abandoned a failed branch
+    retype_at: np.ndarray | None = None
+    retype_to: np.ndarray | None = None
 
     @property
     def n_pages(self) -> int:

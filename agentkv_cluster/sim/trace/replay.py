@@ -3,10 +3,14 @@
 The whole trace (or its first ``sessions`` sessions by start time, each kept
 whole) is ONE batch: every session shares one HBM budget and one host link over
 time, as they would on one server. A page is one KV block (``block_tokens``
-tokens of ``kv_bytes_per_token``); equal block ids are the same KV, so a block
-held by several sessions is a shared prefix (FIXED_PREFIX). The first model call
-holding a block produces it; every later model call holding it reads it, each
-call counted, also when several calls read it at the same instant.
+tokens of ``kv_bytes_per_token``); equal block ids are the same KV. A block is
+produced with its producer's state and becomes a shared prefix (FIXED_PREFIX) at
+the first read by another session, never before: the policies see the change
+then (``Batch.retype_at``), as the service sees a prefix lookup adopt a page. (The
+type was FIXED_PREFIX from production for any block a later session would read:
+hindsight that the type-aware policies used.) The first model call holding a
+block produces it; every later model call holding it reads it, each call
+counted, also when several calls read it at the same instant.
 
 End of life comes only from events in the trace, at their own time:
 
@@ -181,7 +185,7 @@ def _batch(table: EventTable, split: TaskSplit, tasks: timeline.Tasks, chosen: l
         return None
     rng = np.random.Generator(np.random.PCG64([cfg.seed, 0x7EACE]))
     nrng = noise_rng(cfg.seed, cfg.noise)
-    types = timeline.page_types(pages, calls)
+    types, shared_at = timeline.page_types(pages, calls)
     sizes = c.block_tokens[calls.event[pages.first_call]] * rc.kv_bytes_per_token
     created = calls.ts[pages.first_call]
     eol = timeline.signal_times(pages, calls, tasks.ends(rc.idle_timeout_s))
@@ -202,7 +206,8 @@ def _batch(table: EventTable, split: TaskSplit, tasks: timeline.Tasks, chosen: l
         recompute_est_s=recompute * np.exp(cfg.cost_error * nrng.standard_normal(n)),
         correctness=weight[types],
         gap_tools=RaggedLabels(Ragged(gaps.labels, gaps.offsets), gaps.names),
-        gap_tool_s=Ragged(gaps.secs, gaps.offsets))
+        gap_tool_s=Ragged(gaps.secs, gaps.offsets),
+        retype_at=shared_at, retype_to=np.full(n, timeline.FIXED, np.int8))
     return dataclasses.replace(
         batch, capacity_bytes=max(1, int(cfg.budget * working_set_bytes(batch))))
 
@@ -229,11 +234,18 @@ def replay_workload(events: Sequence[TraceEvent], cfg: SimConfig, source: str,
 
 
 def reads_per_type(workload: Workload) -> dict[str, int]:
-    """How many reads each state type gets (printed with replay results)."""
+    """How many reads each state type gets, by the page's type at the read (printed
+    with replay results)."""
     counts: dict[str, int] = defaultdict(int)
     for b in workload:
         for i in range(b.n_pages):
-            counts[TYPE_ORDER[int(b.types[i])].value] += len(b.access_times[i])
+            reads = np.asarray(b.access_times[i])
+            later = 0 if b.retype_at is None or b.retype_to is None else \
+                int(np.count_nonzero(reads >= b.retype_at[i]))
+            if reads.size > later:
+                counts[TYPE_ORDER[int(b.types[i])].value] += reads.size - later
+            if later:
+                counts[TYPE_ORDER[int(b.retype_to[i])].value] += later
     return dict(counts)
 
 

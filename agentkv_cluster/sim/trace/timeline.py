@@ -22,7 +22,7 @@ from agentkv_cluster.sim.workload import TYPE_ORDER, offsets_of
 
 _CALL, _TOOL, _END = (KINDS.index(k) for k in ("model_call", "tool_start", "task_end"))
 _STATES = tuple(StateType)
-_FIXED = TYPE_ORDER.index(StateType.FIXED_PREFIX)
+FIXED = TYPE_ORDER.index(StateType.FIXED_PREFIX)  # what a block read by two sessions is
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -177,16 +177,19 @@ def pages_of(c: Columns, calls: Calls) -> Pages:
                  offsets=offsets_of(n_reads))
 
 
-def page_types(pages: Pages, calls: Calls) -> np.ndarray:
-    """FIXED_PREFIX for a block held by several sessions, else its producer's state."""
+def page_types(pages: Pages, calls: Calls) -> tuple[np.ndarray, np.ndarray]:
+    """Each block's type as produced (its producer's state) and when it becomes
+    FIXED_PREFIX: at the first read by another session (inf: never). No lookahead: a
+    block is not a shared prefix before a second session has read it."""
     owner = calls.task[pages.first_call]
     n = pages.block.size
     page = np.repeat(np.arange(n), np.diff(pages.offsets))
     other = calls.task[pages.read_call] != owner[page]
-    shared = np.bincount(page[other], minlength=n) > 0
+    shared_at = np.full(n, np.inf)
+    np.minimum.at(shared_at, page[other], calls.ts[pages.read_call[other]])
     state = np.array([TYPE_ORDER.index(s) for s in _STATES], np.int8)[
         calls.state[pages.first_call]]
-    return np.where(shared, _FIXED, state).astype(np.int8)
+    return state, shared_at
 
 
 def signal_times(pages: Pages, calls: Calls, ends: np.ndarray) -> np.ndarray:

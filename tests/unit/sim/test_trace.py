@@ -166,9 +166,12 @@ def test_replay_is_one_timeline_with_every_read_and_per_gap_tools():
     assert b.n_pages == 3 and set(b.sessions) == {"s1"}
     assert list(b.sizes) == [512_000] * 3
     assert [list(r) for r in b.access_times] == [[1.0, 3.5, 3.5], [3.5], []]
-    assert TYPE_ORDER[b.types[0]] is StateType.FIXED_PREFIX  # shared by s1, s2, s3
-    assert TYPE_ORDER[b.types[1]] is StateType.TASK_INPUT
-    assert TYPE_ORDER[b.types[2]] is StateType.TOOL_OBSERVATION
+    # block 1 is produced as s1's input and is a shared prefix from s2's read at 1.0 on
+    # (before, it was typed FIXED_PREFIX from production: hindsight)
+    assert [TYPE_ORDER[t] for t in b.types] == [
+        StateType.TASK_INPUT, StateType.TASK_INPUT, StateType.TOOL_OBSERVATION]
+    assert list(b.retype_at) == [1.0, np.inf, np.inf]
+    assert TYPE_ORDER[b.retype_to[0]] is StateType.FIXED_PREFIX
     # each gap is labelled at its start with the tool its opening session starts next
     # (s1's search after its call at 0; none after s2's and s1's later calls), whether
     # or not a read follows; the duration is what the reading call waited on: block

@@ -152,7 +152,7 @@ class Controller:
             rec.clean_copy = None  # read again: its next demotion is decided afresh
             if rec.resident:
                 table.hbms[rec.hbm].policy.on_access(rec.view, now)
-        table.returning.difference_update(gids)
+        table.demand.returning.difference_update(gids)
         short = table.short_hbms(gids)
         if short and gids:  # other tenants' pins above their share give way
             tenant = table.pages[gids[0]].meta.tenant
@@ -279,7 +279,7 @@ class Controller:
                 if action.kind is ActionKind.RESTORE and not rec.resident:
                     # Its migration has not finished by the time the page must come
                     # back: recall it (a queued one gives way) and look again shortly.
-                    table.recalled.add(rec.gid)
+                    table.demand.recalled.add(rec.gid)
                     self.schedule.push(action, at=now + 0.02)
                 continue
             if action.kind is ActionKind.DEMOTE:
@@ -289,7 +289,7 @@ class Controller:
                     out.append(action)
                     self.stats["demotes"] += 1
                 continue
-            if rec.resident or not rec.copies or table.wanted(rec.gid):
+            if rec.resident or not rec.copies or table.demand.wanted(rec.gid):
                 continue
             out += self._prefetch(rec, now)
         return out
@@ -317,7 +317,7 @@ class Controller:
         action, ok = result.action, result.ok
         table = self.table
         table.changed()
-        table.recalled.discard(action.gid)
+        table.demand.recalled.discard(action.gid)
         rec = table.pages.get(action.gid)
         if rec is None:  # retired meanwhile: what the move left goes too (deletions)
             return self.events.moved_after_retire(result)

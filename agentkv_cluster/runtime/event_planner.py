@@ -157,7 +157,7 @@ class EventPlanner:
             self.schedule.cancel(list(state.pages))
         if isinstance(event, ev.TaskEnd):
             self.schedule.cancel(list(state.pages))
-            table.returning.difference_update(state.pages)
+            table.demand.returning.difference_update(state.pages)
             touched = frozenset(state.pages)
         retired = []
         for gid in sorted(touched):
@@ -201,7 +201,7 @@ class EventPlanner:
 
     def _tool_start(self, state: SessionState, event: ev.ToolStart, now: float) -> None:
         table = self.table
-        table.returning.difference_update(state.pages)
+        table.demand.returning.difference_update(state.pages)
         budget = table.hbms[state.hbm]
         recs = [rec for rec in (table.pages[g] for g in sorted(state.pages))
                 if rec.resident and not rec.busy and rec.pins == 0 and rec.hbm == state.hbm]
@@ -230,7 +230,7 @@ class EventPlanner:
         # yet are cancelled. The engine's load now restores those pages in the foreground
         # class; one left scheduled would start late and make that load wait behind it.
         self.schedule.cancel(list(state.pages), kinds=(ActionKind.DEMOTE, ActionKind.RESTORE))
-        table.returning.update(g for g in state.pages if g in table.pages)
+        table.demand.returning.update(g for g in state.pages if g in table.pages)
 
     def _held_elsewhere(self, gid: int, tenant: str, session: str) -> bool:
         """Whether another session stored page ``gid`` too (the same identity: one page)
@@ -351,7 +351,7 @@ class EventPlanner:
         tasks = self.graph.end_session(tenant, session)
         gids = sorted(state.pages)
         cancelled = self.schedule.cancel(gids, kinds=(ActionKind.DEMOTE, ActionKind.RESTORE))
-        table.returning.difference_update(gids)
+        table.demand.returning.difference_update(gids)
         pins = table.release_held(tenant, session, None, now)
         retired, kept = [], 0
         for gid in gids:

@@ -151,7 +151,7 @@ class Executor:
         """A prefetch gives its HBM room back: a load is blocked for room on its HBM actor
         and no engine waits for its page (a wanted page's prefetch is promoted instead)."""
         return (a.reason is Reason.PREFETCH and self._starving[a.hbm] > 0
-                and not self.controller.table.wanted(a.gid))
+                and not self.controller.demand.wanted(a.gid))
 
     def _abandon(self, match: Callable[[Action], bool], why: str,
                  gids: Iterable[int] | None = None) -> int:
@@ -260,7 +260,7 @@ class Executor:
         """A background move gives way: its page is wanted now, retired, or its tenant
         erased."""
         table = self.controller.table
-        return table.wanted(gid) or gid not in table.pages or table.doomed(gid)
+        return self.controller.demand.wanted(gid) or gid not in table.pages or table.doomed(gid)
 
     def _pool_for(self, rec_pool: str, hbm: str) -> str:
         """The name of the pool a move between ``hbm`` and it uses; the HBM actor gets the
@@ -329,7 +329,7 @@ class Executor:
                     raise TenantErased("the page's tenant is being erased") from None
                 if a.gid not in self.controller.table.pages:  # retired: nothing to restore
                     raise
-                if not self.controller.table.wanted(a.gid):  # it gave its room to a load
+                if not self.controller.demand.wanted(a.gid):  # it gave its room to a load
                     with self._lock:
                         self.gave_room += 1
                     raise

@@ -41,8 +41,8 @@ class StillMoving(RequestRefused):
 
 
 class Guarded:
-    """``Controller`` with every call under one lock, its page table's and event
-    planner's and schedule's calls too (attribute reads are not locked)."""
+    """``Controller`` with every call under one lock, its page table's, event planner's,
+    schedule's and demand hints' calls too (attribute reads are not locked)."""
 
     def __init__(self, manager: Controller) -> None:
         self.manager = manager
@@ -51,6 +51,7 @@ class Guarded:
         self.table = _Locked(manager.table, self)
         self.events = _Locked(manager.events, self)
         self.schedule = _Locked(manager.schedule, self)
+        self.demand = _Locked(manager.table.demand, self)
 
     def __getattr__(self, name: str) -> Any:
         return _locked(getattr(self.manager, name), self)
@@ -77,12 +78,12 @@ class Guarded:
         executor)."""
         with self.cv:
             table = self.manager.table
-            table.want(gids, 1)
+            table.demand.want(gids, 1)
             try:
                 done = self.cv.wait_for(lambda: self.stopping or table.settled(gids),
                                         timeout_s)
             finally:
-                table.want(gids, -1)
+                table.demand.want(gids, -1)
             self._stopped()
             table.check_alive(gids)
             return done

@@ -138,7 +138,7 @@ class EngineLoader:
         # flight is promoted to the foreground.
         phases = LoadPhases(pages=len(gids))
         ticket, hbms = self.room.ticket(), {r.hbm for r in before.values()}
-        self.controller.table.want(gids, 1)
+        self.controller.demand.want(gids, 1)
         try:
             self.executor.abandon_queued(gids)
             for attempt in range(2):
@@ -161,7 +161,7 @@ class EngineLoader:
             raise
         finally:
             self.room.done(ticket)
-            self.controller.table.want(gids, -1)
+            self.controller.demand.want(gids, -1)
         total = time.monotonic() - t0
         phases.total_s, phases.restored = total, len(by_gid)
         self.phases.append(phases)

@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
 from agentkv_cluster.policy.base import EvictionPolicy, PageView
+from agentkv_cluster.runtime.demand import Demand
 from agentkv_cluster.runtime.page_ids import PageIds
 from agentkv_cluster.runtime.pin_share import HeldPin, revocations
 from agentkv_cluster.runtime.records import (
@@ -54,13 +55,7 @@ class PageTable:
         self.changes = 0  # bumped whenever a pin drops or a move ends (runtime/guard.py waits)
         self.erasing: set[str] = set()  # tenants being erased: every call of theirs fails
         self.erasures: Counter[str] = Counter()  # erasures done per tenant (loads check it)
-        # Demand hints (read without the lock by the executor: background moves of these
-        # pages give way): gids an engine load waits for, gids whose prefetch fell due
-        # while they were still moving out, and pages of sessions whose tool has returned
-        # until the engine loads them (or the next tool starts).
-        self.waiting: Counter[int] = Counter()
-        self.recalled: set[int] = set()
-        self.returning: set[int] = set()
+        self.demand = Demand()  # pages engines want in HBM now or soon (hints)
 
     # -- topology ---------------------------------------------------------------------------
     def add_hbm(self, name: str, capacity: int, policy: EvictionPolicy, pool: str = "") -> None:
@@ -214,8 +209,7 @@ class PageTable:
             self.evict(rec, tracked=True)
         self.by_key.pop((rec.meta.key, rec.hbm), None)
         self.by_pid.drop(gid)
-        self.returning.discard(gid)
-        self.recalled.discard(gid)
+        self.demand.forget(gid)
         return rec
 
     # -- lookups ----------------------------------------------------------------------------
@@ -275,23 +269,10 @@ class PageTable:
         """A transfer of a page that goes with ``tenant``'s erasure is in flight."""
         return any(r.busy for r in self.pages.values() if r.meta.erased_with(tenant))
 
-    def want(self, gids: list[int], step: int) -> None:
-        """An engine waits for ``gids`` (step 1) or stopped waiting (-1)."""
-        for g in gids:
-            self.waiting[g] += step
-            if self.waiting[g] <= 0:
-                del self.waiting[g]
-
-    def wanted(self, gid: int) -> bool:
-        """An engine waits for this page now, or will as soon as its session resumes
-        (read without the lock: a hint)."""
-        return self.waiting.get(gid, 0) > 0 or gid in self.recalled or gid in self.returning
-
     def soon_read(self, hbm: str) -> list[PageRecord]:
         """Resident pages on ``hbm`` that a load waits for, or will as soon as its session
-        resumes (``wanted``)."""
-        gids = self.waiting.keys() | self.recalled | self.returning  # ``want`` drops zeros
-        return [rec for rec in (self.pages.get(g) for g in gids)
+        resumes (``Demand.wanted``)."""
+        return [rec for rec in (self.pages.get(g) for g in self.demand.gids())
                 if rec is not None and rec.hbm == hbm and rec.resident]
 
     def short_hbms(self, gids: list[int]) -> set[str]:

@@ -77,20 +77,20 @@ def test_wanted_pages_make_background_moves_give_way() -> None:
     ctl.add_hbm("h", 4 * MB)
     admitted(ctl, "a", range(1), 0.0)
     (g,) = ctl.table.resolve("t", "a", [b"a/0"])
-    assert not ctl.table.wanted(g)
+    assert not ctl.table.demand.wanted(g)
     ctl.table.evict(ctl.table.pages[g], tracked=True)  # being demoted: a load must wait
     ctl.table.pages[g].busy = True
     waiter = threading.Thread(target=ctl.wait_idle, args=([g], 5.0))
     waiter.start()
     deadline = time.monotonic() + 2.0
-    while not ctl.table.wanted(g) and time.monotonic() < deadline:
+    while not ctl.table.demand.wanted(g) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert ctl.table.wanted(g)  # an engine waits for it
+    assert ctl.table.demand.wanted(g)  # an engine waits for it
     with ctl.cv:
         ctl.table.pages[g].busy = False
         ctl.cv.notify_all()
     waiter.join(5.0)
-    assert not ctl.table.wanted(g)
+    assert not ctl.table.demand.wanted(g)
 
 
 def test_a_due_prefetch_recalls_its_page_still_moving_out() -> None:
@@ -105,12 +105,12 @@ def test_a_due_prefetch_recalls_its_page_still_moving_out() -> None:
     prefetch = Action(kind=ActionKind.RESTORE, gid=g, hbm="h", tier=Tier.HOST,
                       codec=Codec.INT4, start_at=1.0, reason=Reason.PREFETCH, session="a")
     ctl.schedule.push(prefetch, at=1.0)
-    assert ctl.due(1.0) == [] and ctl.table.wanted(g)  # recalled, looked at again shortly
+    assert ctl.due(1.0) == [] and ctl.table.demand.wanted(g)  # recalled, looked at again shortly
     assert ctl.schedule.next_due() == pytest.approx(1.02)
     migration = Action(kind=ActionKind.DEMOTE, gid=g, hbm="h", tier=Tier.HOST,
                        codec=Codec.INT4, reason=Reason.GAP, session="a")
     ctl.finished(done(migration, pool="p"), 1.01)
-    assert not ctl.table.wanted(g)
+    assert not ctl.table.demand.wanted(g)
     (restore,) = ctl.due(1.05)
     assert (restore.kind, restore.reason, restore.codec) == (
         ActionKind.RESTORE, Reason.PREFETCH, Codec.INT4)

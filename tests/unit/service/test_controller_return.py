@@ -30,18 +30,18 @@ def _session(capacity: int = 8 * MB) -> tuple[Controller, list[int]]:
 
 def test_a_returned_tool_marks_its_session_pages_wanted_until_the_engine_loads() -> None:
     ctl, gids = _session()
-    assert not any(ctl.table.wanted(g) for g in gids)
+    assert not any(ctl.table.demand.wanted(g) for g in gids)
     _event(ctl, 3, 1.0, kind="observation_return", call_id="k1")
-    assert all(ctl.table.wanted(g) for g in gids)  # background moves of them give way now
+    assert all(ctl.table.demand.wanted(g) for g in gids)  # background moves of them give way now
     ctl.access(gids, 1.1)
-    assert not any(ctl.table.wanted(g) for g in gids)
+    assert not any(ctl.table.demand.wanted(g) for g in gids)
 
 
 def test_the_next_tool_start_clears_the_mark_when_no_load_came() -> None:
     ctl, gids = _session()
     _event(ctl, 3, 1.0, kind="observation_return", call_id="k1")
     _event(ctl, 4, 1.5, kind="tool_start", call_id="k2", tool="grep")
-    assert not any(ctl.table.wanted(g) for g in gids)
+    assert not any(ctl.table.demand.wanted(g) for g in gids)
 
 
 def test_a_gap_migration_keeps_the_hbm_copy_while_its_room_is_still_free() -> None:
@@ -125,18 +125,18 @@ def test_room_for_one_load_spares_the_pages_another_load_waits_for() -> None:
     finish(ctl, admitted(ctl, "a", range(2), 0.0), 0.0)
     finish(ctl, admitted(ctl, "b", range(1), 1.0), 1.0)
     a0, a1 = ctl.table.resolve("t", "a", [b"a/0", b"a/1"])
-    ctl.table.want([a0], 1)
+    ctl.table.demand.want([a0], 1)
     demotes = admitted(ctl, "c", range(1), 2.0)
     assert [a.gid for a in demotes] == [a1]
     finish(ctl, demotes, 2.0)
-    ctl.table.want([a0], -1)
+    ctl.table.demand.want([a0], -1)
     # a session whose tool returned is about to load: its pages are spared the same way
     (b0,) = ctl.table.resolve("t", "b", [b"b/0"])
     _event(ctl, 1, 2.5, kind="task_start", prefix_generation=1, prefix_pages=[0],
            input_pages=[1])
     _event(ctl, 2, 2.6, kind="tool_start", call_id="k1", tool="grep")
     _event(ctl, 3, 2.7, kind="observation_return", call_id="k1")
-    assert ctl.table.wanted(a0)
+    assert ctl.table.demand.wanted(a0)
     demotes = admitted(ctl, "d", range(1), 3.0)
     assert [a.gid for a in demotes] == [b0]
     finish(ctl, demotes, 3.0)
@@ -147,7 +147,7 @@ def test_sparing_never_blocks_a_load_when_only_spared_pages_can_make_room() -> N
     ctl.add_hbm("h", 2 * MB)
     finish(ctl, admitted(ctl, "a", range(2), 0.0), 0.0)
     a0, a1 = ctl.table.resolve("t", "a", [b"a/0", b"a/1"])
-    ctl.table.want([a0, a1], 1)
+    ctl.table.demand.want([a0, a1], 1)
     demotes = admitted(ctl, "c", range(1), 1.0)
     assert [a.gid for a in demotes] == [a0]  # the policy's own order once nothing else fits
 

@@ -184,7 +184,7 @@ def test_a_prefetch_waiting_for_its_credit_is_promoted_as_soon_as_a_load_wants_i
     page is wanted at once, not at the next credit poll (made an hour long here)."""
     with _prefetch_waiting_for_credit(poll_s=3600.0) as w:
         assert w.credits.waiting[w.link] == 0  # still a background request
-        w.ctl.table.want([w.gid], 1)  # what ``EngineLoader.load`` does first
+        w.ctl.table.demand.want([w.gid], 1)  # what ``EngineLoader.load`` does first
         assert w.ex.abandon_queued([w.gid]) == 0  # it had started: not handed back, promoted
         while w.credits.waiting[w.link] == 0 and time.monotonic() < w.deadline:
             time.sleep(0.01)

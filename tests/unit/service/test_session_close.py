@@ -185,7 +185,7 @@ def test_a_load_waiting_on_a_page_of_a_closed_session_ends_not_found() -> None:
     ctl.events.close_session("t", "a", 1.0)
     waiter.join(5.0)
     assert not waiter.is_alive() and isinstance(failed[0], UnknownPageKey)
-    assert ctl.table.waiting == {}  # it stopped wanting the page
+    assert ctl.table.demand.waiting == {}  # it stopped wanting the page
 
 
 def test_moves_of_two_tenants_sessions_of_one_name_take_separate_credits() -> None:

@@ -35,6 +35,7 @@ from agentkv_cluster.runtime.records import (
     TenantErased,
     TransferResult,
 )
+from security.errors import KeyUnavailable
 from store.hbm import ArenaFull
 from store.types import Codec, Tier
 
@@ -298,10 +299,18 @@ class Executor:
                                          tier=Tier(a.tier)) if gap else None
             try:
                 receipt = hbm.demote(rec.meta, targets, name, False)
+                copies, sizes = receipt.copies, receipt.tier_bytes
+            except KeyUnavailable:
+                # No key to seal under: every generation of the page's tenant was erased.
+                # Kept in HBM it would overcommit the budget its room went to, so it goes
+                # with no copy (its load is page_lost: the engine re-prefills).
+                if a.keep:
+                    raise
+                self.errors.append(f"demote {a.reason.value}: a page of {rec.meta.namespace} "
+                                   "dropped: no key generation left to seal it under")
             finally:
                 if gap:
                     self.credits.release(link, grant)
-            copies, sizes = receipt.copies, receipt.tier_bytes
         # The HBM copy is dropped only now: a load that wanted the page while it was moving
         # out took it back (no wait for the copy, no restore of a page that never left).
         if not a.keep and not self.controller.keep_if_room(a.gid, time.monotonic()):

@@ -97,3 +97,26 @@ def test_a_generation_erased_while_the_service_runs_is_served_no_more() -> None:
                 s.load([key])
             assert err.value.code in ("page_lost", "not_found"), err.value
         assert s.load(new_keys) == [p["data"] for p in new]  # generation 2 is untouched
+
+
+def test_pages_of_a_tenant_whose_every_generation_is_erased_leave_hbm_when_pressed() -> None:
+    """Its HBM pages cannot be sealed for a lower tier any more. Before, each pressure
+    demotion failed (KeyUnavailable) and put the page back into the budget another
+    tenant's store had just taken its room from: the HBM actor held twice its budget.
+    Such a page now goes (its load is page_lost; the engine re-prefills)."""
+    with local_service("agentkv-erase-last-gen-", page_bytes=PAGE, hbm_pages=16,
+                       pool_bytes=12 * PAGE, hbm_capacity=3 * PAGE) as service, \
+            service.client("acme") as acme, service.client("globex") as globex:
+        a = acme.open_session("a")
+        keys = a.store_pages([kv_page(i, "evidence", identity("acme", "a", 1000 * i))
+                              for i in range(3)])  # HBM full
+        assert _cli(service, "erase", "acme", "--generation", "1") == 0  # its only one
+        g = globex.open_session("g")
+        mine = [kv_page(10 + i, "evidence", identity("globex", "g", 1000 * i))
+                for i in range(3)]
+        assert g.load(g.store_pages(mine)) == [p["data"] for p in mine]
+        used = service.topo.controller.stats()["hbm_used"]
+        assert sum(used.values()) <= 3 * PAGE, used
+        with pytest.raises(RemoteError) as err:
+            a.load(keys[:1])
+        assert err.value.code == "page_lost", err.value

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from typing import Any
 
 from agentkv_cluster.cli import CliError
@@ -90,3 +91,66 @@ def check_args(args: argparse.Namespace) -> None:
         raise CliError("--trace-sessions must be >= 1")
     if args.trace_skip < 0:
         raise CliError("--trace-skip must be >= 0")
+
+
+def check_policies(policies: tuple[str, ...]) -> None:
+    """Unknown names and names given twice are refused (a duplicate would run the same
+    policy again and print one row: a typo for another policy, most likely)."""
+    from agentkv_cluster.sim.policies import POLICY_NAMES
+    from agentkv_cluster.sim.runner import DuplicatePolicy, check_policy_names
+
+    if not policies:
+        raise CliError(f"--policies names no policy; known: {', '.join(POLICY_NAMES)}")
+    unknown = [p for p in policies if p not in POLICY_NAMES]
+    if unknown:
+        raise CliError(f"unknown policy {', '.join(unknown)}; "
+                       f"known: {', '.join(POLICY_NAMES)}")
+    try:
+        check_policy_names(policies)
+    except DuplicatePolicy as exc:
+        raise CliError(f"--policies: {exc}") from None
+
+
+def _physical_memory() -> int | None:
+    """Bytes of memory this machine has (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_workload_memory(cfg: Any) -> None:
+    """Refuse, before anything is allocated, a synthetic workload whose arrays alone need
+    more memory than the machine has: the workload is built whole, and numpy would fail
+    with a traceback after the run started (or the system would kill it). The bytes per
+    batch are those of a two-batch workload of the same preset, a lower bound."""
+    import dataclasses
+
+    from agentkv_cluster.sim.runner import make_workload
+
+    have = _physical_memory()
+    wl = cfg.workload
+    if have is None or wl.batches <= 2:
+        return
+    sample = make_workload(cfg.replace(workload=dataclasses.replace(wl, batches=2)))
+    per_batch = sum(_array_bytes(b) for b in sample) / len(sample)
+    need = per_batch * wl.batches
+    if need > have:
+        raise CliError(f"--batches {wl.batches:,} needs at least {need / 1e9:,.1f} GB for "
+                       f"its workload ({per_batch / 1e3:,.1f} kB a batch), more than this "
+                       f"machine's {have / 1e9:,.1f} GB; use fewer batches")
+
+
+def _array_bytes(batch: Any) -> int:
+    """Bytes of the numpy arrays a batch holds (directly or in tuples of them)."""
+    import dataclasses
+
+    import numpy as np
+
+    total = 0
+    for f in dataclasses.fields(batch):
+        value = getattr(batch, f.name)
+        for item in value if isinstance(value, tuple) else (value,):
+            if isinstance(item, np.ndarray):
+                total += item.nbytes
+    return total

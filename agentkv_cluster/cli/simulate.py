@@ -11,7 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from agentkv_cluster.cli import CliError, ProgressLines, check_writable_dir, check_writable_file
-from agentkv_cluster.cli._simulate_args import Given, GivenBool, check_args
+from agentkv_cluster.cli._simulate_args import (
+    Given,
+    GivenBool,
+    check_args,
+    check_policies,
+    check_workload_memory,
+)
 
 TRACE_FORMATS = ("agentkv", "mooncake", "azure", "tracelab")
 
@@ -95,16 +101,39 @@ def run(args: argparse.Namespace) -> int:
     except SimConfigError as exc:
         raise CliError(str(exc)) from None
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
-    _check_policies(policies)
+    check_policies(policies)
     if args.trace is not None:
         from agentkv_cluster.cli._simulate_trace import check_trace_outputs
 
         check_trace_outputs(args)
+    else:
+        check_workload_memory(cfg)  # built whole: refuse one this machine cannot hold
     check_writable_file(args.json, "--json")  # before the run, not after it
     check_writable_file(args.export_trace, "--export-trace")
     if args.sweep:
         check_writable_dir(args.out_dir, "--out-dir")
     started = time.perf_counter()
+    try:
+        payload = _run_mode(args, cfg, policies, console)
+    except MemoryError:  # what no check foresaw: one line, not a numpy traceback
+        raise CliError("out of memory: this run needs more memory than the machine has; "
+                       "use fewer --batches (or --trace-sessions with --trace)") from None
+    console.print(f"[dim]finished in {time.perf_counter() - started:.1f} s[/dim]")
+    if args.json:
+        from agentkv_cluster.sim.report import write_json
+
+        try:
+            write_json(payload, args.json)
+        except OSError as exc:
+            raise CliError(f"--json {args.json}: cannot write: {exc.strerror or exc}") from None
+        console.print(f"wrote {args.json}")
+    return 0
+
+
+def _run_mode(args: argparse.Namespace, cfg: Any, policies: tuple[str, ...],
+              console: Any) -> dict[str, Any]:
+    """The results of the mode chosen; a trace's facts (file, format, lines, malformed
+    lines, sessions, skip, idle timeout) go into the JSON of every mode, here."""
     build, trace_info = None, None
     if args.trace is not None:
         from agentkv_cluster.cli._simulate_trace import trace_builder
@@ -118,34 +147,9 @@ def run(args: argparse.Namespace) -> int:
         payload = _replay(args, cfg, policies, console, build, trace_info)
     else:
         payload = _compare(cfg, policies, console, fair=args.fair)
-    console.print(f"[dim]finished in {time.perf_counter() - started:.1f} s[/dim]")
-    if args.json:
-        from agentkv_cluster.sim.report import write_json
-
-        try:
-            write_json(payload, args.json)
-        except OSError as exc:
-            raise CliError(f"--json {args.json}: cannot write: {exc.strerror or exc}") from None
-        console.print(f"wrote {args.json}")
-    return 0
-
-
-def _check_policies(policies: tuple[str, ...]) -> None:
-    """Unknown names and names given twice are refused (a duplicate would run the same
-    policy again and print one row: a typo for another policy, most likely)."""
-    from agentkv_cluster.sim.policies import POLICY_NAMES
-    from agentkv_cluster.sim.runner import DuplicatePolicy, check_policy_names
-
-    if not policies:
-        raise CliError(f"--policies names no policy; known: {', '.join(POLICY_NAMES)}")
-    unknown = [p for p in policies if p not in POLICY_NAMES]
-    if unknown:
-        raise CliError(f"unknown policy {', '.join(unknown)}; "
-                       f"known: {', '.join(POLICY_NAMES)}")
-    try:
-        check_policy_names(policies)
-    except DuplicatePolicy as exc:
-        raise CliError(f"--policies: {exc}") from None
+    if trace_info is not None:
+        payload["trace"] = trace_info
+    return payload
 
 
 @contextmanager
@@ -316,19 +320,12 @@ def _sweep(args: argparse.Namespace, cfg: Any, policies: tuple[str, ...],
                 table.add_row(*row)
             console.print(table)
     try:
-        if args.sweep == "budget":
-            paths = plots.budget_figures(points, args.out_dir)
-        elif "agentkv" not in policies:  # both figures plot AgentKV
-            paths = []
-            console.print(f"[yellow]no {args.sweep} figure: it plots agentkv, which "
-                          f"--policies leaves out[/yellow]")
-        elif args.sweep == "noise":
-            paths = plots.noise_figure(points, args.out_dir)
-        else:
-            paths = plots.signal_figure(values, results, args.out_dir)
+        paths, note = plots.sweep_figures(args.sweep, values, results, args.out_dir)
     except OSError as exc:
         raise CliError(f"--out-dir {args.out_dir}: cannot write the figures: "
                        f"{exc.strerror or exc}") from None
+    if note:
+        console.print(f"[yellow]{note}[/yellow]")
     for path in paths:
         console.print(f"wrote {path}")
     payload = sweep_to_dict(cfg.to_dict(), args.sweep, points)
@@ -394,5 +391,4 @@ def _replay(args: argparse.Namespace, cfg: Any, policies: tuple[str, ...],
     _tables(result, f"trace replay at budget {cfg.budget}, noise {cfg.noise}", console)
     payload = result.to_dict()
     payload.update(_margins(result, console))
-    payload["trace"] = info
     return payload

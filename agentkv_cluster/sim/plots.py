@@ -79,10 +79,29 @@ def noise_figure(points: Points, out_dir: Path, policy: str = "agentkv") -> list
     return [path]
 
 
+def sweep_figures(axis: str, values: Sequence[float], results: Sequence[object],
+                  out_dir: Path) -> tuple[list[Path], str | None]:
+    """The figures of a sweep along ``axis`` (one ``runner.Comparison`` per value) and a
+    note on what they leave out, or None."""
+    points = [(v, r.policies) for v, r in zip(values, results)]  # type: ignore[attr-defined]
+    names = list(points[0][1]) if points else []
+    if axis == "budget":
+        return budget_figures(points, out_dir), None
+    if "agentkv" not in names:  # both other figures plot AgentKV
+        return [], f"no {axis} figure: it plots agentkv, which --policies leaves out"
+    if axis == "noise":
+        return noise_figure(points, out_dir), None
+    alone = all(n == "agentkv" for n in names)
+    return signal_figure(values, results, out_dir), (
+        "the signal figure draws agentkv alone: --policies names no baseline to compare "
+        "it with" if alone else None)
+
+
 def signal_figure(values: Sequence[float], results: Sequence[object],
                   out_dir: Path) -> list[Path]:
     """AgentKV vs the strongest baseline (P95 and transfer) against the share of
-    end-of-life signals lost. ``results``: one ``runner.Comparison`` per value."""
+    end-of-life signals lost; AgentKV alone when no baseline ran. ``results``: one
+    ``runner.Comparison`` per value."""
     out_dir.mkdir(parents=True, exist_ok=True)
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10.0, 4.0), dpi=120)
@@ -92,15 +111,19 @@ def signal_figure(values: Sequence[float], results: Sequence[object],
         mine = [getattr(r.policies["agentkv"], metric) for r in results]  # type: ignore[attr-defined]
         best = [r.strongest(metric) for r in results]  # type: ignore[attr-defined]
         ax.plot(x, mine, _STYLE["agentkv"], label="agentkv", markersize=4)
-        ax.plot(x, [b[1] for b in best], "s--", label="strongest baseline", markersize=4)
-        for xi, b in zip(x, best):
-            ax.annotate(b[0], (xi, b[1]), fontsize=6, textcoords="offset points",
-                        xytext=(0, 5), ha="center")
+        if all(b is not None for b in best):  # None: no baseline ran
+            ax.plot(x, [b[1] for b in best], "s--", label="strongest baseline",
+                    markersize=4)
+            for xi, b in zip(x, best):
+                ax.annotate(b[0], (xi, b[1]), fontsize=6, textcoords="offset points",
+                            xytext=(0, 5), ha="center")
         ax.set_xlabel("end-of-life signals lost (%)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle("AgentKV vs the strongest baseline against signal quality")
+    fig.suptitle("AgentKV vs the strongest baseline against signal quality"
+                 if all(r.strongest("p95_ms") is not None  # type: ignore[attr-defined]
+                        for r in results) else "AgentKV against signal quality")
     fig.tight_layout()
     path = out_dir / "fig_signal_quality.png"
     fig.savefig(path)

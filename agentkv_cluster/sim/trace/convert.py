@@ -14,10 +14,12 @@
   capacity pressure). Its timestamps carry no zone and are read as UTC.
 - TraceLab round traces (Claude Code / Codex): ``prefix_tokens`` of each round
   are kept blocks of the previous context, ``newly_append_tokens`` new blocks,
-  ``tools[*].tool_wall_latency_ms`` real tool gaps (a negative or missing
-  latency rejects the round, with its line number); a round whose ``round_id``
-  (else ``round_index``) repeats one of its session's earlier rounds is the same
-  round twice and is rejected too. No ``task_end`` either.
+  ``tools[*].tool_wall_latency_ms`` real tool gaps (a negative, missing or null
+  latency, or a tool that is not an object, rejects the round, with its line
+  number); a round whose ``round_id`` (else ``round_index``) repeats one of its
+  session's earlier rounds is the same round twice and is rejected too, and so is a
+  ``session_id`` that is not a non-empty string. Each session's blocks get ids of
+  their own, never another session's (``SESSION_ID_SPAN``). No ``task_end`` either.
   Timestamps without a zone are read as UTC (those with one keep it), so the
   result does not depend on the machine's time zone.
 
@@ -48,6 +50,7 @@ from agentkv_cluster.sim.trace.format import (
     TraceFormatError,
     open_lines,
     read_trace,
+    undecodable,
 )
 
 FORMATS = ("agentkv", "mooncake", "azure", "tracelab")
@@ -58,6 +61,10 @@ def _json_lines(path: Path, out: ParseResult,
     for no, raw in enumerate(open_lines(path, progress=progress), start=1):
         out.lines = no
         if not raw.strip():
+            continue
+        bad_bytes = undecodable(raw)
+        if bad_bytes is not None:
+            out.errors.append(LineError(no, bad_bytes))
             continue
         try:
             yield no, json.loads(raw)
@@ -201,6 +208,10 @@ def convert_azure(path: Path, progress: LineProgress | None = None) -> ParseResu
             continue
         if not row:
             continue
+        bad_bytes = undecodable(",".join(row))
+        if bad_bytes is not None:
+            out.errors.append(LineError(no, bad_bytes))
+            continue
         try:
             if len(row) != 3:
                 raise ValueError(f"expected 3 columns, got {len(row)}")
@@ -233,6 +244,12 @@ def _iso(text: Any) -> float:
     return _utc_seconds(datetime.fromisoformat(text))
 
 
+# Block ids a TraceLab session starts at: session k at k * SESSION_ID_SPAN, or after
+# the previous session's last id when that session needed more (its ids never reach
+# another session's).
+SESSION_ID_SPAN = 1_000_000
+
+
 class _TraceLabSession:
     def __init__(self, first_block: int) -> None:
         self.blocks: list[int] = []
@@ -254,6 +271,8 @@ def convert_tracelab(path: Path, progress: LineProgress | None = None) -> ParseR
     for no, d in _json_lines(path, out, progress):
         try:
             session = _need(d, "session_id", str)
+            if not session:  # a nameless session would merge every round without a name
+                raise ValueError("session_id must be a non-empty string")
             key = _round_key(d, session)
             if key in seen:
                 raise ValueError(f"round {key[1]!r} of session {session!r} repeats line "
@@ -269,10 +288,7 @@ def convert_tracelab(path: Path, progress: LineProgress | None = None) -> ParseR
             if not events:
                 raise ValueError("timing_events holds no event object")
             ts = min(_iso(e.get("timestamp")) for e in events)
-            tools = [(str(t.get("tool_name") or "tool"), _iso(t["emitted_at"]),
-                      _latency_s(t["tool_wall_latency_ms"]))
-                     for t in _need(d, "tools", list)
-                     if isinstance(t, dict) and t.get("tool_wall_latency_ms") is not None]
+            tools = [_tool(t) for t in _need(d, "tools", list)]
         except KeyError as exc:  # a tool without emitted_at / tool_wall_latency_ms
             out.errors.append(LineError(no, f"unusable round: a tool misses field {exc}"))
             continue
@@ -286,8 +302,13 @@ def convert_tracelab(path: Path, progress: LineProgress | None = None) -> ParseR
         return out
     t0 = min(r[0] for r in rows)
     sessions: dict[str, _TraceLabSession] = {}
+    s: _TraceLabSession | None = None
     for ts, session, total, prefix, tools in sorted(rows, key=lambda r: (r[1], r[0])):
-        s = sessions.setdefault(session, _TraceLabSession(len(sessions) * 1_000_000))
+        if session not in sessions:  # rows come session by session: s is the previous one
+            first_id = len(sessions) * SESSION_ID_SPAN
+            sessions[session] = _TraceLabSession(first_id if s is None
+                                                 else max(first_id, s.next))
+        s = sessions[session]
         first = not s.blocks
         out.events.append(TraceEvent(
             session=session, ts=ts - t0, kind="model_call", tokens=total,
@@ -299,6 +320,16 @@ def convert_tracelab(path: Path, progress: LineProgress | None = None) -> ParseR
                                          tool_duration_s=latency))
     out.events = EventTable.from_events(sorted(out.events, key=lambda e: (e.ts, e.session)))
     return out
+
+
+def _tool(t: Any) -> tuple[str, float, float]:
+    """(name, emitted at, latency s) of one ``tools`` entry; an entry that is not an
+    object, or has no usable latency, rejects its round (a tool dropped silently would
+    shorten the session's gaps)."""
+    if not isinstance(t, dict):
+        raise TypeError(f"a tool is not a JSON object ({type(t).__name__})")
+    return (str(t.get("tool_name") or "tool"), _iso(t["emitted_at"]),
+            _latency_s(t["tool_wall_latency_ms"]))
 
 
 def _round_key(d: dict, session: str) -> tuple[str, str | int] | None:

@@ -27,7 +27,9 @@ reused: its ``task_end`` closes one task and its next event starts another; a
 ``task_end`` before every model call of its task ends nothing and is a line error
 (``tasks.py``), and so are a ``tool_start`` repeated exactly (duration > 0) and a
 block id given another ``block_tokens`` than before (``conflicts.py``). A UTF-8
-byte-order mark is ignored and a gzip-compressed file is read as its text.
+byte-order mark is ignored and a gzip-compressed file is read as its text. A line
+that is not UTF-8 is a line error (its bytes are never replaced: two names would
+become one); a file none of whose lines is UTF-8 is a ``TraceFormatError``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import re
 import zlib
 from array import array
 from collections.abc import Callable, Iterable, Iterator
@@ -49,7 +52,7 @@ from agentkv_cluster.sim.trace.tasks import split_tasks
 
 __all__ = ["DEFAULT_BLOCK_TOKENS", "KINDS", "EventTable", "LineError", "ParseResult",
            "TraceEvent", "TraceFormatError", "open_lines", "parse_lines", "read_trace",
-           "write_trace"]
+           "undecodable", "write_trace"]
 
 MAX_SECONDS = 1e12  # ~31,700 years: a larger time or duration is a unit mistake
 MAX_TOKENS = 100_000_000  # more tokens than any model's context window
@@ -57,6 +60,10 @@ _GZIP_MAGIC = b"\x1f\x8b"
 PROGRESS_LINES = 65_536  # a reader reports its progress every this many lines
 LineProgress = Callable[[int], None]  # told of the number of lines just read
 _STATES = {t.value: t for t in StateType}
+# Bytes that are not UTF-8, as ``errors="surrogateescape"`` decodes them.
+_UNDECODABLE = re.compile("[\udc80-\udcff]")
+# UTF-32 LE starts like UTF-16 LE; both are refused alike.
+_WIDE_BOMS = ("\udcff\udcfe", "\udcfe\udcff", "\x00\x00\udcfe\udcff")
 
 
 class TraceFormatError(ValueError):
@@ -170,6 +177,10 @@ def parse_lines(lines: Iterable[str]) -> ParseResult:
         out.lines = no
         if not raw.strip():
             continue
+        bad_bytes = undecodable(raw)
+        if bad_bytes is not None:
+            out.errors.append(LineError(no, bad_bytes))
+            continue
         try:
             out.events.append(event_from_dict(json.loads(raw)))
             numbers.append(no)
@@ -205,29 +216,56 @@ def write_trace(events: Iterable[TraceEvent], path: Path) -> int:
     return n
 
 
+def undecodable(raw: str) -> str | None:
+    """Why a line from ``open_lines`` is not UTF-8 text (None when it is): the bytes
+    that do not decode reach it as lone surrogates, never as a replacement character
+    that would make two different names one."""
+    where = _bad_byte(raw)
+    return None if where is None else f"not UTF-8 text ({where}); a trace must be UTF-8"
+
+
+def _bad_byte(raw: str) -> str | None:
+    bad = _UNDECODABLE.search(raw)
+    if bad is None:
+        return None
+    return f"byte 0x{ord(bad.group()) - 0xDC00:02x} at character {bad.start() + 1}"
+
+
 def open_lines(path: Path, newline: str | None = None,
                progress: LineProgress | None = None) -> Iterator[str]:
     """The text lines of ``path`` (UTF-8, a byte-order mark dropped, gzip unpacked);
-    an unreadable file is a ``TraceFormatError`` naming it. ``progress(n)`` is told
-    of the lines read, every ``PROGRESS_LINES`` lines and once at the end."""
+    an unreadable file is a ``TraceFormatError`` naming it. Bytes that are not UTF-8
+    reach the caller as lone surrogates, for ``undecodable`` to report the line; a file
+    none of whose lines is UTF-8 (or one that starts with a UTF-16 or UTF-32 byte-order
+    mark) is a ``TraceFormatError``. ``progress(n)`` is told of the lines read, every
+    ``PROGRESS_LINES`` lines and once at the end."""
     try:
         with open(path, "rb") as probe:
             packed = probe.read(2) == _GZIP_MAGIC
         opener = gzip.open if packed else open
-        with opener(path, "rt", encoding="utf-8-sig", errors="replace",
+        with opener(path, "rt", encoding="utf-8-sig", errors="surrogateescape",
                     newline=newline) as fh:
-            if progress is None:
-                yield from fh
-                return
-            read = 0
-            for line in fh:
+            no = text = bad = 0
+            first_bad = ""
+            for no, line in enumerate(fh, start=1):
+                if line.strip():
+                    text += 1
+                    if _UNDECODABLE.search(line):
+                        if text == 1 and line.startswith(_WIDE_BOMS):
+                            raise TraceFormatError(
+                                f"cannot read trace {path}: it is UTF-16 or UTF-32 text "
+                                f"(its byte-order mark says so), not UTF-8")
+                        bad += 1
+                        first_bad = first_bad or f"line {no}, {_bad_byte(line)}"
                 yield line
-                read += 1
-                if read == PROGRESS_LINES:
-                    progress(read)
-                    read = 0
-            if read:
-                progress(read)
+                if progress is not None and no % PROGRESS_LINES == 0:
+                    progress(PROGRESS_LINES)
+            if progress is not None and no % PROGRESS_LINES:
+                progress(no % PROGRESS_LINES)
+            if bad and bad == text:  # not one line of text: one error, not a line each
+                raise TraceFormatError(f"cannot read trace {path}: it is not UTF-8 text "
+                                       f"(none of its {text:,} lines decodes; first: "
+                                       f"{first_bad}); convert the file to UTF-8")
     except (OSError, EOFError, zlib.error) as exc:  # gzip: damaged or truncated
         reason = getattr(exc, "strerror", None) or str(exc)
         raise TraceFormatError(f"cannot read trace {path}: {reason}") from None

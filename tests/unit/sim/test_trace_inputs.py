@@ -190,3 +190,110 @@ def test_a_tracelab_round_given_twice_is_reported_not_replayed_twice(tmp_path):
         "line 2: unusable round: round 'm1' of session 'a' repeats line 1",
         "line 4: unusable round: round 'm2' of session 'a' repeats line 3"]
     assert b.events == a.events  # was: 4 calls and twice the blocks
+
+
+def _tl_round(session, stamp, total, prefix, tools=()):
+    return {"session_id": session, "input_tokens_total": total, "prefix_tokens": prefix,
+            "timing_events": [{"timestamp": stamp}], "tools": list(tools)}
+
+
+@pytest.mark.parametrize("tool, reason", [
+    ({"tool_name": "Bash", "emitted_at": "2026-06-01T05:40:21Z"},
+     "a tool misses field 'tool_wall_latency_ms'"),
+    ({"tool_name": "Bash", "emitted_at": "2026-06-01T05:40:21Z", "tool_wall_latency_ms": None},
+     "tool_wall_latency_ms must be a finite number"),
+    ("Bash", "a tool is not a JSON object (str)"),
+])
+def test_a_tracelab_tool_without_a_usable_latency_rejects_its_round(tmp_path, tool, reason):
+    path = tmp_path / "tl.jsonl"
+    path.write_text(json.dumps(_tl_round("a", "2026-06-01T05:40:20Z", 600, 0)) + "\n"
+                    + json.dumps(_tl_round("a", "2026-06-01T05:40:30Z", 1200, 512, [tool]))
+                    + "\n")
+    res = convert_tracelab(path)
+    assert [e.line for e in res.errors] == [2]  # was: no error, the tool dropped silently
+    assert reason in res.errors[0].reason
+    assert [e.kind for e in res.events] == ["model_call"]
+
+
+@pytest.mark.parametrize("session", ["", None, 7, ["a"]])
+def test_a_tracelab_session_id_that_is_no_name_is_a_line_error(tmp_path, session):
+    path = tmp_path / "tl.jsonl"
+    path.write_text(json.dumps(_tl_round("a", "2026-06-01T05:40:20Z", 600, 0)) + "\n"
+                    + json.dumps(_tl_round(session, "2026-06-01T05:40:30Z", 600, 0)) + "\n")
+    res = convert_tracelab(path)
+    assert [e.line for e in res.errors] == [2]  # was: "" accepted as a nameless session
+    assert "session_id" in res.errors[0].reason
+    assert {e.session for e in res.events} == {"a"}
+
+
+def test_tracelab_sessions_never_share_block_ids(tmp_path):
+    stamp = "2026-06-01T05:40:{:02d}Z"
+    rows = [_tl_round("a", stamp.format(i), 100_000_000, 0) for i in range(6)]
+    rows += [_tl_round("b", stamp.format(10 + i), 1024 + 512 * i, 1024 * i) for i in range(2)]
+    path = tmp_path / "tl.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    res = convert_tracelab(path)
+    assert not res.errors
+    blocks = {s: set() for s in "ab"}
+    for e in res.events:
+        blocks[e.session].update(e.prefix_blocks)
+    assert len(blocks["a"]) > 1_000_000  # more than one session's former range
+    assert blocks["a"].isdisjoint(blocks["b"])  # was: ids 1000000-1000003 in both
+    b_calls = [e.prefix_blocks for e in res.events if e.session == "b"]
+    assert b_calls[1][:2] == b_calls[0]  # within a session the prefix is kept
+    out = tmp_path / "out.jsonl"
+    write_trace(res.events, out)
+    again = read_trace(out)
+    assert again.errors == [] and again.events == res.events
+
+
+def test_tracelab_block_ids_stay_where_they_were_without_an_overflow(tmp_path):
+    rows = [_tl_round("a", "2026-06-01T05:40:20Z", 1024, 0),
+            _tl_round("b", "2026-06-01T05:40:21Z", 1024, 0)]
+    path = tmp_path / "tl.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    calls = {e.session: e.prefix_blocks for e in convert_tracelab(path).events}
+    assert calls == {"a": (0, 1), "b": (1_000_000, 1_000_001)}
+
+
+def _latin1(tmp_path, lines, packed=False):
+    data = "".join(line + "\n" for line in lines).encode("latin-1")
+    path = tmp_path / ("t.jsonl.gz" if packed else "t.jsonl")
+    path.write_bytes(gzip.compress(data) if packed else data)
+    return path
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_line_that_is_not_utf8_is_a_line_error_not_a_merged_name(tmp_path, packed):
+    call = ('{{"session": "{}", "ts": {}, "kind": "model_call", "tokens": 512, '
+            '"prefix_blocks": [1]}}')
+    path = _latin1(tmp_path, [call.format("a", 0), call.format("café", 1),
+                              call.format("cafè", 2)], packed)
+    res = read_trace(path)
+    assert [e.line for e in res.errors] == [2, 3]  # was: both read as 'caf\ufffd'
+    assert res.errors[0].reason == ("not UTF-8 text (byte 0xe9 at character 17); "
+                                    "a trace must be UTF-8")
+    assert [e.session for e in res.events] == ["a"]
+
+
+def test_converters_report_lines_that_are_not_utf8(tmp_path):
+    mc = _latin1(tmp_path, [_mooncake_row(0, [0, 1]), '{"timestamp": 5, "x": "é"}'])
+    assert [e.line for e in convert_mooncake(mc).errors] == [2]
+    az = tmp_path / "az.csv"
+    az.write_bytes((AZURE_HEADER + "2023-11-16 18:17:03,10,1\n2023-11-16 18:17:04,1é,1\n")
+                   .encode("latin-1"))
+    errors = convert_azure(az).errors
+    assert [e.line for e in errors] == [3] and "not UTF-8" in errors[0].reason
+    tl = tmp_path / "tl.jsonl"
+    tl.write_bytes((json.dumps(_tl_round("a", "2026-06-01T05:40:20Z", 600, 0)) + "\n"
+                    + json.dumps(_tl_round("é", "2026-06-01T05:40:30Z", 600, 0),
+                                 ensure_ascii=False) + "\n").encode("latin-1"))
+    assert [e.line for e in convert_tracelab(tl).errors] == [2]
+
+
+@pytest.mark.parametrize("encoding", ["latin-1", "utf-16", "utf-32"])
+def test_a_file_that_is_not_utf8_at_all_is_one_error(tmp_path, encoding):
+    path = tmp_path / "t.jsonl"
+    path.write_bytes('{"session": "café", "ts": 0, "kind": "task_end"}\n'.encode(encoding))
+    with pytest.raises(TraceFormatError, match="not UTF-8"):
+        read_trace(path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import typing
 from dataclasses import dataclass
@@ -97,12 +98,20 @@ class ConnectorConfig:
                                        f"got {cfg.load_mode!r}")
         if cfg.background_io not in ("auto", "on", "off"):
             raise ConnectorConfigError("background_io must be one of auto, on, off")
-        if cfg.min_tail_tokens < 0 or not cfg.prefetch_lead_s >= 0:  # (NaN too)
-            raise ConnectorConfigError("min_tail_tokens and prefetch_lead_s must be >= 0")
+        # Checked here, at the engine's start: the worker's store refused a bad strategy
+        # only after the model had loaded, and an infinite timeout failed every call later
+        # (an OverflowError, not the service's unavailability).
+        if cfg.strategy not in STRATEGIES:
+            raise ConnectorConfigError(
+                f"strategy must be one of {STRATEGIES}, got {cfg.strategy!r}")
+        if cfg.min_tail_tokens < 0 or not 0 <= cfg.prefetch_lead_s < math.inf:  # (NaN too)
+            raise ConnectorConfigError("min_tail_tokens and prefetch_lead_s must be >= 0 "
+                                       "(and finite)")
         for name in ("host_blocks", "save_queue", "service_timeout_s", "retry_after_s",
                      "lookup_timeout_s", "service_max_sessions"):
-            if not getattr(cfg, name) > 0:  # (NaN too)
-                raise ConnectorConfigError(f"{name} must be > 0, got {getattr(cfg, name)!r}")
+            if not 0 < getattr(cfg, name) < math.inf:  # (NaN too)
+                raise ConnectorConfigError(
+                    f"{name} must be > 0 and finite, got {getattr(cfg, name)!r}")
         if cfg.nvme_blocks < 0:
             raise ConnectorConfigError(f"nvme_blocks must be >= 0, got {cfg.nvme_blocks}")
         if cfg.default_tenant is not None:  # token-less requests act as this tenant
@@ -114,6 +123,8 @@ class ConnectorConfig:
                 raise ConnectorConfigError(f"default_tenant: {exc}") from None
         if cfg.backend == "service" and not cfg.service_address:
             raise ConnectorConfigError("the service backend needs service_address")
+        if cfg.service_address is not None:
+            cfg.address()  # "localhost" (no port) was taken for a socket's file name
         return cfg
 
     @property
@@ -125,17 +136,28 @@ class ConnectorConfig:
         path = self.token_secret_file or os.environ.get("AGENTKV_TOKEN_SECRET_FILE")
         if not path:
             return None
-        data = Path(path).read_bytes().strip()
+        try:
+            data = Path(path).read_bytes().strip()
+        except OSError as exc:
+            raise ConnectorConfigError(f"token_secret_file {path}: cannot read it "
+                                       f"({exc.strerror})") from None
         try:
             return bytes.fromhex(data.decode())
         except (UnicodeDecodeError, ValueError):
             return data
 
     def address(self) -> tuple[str, int] | str:
+        """``service_address`` as (host, port), or a unix socket's path (one with a "/")."""
         assert self.service_address is not None
         host, sep, port = self.service_address.rpartition(":")
         if sep and port.isdigit():
+            if not 0 < int(port) < 65536:
+                raise ConnectorConfigError(f"service_address {self.service_address!r}: "
+                                           "port must be 1..65535")
             return (host or "127.0.0.1", int(port))
+        if "/" not in self.service_address:
+            raise ConnectorConfigError(f"service_address {self.service_address!r}: give "
+                                       "host:port, or a unix socket's path (with a /)")
         return self.service_address
 
 

@@ -97,6 +97,16 @@ def test_connector_config_refuses_unknown_keys():
     ({"save_queue": 0}, "save_queue must be > 0"),
     ({"lookup_timeout_s": -1}, "lookup_timeout_s must be > 0"),
     ({"prefetch_lead_s": float("nan")}, "must be"),
+    # found from outside: these passed, then every call failed (an infinite timeout is an
+    # OverflowError), or the engine refused them after loading the model
+    ({"service_timeout_s": float("inf")}, "service_timeout_s must be > 0 and finite"),
+    ({"lookup_timeout_s": float("inf")}, "lookup_timeout_s must be > 0 and finite"),
+    ({"retry_after_s": float("inf")}, "retry_after_s must be > 0 and finite"),
+    ({"prefetch_lead_s": float("inf")}, "finite"),
+    ({"strategy": "LRU"}, "strategy must be one of"),
+    ({"service_address": "localhost"}, "host:port, or a unix socket"),
+    ({"service_address": "127.0.0.1:99999"}, "port must be 1..65535"),
+    ({"backend": "service", "service_address": "agentkv:0"}, "port must be 1..65535"),
     ({"agentkv": {"backend": "embedded"}, "bogus_key": 1}, "a map 'agentkv'"),
     ({"agentkv": "embedded"}, "a map 'agentkv'"),
     ({"agentkv": None}, "a map 'agentkv'"),
@@ -122,3 +132,13 @@ def test_a_request_names_its_branch():
     h = parse_hints({"agentkv": {"session": "agent-1", "branch": "try-2"}})
     assert (h.session, h.branch) == ("agent-1", "try-2")
     assert parse_hints({"agentkv": {"session": "agent-1"}}).branch == ""
+
+
+def test_an_unreadable_token_secret_file_names_the_setting(tmp_path):
+    cfg = ConnectorConfig.from_extra({"token_secret_file": str(tmp_path / "missing")})
+    with pytest.raises(ConnectorConfigError, match="token_secret_file .*missing"):
+        cfg.token_secret()  # a bare FileNotFoundError stopped the engine before
+    good = ConnectorConfig.from_extra({"service_address": "/run/agentkv.sock"})
+    assert good.address() == "/run/agentkv.sock"
+    assert ConnectorConfig.from_extra({"service_address": ":9420"}).address() == \
+        ("127.0.0.1", 9420)

@@ -144,7 +144,8 @@ class ControllerActor:
     def serve_exact(self, tenant: str, session: str, key: bytes, dst: RemoteSpan) -> bool:
         """Push the FULL reference copy of a page (if any) into ``dst``: a lossy working
         copy is verified against / replaced by it when the engine needs exact bytes."""
-        rec = self.controller.table.record(self.controller.table.resolve(tenant, session, [key])[0])
+        (gid,) = self.controller.table.resolve(tenant, session, [key])
+        rec = self.controller.table.record(gid)
         if Codec.FULL not in rec.copies or rec.pool not in self.pools:
             return False
         got = self.pools[rec.pool].restore_to(rec.meta.key, rec.meta.digest, int(Codec.FULL),

@@ -285,7 +285,7 @@ class Eraser:
 
     def _begin(self, scope: EraseScope, key_ids: list[str], now: float) -> int:
         # Keys it cannot destroy (a read-only key directory): refused before any record.
-        getattr(self.keyring.source, "require_writable", lambda: None)()
+        self.keyring.source.require_writable()
         return self.audit.append(BEGUN, {
             "tenant": scope.tenant, "generation": scope.generation,
             "scope": "tenant" if scope.generation is None else "generation",

@@ -28,6 +28,8 @@ class KeySource(Protocol):
 
     def names(self) -> list[str]: ...
 
+    def require_writable(self) -> None: ...  # KeyUnavailable if create/destroy cannot work
+
 
 def _check_key_name(name: str) -> str:
     if not _KEY_NAME_RE.fullmatch(name):
@@ -182,6 +184,8 @@ class BlobStore(Protocol):
 
     def names(self) -> list[str]: ...
 
+    def require_writable(self) -> None: ...
+
 
 class WrappedKeySource:
     """Stores only wrapped keys in ``inner``; ``wrapper`` (a KMS) unwraps on read."""
@@ -204,3 +208,6 @@ class WrappedKeySource:
 
     def names(self) -> list[str]:
         return self.inner.names()
+
+    def require_writable(self) -> None:
+        self.inner.require_writable()

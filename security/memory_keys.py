@@ -41,6 +41,9 @@ class MemoryKeySource:
         key[:] = bytes(len(key))
         return True
 
+    def require_writable(self) -> None:
+        """Always writable (``KeySource``)."""
+
     def names(self) -> list[str]:
         with self._lock:
             return sorted(self._keys)

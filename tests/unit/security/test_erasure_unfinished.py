@@ -10,6 +10,7 @@ from security.audit import AuditLog, verify_log
 from security.audit_format import read_records
 from security.erasure import Eraser, unfinished_erasures, verify_receipt
 from security.errors import ErasureUnrecorded, InvalidSeal, KeyUnavailable
+from security.key_sources import LocalKeyWrapper, WrappedKeySource
 from security.keyring import FileKeySource, TenantKeyring
 from security.signing import Verifier
 from tests.support.tmpfs import fill, tmpfs
@@ -120,6 +121,25 @@ def test_a_tenant_erasure_cut_off_part_way_names_every_key_when_finished(
     audit.close()
     assert sorted(receipt.key_ids) == sorted(planned) and not rerun.has_keys("alice")
     assert unfinished_erasures(log) == []
+
+
+def test_a_read_only_key_directory_behind_a_kms_wrapper_refuses_an_erasure_first(
+        tmp_path, signer):
+    """The same through ``WrappedKeySource`` (keys wrapped by a KMS, stored in a mounted
+    Secret): the erasure asked only a ``FileKeySource`` whether it could write, so behind
+    the wrapper it recorded ``erasure.begun`` before the destroy failed."""
+    wrapper = LocalKeyWrapper(b"m" * 32)
+    TenantKeyring(WrappedKeySource(FileKeySource(tmp_path / "keys"), wrapper)
+                  ).create_tenant("alice")
+    mounted = TenantKeyring(WrappedKeySource(FileKeySource(tmp_path / "keys", writable=False),
+                                             wrapper))
+    log = tmp_path / "audit.log"
+    audit = AuditLog(log, signer, checkpoint_every=1000)
+    with pytest.raises(KeyUnavailable, match="read-only .*nothing was changed"):
+        Eraser(mounted, audit, signer).erase_tenant("alice", now=2.0)
+    audit.close()
+    assert "erasure.begun" not in _kinds(log) and unfinished_erasures(log) == []
+    assert mounted.has_keys("alice") and mounted.erasures() == {}
 
 
 def test_an_append_the_disk_refuses_leaves_the_log_as_it_was(disk, signer):

@@ -28,15 +28,14 @@ from security.audit_format import (
     Line,
     checkpoint_message,
     head_path,
-    head_signed_by,
     iter_lines,
     links,
     parse_line,
     read_head,
     read_records,
+    readable_head,
     record_hash,
     same_file,
-    signed_count,
 )
 from security.errors import AuditLogError, AuditRecordTooLarge
 from security.key_sources import write_all
@@ -118,15 +117,16 @@ class AuditLog:
         under neither (one wrong ``--signing-key`` broke the evidence chain for good). Nor
         one shorter than its signed head: the next head would sign the cut chain anew."""
         mine = fingerprint(self.signer.public_raw())
-        if self._seq and (self._key not in (None, mine) or not head_signed_by(
-                self.path, Verifier(self.signer.public_raw()))):
+        head = readable_head(self.path)  # read once for both checks
+        if self._seq and (self._key not in (None, mine) or head is not None and not Verifier(
+                self.signer.public_raw()).verify(head[2], checkpoint_message(*head[:2]))):
             raise AuditLogError(f"{self.path} is signed with another key (checkpoint key "
                                 f"{self._key or 'unknown'}, this writer's is {mine}): refusing "
                                 "to append; use the log's signing key, or start a new log")
-        if (signed := signed_count(self.path)) > self._seq:
+        if head is not None and head[0] > self._seq:
             raise AuditLogError(f"{self.path} holds {self._seq} records, its signed head "
-                                f"{signed}: it was truncated; refusing to append (keep it as "
-                                "evidence and start a new log)")
+                                f"{head[0]}: it was truncated; refusing to append (keep it "
+                                "as evidence and start a new log)")
 
     @contextlib.contextmanager
     def _exclusive(self) -> Iterator[None]:

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
-from security._primitives import Verifier
 from security.errors import AuditRecordTooLarge
 from security.signing import NonFiniteNumber, canonical_json, loads_finite
 
@@ -74,23 +73,13 @@ def read_head(path: Path) -> tuple[int, str, bytes]:
     return int(head["count"]), str(head["head"]), bytes.fromhex(head["sig"])
 
 
-def head_signed_by(path: Path, verifier: Verifier) -> bool:
-    """Whether the head file's signature verifies under ``verifier`` (a missing or
-    malformed head file is ``verify_log``'s finding, not a sign of another key)."""
+def readable_head(path: Path) -> tuple[int, str, bytes] | None:
+    """``read_head``, or None where the head file is missing or malformed (that is
+    ``verify_log``'s finding, not a sign of another key or of a cut log)."""
     try:
-        count, top, sig = read_head(path)
+        return read_head(path)
     except (OSError, ValueError, KeyError, TypeError):
-        return True
-    return verifier.verify(sig, checkpoint_message(count, top))
-
-
-def signed_count(path: Path) -> int:
-    """How many records the head file signs (0 without a readable one: ``verify_log``
-    reports that)."""
-    try:
-        return read_head(path)[0]
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0
+        return None
 
 
 def iter_lines(fh: BinaryIO, *, offset: int = 0, lineno: int = 1,

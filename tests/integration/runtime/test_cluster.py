@@ -19,6 +19,7 @@ from agentkv_cluster.lifecycle.identity import PageIdentity
 from agentkv_cluster.runtime import wiring
 from agentkv_cluster.runtime.service import Service
 from store.codecs import kv_error
+from store.directory.base import DirectoryUnavailable
 from tests.support.ray_cluster import NODE, ray_cluster
 from tests.support.redis_proc import RedisProcess
 
@@ -216,7 +217,7 @@ def test_pool_restart_rebuilds_index_and_redis_loss_is_repopulated(service, redi
     time.sleep(0.2)
     wiring.restart_pool(service.topo, pool)
     redis.restart()  # an emptied Redis: the shards repopulate it
-    assert sum(int(p.republish()) for p in service.topo.pools.values()) >= 1
+    assert _republished(service) >= 1
     b = Episode(service, "acme", "rec2")
     found = b.s.lookup_prefix([identity("acme", "", 7000).pack()])
     assert found["length"] == 1
@@ -225,6 +226,18 @@ def test_pool_restart_rebuilds_index_and_redis_loss_is_repopulated(service, redi
     assert done[0]["data"] == ep.pages[0]["data"]
     ep.client.close()
     b.client.close()
+
+
+def _republished(service, wait_s: float = 30.0) -> int:
+    """Every pool's republish, once the directory answers again: a pool that met the
+    restart backs off for a moment (``DirectoryUnavailable``, "next attempt in ...")."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return sum(int(p.republish()) for p in service.topo.pools.values())
+        except DirectoryUnavailable:
+            assert time.monotonic() < deadline, "the directory did not come back"
+            time.sleep(0.2)
 
 
 def test_killing_hbm_actor_and_node_loses_only_uncopied_pages(service, cluster) -> None:

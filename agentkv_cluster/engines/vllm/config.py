@@ -20,6 +20,12 @@ from security.keyring import PUBLIC_NAMESPACE, validate_namespace
 BACKENDS = ("embedded", "service")
 LOAD_MODES = ("auto", "async", "layerwise")
 STRATEGIES = ("lru", "agentkv")  # the embedded store's eviction
+# Settings only one backend reads: given with the other backend they are refused (a
+# service_address on an embedded engine, an nvme_dir on a service one, was silently unused).
+ONLY_FOR = {"embedded": ("strategy", "host_blocks", "nvme_blocks", "nvme_dir",
+                         "token_secret_file", "default_tenant", "prefetch_lead_s"),
+            "service": ("service_address", "service_token", "service_timeout_s",
+                        "retry_after_s", "service_max_sessions")}
 
 
 class ConnectorConfigError(ValueError):
@@ -93,6 +99,11 @@ class ConnectorConfig:
         cfg = cls(**raw)
         if cfg.backend not in BACKENDS:
             raise ConnectorConfigError(f"backend must be one of {BACKENDS}, got {cfg.backend!r}")
+        for backend, names in ONLY_FOR.items():
+            unused = sorted(set(names) & set(raw)) if backend != cfg.backend else []
+            if unused:
+                raise ConnectorConfigError(f"{unused} apply to the {backend} backend only, and "
+                                           f"this engine uses the {cfg.backend} one")
         if cfg.load_mode not in LOAD_MODES:
             raise ConnectorConfigError(f"load_mode must be one of {LOAD_MODES}, "
                                        f"got {cfg.load_mode!r}")

@@ -88,24 +88,27 @@ def test_connector_config_refuses_unknown_keys():
         ConnectorConfig.from_extra({"backend": "redis"})
 
 
+SVC = {"backend": "service", "service_address": "h:1"}
+
+
 @pytest.mark.parametrize(("extra", "says"), [
     ({"host_blocks": "10"}, "host_blocks must be int"),
     ({"min_tail_tokens": "16"}, "min_tail_tokens must be int"),
-    ({"service_timeout_s": "fast"}, "service_timeout_s must be float"),
-    ({"retry_after_s": None}, "retry_after_s must be float"),
+    ({**SVC, "service_timeout_s": "fast"}, "service_timeout_s must be float"),
+    ({**SVC, "retry_after_s": None}, "retry_after_s must be float"),
     ({"host_blocks": True}, "host_blocks must be int"),
     ({"save_queue": 0}, "save_queue must be > 0"),
     ({"lookup_timeout_s": -1}, "lookup_timeout_s must be > 0"),
     ({"prefetch_lead_s": float("nan")}, "must be"),
     # found from outside: these passed, then every call failed (an infinite timeout is an
     # OverflowError), or the engine refused them after loading the model
-    ({"service_timeout_s": float("inf")}, "service_timeout_s must be > 0 and finite"),
+    ({**SVC, "service_timeout_s": float("inf")}, "service_timeout_s must be > 0 and finite"),
     ({"lookup_timeout_s": float("inf")}, "lookup_timeout_s must be > 0 and finite"),
-    ({"retry_after_s": float("inf")}, "retry_after_s must be > 0 and finite"),
+    ({**SVC, "retry_after_s": float("inf")}, "retry_after_s must be > 0 and finite"),
     ({"prefetch_lead_s": float("inf")}, "finite"),
     ({"strategy": "LRU"}, "strategy must be one of"),
-    ({"service_address": "localhost"}, "host:port, or a unix socket"),
-    ({"service_address": "127.0.0.1:99999"}, "port must be 1..65535"),
+    ({**SVC, "service_address": "localhost"}, "host:port, or a unix socket"),
+    ({**SVC, "service_address": "127.0.0.1:99999"}, "port must be 1..65535"),
     ({"backend": "service", "service_address": "agentkv:0"}, "port must be 1..65535"),
     ({"agentkv": {"backend": "embedded"}, "bogus_key": 1}, "a map 'agentkv'"),
     ({"agentkv": "embedded"}, "a map 'agentkv'"),
@@ -116,7 +119,25 @@ def test_connector_config_names_the_bad_setting(extra, says):
     engine with a bare TypeError; keys beside a nested 'agentkv' map were dropped)."""
     with pytest.raises(ConnectorConfigError, match=says):
         ConnectorConfig.from_extra(extra)
-    assert ConnectorConfig.from_extra({"agentkv": {"service_timeout_s": 2}}).service_timeout_s == 2
+    assert ConnectorConfig.from_extra({"agentkv": {**SVC, "service_timeout_s": 2}}).service_timeout_s == 2
+
+
+@pytest.mark.parametrize(("extra", "says"), [
+    ({"service_address": "10.0.0.5:7420"}, r"\['service_address'\] apply to the service backend"),
+    ({"backend": "embedded", "service_timeout_s": 2.0, "retry_after_s": 1.0},
+     r"\['retry_after_s', 'service_timeout_s'\] apply to the service"),
+    ({**SVC, "nvme_dir": "/data/kv"}, r"\['nvme_dir'\] apply to the embedded backend"),
+    ({**SVC, "host_blocks": 64, "strategy": "lru"}, "this engine uses the service one"),
+    ({**SVC, "token_secret_file": "/etc/secret"}, "token_secret_file"),
+])
+def test_settings_of_the_other_backend_are_refused(extra, says):
+    """A setting only the other backend reads was silently unused (an engine meant for
+    the service ran on the embedded store with a service_address it never dialled)."""
+    with pytest.raises(ConnectorConfigError, match=says):
+        ConnectorConfig.from_extra(extra)
+    both = {"lookup_timeout_s": 1.0, "save_queue": 8, "min_tail_tokens": 0}
+    assert ConnectorConfig.from_extra({**SVC, **both}).save_queue == 8
+    assert ConnectorConfig.from_extra({"backend": "embedded", **both}).save_queue == 8
 
 
 @pytest.mark.parametrize("tenant", ["_public", "../x", "Acme", ""])
@@ -138,7 +159,7 @@ def test_an_unreadable_token_secret_file_names_the_setting(tmp_path):
     cfg = ConnectorConfig.from_extra({"token_secret_file": str(tmp_path / "missing")})
     with pytest.raises(ConnectorConfigError, match="token_secret_file .*missing"):
         cfg.token_secret()  # a bare FileNotFoundError stopped the engine before
-    good = ConnectorConfig.from_extra({"service_address": "/run/agentkv.sock"})
+    good = ConnectorConfig.from_extra({**SVC, "service_address": "/run/agentkv.sock"})
     assert good.address() == "/run/agentkv.sock"
-    assert ConnectorConfig.from_extra({"service_address": ":9420"}).address() == \
+    assert ConnectorConfig.from_extra({**SVC, "service_address": ":9420"}).address() == \
         ("127.0.0.1", 9420)

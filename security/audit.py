@@ -118,11 +118,16 @@ class AuditLog:
         one shorter than its signed head: the next head would sign the cut chain anew."""
         mine = fingerprint(self.signer.public_raw())
         head = readable_head(self.path)  # read once for both checks
-        if self._seq and (self._key not in (None, mine) or head is not None and not Verifier(
-                self.signer.public_raw()).verify(head[2], checkpoint_message(*head[:2]))):
+        signed = head is not None and Verifier(self.signer.public_raw()).verify(
+            head[2], checkpoint_message(*head[:2]))
+        if self._seq and (self._key not in (None, mine) or head is not None and not signed):
             raise AuditLogError(f"{self.path} is signed with another key (checkpoint key "
                                 f"{self._key or 'unknown'}, this writer's is {mine}): refusing "
                                 "to append; use the log's signing key, or start a new log")
+        if head is not None and head[0] > self._seq and not signed:  # (an empty log)
+            raise AuditLogError(f"{self.path} holds no record, and a head file that this "
+                                f"writer's key ({mine}) did not sign claims {head[0]}: refusing "
+                                "to append (keep both as evidence and start a new log)")
         if head is not None and head[0] > self._seq:
             raise AuditLogError(f"{self.path} holds {self._seq} records, its signed head "
                                 f"{head[0]}: it was truncated; refusing to append (keep it "

@@ -120,7 +120,9 @@ class TenantKeyring:
 
     def rotate(self, namespace: str) -> int:
         """Add a generation above every live or erased one; older ones stay readable."""
-        self.current_generation(namespace)  # the tenant must exist
+        if not self.generations(namespace):  # the tenant must exist
+            raise KeyUnavailable(f"tenant {namespace} has no keys (never created or already "
+                                 "erased): only a tenant with a key generation rotates")
         return self._add_generation(namespace)
 
     def _add_generation(self, namespace: str) -> int:

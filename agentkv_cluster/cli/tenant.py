@@ -184,7 +184,18 @@ def _create(args: argparse.Namespace) -> int:
 
 
 def _rotate(args: argparse.Namespace) -> int:
-    return _run(_keyring(args.keys_dir).rotate, args, "key.rotate")
+    from security.errors import KeyUnavailable
+
+    keyring = _keyring(args.keys_dir)
+
+    def rotate(tenant: str) -> int:
+        try:
+            return keyring.rotate(tenant)
+        except KeyUnavailable as exc:  # none yet, or erased: create is what provisions it
+            raise KeyUnavailable(f"{exc}; `agentkv tenant create {tenant}` provisions "
+                                 "it") from None
+
+    return _run(rotate, args, "key.rotate")
 
 
 def _erase(args: argparse.Namespace) -> int:

@@ -209,6 +209,19 @@ def test_erase_of_a_tenant_without_keys_says_so_whatever_the_options(
 
 
 @pytest.mark.parametrize("tenant", ["nobody", "acme"], ids=["unknown", "erased"])
+def test_rotate_of_a_tenant_without_keys_says_how_to_provision_it(capsys, admin_files, tenant):
+    """After a tenant's erasure ``rotate`` said only "tenant acme has no keys", while
+    ``create`` was what would provision it again."""
+    if tenant == "acme":
+        assert _erase(capsys, admin_files)[0] == 0
+    rc, out, err = _run(capsys, "tenant", "rotate", tenant, "--keys-dir", admin_files["keys"])
+    assert (rc, out) == (2, "")
+    assert err.startswith(f"agentkv tenant: error: tenant {tenant} has no keys (never created "
+                          "or already erased)")
+    assert f"`agentkv tenant create {tenant}` provisions it" in err
+
+
+@pytest.mark.parametrize("tenant", ["nobody", "acme"], ids=["unknown", "erased"])
 def test_namespace_of_a_tenant_without_keys_says_so(capsys, admin_files, tenant):
     if tenant == "acme":
         assert _erase(capsys, admin_files)[0] == 0

@@ -299,6 +299,8 @@ class Eraser:
             raise missing
         if scope.generation is not None:  # cut off between its key and its marker
             self.keyring.mark_generation_erased(scope.tenant, scope.generation)
+        elif scope.tenant != PUBLIC_NAMESPACE:  # cut off before its grant went (void, yet
+            PublishGrants(self.keyring.source).revoke(scope.tenant)  # listed as a grant)
         return self._finish(scope, list(begun.key_ids), now, begun.seq)
 
     def reissue(self, tenant: str, generation: int | None = None) -> ErasureReceipt | None:

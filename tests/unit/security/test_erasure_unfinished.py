@@ -12,6 +12,7 @@ from security.erasure import Eraser, unfinished_erasures, verify_receipt
 from security.errors import ErasureUnrecorded, InvalidSeal, KeyUnavailable
 from security.key_sources import LocalKeyWrapper, WrappedKeySource
 from security.keyring import FileKeySource, TenantKeyring
+from security.publishing import PublishGrants
 from security.signing import Verifier
 from tests.support.tmpfs import fill, tmpfs
 
@@ -89,6 +90,33 @@ def test_a_generation_erasure_cut_off_before_its_marker_writes_it_when_finished(
     audit.close()
     assert receipt.generation == 1 and keyring.erased_generations() == [("alice", 1)]
     assert unfinished_erasures(log) == []
+
+
+def test_a_tenant_erasure_cut_off_before_its_grant_went_revokes_it_when_finished(
+        tmp_path, keyring, signer, monkeypatch):
+    """Killed after the keys went and before the publish grant was revoked: the rerun
+    finished the erasure from its ``erasure.begun`` record and left the grant file, which
+    ``tenant publish`` listings still showed for the erased tenant."""
+    grants = PublishGrants(keyring.source)
+    grants.grant("alice", 1.0)
+    log = tmp_path / "audit.log"
+
+    def killed(*_args: object) -> int:
+        raise _Killed
+
+    monkeypatch.setattr(PublishGrants, "revoke", killed)
+    audit = AuditLog(log, signer, checkpoint_every=1000)
+    with pytest.raises(_Killed):
+        Eraser(keyring, audit, signer).erase_tenant("alice", now=2.0)
+    audit.close()
+    monkeypatch.undo()
+    assert not keyring.has_keys("alice") and "alice" in grants.grants()
+    audit = AuditLog(log, signer, checkpoint_every=1000)
+    rerun = TenantKeyring(FileKeySource(tmp_path / "keys"))
+    receipt = Eraser(rerun, audit, signer).erase_tenant("alice", now=3.0)
+    audit.close()
+    assert receipt.tenant == "alice" and unfinished_erasures(log) == []
+    assert "alice" not in PublishGrants(rerun.source).grants()
 
 
 def test_a_tenant_erasure_cut_off_part_way_names_every_key_when_finished(

@@ -36,7 +36,11 @@ from agentkv_cluster.engines.vllm.embedded import (
 )
 from agentkv_cluster.engines.vllm.hintsock import HintSocket
 from agentkv_cluster.engines.vllm.layout import block_views
-from agentkv_cluster.engines.vllm.meta import AgentKVConnectorMetadata, AgentKVWorkerMeta
+from agentkv_cluster.engines.vllm.meta import (
+    AgentKVConnectorMetadata,
+    AgentKVWorkerMeta,
+    BarrierReports,
+)
 from agentkv_cluster.engines.vllm.scheduler import SchedulerSide
 from agentkv_cluster.engines.vllm.service import ServiceBackend
 from agentkv_cluster.engines.vllm.worker import WorkerSide
@@ -65,6 +69,7 @@ class AgentKVConnector(KVConnectorBase_V1):
         self._last_stats: dict[str, int] | None = None
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
+        self._barriers = BarrierReports(vllm_config.parallel_config.world_size)
         cfg = self.config
         if role == KVConnectorRole.SCHEDULER:
             if self._kv_transfer_config.kv_load_failure_policy != "recompute":
@@ -160,7 +165,7 @@ class AgentKVConnector(KVConnectorBase_V1):
             return None
         self._write_stats()
         dropped, failed = self._worker.take_dropped(), self._worker.take_failed_loads()
-        passed = self._worker.take_passed()
+        passed = dict.fromkeys(self._worker.take_passed(), 1)  # this worker's report
         return AgentKVWorkerMeta(dropped, failed, passed) if dropped or failed or passed else None
 
     def _write_stats(self) -> None:
@@ -213,7 +218,7 @@ class AgentKVConnector(KVConnectorBase_V1):
         if isinstance(meta, AgentKVWorkerMeta):
             self._scheduler.forget(meta.dropped)
             self._scheduler.load_failed(meta.failed_loads)
-            released |= meta.passed
+            released |= self._barriers.passed(meta.passed)
         self._scheduler.loaded(connector_output.finished_recving)
         self._scheduler.released(released)  # the closes they held back go out
 

@@ -51,14 +51,45 @@ class AgentKVConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
 class AgentKVWorkerMeta(KVConnectorWorkerMetadata):  # type: ignore[misc]
     """Worker -> scheduler: block digests no longer held (the directory mirror forgets them),
     per request the tokens whose load failed (recomputed by vLLM), and the requests whose
-    barrier without a release passed (every save queued before it is written)."""
+    barrier without a release passed (every save queued before it is written), with how
+    many workers report that: with tensor or pipeline parallelism each worker writes its
+    own part of the blocks, and the barrier has passed once every worker has reported it,
+    in this step or an earlier one (``BarrierReports``)."""
 
     dropped: set[bytes] = field(default_factory=set)
     failed_loads: dict[str, int] = field(default_factory=dict)
-    passed: set[str] = field(default_factory=set)
+    passed: dict[str, int] = field(default_factory=dict)
 
     def aggregate(self, other: AgentKVWorkerMeta) -> AgentKVWorkerMeta:
         failed = dict(self.failed_loads)
         for req, n in other.failed_loads.items():  # every worker saw the same request fail
             failed[req] = max(n, failed.get(req, 0))
-        return AgentKVWorkerMeta(self.dropped | other.dropped, failed, self.passed | other.passed)
+        passed = dict(self.passed)
+        for req, n in other.passed.items():
+            passed[req] = passed.get(req, 0) + n
+        return AgentKVWorkerMeta(self.dropped | other.dropped, failed, passed)
+
+
+class BarrierReports:
+    """The scheduler's count of the workers that reported each barrier passed: vLLM merges
+    one step's worker metadata, and a worker whose writes lag reports in a later step (at
+    the first report the barrier counted as passed while other workers' saves were still
+    queued). The way vLLM counts ``finished_sending`` across workers."""
+
+    def __init__(self, workers: int) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        self.workers = workers
+        self._seen: dict[str, int] = {}
+
+    def passed(self, reports: dict[str, int]) -> set[str]:
+        """The barriers every worker has now reported (each is forgotten then)."""
+        done = set()
+        for req, n in reports.items():
+            seen = self._seen.get(req, 0) + n
+            if seen >= self.workers:
+                self._seen.pop(req, None)
+                done.add(req)
+            else:
+                self._seen[req] = seen
+        return done

@@ -46,6 +46,10 @@ class ApiConfig:
     read_timeout_s: float = 30.0
     max_connections: int = 256
     workers: int = 64  # backend calls block (restores, credit waits): one thread each
+    # Of those, one tenant's calls that can wait (stores, loads) hold at most this many at
+    # once (0: half of ``workers``); its others wait their turn without a thread, so one
+    # tenant's loads blocked on room cannot hold every thread from the other tenants.
+    tenant_workers: int = 0
     require_auth: bool = True
 
 
@@ -220,6 +224,7 @@ _BOUNDS: dict[str, tuple[int, bool]] = {
         "controller.tick_s", "ray.object_store_memory", "directory.retry_max_s")},
     "api.max_frame_bytes": (1024, True),
     "hbm.landing_pages": (0, True),
+    "api.tenant_workers": (0, True),
     "controller.idle_session_s": (0, True),
     "ray.num_cpus": (0, True),  # unset: wiring.LOCAL_RAY_CPUS for a local Ray
 }

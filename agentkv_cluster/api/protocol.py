@@ -42,11 +42,13 @@ class ErrorCode(str, enum.Enum):
 class ProtocolError(Exception):
     """A request that must be answered with an error reply."""
 
-    def __init__(self, code: ErrorCode, message: str, *, fatal: bool = False) -> None:
+    def __init__(self, code: ErrorCode, message: str, *, fatal: bool = False,
+                 request_id: int | None = None) -> None:
         super().__init__(f"{code.value}: {message}")
         self.code = code
         self.message = message
         self.fatal = fatal  # the stream cannot be resynchronised: close after replying
+        self.request_id = request_id  # to echo, where the request decoded that far
 
 
 class RemoteError(Exception):
@@ -100,14 +102,36 @@ def frame_length(header: bytes, max_frame: int) -> int:
     return length
 
 
+# Maps and arrays one frame may decode into: a floor, plus one per this many bytes. Each
+# becomes a Python object of 56-64 bytes from one byte of msgpack, so a frame of empty
+# maps grew the server by 136 MB per MiB (and held the event loop while it did); bounded
+# so, a frame costs at most about 4x its size. A request's real containers (pages, their
+# identities and shapes, events) each take far more than 16 bytes.
+MIN_CONTAINERS = 4096
+BYTES_PER_CONTAINER = 16
+
+
+class _TooManyContainers(Exception):
+    pass
+
+
 def _unpack(payload: bytes, max_frame: int) -> Any:
+    left = MIN_CONTAINERS + len(payload) // BYTES_PER_CONTAINER
+
+    def counted(container: Any) -> Any:
+        nonlocal left
+        left -= 1
+        if left < 0:
+            raise _TooManyContainers
+        return container
+
     try:
-        return msgpack.unpackb(
-            payload,
-            raw=False,
-            strict_map_key=True,
-            use_list=True,
-        )
+        return msgpack.unpackb(payload, raw=False, strict_map_key=True, use_list=True,
+                               object_hook=counted, list_hook=counted)
+    except _TooManyContainers:
+        raise ProtocolError(ErrorCode.MALFORMED, "too many maps and arrays for the frame's "
+                            f"size (at most {MIN_CONTAINERS} + 1 per {BYTES_PER_CONTAINER} "
+                            "bytes)") from None
     except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError,
             msgpack.StackError, UnicodeDecodeError, RecursionError) as exc:
         raise ProtocolError(ErrorCode.MALFORMED, f"not a msgpack message: {type(exc).__name__}")
@@ -123,7 +147,17 @@ def peek_request_id(obj: Any) -> int | None:
 
 
 def decode_request(payload: bytes, max_frame: int = DEFAULT_MAX_FRAME) -> Request:
+    """The request in ``payload``; a ``ProtocolError`` carries the id to echo where the
+    message decoded and had one (the server decoded a bad frame twice to find it)."""
     obj = _unpack(payload, max_frame)
+    try:
+        return _request(obj)
+    except ProtocolError as exc:
+        exc.request_id = peek_request_id(obj)
+        raise
+
+
+def _request(obj: Any) -> Request:
     if not isinstance(obj, dict):
         raise ProtocolError(ErrorCode.MALFORMED, "message must be a map")
     version = obj.get("v")

@@ -21,12 +21,19 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from agentkv_cluster.api import protocol as p
+from agentkv_cluster.api.dispatch import (
+    OPS,
+    WAITING_OPS,
+    Authenticator,
+    ServiceBackend,
+    TenantShares,
+    dispatch,
+)
 from agentkv_cluster.api.errors import ServiceError, TenantErased
 from agentkv_cluster.config import ApiConfig
 
@@ -61,56 +68,6 @@ class _Conn:
     held: int = 0  # bytes of the pre-auth budget this connection holds now
 
 
-class ServiceBackend(Protocol):
-    """What the server calls; ``principal`` comes from the authenticator."""
-
-    def open_session(self, principal: Any, session: str) -> dict[str, Any]: ...
-    def close_session(self, principal: Any, session: str) -> dict[str, Any]: ...
-    def send_event(self, principal: Any, session: str, event: dict[str, Any]) -> dict[str, Any]: ...
-    def store_pages(self, principal: Any, session: str, pages: list[dict[str, Any]]) -> dict[str, Any]: ...
-    def lookup_prefix(self, principal: Any, session: str, identities: list[bytes]) -> dict[str, Any]: ...
-    def prepare_load(self, principal: Any, session: str, keys: list[bytes]) -> dict[str, Any]: ...
-    def complete_load(self, principal: Any, session: str, load_id: int,
-                      start: int | None = None) -> dict[str, Any]: ...
-    def release(self, principal: Any, session: str, keys: list[bytes]) -> dict[str, Any]: ...
-
-
-Authenticator = Callable[[str], Any]  # token -> principal (with .tenant); raises if invalid
-
-
-def _pages_arg(args: dict[str, Any]) -> list[dict[str, Any]]:
-    pages = p.arg(args, "pages", list)
-    if len(pages) > 4096 or not all(isinstance(x, dict) for x in pages):
-        raise p.ProtocolError(p.ErrorCode.BAD_ARGS, "'pages' must be a list of <= 4096 maps")
-    return pages
-
-
-def _dispatch(backend: ServiceBackend, principal: Any, op: str, args: dict[str, Any]) -> Any:
-    session = p.arg(args, "session", str)
-    if op == "open_session":
-        return backend.open_session(principal, session)
-    if op == "close_session":
-        return backend.close_session(principal, session)
-    if op == "event":
-        return backend.send_event(principal, session, p.arg(args, "event", dict))
-    if op == "store_pages":
-        return backend.store_pages(principal, session, _pages_arg(args))
-    if op == "lookup_prefix":
-        return backend.lookup_prefix(principal, session, p.bytes_list(args, "identities"))
-    if op == "prepare_load":
-        return backend.prepare_load(principal, session, p.bytes_list(args, "keys", distinct=True))
-    if op == "complete_load":
-        return backend.complete_load(principal, session, p.arg(args, "load_id", int),
-                                     p.arg(args, "start", int, optional=True))
-    if op == "release":
-        return backend.release(principal, session, p.bytes_list(args, "keys", distinct=True))
-    raise p.ProtocolError(p.ErrorCode.UNKNOWN_OP, f"unknown op {op[:64]!r}")
-
-
-OPS = frozenset({"hello", "open_session", "close_session", "event", "store_pages",
-                 "lookup_prefix", "prepare_load", "complete_load", "release"})
-
-
 class ApiServer:
     """Serve ``backend`` on ``config.unix_path`` or ``config.host:config.port``."""
 
@@ -125,6 +82,7 @@ class ApiServer:
         self.authenticator = authenticator
         self.metrics = metrics
         self._pool = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="agentkv-api")
+        self._shares = TenantShares(config.tenant_workers or max(1, config.workers // 2))
         self._running = 0  # requests handed to the pool and not done (``stop`` drains them)
         self._replying = 0  # requests read and not yet answered (``stop`` lets them answer)
         self._done = threading.Condition()
@@ -213,8 +171,8 @@ class ApiServer:
             else:  # no tokens at all (development): nothing to wait for
                 conn.authenticated = True
             if self._active > self.config.max_connections:
-                writer.write(p.error_reply(None, p.ErrorCode.BUSY, "too many connections"))
-                await writer.drain()
+                await self._send(writer, p.error_reply(None, p.ErrorCode.BUSY,
+                                                       "too many connections"))
                 return
             await self._frames(reader, writer, conn)
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
@@ -266,6 +224,21 @@ class ApiServer:
             return IDLE_TIMEOUT_S
         return max(0.0, conn.opened + self.preauth.idle_s - time.monotonic())
 
+    async def _send(self, writer: asyncio.StreamWriter, data: bytes) -> None:
+        """Write a reply; a peer that takes none of it for ``read_timeout_s`` is dropped
+        (TimeoutError): one that sent requests and read no reply held its connection, and
+        a slot of ``max_connections``, for good."""
+        writer.write(data)
+        while True:
+            left = writer.transport.get_write_buffer_size()
+            try:
+                await asyncio.wait_for(writer.drain(), self.config.read_timeout_s)
+                return
+            except TimeoutError:
+                if writer.transport.get_write_buffer_size() >= left:
+                    writer.transport.abort()  # close() would wait to flush it, for good
+                    raise
+
     async def _frames(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                       conn: _Conn) -> None:
         max_frame = self.config.max_frame_bytes
@@ -280,8 +253,7 @@ class ApiServer:
                 self._reserve(conn, length)
             except p.ProtocolError as exc:
                 self._count("frame", exc.code)
-                writer.write(p.error_reply(None, exc.code, exc.message))
-                await writer.drain()
+                await self._send(writer, p.error_reply(None, exc.code, exc.message))
                 if exc.fatal:
                     return
                 continue
@@ -294,8 +266,7 @@ class ApiServer:
                 self._give_back(conn)
             self._replying += 1
             try:
-                writer.write(await self._handle(payload, conn))
-                await writer.drain()
+                await self._send(writer, await self._handle(payload, conn))
             finally:
                 self._replying -= 1
 
@@ -316,14 +287,8 @@ class ApiServer:
         try:
             req = p.decode_request(payload, max_frame)
         except p.ProtocolError as exc:
-            rid = None
-            try:
-                import msgpack
-                rid = p.peek_request_id(msgpack.unpackb(payload, raw=False))
-            except Exception:  # noqa: BLE001, S110 - best effort: echo an id when one parses
-                pass
             self._count("decode", exc.code)
-            return p.error_reply(rid, exc.code, exc.message)
+            return p.error_reply(exc.request_id, exc.code, exc.message)
         op = req.op if req.op in OPS else "unknown"
         started = time.perf_counter()
         try:
@@ -358,10 +323,16 @@ class ApiServer:
         principal = self._authenticate(req.auth)
         if req.auth is not None:
             self._promote(conn)
+        if req.op not in WAITING_OPS:
+            return await self._run_call(principal, req)
+        async with self._shares.turn(getattr(principal, "tenant", None)):
+            return await self._run_call(principal, req)
+
+    async def _run_call(self, principal: Any, req: p.Request) -> Any:
         with self._done:  # counted before it can finish, so the count never dips below 0
             self._running += 1
         try:
-            job = self._pool.submit(_dispatch, self.backend, principal, req.op, req.args)
+            job = self._pool.submit(dispatch, self.backend, principal, req.op, req.args)
         except BaseException:  # the pool is shut down: nothing will run
             self._finished(None)
             raise

@@ -84,3 +84,35 @@ def test_a_client_refuses_an_oversized_request_unsent() -> None:
     finally:
         ours.close()
         server.close()
+
+
+def test_a_frame_of_empty_maps_is_refused_before_it_grows_the_server() -> None:
+    """Each one-byte empty map decodes into a 64-byte dict: 1 MiB of them grew the server
+    by 136 MB (8 MiB by 1.2 GB, the event loop held for seconds), unauthenticated. The
+    decode stops at a bound set by the frame's size, and what it built stays near it."""
+    import tracemalloc
+
+    n = 1 << 20
+    payload = b"\xdd" + n.to_bytes(4, "big") + b"\x80" * n
+    tracemalloc.start()
+    try:
+        with pytest.raises(p.ProtocolError, match="too many maps and arrays") as err:
+            p.decode_request(payload)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert err.value.code is p.ErrorCode.MALFORMED and err.value.request_id is None
+    assert peak < 8 * len(payload), peak
+
+
+def test_a_large_real_request_still_decodes_and_a_bad_one_echoes_its_id() -> None:
+    pages = [{"page_id": i, "identity": {"tenant": "acme", "session": "s", "pos": i,
+                                         "kind": "evidence", "tags": []},
+              "shape": [2, 2, 2, 16, 8], "dtype": "float16", "data": b"\0" * 64}
+             for i in range(5000)]
+    body = msgpack.packb({"v": 1, "id": 9, "op": "store_pages", "args": {"pages": pages}})
+    assert len(p.decode_request(body).args["pages"]) == 5000
+    bad = msgpack.packb({"v": 1, "id": 9, "op": "", "args": {}})
+    with pytest.raises(p.ProtocolError, match="'op'") as err:
+        p.decode_request(bad)
+    assert err.value.request_id == 9  # echoed without decoding the frame again

@@ -2,11 +2,12 @@
 
 ``Eraser.erase_tenant`` / ``erase_generation`` first append an ``erasure.begun`` record
 naming the keys they are about to destroy (a log that refuses it stops the erasure with
-nothing destroyed), destroy the keys (so every copy anywhere becomes undecryptable even if
-a deleter fails), call each registered tier deleter, append the ``erasure`` record and
-return an Ed25519-signed ``ErasureReceipt`` that anyone can check offline with the public
-key. An erasure whose last record the log refused (``ErasureUnrecorded``) is finished by
-running it again: ``unfinished_erasures`` finds it in the log.
+nothing destroyed), run the tiers that need the keys (``before_keys``), destroy the keys
+(so every copy anywhere becomes undecryptable even if a deleter fails), call each other
+tier deleter, append the ``erasure`` record and return an Ed25519-signed
+``ErasureReceipt`` that anyone can check offline with the public key. An erasure whose
+last record the log refused (``ErasureUnrecorded``) is finished by running it again:
+``unfinished_erasures`` finds it in the log.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from security.audit import AuditLog, AuditPosition
 from security.audit_format import read_records
+from security.audit_readback import written_time
 from security.blinding import DirectoryBlinder
 from security.errors import AuditLogError, ErasureUnrecorded, InvalidReceipt, KeyUnavailable
 from security.keyring import (
@@ -196,23 +198,35 @@ class Eraser:
     """Destroys keys, deletes pages in every registered tier, and signs a receipt."""
 
     def __init__(self, keyring: TenantKeyring, audit: AuditLog, signer: Signer,
-                 unrecorded: dict[int, tuple[tuple[str, int], ...]] | None = None) -> None:
+                 unrecorded: dict[int, tuple[tuple[str, int], ...]] | None = None, *,
+                 clock: Callable[[], float] | None = None) -> None:
         """``unrecorded``: what attempts whose end the log refused deleted per tier, by the
         seq of their ``erasure.begun`` record; the attempt that finishes such an erasure
         adds them to its own counts. Share one across Erasers to keep them between calls
         (the service does); a new process does not know them (its receipt counts what it
-        deleted itself)."""
+        deleted itself). ``clock``: the mark's time, read after the ``before_keys`` tiers
+        (which may retry for minutes): it voids the tokens issued meanwhile."""
         self.keyring = keyring
         self.audit = audit
         self.signer = signer
+        self._clock = clock
         self._tiers: dict[str, TierDeleter] = {}
+        self._before_keys: set[str] = set()
         self._unrecorded = {} if unrecorded is None else unrecorded
         self._begun: tuple[tuple[int, int, int], list[BegunErasure]] | None = None
 
-    def register_tier(self, name: str, delete_fn: TierDeleter) -> None:
+    def register_tier(self, name: str, delete_fn: TierDeleter, *, before_keys: bool = False
+                      ) -> None:
+        """``before_keys``: a tier that needs the keys (the CLI's directory step: the blinding
+        secret names the namespace). It runs after the ``erasure.begun`` record (the log
+        says what it destroys before it does) and before any key goes; its exception stops
+        the erasure there, unfinished in the log, and the same call run again finishes it
+        (resuming one whose keys are gone, it runs first and stops it the same way)."""
         if not _TIER_RE.fullmatch(name) or name in self._tiers:
             raise ValueError(f"invalid or duplicate tier name: {name!r:.40}")
         self._tiers[name] = delete_fn
+        if before_keys:
+            self._before_keys.add(name)
 
     def unfinished(self, tenant: str, generation: int | None = None) -> BegunErasure | None:
         """The erasure of this scope that began and recorded no end, if any. The log is
@@ -240,8 +254,12 @@ class Eraser:
         it has keys (derivable only then); for an erasure that destroyed them and recorded
         no end, the ones its marks name. ``KeyUnavailable`` when there is neither."""
         if self.keyring.has_keys(tenant):
-            return [DirectoryBlinder(self.keyring).namespace(tenant)]
-        if self.unfinished(tenant) is None:
+            try:
+                return [DirectoryBlinder(self.keyring).namespace(tenant)]
+            except KeyUnavailable:  # a blinding secret destroyed part way (a zeroed file)
+                if self.unfinished(tenant) is None:  # by an erasure its marks name
+                    raise
+        elif self.unfinished(tenant) is None:
             raise KeyUnavailable(f"tenant {tenant} has no keys (never created or already erased)")
         return [ns for t, ns in self.keyring.erased_directory_namespaces() if t == tenant]
 
@@ -258,6 +276,8 @@ class Eraser:
         planned = list(dict.fromkeys([*(earlier.key_ids if earlier else ()), *planned]))
         # Recorded first: a log that refuses the record stops it here, nothing destroyed.
         begun = self._begin(scope, planned, now)
+        early = self._run_before_keys(scope)
+        now = now if self._clock is None else max(now, self._clock())
         # Marked next: a token issued before now must not provision the tenant again
         # while (or after) its keys are destroyed. The mark keeps the blinded directory
         # namespace, which nothing can derive once the blinding secret is gone.
@@ -269,7 +289,7 @@ class Eraser:
         key_ids = list(dict.fromkeys([*planned, *self.keyring.destroy_tenant(tenant)]))
         if tenant != PUBLIC_NAMESPACE:  # its grant to publish goes too (one older than
             PublishGrants(self.keyring.source).revoke(tenant)  # the mark is void anyway)
-        return self._finish(scope, key_ids, now, begun)
+        return self._finish(scope, key_ids, now, begun, early)
 
     def erase_generation(self, tenant: str, generation: int, now: float) -> ErasureReceipt:
         validate_namespace(tenant)
@@ -280,8 +300,9 @@ class Eraser:
         except KeyUnavailable as exc:
             return self._resume(scope, now, exc)
         begun = self._begin(scope, planned, now)
+        early = self._run_before_keys(scope)
         key_ids = self.keyring.destroy_generation(tenant, generation)
-        return self._finish(scope, key_ids, now, begun)
+        return self._finish(scope, key_ids, now, begun, early)
 
     def _begin(self, scope: EraseScope, key_ids: list[str], now: float) -> int:
         # Keys it cannot destroy (a read-only key directory): refused before any record.
@@ -291,17 +312,23 @@ class Eraser:
             "scope": "tenant" if scope.generation is None else "generation",
             "key_ids": key_ids}, now).seq
 
+    def _run_before_keys(self, scope: EraseScope) -> dict[str, int]:
+        """Each ``before_keys`` tier's count; its exception is the caller's (see there)."""
+        return {name: int(fn(scope)) for name, fn in self._tiers.items() if name in self._before_keys}
+
     def _resume(self, scope: EraseScope, now: float, missing: KeyUnavailable) -> ErasureReceipt:
         """Finish the erasure of ``scope`` that began and recorded no end (its keys are
         gone, maybe its pages too: the deleters run again); ``missing`` if there is none."""
         begun = self.unfinished(scope.tenant, scope.generation)
         if begun is None:
             raise missing
+        early = self._run_before_keys(scope)
+        self.keyring.finish_destroy(scope.tenant, scope.generation)  # zeroed, not unlinked
         if scope.generation is not None:  # cut off between its key and its marker
             self.keyring.mark_generation_erased(scope.tenant, scope.generation)
         elif scope.tenant != PUBLIC_NAMESPACE:  # cut off before its grant went (void, yet
             PublishGrants(self.keyring.source).revoke(scope.tenant)  # listed as a grant)
-        return self._finish(scope, list(begun.key_ids), now, begun.seq)
+        return self._finish(scope, list(begun.key_ids), now, begun.seq, early)
 
     def reissue(self, tenant: str, generation: int | None = None) -> ErasureReceipt | None:
         """The receipt of the last recorded erasure of this scope, signed again from its
@@ -323,11 +350,14 @@ class Eraser:
             failed_tiers=tuple(data["failed_tiers"]), time=float(last["time"]),
             audit_seq=int(last["seq"]), audit_hash=str(last["hash"])), self.signer)
 
-    def _finish(self, scope: EraseScope, key_ids: list[str], now: float, begun: int
-                ) -> ErasureReceipt:
+    def _finish(self, scope: EraseScope, key_ids: list[str], now: float, begun: int,
+                early: Mapping[str, int]) -> ErasureReceipt:
         counts: list[tuple[str, int]] = []
         failed: list[str] = []
         for name, delete_fn in self._tiers.items():
+            if name in early:  # ran before the keys went
+                counts.append((name, early[name]))
+                continue
             try:
                 counts.append((name, int(delete_fn(scope))))
             except Exception:  # noqa: BLE001 - any deleter failure must still yield a receipt
@@ -350,9 +380,12 @@ class Eraser:
                 "no receipt was signed: run the same erasure again once the log takes "
                 "writes, it finishes this one") from exc
         self._unrecorded.pop(begun, None)
+        # The time the record holds: the log moves it up past a later one another writer
+        # appended meanwhile, and ``reissue`` signs the record's time (the same bytes).
         receipt = ErasureReceipt(
             tenant=scope.tenant, scope=kind, generation=scope.generation, key_ids=tuple(key_ids),
-            counts=tuple(counts), failed_tiers=tuple(failed), time=float(now),
+            counts=tuple(counts), failed_tiers=tuple(failed),
+            time=written_time(self.audit.path, pos, float(now)),
             audit_seq=pos.seq, audit_hash=pos.hash)
         return sign_receipt(receipt, self.signer)
 

@@ -17,6 +17,14 @@ from security.errors import InvalidName, InvalidSeal, KeyExists, KeyUnavailable
 _KEY_NAME_RE = re.compile(r"[a-z0-9_][a-z0-9_.-]{0,127}")
 
 
+class KeyDestroyed(KeyUnavailable):
+    """A key file that holds only zero bytes: ``FileKeySource.destroy`` zeroes a key before
+    it unlinks it, and a process killed between the two leaves this. It is not a key (32
+    zero bytes would pass for one, and the rerun of the erasure would name a key id
+    derived from them, or a directory namespace no tenant ever had); running the erasure
+    again removes it."""
+
+
 class KeySource(Protocol):
     """Where 32-byte keys live: files, a Kubernetes Secret volume, or a KMS."""
 
@@ -88,9 +96,14 @@ class FileKeySource:
         """The stored bytes as they are (a wrapped key for ``WrappedKeySource``)."""
         path = self.directory / _check_key_name(name)
         try:
-            return path.read_bytes()
+            blob = path.read_bytes()
         except FileNotFoundError:
             raise KeyUnavailable(f"key {name} does not exist") from None
+        if blob and not blob.strip(b"\0"):  # (markers are empty, keys are never all zero)
+            raise KeyDestroyed(f"key {name} was zeroed by a destroy that was cut off before "
+                               "it removed the file: it is destroyed; run the erasure again "
+                               "to finish it")
+        return blob
 
     def create(self, name: str, material: bytes) -> None:
         self.require_writable()

@@ -20,6 +20,7 @@ from security.errors import InvalidName, KeyExists, KeyUnavailable
 from security.key_sources import (  # where keys live (re-exported here)
     BlobStore,
     FileKeySource,
+    KeyDestroyed,
     KeySource,
     KeyWrapper,
     LocalKeyWrapper,
@@ -258,7 +259,7 @@ class TenantKeyring:
 
     def tenant_key_ids(self, namespace: str) -> list[str]:
         """The ids of every key ``destroy_tenant`` would destroy now (none: no keys)."""
-        ids = [self.key_id(namespace, g) for g in self.generations(namespace)]
+        ids = self._live_key_ids(namespace, self.generations(namespace))
         if blind_name(namespace) in set(self.source.names()):
             ids.append(f"{namespace}/blind")
         return ids
@@ -266,8 +267,8 @@ class TenantKeyring:
     def destroy_tenant(self, namespace: str) -> list[str]:
         """Crypto-shred every generation and the blinding secret of a namespace."""
         gens = self.generations(namespace)
-        ids = [self.key_id(namespace, g) for g in gens]
-        for generation in gens:
+        ids = self._live_key_ids(namespace, gens)
+        for generation in gens:  # a zeroed one too: its file goes
             self.source.destroy(kek_name(namespace, generation))
         if self.source.destroy(blind_name(namespace)):
             ids.append(f"{namespace}/blind")
@@ -277,6 +278,28 @@ class TenantKeyring:
         if not ids:
             raise KeyUnavailable(f"tenant {namespace} has no keys (never created or already erased)")
         return ids
+
+    def _live_key_ids(self, namespace: str, generations: list[int]) -> list[str]:
+        """The key ids of ``generations``, less those a destroy cut off zeroed: no key (an
+        id derived from zeros names none; the erasure that zeroed it recorded the real one)."""
+        ids = []
+        for generation in generations:
+            with contextlib.suppress(KeyDestroyed):
+                ids.append(self.key_id(namespace, generation))
+        return ids
+
+    def finish_destroy(self, namespace: str, generation: int | None = None) -> None:
+        """Remove what destroys cut off after zeroing left of ``namespace``'s keys (one
+        generation's KEK, or every key of it); keys that still read as keys stay."""
+        gens = self.generations(namespace) if generation is None else [generation]
+        names = [kek_name(namespace, g) for g in gens]
+        for name in names + ([blind_name(namespace)] if generation is None else []):
+            try:
+                self.source.read(name)
+            except KeyDestroyed:
+                self.source.destroy(name)
+            except KeyUnavailable:  # gone already, or not ours to judge
+                continue
 
     def tenants(self) -> list[str]:
         """Every tenant that holds a blinding secret (PUBLIC excluded), sorted."""
@@ -328,7 +351,7 @@ class TenantKeyring:
 
 __all__ = [
     "MAX_GENERATION", "NIST_RANDOM_NONCE_LIMIT", "PUBLIC_NAMESPACE", "BlobStore",
-    "FileKeySource", "KeySource", "KeyWrapper", "KeyringConfig", "LocalKeyWrapper",
+    "FileKeySource", "KeyDestroyed", "KeySource", "KeyWrapper", "KeyringConfig", "LocalKeyWrapper",
     "TenantKeyring", "WrappedKeySource", "blind_name", "erased_name", "kek_name",
     "tombstone_name", "validate_generation", "validate_namespace",
 ]

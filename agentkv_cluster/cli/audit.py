@@ -16,6 +16,15 @@ if TYPE_CHECKING:
     from security.erasure import BegunErasure
 
 
+def _e(value: object) -> str:
+    """``value`` as text fit for a Rich markup string: paths, tenant names, URLs and the
+    messages of logs and receipts are not ours ("a[/b]log" would be a closing tag, a
+    MarkupError traceback; "[i]log" would print as "log")."""
+    from rich.markup import escape
+
+    return escape(str(value))
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("audit", help="verify audit logs and erasure receipts; probe isolation")
     sub = parser.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
@@ -118,13 +127,13 @@ def _verify(args: argparse.Namespace) -> int:
     report = _verify_log(args.log, verifier, anchors, "LOG")
     console = Console(soft_wrap=True)
     status = "[green]PASS[/green]" if report.ok else "[red]FAIL[/red]"
-    console.print(f"{status} {args.log}: {report.records} records, {report.checkpoints} signed "
+    console.print(f"{status} {_e(args.log)}: {report.records} records, {report.checkpoints} signed "
                   f"checkpoints, head {report.head[:16]}")
     for problem in report.problems:
-        console.print(f"  [red]-[/red] {problem}")
+        console.print(f"  [red]-[/red] {_e(problem)}")
     for begun in unfinished_erasures(args.log):
         erasure, detail = _unfinished_lines(begun)
-        console.print(f"  [yellow]unfinished[/yellow] {erasure}: {detail}")
+        console.print(f"  [yellow]unfinished[/yellow] {_e(erasure)}: {_e(detail)}")
     return 0 if report.ok else 1
 
 
@@ -135,19 +144,20 @@ def _receipt(args: argparse.Namespace) -> int:
     receipt, problem = _load_receipt(args.receipt, verifier)
     console = Console(soft_wrap=True)
     if receipt is None:
-        console.print(f"[red]FAIL[/red] {args.receipt}: {problem}")
+        console.print(f"[red]FAIL[/red] {_e(args.receipt)}: {_e(problem)}")
         return 1
     counts = ", ".join(f"{tier}={n}" for tier, n in receipt.counts) or "none"
-    console.print(f"[green]PASS[/green] erasure of {receipt.scope} {receipt.tenant}"
-                  f"{'' if receipt.generation is None else f' g{receipt.generation}'}: "
-                  f"keys {', '.join(receipt.key_ids) or 'none'}; pages {counts}; "
-                  f"audit seq {receipt.audit_seq}")
+    what = (f"erasure of {receipt.scope} {receipt.tenant}"
+            f"{'' if receipt.generation is None else f' g{receipt.generation}'}: "
+            f"keys {', '.join(receipt.key_ids) or 'none'}; pages {counts}; "
+            f"audit seq {receipt.audit_seq}")  # signed, yet the signer's text, not markup
+    console.print(f"[green]PASS[/green] {_e(what)}")
     if args.log is not None:
         report = _verify_log(args.log, verifier, [receipt.audit_position()], "--log")
         if not report.ok:
-            console.print(f"[red]FAIL[/red] audit log: {'; '.join(report.problems)}")
+            console.print(f"[red]FAIL[/red] audit log: {_e('; '.join(report.problems))}")
             return 1
-        console.print(f"[green]PASS[/green] audit log {args.log} holds the erasure record")
+        console.print(f"[green]PASS[/green] audit log {_e(args.log)} holds the erasure record")
     return 0
 
 
@@ -199,11 +209,12 @@ def _isolation(args: argparse.Namespace) -> int:
                 raise
             raise CliError(f"isolation probes against {shown} failed: "
                            f"{str(exc).replace(args.redis_url, shown)}") from None
-    table = Table(title=f"tenant isolation probes: {shown}")
+    table = Table(title=f"tenant isolation probes: {_e(shown)}")
     for column in ("probe", "result", "detail"):
         table.add_column(column)
     for r in results:
-        table.add_row(r.name, "[green]PASS[/green]" if r.passed else "[red]FAIL[/red]", r.detail)
+        table.add_row(_e(r.name), "[green]PASS[/green]" if r.passed else "[red]FAIL[/red]",
+                      _e(r.detail))
     Console().print(table)
     failed = sum(not r.passed for r in results)
     Console().print(f"{len(results) - failed}/{len(results)} probes passed")
@@ -242,20 +253,20 @@ def _erased(args: argparse.Namespace) -> int:
     console = Console(soft_wrap=True)
     for tenant, ns in named:
         if held[ns]:
-            console.print(f"[red]FAIL[/red] {tenant} ({ns}): {held[ns]} key(s) left in {shown} "
+            console.print(f"[red]FAIL[/red] {_e(tenant)} ({_e(ns)}): {held[ns]} key(s) left in {_e(shown)} "
                           "(a snapshot older than the erasure?); the service deletes them "
                           "again when it starts or sees the directory restart")
         else:
-            console.print(f"[green]PASS[/green] {tenant} ({ns}): no key left")
+            console.print(f"[green]PASS[/green] {_e(tenant)} ({_e(ns)}): no key left")
     unnamed = sorted(set(erasures) - {t for t, _ns in named})
     if unnamed:
         console.print(f"not checked (erased before marks named the namespace): "
-                      f"{', '.join(unnamed)}")
+                      f"{_e(', '.join(unnamed))}")
     failed = sum(1 for _t, ns in named if held[ns])
     console.print(f"{len(named) - failed}/{len(named)} erased namespaces hold no key")
     for begun in unfinished:
         erasure, detail = _unfinished_lines(begun, f" of {args.log}")
-        console.print(f"[red]FAIL[/red] {erasure} unfinished: {detail}")
+        console.print(f"[red]FAIL[/red] {_e(erasure)} unfinished: {_e(detail)}")
     return 0 if failed == 0 and not unfinished else 1
 
 

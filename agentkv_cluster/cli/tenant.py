@@ -10,6 +10,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -211,11 +212,24 @@ def _erase(args: argparse.Namespace) -> int:
         raise CliError("--retry-s goes with --redis-url (how long its directory step retries)")
     directory_done = False
     try:
-        eraser = Eraser(keyring, audit, signer)
+        eraser = Eraser(keyring, audit, signer, clock=time.time)
         if args.redis_url is not None:
-            removed = _erase_directory(args, keyring, eraser)
-            directory_done = True
-            eraser.register_tier("directory", lambda _scope: removed)
+            step = _directory_step(args, keyring, eraser)
+
+            def directory(_scope: object) -> int:
+                nonlocal directory_done
+                try:
+                    removed = step()
+                except CliError as exc:  # after the erasure's begun record
+                    raise CliError(f"{exc} (until then `agentkv audit verify` lists the "
+                                   "erasure as unfinished)") from None
+                directory_done = True
+                return removed
+
+            # Run by the erasure after its ``erasure.begun`` record and before any key goes:
+            # a directory step cut off is then an unfinished erasure in the log, which the
+            # same command finishes.
+            eraser.register_tier("directory", directory, before_keys=True)
         now = time.time()
         if args.generation is None:
             receipt = eraser.erase_tenant(args.tenant, now)
@@ -253,13 +267,15 @@ def _reissued(eraser: Eraser, args: argparse.Namespace, exc: Exception) -> Erasu
     return receipt
 
 
-def _erase_directory(args: argparse.Namespace, keyring: TenantKeyring, eraser: Eraser) -> int:
-    """The directory step of an erase with ``--redis-url``, run before any key is destroyed:
-    the namespace is named by the tenant's blinding secret, which the erasure shreds, so a
-    directory step that failed after it could never be finished. Failing here, it leaves
-    the keys intact and the same command run again completes the erasure. An erasure that
-    destroyed the keys and could not record its end is finished with the namespaces its
-    marks name."""
+def _directory_step(args: argparse.Namespace, keyring: TenantKeyring, eraser: Eraser
+                    ) -> Callable[[], int]:
+    """The directory step of an erase with ``--redis-url``, checked now and run by the
+    erasure (a ``before_keys`` tier) after its ``erasure.begun`` record and before any key
+    is destroyed: the namespace is named by the tenant's blinding secret, which the erasure
+    shreds, so a directory step that failed after it could never be finished. Failing
+    there, it leaves the keys intact and the same command run again completes the erasure.
+    An erasure that destroyed the keys and could not record its end is finished with the
+    namespaces its marks name."""
     from agentkv_cluster.cli._redis_admin import erase_namespace
     from agentkv_cluster.runtime.erasure import DIRECTORY_RETRY_S
 
@@ -272,8 +288,8 @@ def _erase_directory(args: argparse.Namespace, keyring: TenantKeyring, eraser: E
     namespaces = eraser.directory_namespaces(args.tenant)  # nothing to erase: SecurityError
     if keyring.has_keys(args.tenant):  # not one to finish: the erasure marks the tenant there
         check_writable_dir(args.keys_dir, "--keys-dir")
-    return sum(erase_namespace(args.redis_url, ns, args.redis_prefix, retry_s=retry_s)
-               for ns in namespaces)
+    return lambda: sum(erase_namespace(args.redis_url, ns, args.redis_prefix, retry_s=retry_s)
+                       for ns in namespaces)
 
 
 def _write_receipt(path: Path | None, text: str) -> None:

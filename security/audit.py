@@ -16,8 +16,7 @@ import fcntl
 import os
 import re
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from security.audit_format import (
@@ -31,14 +30,16 @@ from security.audit_format import (
     iter_lines,
     links,
     parse_line,
+    pending_head_path,
     read_head,
-    read_records,
     readable_head,
     record_hash,
     same_file,
+    vouches,
 )
+from security.audit_verify import VerifyReport, verify_log
 from security.errors import AuditLogError, AuditRecordTooLarge
-from security.key_sources import write_all
+from security.key_sources import fsync_dir, write_all
 from security.principals import Principal
 from security.signing import (
     Signer,
@@ -53,15 +54,6 @@ __all__ = ["CHECKPOINT", "GENESIS", "AuditLog", "AuditPosition", "AuditRecordToo
            "VerifyReport", "denial_recorder", "head_path", "verify_log"]
 
 _KIND_RE = re.compile(r"[a-z][a-z0-9_.]{0,47}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class VerifyReport:
-    ok: bool
-    records: int
-    checkpoints: int
-    head: str
-    problems: tuple[str, ...]
 
 
 class AuditLog:
@@ -92,16 +84,20 @@ class AuditLog:
         self._seq, self._prev, self._time, self._since = 0, GENESIS, float("-inf"), 0
         self._key: str | None = None
         self._offset, self._last = 0, b""
+        self._unwritten: list[bytes] = []  # records of this call, written by ``_commit``
         # The time each thread last wrote: a thread's clock may not go back, while a time
         # taken before another thread's (or writer's) append is not a clock going back.
         self._own, self._opened_at = threading.local(), float("-inf")
+        self._ready = False  # opened: its own checks done
         try:
             with self._exclusive():  # read under the lock: no writer is halfway through a line
                 self._check_signer()
+                self._check_covered()
         except BaseException:
             os.close(self._fd)
             raise
         self._opened_at = self._time  # no thread's clock may go back past the chain's
+        self._ready = True
 
     @property
     def _own_time(self) -> float:
@@ -149,6 +145,8 @@ class AuditLog:
                 size = os.fstat(self._fd).st_size
                 if size != self._offset:
                     self._catch_up(size)
+                    if self._ready:  # (at open: after the key check)
+                        self._check_covered()
                 yield
             finally:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
@@ -166,7 +164,10 @@ class AuditLog:
         except BaseException:
             (self._seq, self._prev, self._time, self._since, self._key, self._offset,
              self._last, self._own_time) = state
+            self._unwritten = []
             os.ftruncate(self._fd, self._offset)
+            with contextlib.suppress(OSError):
+                os.unlink(pending_head_path(self.path))
             with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
                 if read_head(self.path)[:2] != (self._seq, self._prev):  # replaced already
                     self._sign_head()
@@ -276,7 +277,7 @@ class AuditLog:
         rec_hash = record_hash(self._seq, now, kind, data, self._prev)
         line = canonical_json({"seq": self._seq, "time": now, "kind": kind, "data": data,
                                "prev": self._prev, "hash": rec_hash}) + b"\n"
-        write_all(self._fd, line)
+        self._unwritten.append(line)
         pos = AuditPosition(seq=self._seq, hash=rec_hash)
         self._seq, self._prev, self._time = self._seq + 1, rec_hash, now
         self._offset, self._last = self._offset + len(line), line
@@ -290,102 +291,59 @@ class AuditLog:
         return self._write(CHECKPOINT, data, max(float(now), self._time))
 
     def _commit(self) -> None:
-        """Make the records written so far durable, then sign the head over them. One
-        fsync covers every record of this call (a record and its checkpoint): the head
-        must never be durable before the records it vouches for, and is replaced whole."""
+        """Append the records of this call so that no moment leaves one that no signature
+        covers: the head over the new chain end is signed into ``LOG.head.next`` first,
+        then the records are written and made durable (one fsync for all), then that file
+        is renamed over the head. A writer cut off before the rename left records only
+        ``LOG.head.next`` vouches for: the next writer checks them and finishes the rename
+        (``_check_covered``). So records after the signed head that nothing vouches for
+        were not appended by a writer: they are refused, never signed over."""
+        lines, self._unwritten = b"".join(self._unwritten), []
+        pending = pending_head_path(self.path)
+        fd = os.open(pending, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            write_all(fd, self._head_bytes())
+            if self.fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        write_all(self._fd, lines)
         if self.fsync:
             os.fsync(self._fd)
-        self._sign_head()
+        self._promote(pending)
+
+    def _promote(self, pending: Path) -> None:
+        os.replace(pending, head_path(self.path))
+        if self.fsync:
+            fsync_dir(self.path.parent)
+
+    def _check_covered(self) -> None:
+        """Refuse a chain whose end no signature vouches for: records after the signed head
+        that neither the head nor ``LOG.head.next`` covers were appended without the key
+        (a forged ``erasure`` record, say), and signing a head over them would vouch for
+        them. Run under ``_exclusive`` after reading other writers' records."""
+        if not self._seq:
+            return
+        verifier = Verifier(self.signer.public_raw())
+        if vouches(readable_head(self.path), self._seq, self._prev, verifier):
+            return
+        if vouches(readable_head(self.path, pending=True), self._seq, self._prev, verifier):
+            self._promote(pending_head_path(self.path))  # a writer cut off before its rename
+            return
+        head = readable_head(self.path)
+        signed = head is not None and verifier.verify(head[2], checkpoint_message(*head[:2]))
+        covered = f"its signed head covers {head[0]}" if signed and head else "no signed head"
+        raise AuditLogError(f"{self.path} holds {self._seq} records and {covered}: the records "
+                            "after it were not appended by a writer with this log's key; "
+                            "refusing to sign over them (`agentkv audit verify` names them; "
+                            "keep the log as evidence and start a new log)")
+
+    def _head_bytes(self) -> bytes:
+        sig = self.signer.sign(checkpoint_message(self._seq, self._prev))
+        return canonical_json({"count": self._seq, "head": self._prev, "sig": sig.hex()}) + b"\n"
 
     def _sign_head(self) -> None:
-        sig = self.signer.sign(checkpoint_message(self._seq, self._prev))
-        atomic_write(head_path(self.path), canonical_json(
-            {"count": self._seq, "head": self._prev, "sig": sig.hex()}) + b"\n", fsync=self.fsync)
-
-
-def _check_checkpoint(rec: dict, seq: int, prev: str, verifier: Verifier) -> str | None:
-    data = rec["data"]
-    if not isinstance(data, dict) or data.get("count") != seq or data.get("head") != prev:
-        return f"seq {seq}: checkpoint does not match the chain before it"
-    try:
-        sig = bytes.fromhex(data.get("sig", ""))
-    except (TypeError, ValueError):
-        sig = b""
-    if not verifier.verify(sig, checkpoint_message(seq, prev)):
-        mine, theirs = fingerprint(verifier.raw), data.get("key")
-        if isinstance(theirs, str) and re.fullmatch(r"[0-9a-f]{16}", theirs) and theirs != mine:
-            return (f"seq {seq}: checkpoint signature does not verify: it names key {theirs}, "
-                    f"the public key given is {mine} (wrong --public-key, or forged)")
-        return f"seq {seq}: checkpoint signature does not verify"
-    return None
-
-
-def _check_head(path: Path, hashes: list[str], verifier: Verifier) -> list[str]:
-    hp = head_path(path)
-    try:
-        count, head_hash, sig = read_head(path)
-    except FileNotFoundError:
-        return [f"head file {hp} is missing (cannot rule out truncation)"]
-    except OSError as exc:
-        return [f"head file {hp} cannot be read ({exc.strerror})"]
-    except (ValueError, KeyError, TypeError):
-        return [f"head file {hp} is malformed"]
-    if not verifier.verify(sig, checkpoint_message(count, head_hash)):
-        return ["head file signature does not verify"]
-    if count > len(hashes):
-        return [f"truncated: signed head has {count} records, log has {len(hashes)}"]
-    if count < len(hashes):
-        return [f"{len(hashes) - count} records after the signed head are not covered by a signature"]
-    if count and hashes[-1] != head_hash or not count and head_hash != GENESIS:
-        return ["log end does not match the signed head (rewritten)"]
-    return []
-
-
-def verify_log(path: str | os.PathLike[str], public_key: Verifier, *,
-               anchors: Iterable[AuditPosition] = ()) -> VerifyReport:
-    """Check hashes, links, order, time, signatures, the signed head and the anchors."""
-    path = Path(path)
-    problems: list[str] = []
-    hashes: list[str] = []
-    prev, last_time, checkpoints = GENESIS, float("-inf"), 0
-    if not path.exists():
-        return VerifyReport(ok=False, records=0, checkpoints=0, head=GENESIS,
-                            problems=(f"{path} does not exist",))
-    for lineno, rec in read_records(path):
-        seq = len(hashes)
-        if isinstance(rec, str):
-            problems.append(rec)
-            break
-        if rec["seq"] != seq:
-            problems.append(f"line {lineno}: seq {rec['seq']} where {seq} was expected "
-                            "(record deleted, inserted or reordered)")
-        if rec["prev"] != prev:
-            problems.append(f"line {lineno}: link to the previous record is broken")
-        if rec["hash"] != record_hash(rec["seq"], rec["time"], rec["kind"], rec["data"], rec["prev"]):
-            problems.append(f"line {lineno}: record hash does not match its contents (edited)")
-        if rec["time"] < last_time:
-            problems.append(f"line {lineno}: time goes backwards")
-        if rec["kind"] == CHECKPOINT:
-            checkpoints += 1
-            bad = _check_checkpoint(rec, seq, prev, public_key)
-            if bad:
-                problems.append(bad)
-        if problems:
-            break  # after the first break the rest of the chain proves nothing
-        hashes.append(rec["hash"])
-        prev, last_time = rec["hash"], rec["time"]
-    if not problems:
-        problems.extend(_check_head(path, hashes, public_key))
-    for anchor in anchors:
-        if anchor.seq < 0:
-            problems.append(f"anchor seq {anchor.seq} is negative: no record has it")
-        elif anchor.seq >= len(hashes):
-            problems.append(f"rollback: anchored record seq {anchor.seq} is not in the log")
-        elif hashes[anchor.seq] != anchor.hash:
-            problems.append(f"anchored record seq {anchor.seq} is another record in this log "
-                            "(the log was rewritten, or the anchor comes from another log)")
-    return VerifyReport(ok=not problems, records=len(hashes), checkpoints=checkpoints,
-                        head=prev, problems=tuple(problems))
+        atomic_write(head_path(self.path), self._head_bytes(), fsync=self.fsync)
 
 
 def denial_recorder(log: AuditLog, clock: Callable[[], float]

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
 from security.errors import AuditRecordTooLarge
-from security.signing import NonFiniteNumber, canonical_json, loads_finite
+from security.signing import NonFiniteNumber, Verifier, canonical_json, loads_finite
 
 GENESIS = "0" * 64
 CHECKPOINT = "checkpoint"
@@ -62,10 +62,17 @@ def checkpoint_message(count: int, head: str) -> bytes:
     return _CHECKPOINT_DOMAIN + canonical_json({"count": count, "head": head})
 
 
-def read_head(path: Path) -> tuple[int, str, bytes]:
-    """The head file's (count, head hash, signature); raises what reading it raised, and
-    ValueError for a head file longer than ``MAX_HEAD_BYTES`` (not read past that)."""
-    with open(head_path(path), "rb") as fh:
+def pending_head_path(path: Path) -> Path:
+    """Where a writer signs the head over the records it is about to append, before it
+    appends them; renamed over the head file once they are durable (``AuditLog._commit``)."""
+    return path.with_name(path.name + ".head.next")
+
+
+def read_head(path: Path, *, pending: bool = False) -> tuple[int, str, bytes]:
+    """The head file's (count, head hash, signature) (``pending``: the pending head's);
+    raises what reading it raised, and ValueError for a head file longer than
+    ``MAX_HEAD_BYTES`` (not read past that)."""
+    with open(pending_head_path(path) if pending else head_path(path), "rb") as fh:
         data = fh.read(MAX_HEAD_BYTES + 1)
     if len(data) > MAX_HEAD_BYTES:
         raise ValueError("head file is too large")
@@ -73,13 +80,20 @@ def read_head(path: Path) -> tuple[int, str, bytes]:
     return int(head["count"]), str(head["head"]), bytes.fromhex(head["sig"])
 
 
-def readable_head(path: Path) -> tuple[int, str, bytes] | None:
+def readable_head(path: Path, *, pending: bool = False) -> tuple[int, str, bytes] | None:
     """``read_head``, or None where the head file is missing or malformed (that is
     ``verify_log``'s finding, not a sign of another key or of a cut log)."""
     try:
-        return read_head(path)
+        return read_head(path, pending=pending)
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def vouches(head: tuple[int, str, bytes] | None, count: int, top: str,
+            verifier: Verifier) -> bool:
+    """``head`` is signed with ``verifier``'s key over exactly this chain end."""
+    return head is not None and head[:2] == (count, top) and verifier.verify(
+        head[2], checkpoint_message(count, top))
 
 
 def iter_lines(fh: BinaryIO, *, offset: int = 0, lineno: int = 1,

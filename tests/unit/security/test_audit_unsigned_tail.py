@@ -1,0 +1,121 @@
+"""Records after the signed head that no signature covers. Anyone who can write the log
+file (not the key) could append a correctly chained record, an ``erasure`` of a tenant
+never erased, say: ``verify_log`` named it, and then the next writer signed a new head
+over it, after which the log verified and ``tenant erase`` signed a receipt from it. A
+writer now refuses such a chain. A writer cut off between writing its records and
+vouching for them leaves ``LOG.head.next``, signed before the records were written, which
+the next writer checks and finishes."""
+
+from __future__ import annotations
+
+import pytest
+
+from security.audit import AuditLog, head_path, verify_log
+from security.audit_format import (
+    checkpoint_message,
+    pending_head_path,
+    read_records,
+    record_hash,
+)
+from security.erasure import Eraser
+from security.errors import AuditLogError
+from security.signing import Signer, Verifier, canonical_json
+
+
+def _records(path):
+    return [rec for _n, rec in read_records(path) if isinstance(rec, dict)]
+
+
+def _forge(path, kind: str, data: dict) -> None:
+    """Append a record chained to the last one, as anyone who can write the file can."""
+    last = _records(path)[-1]
+    seq, time = last["seq"] + 1, last["time"] + 1.0
+    line = {"seq": seq, "time": time, "kind": kind, "data": data, "prev": last["hash"],
+            "hash": record_hash(seq, time, kind, data, last["hash"])}
+    with open(path, "ab") as fh:
+        fh.write(canonical_json(line) + b"\n")
+
+
+@pytest.fixture
+def written(tmp_path, signer):
+    path = tmp_path / "audit.log"
+    audit = AuditLog(path, signer, checkpoint_every=1000, fsync=False)
+    for i in range(3):
+        audit.append("key.create", {"tenant": f"t{i}", "generation": 1}, 10.0 + i)
+    return path, audit
+
+
+FORGED = {"tenant": "globex", "scope": "tenant", "generation": None,
+          "key_ids": ["globex/g1/0000000000000000"], "counts": [["nvme", 9]],
+          "failed_tiers": [], "begun": 0}
+
+
+def test_a_forged_record_is_not_signed_over_by_the_next_writer(written, signer):
+    path, running = written
+    _forge(path, "erasure", FORGED)
+    verifier = Verifier(signer.public_raw())
+    assert "not covered by a signature" in verify_log(path, verifier).problems[0]
+    with pytest.raises(AuditLogError, match="its signed head covers 3: the records after it "
+                                            "were not appended by a writer"):
+        AuditLog(path, signer, fsync=False)  # a new writer (the CLI)
+    with pytest.raises(AuditLogError, match="refusing to sign over them"):
+        running.append("access.denied", {"n": 1}, 20.0)  # a running one (the service)
+    assert not verify_log(path, verifier).ok  # still named, never vouched for
+    assert len(_records(path)) == 4  # nothing appended over it
+
+
+def test_an_erase_of_a_tenant_without_keys_signs_no_receipt_from_a_forged_record(
+        written, signer, keyring):
+    path, running = written
+    running.close()
+    _forge(path, "erasure", FORGED)
+    with pytest.raises(AuditLogError, match="refusing to sign over them"):
+        Eraser(keyring, AuditLog(path, signer, fsync=False), signer).erase_tenant("globex", 30.0)
+
+
+def test_a_log_whose_head_file_was_deleted_is_not_signed_anew(written, signer):
+    path, running = written
+    running.close()
+    head_path(path).unlink()
+    with pytest.raises(AuditLogError, match="no signed head"):
+        AuditLog(path, signer, fsync=False)
+
+
+def test_a_writer_cut_off_before_its_rename_is_finished_by_the_next(written, signer):
+    """The state a kill between the records' fsync and the rename leaves: the old head,
+    the new records, and LOG.head.next vouching for them."""
+    path, running = written
+    old_head = head_path(path).read_bytes()
+    running.append("erasure.begun", {"tenant": "t0"}, 20.0)
+    running.close()
+    pending_head_path(path).write_bytes(head_path(path).read_bytes())
+    head_path(path).write_bytes(old_head)
+    verifier = Verifier(signer.public_raw())
+    assert verify_log(path, verifier).ok  # LOG.head.next vouches for the last record
+    again = AuditLog(path, signer, fsync=False)
+    assert not pending_head_path(path).exists() and head_path(path).read_bytes() != old_head
+    again.append("erasure", {"tenant": "t0"}, 21.0)
+    again.close()
+    assert verify_log(path, verifier).ok and len(_records(path)) == 5
+
+
+def test_a_pending_head_of_records_never_written_is_ignored(written, signer):
+    """Cut off after signing LOG.head.next and before writing the records: nothing of it
+    is in the log, and the pending head vouches for a chain end that is not there."""
+    path, running = written
+    running.close()
+    other = Signer.generate()  # a pending head can only vouch with the log's key, too
+    for key in (signer, other):
+        sig = key.sign(checkpoint_message(4, "f" * 64)).hex()
+        pending_head_path(path).write_bytes(canonical_json(
+            {"count": 4, "head": "f" * 64, "sig": sig}) + b"\n")
+        audit = AuditLog(path, signer, fsync=False)
+        audit.append("key.create", {"tenant": "t9", "generation": 1}, 30.0)
+        audit.close()
+    assert verify_log(path, Verifier(signer.public_raw())).ok
+
+
+def test_each_commit_leaves_no_pending_head(written):
+    path, running = written
+    running.append("access.denied", {"n": 1}, 20.0)
+    assert not pending_head_path(path).exists()

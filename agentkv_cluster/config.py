@@ -50,6 +50,8 @@ class ApiConfig:
     # once (0: half of ``workers``); its others wait their turn without a thread, so one
     # tenant's loads blocked on room cannot hold every thread from the other tenants.
     tenant_workers: int = 0
+    # Authenticated connections one tenant may hold (0: half of ``max_connections``).
+    tenant_connections: int = 0
     require_auth: bool = True
 
 
@@ -225,6 +227,7 @@ _BOUNDS: dict[str, tuple[int, bool]] = {
     "api.max_frame_bytes": (1024, True),
     "hbm.landing_pages": (0, True),
     "api.tenant_workers": (0, True),
+    "api.tenant_connections": (0, True),
     "controller.idle_session_s": (0, True),
     "ray.num_cpus": (0, True),  # unset: wiring.LOCAL_RAY_CPUS for a local Ray
 }

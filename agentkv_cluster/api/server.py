@@ -66,6 +66,8 @@ class _Conn:
     opened: float
     authenticated: bool = False
     held: int = 0  # bytes of the pre-auth budget this connection holds now
+    tenant: str | None = None  # the first tenant it authenticated as (counted against it)
+    close_after: bool = False  # close once this reply is sent
 
 
 class ApiServer:
@@ -83,6 +85,8 @@ class ApiServer:
         self.metrics = metrics
         self._pool = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="agentkv-api")
         self._shares = TenantShares(config.tenant_workers or max(1, config.workers // 2))
+        self._tenant_conn_cap = config.tenant_connections or max(1, config.max_connections // 2)
+        self._tenant_conns: dict[str, int] = {}
         self._running = 0  # requests handed to the pool and not done (``stop`` drains them)
         self._replying = 0  # requests read and not yet answered (``stop`` lets them answer)
         self._done = threading.Condition()
@@ -185,6 +189,7 @@ class ApiServer:
             self._active -= 1
             self._pending.pop(conn, None)
             self._give_back(conn)
+            self._release_tenant(conn)
             writer.close()
             try:
                 await writer.wait_closed()
@@ -209,11 +214,34 @@ class ApiServer:
         self._count("preauth", p.ErrorCode.BUSY)
         conn.writer.transport.abort()  # its handler sees the connection end
 
-    def _promote(self, conn: _Conn | None) -> None:
-        """The connection presented a valid token: the pre-auth limits end for it."""
-        if conn is not None and not conn.authenticated:
+    def _promote(self, conn: _Conn | None, principal: Any) -> None:
+        """The connection presented a valid token: the pre-auth limits end for it, and it
+        counts against its tenant's ``api.tenant_connections`` (one tenant's idle
+        connections took all of ``max_connections`` and locked the others out); over
+        that, the call is refused (busy) and the connection closed."""
+        if conn is None:
+            return
+        tenant = getattr(principal, "tenant", None)
+        if conn.tenant is None and tenant is not None:
+            held = self._tenant_conns.get(tenant, 0)
+            if held >= self._tenant_conn_cap:
+                conn.close_after = True
+                raise p.ProtocolError(p.ErrorCode.BUSY, f"tenant {tenant} holds {held} "
+                                      "connections (api.tenant_connections): close some, "
+                                      "or send more requests on each", fatal=True)
+            conn.tenant, self._tenant_conns[tenant] = tenant, held + 1
+        if not conn.authenticated:
             conn.authenticated = True
             self._pending.pop(conn, None)
+
+    def _release_tenant(self, conn: _Conn) -> None:
+        if conn.tenant is not None:
+            left = self._tenant_conns[conn.tenant] - 1
+            if left:
+                self._tenant_conns[conn.tenant] = left
+            else:
+                del self._tenant_conns[conn.tenant]
+            conn.tenant = None
 
     def _give_back(self, conn: _Conn) -> None:
         self._budget_used -= conn.held
@@ -267,6 +295,8 @@ class ApiServer:
             self._replying += 1
             try:
                 await self._send(writer, await self._handle(payload, conn))
+                if conn.close_after:
+                    return
             finally:
                 self._replying -= 1
 
@@ -311,10 +341,11 @@ class ApiServer:
         if req.op == "hello":
             if req.auth is not None:  # optional: authenticates the connection up front
                 try:
-                    self._authenticate(req.auth)
-                    self._promote(conn)
+                    principal = self._authenticate(req.auth)
                 except (p.ProtocolError, TenantErased):
-                    pass  # hello answers anyway; the connection stays unauthenticated
+                    principal = None  # hello answers anyway; the connection stays unauthenticated
+                if principal is not None:
+                    self._promote(conn, principal)
             return {"server": "agentkv", "versions": sorted(p.SUPPORTED_VERSIONS),
                     "max_frame_bytes": self.config.max_frame_bytes,
                     "preauth_max_frame": self.preauth.max_frame}
@@ -322,7 +353,7 @@ class ApiServer:
             raise p.ProtocolError(p.ErrorCode.UNKNOWN_OP, f"unknown op {req.op[:64]!r}")
         principal = self._authenticate(req.auth)
         if req.auth is not None:
-            self._promote(conn)
+            self._promote(conn, principal)
         if req.op not in WAITING_OPS:
             return await self._run_call(principal, req)
         async with self._shares.turn(getattr(principal, "tenant", None)):

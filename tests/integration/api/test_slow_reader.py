@@ -30,7 +30,8 @@ PAGES = 12  # a 12 MiB reply: more than loopback's socket buffers hold (4 MiB ea
 def service():
     workdir = Path(tempfile.mkdtemp(prefix="agentkv-slowreader-"))
     cfg = load_config(env={}, overrides={
-        "api": {"port": 0, "read_timeout_s": 1.0, "max_connections": 2},
+        "api": {"port": 0, "read_timeout_s": 1.0, "max_connections": 2,
+                "tenant_connections": 2},
         "hbm": {"page_bytes": PAGE, "num_pages": 2 * PAGES},
         "pool": {"pool_bytes": 4 * PAGE, "slot_bytes": PAGE, "nvme_dir": str(workdir / "nv")},
     })

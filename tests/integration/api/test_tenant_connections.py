@@ -1,0 +1,58 @@
+"""One tenant cannot hold every connection: it opened ``api.max_connections`` of them,
+authenticated and idle (kept 15 min, refreshed at will), and every other tenant was
+refused "too many connections". A tenant's authenticated connections now count against
+``api.tenant_connections``; over it the call is refused (busy) and that connection
+closed, and the connections it still holds, and other tenants', are served."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from agentkv_cluster.api import protocol as p
+from agentkv_cluster.api.client import AgentKvClient
+from agentkv_cluster.config import load_config
+from agentkv_cluster.runtime.service import Service
+
+pytestmark = pytest.mark.integration
+
+MAX, PER_TENANT = 8, 3
+
+
+@pytest.fixture(scope="module")
+def service():
+    workdir = Path(tempfile.mkdtemp(prefix="agentkv-tconn-"))
+    cfg = load_config(env={}, overrides={
+        "api": {"port": 0, "max_connections": MAX, "tenant_connections": PER_TENANT},
+        "hbm": {"page_bytes": 1 << 16, "num_pages": 8},
+        "pool": {"pool_bytes": 1 << 20, "slot_bytes": 1 << 16, "nvme_dir": str(workdir / "nv")},
+    })
+    svc = Service(cfg, workdir=workdir).start(local=True)
+    yield svc
+    svc.stop()
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_a_tenant_over_its_connections_is_refused_and_others_are_served(service) -> None:
+    token = service.token("evil")
+    held = [AgentKvClient.connect(service.address, token) for _ in range(PER_TENANT)]
+    try:
+        for client in held:
+            client.hello()
+        extra = AgentKvClient.connect(service.address, token)
+        with pytest.raises(p.RemoteError, match="api.tenant_connections") as err:
+            extra.open_session("one-too-many")
+        assert err.value.code == "busy"
+        extra.close()
+        with service.client("bob") as bob:  # another tenant still gets in
+            bob.open_session("served").close()
+        held[0].open_session("still-served").close()  # and evil's own connections work
+        held.pop().close()
+        with AgentKvClient.connect(service.address, token) as again:  # a slot came free
+            again.open_session("after-close").close()
+    finally:
+        for client in held:
+            client.close()

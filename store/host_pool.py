@@ -32,13 +32,15 @@ from typing import Self
 
 import numpy as np
 
+from store import forks
 from store import shm_segment as shm
 from store.parallel import as_bytes, copy_into
 from store.shm_segment import SHM_DIR, ShmSegment
 from store.types import PageTooLarge, PoolError
 
 __all__ = ["PAGE_BYTES", "SHM_DIR", "EmptyPage", "HostPool", "NotWriter", "PageTooLarge", "PoolBusy",
-           "PoolError", "PoolFormatError", "PoolFull", "PoolStats", "SlotEmpty", "TornRead"]
+           "PoolError", "PoolForked", "PoolFormatError", "PoolFull", "PoolStats", "SlotEmpty",
+           "TornRead"]
 
 PAGE_BYTES = 4096  # slot sizes are rounded up to it; table and data start on it
 MAGIC = b"AKVHPOOL"  # a segment starts with it (store.kv replaces one a dead writer left)
@@ -65,6 +67,10 @@ class PoolFormatError(PoolError):
 
 class NotWriter(PoolError):
     """Only the writer may allocate, write or free."""
+
+
+class PoolForked(NotWriter):
+    """The writer handle is used in a fork child (``store.forks``): the role is the parent's."""
 
 
 class SlotEmpty(PoolError, KeyError):
@@ -125,7 +131,7 @@ class HostPool:
         self._table = self._table.reshape(num_slots, _ROW)
         # Scalar seqlock words go through a memoryview: ~10x cheaper per access than numpy scalars.
         self._words = memoryview(mm)[table_off : table_off + num_slots * _ROW * 8].cast("Q")
-        self._pid = os.getpid()
+        self._pid, self._opened = os.getpid(), forks.generation()
         self._free: deque[int] = deque()
         if self.writer:
             self._recover()
@@ -134,22 +140,19 @@ class HostPool:
     def create(cls, name: str, slot_bytes: int, num_slots: int) -> HostPool:
         """Create, size and pre-fault a new segment and become its writer."""
         if slot_bytes <= 0 or num_slots <= 0:
-            raise ValueError(
-                f"slot_bytes and num_slots must be positive, got {slot_bytes}, {num_slots}"
-            )
+            raise ValueError(f"slot_bytes and num_slots must be positive, got {slot_bytes}, "
+                             f"{num_slots}")
         slot_bytes = _round_up(slot_bytes, PAGE_BYTES)
         table_off = PAGE_BYTES
         data_off = _round_up(table_off + num_slots * _ROW * 8, PAGE_BYTES)
         size = data_off + slot_bytes * num_slots
 
         def init(mm: mmap.mmap) -> None:
-            _HEAD.pack_into(
-                mm, 0, MAGIC, _VERSION, _ROW * 8, slot_bytes, num_slots, table_off, data_off, size
-            )
+            _HEAD.pack_into(mm, 0, MAGIC, _VERSION, _ROW * 8, slot_bytes, num_slots, table_off,
+                            data_off, size)
             table = np.frombuffer(mm, dtype=np.uint64, count=num_slots * _ROW, offset=table_off)
-            table.reshape(num_slots, _ROW)[:, OFF] = (
-                data_off + np.arange(num_slots, dtype=np.uint64) * slot_bytes
-            )
+            offsets = data_off + np.arange(num_slots, dtype=np.uint64) * slot_bytes
+            table.reshape(num_slots, _ROW)[:, OFF] = offsets
 
         try:
             return cls(ShmSegment.create(name, size, init))
@@ -357,13 +360,8 @@ class HostPool:
 
     def stats(self) -> PoolStats:
         used = self._table[:, STATE] == _USED
-        return PoolStats(
-            name=self.name,
-            slot_bytes=self.slot_bytes,
-            num_slots=self.num_slots,
-            used_slots=int(used.sum()),
-            used_bytes=int(self._table[used, LEN].sum()),
-        )
+        return PoolStats(name=self.name, slot_bytes=self.slot_bytes, num_slots=self.num_slots,
+                         used_slots=int(used.sum()), used_bytes=int(self._table[used, LEN].sum()))
 
     def close(self) -> None:
         """Unmap and drop the writer lock; the segment stays for other processes."""
@@ -398,3 +396,5 @@ class HostPool:
     def _need_writer(self) -> None:
         if not self.writer:
             raise NotWriter(f"{self.name}: this handle is a reader")
+        if forks.forked_since(self._opened):
+            raise PoolForked(f"{self.name}: the writer is process {self._pid}, not its child")

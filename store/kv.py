@@ -17,21 +17,21 @@ only the format version, a key id and the record's blinded slot identity (an HMA
 key under the tenant's blinding secret, also its NVMe key), and lengths are padded to
 size classes. ``reserve`` then hands out a plaintext staging buffer that ``commit`` seals.
 Sealing itself is ``store.kv_sealing``. A sealed NVMe record that does not open (its key
-was erased) leaves the shard at once, and on open every record that no longer opens is
-dropped; an open that finds records not its own to drop fails first, touching nothing:
-``ForeignTenant`` (another tenant's), ``SealingMismatch`` (written with sealing set the
-other way; ``store.kv_sealing.open_plan`` decides).
+was erased) leaves the shard at once; what an open retires, or refuses with a typed error
+and touches nothing: ``store.kv_open``.
 
-One writer process per store (the host pool's and the shard's locks); the host index is
-this process's, NVMe records are found by key again after a restart (a pool segment a
-crashed writer left in /dev/shm is replaced). A key's old value goes only once its new one
-is in, but in a host-only store with every slot taken ``put`` over a key on the host writes
+One writer process per store (the host pool's and the shard's locks; a fork child gets
+``StoreForked``); the host index is this process's, NVMe records are found by key again
+after a restart (a pool segment a crashed writer left in /dev/shm is replaced; one of a
+store dropped unclosed is removed). A key's old value goes only once its new one is in,
+but in a host-only store with every slot taken ``put`` over a key on the host writes
 into that key's own slot (``ReplaceFailed`` if that fails: the key is gone, never half a
 value). Reservations: ``store.kv_reservations``. ``out`` buffers: ``BadOutBuffer``."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from typing import Any, NamedTuple, Self
 
@@ -39,14 +39,17 @@ import numpy as np
 
 from security.chunked import record_size
 from security.errors import InvalidSeal
-from store import shm_segment
+from store import forks
 from store.buffers import aligned_buffer
-from store.host_pool import MAGIC as POOL_MAGIC
-from store.host_pool import HostPool, PoolBusy, PoolError, PoolFull
+from store.host_pool import PoolError, PoolFull
+from store.kv_open import create_host, open_nvme, unlink_when_dropped
 from store.kv_reservations import Reservation, ReservationLedger, finished
-from store.kv_sealing import Sealing, TenantSeal, open_plan, survey
+from store.kv_sealing import Sealing, TenantSeal
 from store.kv_types import (
+    BadConfig,
+    BadKey,
     BadOutBuffer,
+    ForeignKeyring,
     ForeignTenant,
     KeyMissing,
     KVError,
@@ -56,8 +59,11 @@ from store.kv_types import (
     ReservationClosed,
     SealingMismatch,
     StoreClosed,
+    StoreForked,
     ValueTooLarge,
+    check_room,
     fit_out,
+    key_arg,
     length_arg,
     no_room,
     out_arg,
@@ -65,13 +71,13 @@ from store.kv_types import (
     tier_arg,
 )
 from store.nvme import DiskFull, NvmeShard, NvmeShardConfig
-from store.nvme.files import check_key
 from store.parallel import copy_into
 from store.types import Lookup, Tier
 
-__all__ = ["BadOutBuffer", "ForeignTenant", "KVError", "KVStore", "KVStoreConfig", "KeyMissing",
-           "NoRoom", "NvmeShardConfig", "ReplaceFailed", "Reservation", "ReservationClosed",
-           "Sealing", "SealingMismatch", "StoreClosed", "ValueTooLarge"]
+__all__ = ["BadConfig", "BadKey", "BadOutBuffer", "ForeignKeyring", "ForeignTenant", "KVError",
+           "KVStore", "KVStoreConfig", "KeyMissing", "NoRoom", "NvmeShardConfig", "ReplaceFailed",
+           "Reservation", "ReservationClosed", "Sealing", "SealingMismatch", "StoreClosed",
+           "StoreForked", "ValueTooLarge"]
 
 
 class _Held(NamedTuple):
@@ -90,30 +96,25 @@ class KVStore:
         self._seal = None if sealing is None else TenantSeal(sealing)
         if self._seal is not None:  # an unknown tenant fails here, before anything is made
             self._seal.slot_id(b"")
+        stored = record_size(config.slot_bytes) if sealing else config.slot_bytes
+        check_room(config, stored)  # a sealed record is larger than its value
         self._lock = threading.RLock()
         self._closed = False
+        self._pid, self._opened = os.getpid(), forks.generation()
         self._host_index: dict[bytes, _Held] = {}
-        stored = record_size(config.slot_bytes) if sealing else config.slot_bytes
-        self.host = _create_host(config.name, stored, config.host_slots) \
+        self.host = create_host(config.name, stored, config.host_slots) \
             if config.host_slots else None
+        self._unlink = None if self.host is None else unlink_when_dropped(self, self.host)
         self.nvme: NvmeShard | None = None
         try:
-            self.nvme = None if config.nvme_dir is None else NvmeShard(config.nvme_dir, config.nvme)
             # Sealed NVMe records are built and read here; reservations stage in the spare.
             need = config.nvme_dir is not None or sealing is not None
             self._record = aligned_buffer(max(stored, 4096)) if need else None
             self._reservations = ReservationLedger(
                 aligned_buffer(config.slot_bytes) if sealing else self._record)
-            if self.nvme is not None:
-                # Records sealed under keys erased while the store was down never open
-                # again: they leave the shard's index now instead of failing every read.
-                # What is not this store's to drop fails the open before anything goes.
-                kinds = survey(self.nvme, self._seal, self._record)
-                for nkey in open_plan(str(self.nvme.path), kinds, sealing is not None):
-                    self.nvme.delete(nkey)
+            if config.nvme_dir is not None:  # less what no longer opens (``open_nvme``)
+                self.nvme = open_nvme(config, self._seal, self._record)
         except BaseException:
-            if self.nvme is not None:
-                self.nvme.close()
             self._close_host(unlink=True)
             raise
 
@@ -151,7 +152,7 @@ class KVStore:
             return r
 
     def _reserve(self, key: bytes, nbytes: int, tier: Tier, *, direct: bool) -> Reservation:
-        check_key(key)
+        key_arg(key)
         nbytes, tier = length_arg(nbytes), tier_arg(tier)
         if nbytes > self.config.slot_bytes:
             raise ValueTooLarge(f"{nbytes} B exceed slot_bytes {self.config.slot_bytes}")
@@ -202,13 +203,13 @@ class KVStore:
         for a reservation committed or aborted before."""
         with self._lock:
             self._ready()
-            self._reservations.settle(reservation, self)
-            try:
-                plain = reservation.buffer if self.sealing is not None else None
-                return self._commit(reservation, plain)
-            except BaseException:
-                self._abort(reservation)
-                raise
+            with self._reservations.settled(reservation, self):  # then the staging is wiped
+                try:
+                    plain = reservation.buffer if self.sealing is not None else None
+                    return self._commit(reservation, plain)
+                except BaseException:
+                    self._abort(reservation)
+                    raise
 
     def abort(self, reservation: Reservation) -> None:
         """Give a reservation up (nothing is published); a finished one is left alone."""
@@ -216,8 +217,8 @@ class KVStore:
             if finished(reservation) or self._closed:
                 reservation.owner = None
                 return
-            self._reservations.settle(reservation, self)
-            self._abort(reservation)
+            with self._reservations.settled(reservation, self):
+                self._abort(reservation)
 
     def _commit(self, r: Reservation, plain: np.ndarray | None) -> Tier:
         # the new value goes in first: a failure leaves the old one readable
@@ -258,7 +259,7 @@ class KVStore:
     def get(self, key: bytes, out: Any = None) -> memoryview | bytes:
         """The value under ``key``: into ``out`` (returns a view of it) or as bytes.
         Raises ``KeyMissing``; ``BadOutBuffer`` for an ``out`` that cannot take it."""
-        check_key(key)
+        key_arg(key)
         flat = None if out is None else out_arg(out)
         with self._lock:
             self._ready()
@@ -294,41 +295,43 @@ class KVStore:
             if data is Lookup.MISS:
                 raise KeyMissing(key)
             return data
-        nkey = self._seal.slot_id(key)
-        try:
-            opened = self._seal.open_from_nvme(self.nvme, key, nkey, self._record, flat)
-        except InvalidSeal:
-            self.nvme.delete(nkey)  # sealed under an erased key (or not ours): never opens
-            raise KeyMissing(key) from None
+        opened = self._seal.open_from_nvme(self.nvme, key, self._record, flat)
         if opened is Lookup.MISS:
             raise KeyMissing(key)
         return opened if flat is not None else bytes(opened)
 
     def contains(self, key: bytes) -> bool:
-        check_key(key)
+        """Whether ``get`` would find ``key``: a sealed host value that no longer opens (its
+        key was erased) goes, as ``get`` drops it; an NVMe record is not opened (a read)."""
+        key_arg(key)
         with self._lock:
             self._ready()
-            if key in self._host_index:
-                return True
-            if self.nvme is None:
+            held = self._host_index.get(key)
+            if held is not None:
+                if self.sealing is None or held.slot < 0 or \
+                        self._seal.host_opens(self.host, held.slot):
+                    return True
+                self._drop_host(key)
                 return False
-            nkey = key if self.sealing is None else self._seal.slot_id(key)
-            return self.nvme.locate(nkey)[0] is Lookup.HIT
+            nkey = None if self.nvme is None else self._nvme_key(key)
+            return nkey is not None and self.nvme.locate(nkey)[0] is Lookup.HIT
+
+    def _nvme_key(self, key: bytes) -> bytes | None:
+        """``key``'s key in the shard; None once the tenant was erased (``nvme_key``)."""
+        return key if self.sealing is None else self._seal.nvme_key(key, self.nvme)
 
     def drop_cache(self, key: bytes) -> bool:
         """Drop ``key``'s NVMe record from the page cache (the next get reads the device);
         True if it has one."""
-        check_key(key)
+        key_arg(key)
         with self._lock:
             self._ready()
-            if self.nvme is None:
-                return False
-            nkey = key if self.sealing is None else self._seal.slot_id(key)
-            return self.nvme.drop_cache(nkey) is Lookup.HIT
+            nkey = None if self.nvme is None else self._nvme_key(key)
+            return nkey is not None and self.nvme.drop_cache(nkey) is Lookup.HIT
 
     def delete(self, key: bytes) -> bool:
         """Drop ``key``'s value; True if there was one."""
-        check_key(key)
+        key_arg(key)
         with self._lock:
             self._ready()
             return self._forget(key)
@@ -336,9 +339,9 @@ class KVStore:
     def _forget(self, key: bytes) -> bool:
         if self._drop_host(key):
             return True
-        if self.nvme is None:
+        nkey = None if self.nvme is None else self._nvme_key(key)
+        if nkey is None:
             return False
-        nkey = key if self.sealing is None else self._seal.slot_id(key)
         try:
             return self.nvme.delete(nkey) is Lookup.HIT
         except DiskFull as exc:  # no room for its tombstone: it stays, readable
@@ -353,8 +356,13 @@ class KVStore:
         return True
 
     def close(self, unlink: bool = True) -> None:
-        """Close both tiers (again: a no-op); every later call raises ``StoreClosed``."""
+        """Close both tiers (again: a no-op); every later call raises ``StoreClosed``. In a
+        fork child it only marks the store closed: the tiers' locks and files are the
+        parent's (unlocking the pool would drop the parent's writer lock)."""
         with self._lock:
+            if forks.forked_since(self._opened):
+                self._closed = True
+                return
             if not self._closed:
                 self._closed = True
                 self._host_index.clear()
@@ -365,6 +373,7 @@ class KVStore:
 
     def _close_host(self, unlink: bool) -> None:
         if self.host is not None:
+            self._unlink.detach()  # closed: ``unlink`` decides
             self.host.close()
             if unlink:
                 self.host.unlink()
@@ -374,6 +383,9 @@ class KVStore:
         reservations dropped unfinished come back."""
         if self._closed:
             raise StoreClosed(f"store {self.config.name} is closed")
+        if forks.forked_since(self._opened):
+            raise StoreForked(f"store {self.config.name} is process {self._pid}'s: a fork child "
+                              f"opens a store of its own")
         for slot in self._reservations.dropped():
             self._give_back(slot)
 
@@ -386,15 +398,3 @@ class KVStore:
 
 _EMPTY = np.empty(0, np.uint8)
 
-
-def _create_host(name: str, slot_bytes: int, slots: int) -> HostPool:
-    """A new host pool; a segment of that name that a crashed writer left behind (no live
-    process holds its writer lock) is replaced, one a live store holds is ``PoolBusy``."""
-    try:
-        return HostPool.create(name, slot_bytes, slots)
-    except FileExistsError:
-        try:
-            shm_segment.remove_abandoned(name, POOL_MAGIC)
-        except shm_segment.SegmentBusy as exc:
-            raise PoolBusy(f"host pool {name} is in use by a live store: {exc}") from exc
-        return HostPool.create(name, slot_bytes, slots)

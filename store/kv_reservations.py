@@ -14,8 +14,10 @@ which detaches its finalizer, and nothing else frees a reserved slot before ``cl
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Self
 
@@ -43,6 +45,7 @@ class Reservation:
     target: np.ndarray | None = None  # sealed: the reserved slot the record is sealed into
     owner: Any = field(default=None, repr=False, compare=False)  # the store; None: done
     lent: bool = field(default=False, repr=False)  # ``buffer`` is the store's spare one
+    staged: bool = field(default=False, repr=False)  # ``buffer`` is a staging buffer (``lend``)
     in_place: bool = field(default=False, repr=False)  # ``slot`` held the key's old value
     reaper: weakref.finalize | None = field(default=None, repr=False, compare=False)
 
@@ -68,6 +71,7 @@ def finished(r: Reservation) -> bool:
 class _Dropped(NamedTuple):
     slot: int  # the host slot it held, or -1
     lent: bool  # it held the spare buffer
+    nbytes: int  # of it
 
 
 class ReservationLedger:
@@ -85,10 +89,12 @@ class ReservationLedger:
             r.buffer = aligned_buffer(r.nbytes)
         else:
             r.buffer, r.lent, self._spare_lent = self._spare[:r.nbytes], True, True
+        r.staged = True
 
     def watch(self, r: Reservation) -> None:
         """Queue what ``r`` holds for ``dropped`` if it is garbage-collected unfinished."""
-        r.reaper = weakref.finalize(r, self._dropped.append, _Dropped(r.slot, r.lent))
+        r.reaper = weakref.finalize(r, self._dropped.append,
+                                    _Dropped(r.slot, r.lent, r.nbytes))
         r.reaper.atexit = False
 
     def settle(self, r: Reservation, store: object) -> None:
@@ -100,6 +106,24 @@ class ReservationLedger:
         r.owner = None
         if r.reaper is not None:
             r.reaper.detach()  # finished: nothing for the finalizer to give back
+
+    @contextlib.contextmanager
+    def settled(self, r: Reservation, store: object) -> Iterator[None]:
+        """``settle`` ``r``, then ``wipe`` it once the block has sealed or given it up."""
+        self.settle(r, store)
+        try:
+            yield
+        finally:
+            self.wipe(r)
+
+    def wipe(self, r: Reservation) -> None:
+        """After a settled ``r`` was sealed or given up: zero the staging buffer it was
+        lent (a sealed store's plaintext must not stay in memory, nor be the next
+        reservation's first bytes; one memset, small beside sealing the value) and take the
+        spare back. A buffer that is a host slot is the value itself: left alone."""
+        if r.staged:
+            r.buffer[:] = 0
+            r.staged = False
         if r.lent:
             self._spare_lent = r.lent = False
 
@@ -112,9 +136,12 @@ class ReservationLedger:
             if gone.slot >= 0:
                 slots.append(gone.slot)
             if gone.lent:
+                self._spare[:gone.nbytes] = 0  # the dropped one's plaintext
                 self._spare_lent = False
         return slots
 
     def clear(self) -> None:
-        """The store closed: nothing is given back any more."""
+        """The store closed: nothing is given back any more (and no plaintext stays)."""
         self._dropped.clear()
+        if self._spare is not None:
+            self._spare[:] = 0

@@ -33,11 +33,13 @@ from security.chunked import (
     ChunkedSealer,
     SealedMeta,
 )
-from security.errors import InvalidSeal
+from security.errors import InvalidSeal, KeyUnavailable
 from security.keyring import TenantKeyring
+from security.record_layout import PRE
 from store.host_pool import HostPool, SlotEmpty, TornRead
-from store.kv_types import ForeignTenant, SealingMismatch, fit_out
+from store.kv_types import ForeignKeyring, ForeignTenant, SealingMismatch, fit_out
 from store.nvme import NvmeShard
+from store.nvme import format as fmt
 from store.types import Lookup, Tier
 
 _TORN_RETRIES = 3
@@ -55,6 +57,8 @@ class RecordKind(enum.Enum):
     OURS = "ours"  # sealed for this tenant under a live key
     DEAD = "dead"  # looks sealed but opens under no live key (erased), or unreadable
     FOREIGN = "foreign"  # sealed for another live tenant of the keyring
+    UNKNOWN = "unknown"  # intact, opens under no key of the keyring, and no erasure it records
+    #                      explains why: sealed under another keyring's keys for the tenant
 
 
 def looks_sealed(nkey: bytes, head: Any) -> bool:
@@ -70,7 +74,9 @@ def looks_sealed(nkey: bytes, head: Any) -> bool:
 def open_plan(directory: str, kinds: Mapping[bytes, RecordKind], sealed: bool) -> list[bytes]:
     """The records an open retires (sealed: those that no longer open), or the typed error
     that stops it before anything is touched: ``SealingMismatch`` for records written
-    with sealing set the other way (plain ones first), ``ForeignTenant``."""
+    with sealing set the other way (plain ones first), ``ForeignTenant``, and
+    ``ForeignKeyring`` for records nothing in the keyring accounts for (retiring them
+    would delete every value of a directory opened with the wrong keyring)."""
     count = Counter(kinds.values())
     plain = count[RecordKind.PLAIN]
     looked_sealed = len(kinds) - plain
@@ -80,6 +86,11 @@ def open_plan(directory: str, kinds: Mapping[bytes, RecordKind], sealed: bool) -
     if count[RecordKind.FOREIGN]:
         raise ForeignTenant(f"the NVMe directory {directory} holds "
                             f"{count[RecordKind.FOREIGN]} records of another tenant")
+    if count[RecordKind.UNKNOWN]:
+        raise ForeignKeyring(f"the NVMe directory {directory} holds {count[RecordKind.UNKNOWN]}"
+                             f" sealed records that open under no key of this keyring, which "
+                             f"records no erasure of their keys (nothing was changed): open it "
+                             f"with the keyring it was written with")
     return [key for key, kind in kinds.items() if kind is RecordKind.DEAD]
 
 
@@ -96,12 +107,26 @@ class TenantSeal:
         self.sealing = sealing
         self.tenant = sealing.tenant
         self._sealer = ChunkedSealer(sealing.keyring)
+        self._explains: tuple[bool, frozenset[bytes]] | None = None  # ``_erased_or_ours``
 
     # -- identity ---------------------------------------------------------------------------
     def slot_id(self, key: bytes) -> bytes:
         """The record's blinded identity (in the clear in its preamble; also its NVMe key)."""
         secret = self.sealing.keyring.blind_secret(self.tenant)
         return hmac.new(secret, _SLOT_DOMAIN + key, hashlib.sha256).digest()
+
+    def nvme_key(self, key: bytes, nvme: NvmeShard) -> bytes | None:
+        """``key``'s record key in ``nvme`` (its ``slot_id``); None once the tenant was erased
+        (no key of it is left, the blinding secret included): then none of its records
+        opens again, and all of them leave ``nvme`` now (every record there is the
+        tenant's: the store's open refused any other)."""
+        try:
+            return self.slot_id(key)
+        except KeyUnavailable:
+            if self.sealing.keyring.has_keys(self.tenant):
+                raise  # a key source that failed to read, not an erasure
+        nvme.prune(lambda *_: False, 0)
+        return None
 
     def binding(self, key: bytes, tier: Tier, generation: int | None = None) -> Binding:
         ring = self.sealing.keyring
@@ -150,23 +175,59 @@ class TenantSeal:
         try:
             meta = self._sealer.read_meta(record, int(Tier.NVME))
         except InvalidSeal:
-            return RecordKind.DEAD
+            return RecordKind.DEAD if self._erased_or_ours(head) else RecordKind.UNKNOWN
         if meta.tenant != self.tenant:  # opens, for another live tenant: not ours to drop
             return RecordKind.FOREIGN
         return RecordKind.OURS if hmac.compare_digest(meta.slot_id, nkey) else RecordKind.DEAD
 
-    def open_from_nvme(self, nvme: NvmeShard, key: bytes, nkey: bytes, scratch: np.ndarray,
+    def _erased_or_ours(self, head: memoryview) -> bool:
+        """Whether the keyring accounts for a record that does not open: its key id names
+        a live generation of the tenant (the record is damaged) or an erased one, or the
+        keyring records an erasure of the whole tenant (whose key ids died with it)."""
+        if self._explains is None:  # once per survey (``survey`` resets it)
+            ring = self.sealing.keyring
+            erased = [g for ns, g in ring.erased_generations() if ns == self.tenant]
+            try:
+                ids = {self._sealer.key_id(self.tenant, g)
+                       for g in ring.generations(self.tenant) + erased}
+            except InvalidSeal:  # no blinding secret: no key id of the tenant is known
+                ids = set()
+            self._explains = (self.tenant in ring.erasures(), frozenset(ids))
+        whole_tenant, ids = self._explains
+        return whole_tenant or bytes(PRE.unpack_from(head)[4]) in ids
+
+    def host_opens(self, host: HostPool, slot: int) -> bool:
+        """Whether ``slot``'s record still opens as far as its meta block (its key is live
+        and it is this tenant's): ``contains`` agrees with ``get`` at the cost of one small
+        AEAD open. A slot mid-write or empty counts as opening (``get`` keeps it too)."""
+        try:
+            record, _seq = host.view(slot)
+        except (SlotEmpty, TornRead):
+            return True
+        try:
+            self._meta(record, Tier.HOST)
+        except InvalidSeal:
+            return False
+        return True
+
+    def open_from_nvme(self, nvme: NvmeShard, key: bytes, scratch: np.ndarray,
                        out: np.ndarray | None) -> memoryview | Lookup:
-        """Read ``nkey``'s record (verified by the shard) into ``scratch`` and open it into
-        ``out`` (or a new buffer); MISS if the shard has none. ``InvalidSeal`` (``out``
-        zeroed) if it does not open."""
-        loc = nvme.locate(nkey)[1]
+        """Read ``key``'s record (verified by the shard) into ``scratch`` and open it into
+        ``out`` (or a new buffer); MISS if the shard has none, or if it does not open
+        (``out`` zeroed): sealed under an erased key (or not ours), it never opens again,
+        so it leaves the shard."""
+        nkey = self.nvme_key(key, nvme)
+        loc = None if nkey is None else nvme.locate(nkey)[1]
         if loc is None:
             return Lookup.MISS
         record = nvme.get(nkey, _room(scratch, loc.length))  # larger: written with larger slots
         if record is Lookup.MISS:
             return Lookup.MISS
-        return self.open(key, Tier.NVME, record, out)
+        try:
+            return self.open(key, Tier.NVME, record, out)
+        except InvalidSeal:
+            nvme.delete(nkey)
+            return Lookup.MISS
 
     def open_from_host(self, host: HostPool, slot: int, key: bytes, out: np.ndarray | None
                        ) -> memoryview | Lookup:
@@ -197,6 +258,8 @@ def survey(nvme: NvmeShard, seal: TenantSeal | None, scratch: np.ndarray
     stored under its slot identity). Reads record heads; changes nothing."""
     head = memoryview(bytearray(HEAD_BYTES))
     kinds = {}
+    if seal is not None:
+        seal._explains = None  # what the keyring records now
     keys = nvme.keys()
     for nkey in keys:
         if seal is None and len(nkey) != SLOT_ID_BYTES:
@@ -206,9 +269,20 @@ def survey(nvme: NvmeShard, seal: TenantSeal | None, scratch: np.ndarray
         read = Lookup.MISS if loc is None else nvme.read_head(nkey, head)
         got = None if read is Lookup.MISS else read
         if seal is not None:
-            kinds[nkey] = seal.kind(nkey, got, 0 if loc is None else loc.length, scratch)
+            kind = seal.kind(nkey, got, 0 if loc is None else loc.length, scratch)
+            if kind is RecordKind.UNKNOWN and not _intact(nvme, nkey, loc, scratch):
+                kind = RecordKind.DEAD  # damaged bytes, not a stranger's: goes as today
+            kinds[nkey] = kind
         elif got is not None and looks_sealed(nkey, got):
             kinds[nkey] = RecordKind.SEALED
         else:
             kinds[nkey] = RecordKind.PLAIN
     return kinds
+
+
+def _intact(nvme: NvmeShard, nkey: bytes, loc: Any, scratch: np.ndarray) -> bool:
+    """Whether ``nkey``'s whole record reads back and matches its payload hash (read-only:
+    unlike ``NvmeShard.get``, a mismatch retires nothing)."""
+    buf = memoryview(_room(scratch, loc.length))
+    return nvme.read_head(nkey, buf) is not Lookup.MISS and \
+        fmt.payload_digest(buf, loc.version) == loc.checksum

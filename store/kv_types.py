@@ -9,12 +9,14 @@ from typing import Any
 import numpy as np
 
 from store.nvme import NvmeShardConfig
+from store.nvme.format import MAX_KEY_BYTES
 from store.parallel import as_bytes
 from store.types import Tier
 
-__all__ = ["BadOutBuffer", "ForeignTenant", "KVError", "KVStoreConfig", "KeyMissing", "NoRoom",
-           "ReplaceFailed", "ReservationClosed", "SealingMismatch", "StoreClosed",
-           "ValueTooLarge", "fit_out", "length_arg", "out_arg", "source_bytes", "tier_arg"]
+__all__ = ["BadConfig", "BadKey", "BadOutBuffer", "ForeignKeyring", "ForeignTenant", "KVError",
+           "KVStoreConfig", "KeyMissing", "NoRoom", "ReplaceFailed", "ReservationClosed",
+           "SealingMismatch", "StoreClosed", "StoreForked", "ValueTooLarge", "check_room",
+           "fit_out", "key_arg", "length_arg", "out_arg", "source_bytes", "tier_arg"]
 
 
 class KVError(Exception):
@@ -44,8 +46,25 @@ class BadOutBuffer(KVError, ValueError, TypeError):
     elements with room for the value; the same error and message shape on every tier."""
 
 
+class BadKey(KVError, ValueError, TypeError):
+    """A key is ``bytes`` of 1..255 bytes (the NVMe record format's limit, kept on every
+    tier so a key never works on the host and fails once it spills)."""
+
+
 class StoreClosed(KVError):
     """The store was used after ``close()``."""
+
+
+class StoreForked(KVError):
+    """The store was used in a fork child of the process that opened it (``store.forks``):
+    its locks, slots, files and indexes are the parent's, and a write would land on the
+    parent's next slot or NVMe offset. The child opens a store of its own (``close`` in the
+    child only marks this one closed, leaving the parent's tiers alone)."""
+
+
+class BadConfig(KVError, ValueError):
+    """The configuration cannot hold what it promises (a value of ``slot_bytes`` that the
+    NVMe tier would refuse as a record larger than ``nvme.max_record_bytes``)."""
 
 
 class ReservationClosed(KVError):
@@ -55,6 +74,14 @@ class ReservationClosed(KVError):
 class ForeignTenant(KVError):
     """The NVMe directory holds records of another live tenant of the keyring (a store
     opened under the wrong tenant would otherwise retire them as records that do not open)."""
+
+
+class ForeignKeyring(ForeignTenant):
+    """The NVMe directory holds intact sealed records that open under no key of the keyring,
+    which records no erasure that explains them: written with another keyring (the same
+    tenant name, other keys). Retiring them would delete every value; the open fails
+    first, touching nothing. Records of erased generations, or of a tenant whose erasure
+    the keyring records, are still retired."""
 
 
 class SealingMismatch(KVError):
@@ -88,6 +115,18 @@ class KVStoreConfig:
             raise ValueError("a store needs a host tier, an NVMe tier, or both")
         if self.nvme_dir is not None and not str(self.nvme_dir).strip():
             raise ValueError("nvme_dir must name a directory (None: no NVMe tier), not ''")
+        check_room(self, self.slot_bytes)
+
+
+def check_room(config: KVStoreConfig, record_bytes: int) -> None:
+    """``BadConfig`` when a value of ``slot_bytes``, stored as a record of ``record_bytes``
+    (larger when sealed: ``security.chunked.record_size``), passes the NVMe tier's
+    ``max_record_bytes``: every put the store accepts must also fit that tier."""
+    limit = config.nvme.max_record_bytes
+    if config.nvme_dir is not None and record_bytes > limit:
+        raise BadConfig(f"a value of slot_bytes {config.slot_bytes} is an NVMe record of "
+                        f"{record_bytes} B, over nvme.max_record_bytes {limit}: lower "
+                        f"slot_bytes or raise max_record_bytes")
 
 
 def source_bytes(value: Any) -> np.ndarray:
@@ -149,6 +188,13 @@ def no_room(key: bytes, tier: Tier, host_slots: int, reserved_over_key: bool) ->
         why += ("; a reservation does not reuse its key's slot (the value stays readable "
                 "until commit): put() replaces in place, or delete the key first")
     return NoRoom(f"{key!r:.40}: {why}")
+
+
+def key_arg(key: object) -> None:
+    """``BadKey`` unless ``key`` is ``bytes`` of 1..255 bytes (a ``str``, a ``bytearray``
+    or an int is refused too: keys are hashed and compared as immutable bytes)."""
+    if not isinstance(key, bytes) or not 0 < len(key) <= MAX_KEY_BYTES:
+        raise BadKey(f"a key must be bytes of 1..{MAX_KEY_BYTES} bytes, got {key!r:.60}")
 
 
 def length_arg(nbytes: object) -> int:

@@ -18,6 +18,8 @@ import mmap
 import os
 from collections.abc import Callable
 
+from store import forks
+
 SHM_DIR = "/dev/shm"
 
 
@@ -56,6 +58,7 @@ class ShmSegment:
     def __init__(self, name: str, fd: int, mm: mmap.mmap, writer: bool) -> None:
         self.name, self.fd, self.mm, self.writer = name, fd, mm, writer
         self._file = _identity(os.fstat(fd))  # ``unlink`` removes this file, never a newer one
+        self._opened = forks.generation()
 
     @classmethod
     def create(cls, name: str, size: int, init: Callable[[mmap.mmap], None]) -> ShmSegment:
@@ -102,7 +105,9 @@ class ShmSegment:
             self.mm.close()
         except BufferError:
             pass  # a caller still holds a view (e.g. a transport registration): unmapped on GC
-        if self.writer:  # mmap holds a dup of the fd, so closing ours alone may keep the lock
+        # mmap holds a dup of the fd, so closing ours alone may keep the lock. A fork child
+        # shares the lock with its parent (one open file): unlocking would drop the parent's.
+        if self.writer and not forks.forked_since(self._opened):
             fcntl.flock(self.fd, fcntl.LOCK_UN)
         os.close(self.fd)
 

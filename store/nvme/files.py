@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from store.nvme import format as fmt
-from store.nvme.types import FullResource, InvalidRecord, ShardLocked
+from store.nvme.types import FullResource, InvalidRecord, ShardLocked, ShardUnavailable
 
 
 def check_key(key: bytes) -> None:
@@ -131,3 +131,10 @@ def lock_directory(path: Path) -> int:
         os.close(fd)
         raise ShardLocked(f"{path} is open in another process") from None
     return fd
+
+
+def unavailable(path: Path, exc: OSError) -> ShardUnavailable:
+    """``exc`` (raised while opening the shard at ``path``) as the shard's own error."""
+    where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(path) else ""
+    return ShardUnavailable(exc.errno, f"cannot open NVMe shard {path}{where}: "
+                                       f"{exc.strerror or exc}")

@@ -159,7 +159,11 @@ def scan_segment(fd: int, size: int, align: int) -> Iterator[ScannedRecord]:
     """Every complete record with a valid header, in file order.
 
     After a bad header the scan resynchronises on the next ``align`` boundary, so
-    one damaged record does not hide the ones behind it.
+    one damaged record (a bit flip) does not hide the ones behind it. A valid header
+    whose payload runs past the end of the file ends the scan: that is a torn append
+    (a writer killed mid-put), and everything after its header is that record's own
+    payload, which may carry any bytes, the image of a whole record for another key
+    included. Resynchronising inside it would adopt such a forged record.
     """
     offset = 0
     while offset + HEADER.size <= size:
@@ -170,8 +174,7 @@ def scan_segment(fd: int, size: int, align: int) -> Iterator[ScannedRecord]:
             offset += align
             continue
         payload_offset = offset + header_block(len(header.key), align)
-        if payload_offset + header.payload_len > size:  # torn: payload not all on disk
-            offset += align
-            continue
+        if payload_offset + header.payload_len > size:  # torn tail: nothing after is a record
+            return
         yield ScannedRecord(header=header, offset=offset, payload_offset=payload_offset)
         offset = round_up(payload_offset + header.payload_len, align)

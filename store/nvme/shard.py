@@ -31,8 +31,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Self
 
+from store import forks
 from store.nvme import format as fmt
-from store.nvme.files import as_bytes_view, check_key
+from store.nvme.files import as_bytes_view, check_key, unavailable
 from store.nvme.index import RecordIndex
 from store.nvme.segments import SegmentFiles
 from store.nvme.types import (
@@ -47,8 +48,8 @@ from store.nvme.types import (
     SegmentNotCreated,
     ShardClosed,
     ShardError,
+    ShardForked,
     ShardStats,
-    ShardUnavailable,
 )
 from store.types import Lookup
 
@@ -60,14 +61,17 @@ class NvmeShard:
 
     def __init__(self, directory: str | os.PathLike[str], config: NvmeShardConfig | None = None):
         self.config = config or NvmeShardConfig()
-        self.path = Path(directory)
+        # Absolute from the start: a relative path would follow a later chdir, and new
+        # segment files would land in another directory (lost at the next open).
+        self.path = Path(directory).absolute()
+        self._pid, self._opened = os.getpid(), forks.generation()
         self._lock = threading.Lock()
         try:
             self._files = SegmentFiles(self.path, self.config)
         except ShardError:
             raise
         except OSError as exc:
-            raise _unavailable(self.path, exc) from exc
+            raise unavailable(self.path, exc) from exc
         self._index = RecordIndex()
         self._corrupt = 0
         self._closed = False
@@ -78,7 +82,7 @@ class NvmeShard:
             self._files.close()  # no descriptors or lock left behind by a failed open
             self._closed = True
             if isinstance(exc, OSError) and not isinstance(exc, ShardError):
-                raise _unavailable(self.path, exc) from exc
+                raise unavailable(self.path, exc) from exc
             raise
 
     # ---------------------------------------------------------------- records
@@ -390,10 +394,6 @@ class NvmeShard:
     def _check_open(self) -> None:
         if self._closed:
             raise ShardClosed(f"shard {self.path} is closed")
+        if forks.forked_since(self._opened):
+            raise ShardForked(f"shard {self.path} is process {self._pid}'s, not its child's")
 
-
-def _unavailable(path: Path, exc: OSError) -> ShardUnavailable:
-    """``exc`` (raised while opening the shard at ``path``) as the shard's own error."""
-    where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(path) else ""
-    return ShardUnavailable(exc.errno, f"cannot open NVMe shard {path}{where}: "
-                                       f"{exc.strerror or exc}")

@@ -83,6 +83,12 @@ class ShardClosed(ShardError):
     """The shard was used after ``close()``."""
 
 
+class ShardForked(ShardError):
+    """The shard was used in a fork child of the process that opened it (``store.forks``):
+    the directory lock, the files and the index are the parent's; the child would append
+    at the parent's offsets."""
+
+
 class InvalidRecord(ShardError, ValueError):
     """Bad key, generation or payload handed to the shard."""
 

@@ -106,6 +106,31 @@ def test_record_whose_file_was_cut_under_a_live_shard_is_a_miss(filled):
         assert shard.get(b"k3") == data[b"k3"]
 
 
+def test_torn_value_carrying_a_record_image_never_resurrects_it(tmp_path):
+    # A put killed half-way whose value holds, on a 4 KiB boundary, the image of a whole
+    # record (header and checksums) for another key: recovery must cut the torn value away
+    # and never adopt the image inside it, whatever its sequence number.
+    forged = b"FORGED BYTES"
+    block = fmt.header_block(len(b"victim"), 4096)
+    image = bytearray(block + len(forged))
+    fmt.pack_fields_into(memoryview(image), 0, b"victim", 0, len(forged), 1 << 40,
+                         fmt.checksum(forged))
+    image[block:] = forged
+    value = bytearray(512 << 10)
+    for at in range(4096, len(value) - len(image), 64 << 10):
+        value[at : at + len(image)] = image
+    with NvmeShard(tmp_path) as shard:
+        shard.put(b"victim", b"the real value", 1)
+        good_end = shard.locate(b"victim")[1].payload_offset + len(b"the real value")
+        shard.put(b"big", bytes(value), 1)
+        big = shard.locate(b"big")[1]
+    os.truncate(seg_path(tmp_path, 0), big.payload_offset + big.length - (256 << 10))
+    with NvmeShard(tmp_path) as shard:
+        assert shard.keys() == [b"victim"]
+        assert shard.get(b"victim") == b"the real value"
+        assert seg_path(tmp_path, 0).stat().st_size == good_end  # the torn value cut away
+
+
 WRITER = textwrap.dedent("""
     import sys
     from store.nvme import NvmeShard, NvmeShardConfig

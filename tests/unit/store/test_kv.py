@@ -4,6 +4,7 @@ unsealed and sealed with an in-memory keyring: one contract for all four."""
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from pathlib import Path
 
@@ -196,6 +197,7 @@ def test_restart_drops_every_nvme_record_of_a_tenant_erased_and_created_again(tm
     with open_store(tmp_path, "sealed", host_slots=0, keyring=ring) as store:
         store.put(b"a", value(70_000, 1), Tier.NVME)
         store.put(b"b", value(9_000, 2), Tier.NVME)
+    ring.mark_erased("acme", time.time())  # as security.erasure.Eraser records it
     ring.destroy_tenant("acme")
     ring.create_tenant("acme")  # the same name again: new keys, nothing old opens
     with open_store(tmp_path, "sealed", host_slots=0, keyring=ring) as store:

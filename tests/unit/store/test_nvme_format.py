@@ -120,3 +120,24 @@ def test_scan_skips_a_damaged_record_and_finds_the_next(tmp_path):
     assert [r.header.key for r in found] == [b"k0", b"k2"]
     assert found[1].offset == len(recs[0]) + len(recs[1])
     assert found[1].end == path.stat().st_size
+
+
+def test_scan_stops_at_a_torn_record_and_never_reads_its_payload_as_records(tmp_path):
+    # A value that carries, on an ``align`` boundary, the image of a whole record for
+    # another key; a crash mid-append leaves the value cut short. Its bytes are the torn
+    # record's own payload: the forged record must not be found.
+    align = 512
+    good = _record(b"victim", b"the real value", 1, align)
+    forged = _record(b"victim", b"FORGED", 1 << 40, align)
+    value = bytes(align) + forged + bytes(8 * align)
+    torn = _record(b"big", value, 2, align)
+    cut = len(good) + fmt.header_block(3, align) + align + len(forged) + 100  # inside `value`
+    path = tmp_path / "seg"
+    path.write_bytes((good + torn)[:cut])
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        found = list(fmt.scan_segment(fd, cut, align))
+    finally:
+        os.close(fd)
+    assert [(r.header.key, r.header.seq) for r in found] == [(b"victim", 1)]
+    assert found[0].end == fmt.header_block(6, align) + len(b"the real value")

@@ -43,14 +43,17 @@ def check_prefix(prefix: str) -> None:
         raise CliError(f"--redis-prefix {prefix!r:.40}: {exc}") from None
 
 
-def erase_namespace(url: str, namespace: str, prefix: str = "akv", *, retry_s: float) -> int:
+def erase_namespace(url: str, namespace: str, prefix: str = "akv", *, retry_s: float,
+                    finishing: bool = False) -> int:
     """The directory step of ``tenant erase --redis-url``: every directory key of one tenant
     namespace dropped (``prefix``: the service's ``directory.prefix``) with the directory's
     own ``delete_namespace``, as the running service's erasure does; the number of entries
     removed. An unreachable Redis is retried as the service's erasure retries it (the same
     backoff, for ``retry_s``), each wait told on stderr; the tenant erasure runs this
     before it destroys any key, so a failure here (a ``CliError`` saying so) leaves the
-    keys intact and the same command run again completes the erasure."""
+    keys intact and the same command run again completes the erasure. ``finishing``: the
+    step of an erasure that destroyed the keys already (cut off before its end), which the
+    messages say instead."""
     from agentkv_cluster.runtime.directory_glue import GUARD_BACKOFF
     from store.directory.base import (
         CredentialsRefused,
@@ -68,9 +71,14 @@ def erase_namespace(url: str, namespace: str, prefix: str = "akv", *, retry_s: f
     except ValueError as exc:  # not a redis://, rediss:// or unix:// URL
         raise CliError(f"--redis-url {shown!r}: {str(exc).replace(url, shown)}") from None
 
+    state = ("its keys are gone already; its directory entries are not deleted yet"
+             if finishing else "nothing erased yet")
+    keys = ("its keys were destroyed by the erasure this finishes" if finishing
+            else "its keys are intact")
+
     def told(wait: RetryWait) -> None:
         print(f"agentkv tenant erase: Redis at {shown} is unreachable "
-              f"({str(wait.error).replace(url, shown)}); nothing erased yet; retrying in "
+              f"({str(wait.error).replace(url, shown)}); {state}; retrying in "
               f"{wait.delay_s:.1f} s ({wait.elapsed_s:.1f} s of --retry-s "
               f"{wait.budget_s:g} spent)", file=sys.stderr, flush=True)
 
@@ -86,9 +94,9 @@ def erase_namespace(url: str, namespace: str, prefix: str = "akv", *, retry_s: f
             until = "Redis answers"
         else:
             why, until = f"refused the erasure ({type(exc).__name__}: {detail})", "that is fixed"
-        raise CliError(f"Redis at {shown} {why}: the tenant was not erased: its keys are "
-                       "intact, and its directory entries were not deleted, or only some of "
-                       f"them; run the same command again once {until}") from None
+        raise CliError(f"Redis at {shown} {why}: the tenant was not erased: {keys}, and its "
+                       "directory entries were not deleted, or only some of them; run the "
+                       f"same command again once {until}") from None
     finally:
         directory.close()
 

@@ -286,10 +286,11 @@ def _directory_step(args: argparse.Namespace, keyring: TenantKeyring, eraser: Er
     if not (math.isfinite(retry_s) and 0 <= retry_s <= MAX_RETRY_S):
         raise CliError(f"--retry-s must be a number of seconds in [0, {MAX_RETRY_S:.0f}]")
     namespaces = eraser.directory_namespaces(args.tenant)  # nothing to erase: SecurityError
-    if keyring.has_keys(args.tenant):  # not one to finish: the erasure marks the tenant there
+    finishing = not keyring.has_keys(args.tenant)
+    if not finishing:  # not one to finish: the erasure marks the tenant there
         check_writable_dir(args.keys_dir, "--keys-dir")
-    return lambda: sum(erase_namespace(args.redis_url, ns, args.redis_prefix, retry_s=retry_s)
-                       for ns in namespaces)
+    return lambda: sum(erase_namespace(args.redis_url, ns, args.redis_prefix, retry_s=retry_s,
+                                       finishing=finishing) for ns in namespaces)
 
 
 def _write_receipt(path: Path | None, text: str) -> None:

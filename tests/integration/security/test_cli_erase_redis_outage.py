@@ -166,3 +166,39 @@ def test_an_audit_log_that_would_refuse_the_receipt_stops_the_erase_before_redis
     assert rc == 2 and "longer than the maximum record line" in err
     assert _keys_of(admin, names["acme"]) == 11 and not _erased(keys)
     admin.close()
+
+
+class _Killed(BaseException):
+    """The erasing process dies here."""
+
+
+def test_finishing_an_erasure_whose_keys_are_gone_says_so_when_redis_is_down(
+        capsys, aof_redis, tenants, monkeypatch) -> None:
+    """Cut off after its keys went and before its end record, an erasure is finished by the
+    same command; with Redis down that rerun said "its keys are intact" and "nothing erased
+    yet", while the keys were gone."""
+    from security.erasure import Eraser
+
+    argv, keys, names = tenants
+    _seed(aof_redis.url, names, 3).close()
+
+    def killed(*_args: object) -> None:
+        raise _Killed
+
+    monkeypatch.setattr(Eraser, "_finish", killed)
+    with pytest.raises(_Killed):
+        _run(capsys, *argv, "--redis-url", aof_redis.url)
+    monkeypatch.undo()
+    capsys.readouterr()
+    assert not TenantKeyring(FileKeySource(keys)).has_keys("acme")
+    aof_redis.stop()
+    rc, out, err = _run(capsys, *argv, "--redis-url", aof_redis.url, "--retry-s", "1")
+    assert (rc, out) == (2, "")
+    waits = [line for line in err.splitlines() if "retrying in" in line]
+    assert waits and all("its keys are gone already" in w for w in waits)
+    assert "its keys were destroyed by the erasure this finishes" in err.splitlines()[-1]
+    assert "its keys are intact" not in err
+    aof_redis.start()
+    rc, out, err = _run(capsys, *argv, "--redis-url", aof_redis.url, "--retry-s", "5")
+    assert rc == 0, err
+    assert json.loads(out)["tenant"] == "acme"

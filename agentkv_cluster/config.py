@@ -187,6 +187,8 @@ def parse_size(text: str | int) -> int:
     if m is None or unit not in _SIZE_UNITS:
         raise ValueError(f"not a size: {raw!r} (e.g. 16GiB, 512MiB, 4096)")
     value = float(m.group(1).replace("_", "")) * _SIZE_UNITS[unit]
+    if not math.isfinite(value):  # int(inf) is an OverflowError, not a ValueError
+        raise ValueError(f"not a size: {raw!r} (too large)")
     if value != int(value):
         raise ValueError(f"not a whole number of bytes: {raw!r}")
     return int(value)
@@ -229,7 +231,7 @@ _BOUNDS: dict[str, tuple[int, bool]] = {
     "api.tenant_workers": (0, True),
     "api.tenant_connections": (0, True),
     "controller.idle_session_s": (0, True),
-    "ray.num_cpus": (0, True),  # unset: wiring.LOCAL_RAY_CPUS for a local Ray
+    "ray.num_cpus": (0, True),  # unset: ray_start.LOCAL_RAY_CPUS for a local Ray
 }
 
 

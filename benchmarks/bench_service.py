@@ -63,6 +63,7 @@ def bench_restore(reps: int, pages: int = 4, inflight: int = 4) -> dict[str, flo
     from agentkv_cluster.runtime import wiring
     from agentkv_cluster.runtime.landing import LandingPages
     from agentkv_cluster.runtime.mover import Mover
+    from agentkv_cluster.runtime.ray_start import start_ray
     from agentkv_cluster.runtime.records import PageMeta
     from agentkv_cluster.runtime.tenants import ensure_tenant
     from store.types import Codec, Tier
@@ -74,7 +75,7 @@ def bench_restore(reps: int, pages: int = 4, inflight: int = 4) -> dict[str, flo
         "pool": {"pool_bytes": (pages + 2) * page, "slot_bytes": page + MIB,
                  "nvme_dir": str(workdir / "nv")},
         "ray": {"num_cpus": 2}, "security": {"tenant_keys_dir": str(workdir / "keys")}})
-    wiring.start_ray(cfg)
+    start_ray(cfg)
     topo = wiring.deploy(cfg, workdir)
     hbm, pool = topo.hbms["node0-hbm0"], topo.pools["node0"]
     ensure_tenant(str(workdir / "keys"), "bench")

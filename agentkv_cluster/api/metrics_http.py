@@ -38,9 +38,11 @@ class MetricsHttpServer:
                  host: str = "127.0.0.1", port: int = 9420,
                  refresh: Callable[[], None] | None = None, *,
                  read_timeout_s: float = READ_TIMEOUT_S,
-                 header_deadline_s: float = HEADER_DEADLINE_S) -> None:
+                 header_deadline_s: float = HEADER_DEADLINE_S,
+                 alive: Callable[[], tuple[bool, str]] | None = None) -> None:
         self.metrics = metrics
         self.ready = ready
+        self.alive = alive  # /healthz: None, the process answering is enough
         self.refresh = refresh
         self._refreshing = threading.Lock()
         server = _server_class(host)
@@ -55,7 +57,8 @@ class MetricsHttpServer:
             self.refresh_now()
             return 200, self.metrics.exposition(), CONTENT_TYPE_LATEST
         if path == "/healthz":
-            return 200, b"ok\n", "text/plain"
+            ok, detail = (True, "ok") if self.alive is None else self.alive()
+            return (200 if ok else 503), (detail + "\n").encode(), "text/plain"
         if path == "/readyz":
             try:
                 ok, detail = self.ready()

@@ -110,7 +110,8 @@ def read_token_secret(path: str | None) -> bytes | None:
     except OSError as exc:
         raise CliError(f"cannot read token secret {path}: {exc.strerror}") from None
     if len(secret) < 32:
-        raise CliError("the token secret must be at least 32 bytes")
+        raise CliError(f"the token secret in {path} must be at least 32 bytes, it holds "
+                       f"{len(secret)}")
     return secret
 
 
@@ -120,11 +121,18 @@ def _join_worker(cfg: Any) -> int:
 
     if not cfg.ray.address:
         raise CliError("--role pool/hbm needs --address of the head's Ray cluster")
-    cmd = ["ray", "start", f"--address={cfg.ray.address}", "--block",
+    # The ray next to this Python (a venv's agentkv run without its bin on PATH).
+    ray_bin = Path(sys.executable).with_name("ray")
+    cmd = [str(ray_bin) if ray_bin.exists() else "ray", "start",
+           f"--address={cfg.ray.address}", "--block",
            f"--object-store-memory={cfg.ray.object_store_memory}"]
     if cfg.role == "hbm":
         cmd.append(f'--resources={{"{cfg.hbm.resource}": 1}}')
-    return subprocess.call(cmd)
+    try:
+        return subprocess.call(cmd)
+    except FileNotFoundError:
+        raise CliError(f"--role {cfg.role}: the `ray` command is not found (install the ray "
+                       "extra, or put its bin folder on PATH)") from None
 
 
 def _on_signals(stop: threading.Event) -> None:
@@ -143,7 +151,10 @@ def state_dir(cfg: Any) -> Path:
     """The state directory of ``cfg`` (``state.dir``, else ``$XDG_STATE_HOME/agentkv``)."""
     from agentkv_cluster.config import default_state_dir
 
-    return Path(cfg.state.dir).expanduser() if cfg.state.dir else default_state_dir()
+    # Absolute: what it names must not move with a later chdir, nor read alike for two
+    # services started from other folders (the pool's segment name hashes it).
+    return Path(os.path.abspath(Path(cfg.state.dir).expanduser() if cfg.state.dir
+                                else default_state_dir()))
 
 
 def prepare_state(cfg: Any) -> Path:
@@ -187,9 +198,18 @@ def token_secret(cfg: Any, root: Path) -> tuple[bytes, str]:
         assert secret is not None
         return secret, str(path)
     secret = secrets.token_hex(32).encode()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(secret + b"\n")
+    # Whole or not at all: a crash between creating the file and writing it left an empty
+    # secret that every later start refused.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(secret + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.link(tmp, path)  # never over a secret another start wrote meanwhile
+    finally:
+        os.unlink(tmp)
     return secret, f"{path} (generated)"
 
 

@@ -124,7 +124,7 @@ class ActorHandle:
         except rex.ActorUnavailableError as exc:  # unreachable, not known dead
             raise ActorSlow(f"{self.name}: {type(exc).__name__}") from None
         except rex.RayActorError as exc:
-            raise ActorGone(f"{self.name}: {type(exc).__name__}") from None
+            raise ActorGone(f"{self.name}: {_why_gone(exc)}") from None
         except rex.GetTimeoutError as exc:
             raise ActorSlow(f"{self.name}: no answer in {timeout_s} s") from exc
 
@@ -385,3 +385,14 @@ class DirectoryHandle(ActorHandle):
 
     def delete_namespace(self, namespace: str) -> int:
         return self._call("delete_namespace", namespace)
+
+
+def _why_gone(exc: Exception) -> str:
+    """The actor's death as one line: for one whose start failed, the error its
+    ``__init__`` raised (the last line of the traceback Ray keeps as text): a pool that
+    /dev/shm cannot hold said only "ActorDiedError" after a minute, the cause in a log."""
+    if getattr(exc, "actor_init_failed", False):
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        if lines:
+            return f"{type(exc).__name__}: its start failed: {lines[-1][:300]}"
+    return type(exc).__name__

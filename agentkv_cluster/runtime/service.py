@@ -21,12 +21,13 @@ from agentkv_cluster.api.metrics import MetricsHttpServer, ServiceMetrics
 from agentkv_cluster.api.server import ApiServer
 from agentkv_cluster.config import AgentKvConfig
 from agentkv_cluster.runtime import wiring
-from agentkv_cluster.runtime.actor_watch import answers
+from agentkv_cluster.runtime.actor_watch import Liveness, answers, liveness
 from agentkv_cluster.runtime.directory_watch import probe
 from agentkv_cluster.runtime.erasure import ClusterErasure, ErasureWatcher
 from agentkv_cluster.runtime.event_planner import AuditSummary
 from agentkv_cluster.runtime.front import ServiceFront
 from agentkv_cluster.runtime.metrics_feed import MetricsFeed
+from agentkv_cluster.runtime.ray_start import start_ray
 from agentkv_cluster.runtime.readiness import Checks, Readiness
 from agentkv_cluster.runtime.redis_users import TenantRedisUsers
 from agentkv_cluster.runtime.strategies import Learned
@@ -89,7 +90,7 @@ class Service:
             self.topo = wiring.deploy_local(self.cfg, self.workdir, policy=self.policy,
                                             hbm_capacity=self.hbm_capacity)
         else:
-            wiring.start_ray(self.cfg)
+            start_ray(self.cfg)
             self.topo = wiring.deploy(self.cfg, self.workdir, policy=self.policy,
                                       credits=self.credits, hbm_capacity=self.hbm_capacity)
         signer = self.audit_signer()
@@ -116,7 +117,8 @@ class Service:
                                 self.metrics).start()
         if metrics_http:
             self.http = MetricsHttpServer(self.metrics, self.ready, self.cfg.metrics.host,
-                                          self.cfg.metrics.port, MetricsFeed(self)).start()
+                                          self.cfg.metrics.port, MetricsFeed(self),
+                                          alive=self.alive).start()
         if not local:
             self._joiner = threading.Thread(target=self._join_nodes, name="agentkv-join",
                                             daemon=True)
@@ -138,6 +140,19 @@ class Service:
                     log.info("placed actors on joined nodes: %s", ", ".join(added))
             except Exception:  # logged; the service keeps serving on the nodes it has
                 log.exception("placing actors on joined nodes failed")
+
+    def alive(self) -> tuple[bool, str]:
+        """What ``/healthz`` answers: the process answers and its controller is not dead.
+        Nothing replaces a dead controller (its page table is the service's state): every
+        request failed ``ActorGone`` while ``/healthz`` said ok, so the pod was never
+        restarted. A slow controller is alive (``/readyz`` says it is not ready)."""
+        topo = self.topo
+        if topo is None or self._stop.is_set():
+            return True, "ok"
+        if liveness(topo.controller, self.ready.deadline_s) is Liveness.GONE:
+            return False, ("controller gone: this service cannot serve again until it is "
+                           "restarted")
+        return True, "ok"
 
     def _readiness_checks(self) -> Checks:
         """What ``/readyz`` asks (``runtime.readiness``): the controller answers and the

@@ -80,33 +80,6 @@ def _ray():
     return ray
 
 
-def start_ray(cfg: AgentKvConfig) -> None:
-    """Join ``cfg.ray.address`` or start a small local Ray."""
-    ray = _ray()
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if ray.is_initialized():
-        return
-    if cfg.ray.address:
-        ray.init(address=cfg.ray.address, namespace=cfg.ray.namespace, log_to_driver=False)
-    else:
-        ray.init(**local_ray_args(cfg))
-
-
-LOCAL_RAY_CPUS = 4  # a local Ray's CPU count when ray.num_cpus is unset
-
-
-def local_ray_args(cfg: AgentKvConfig) -> dict[str, Any]:
-    """``ray.init`` arguments for a local Ray. Every AgentKV actor asks for 0 CPUs, so
-    ``ray.num_cpus: 0`` is honoured as given (it leaves no CPUs for other Ray work)."""
-    cpus = LOCAL_RAY_CPUS if cfg.ray.num_cpus is None else cfg.ray.num_cpus
-    # address="local": never attach to some other Ray found on this machine.
-    return {"address": "local", "namespace": cfg.ray.namespace,
-            "object_store_memory": cfg.ray.object_store_memory, "num_cpus": cpus,
-            "resources": {cfg.hbm.resource: 1}, "include_dashboard": False,
-            "log_to_driver": False}
-
-
 def _affinity(node_id: str) -> dict[str, Any]:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -118,7 +91,9 @@ def pool_spec(cfg: AgentKvConfig, name: str, workdir: Path) -> PoolSpec:
     keys = cfg.security.tenant_keys_dir or str(workdir / "keys")
     Path(keys).mkdir(parents=True, exist_ok=True)
     slots = max(1, cfg.pool.pool_bytes // cfg.pool.slot_bytes)
-    tag = hashlib.blake2b(str(nvme / name).encode(), digest_size=6).hexdigest()
+    # The absolute folder: two services whose relative state dirs read alike from other
+    # working directories got one segment name (the second failed on the first's lock).
+    tag = hashlib.blake2b(os.path.abspath(nvme / name).encode(), digest_size=6).hexdigest()
     return PoolSpec(name=name, host_slot_bytes=cfg.pool.slot_bytes, host_slots=slots,
                     nvme_dir=str(nvme / name), nvme_bytes=cfg.pool.nvme_bytes, keys_dir=keys,
                     shm_name=f"akv-{name}-{tag}", nvme_fsync=cfg.pool.fsync,

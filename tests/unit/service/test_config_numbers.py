@@ -103,7 +103,7 @@ def test_a_page_plus_envelope_that_fits_is_accepted() -> None:
 
 
 def test_local_ray_cpus_follow_the_setting_and_zero_is_not_replaced() -> None:
-    from agentkv_cluster.runtime.wiring import LOCAL_RAY_CPUS, local_ray_args
+    from agentkv_cluster.runtime.ray_start import LOCAL_RAY_CPUS, local_ray_args
 
     assert local_ray_args(load_config(env={}))["num_cpus"] == LOCAL_RAY_CPUS
     assert local_ray_args(load_config(env={"AGENTKV_RAY_NUM_CPUS": "2"}))["num_cpus"] == 2

@@ -1,0 +1,92 @@
+"""Operator-facing edges of ``agentkv serve`` found from outside: each ended in a traceback,
+a hang, an unnamed file or another service's lock."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from agentkv_cluster.cli import CliError
+from agentkv_cluster.cli.serve import state_dir, token_secret
+from agentkv_cluster.config import ConfigError, load_config
+from agentkv_cluster.runtime import ray_start
+from agentkv_cluster.runtime.wiring import pool_spec
+
+
+def test_an_oversized_size_is_a_config_error_not_a_traceback() -> None:
+    """``AGENTKV_POOL_POOL_BYTES=1`` and 400 zeros: int(inf) raised OverflowError."""
+    with pytest.raises(ConfigError, match="pool.pool_bytes: not a size: .*too large"):
+        load_config(env={"AGENTKV_POOL_POOL_BYTES": "1" + "0" * 400})
+
+
+def test_a_short_token_secret_names_its_file(tmp_path: Path) -> None:
+    cfg = load_config(env={})
+    (tmp_path / "token.secret").write_bytes(b"")  # a crash between create and write, before
+    with pytest.raises(CliError, match=f"token secret in {tmp_path}/token.secret must be at "
+                                       "least 32 bytes, it holds 0"):
+        token_secret(cfg, tmp_path)
+
+
+def test_a_generated_token_secret_is_whole_and_kept(tmp_path: Path) -> None:
+    cfg = load_config(env={})
+    secret, source = token_secret(cfg, tmp_path)
+    assert source.endswith("(generated)") and len(secret) == 64
+    assert token_secret(cfg, tmp_path)[0] == secret  # read back on the next start
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["token.secret"]  # no temp left
+    assert (tmp_path / "token.secret").stat().st_mode & 0o777 == 0o600
+
+
+def test_two_services_from_other_folders_get_their_own_pool_segment(tmp_path: Path,
+                                                                   monkeypatch) -> None:
+    """``serve --state-dir st`` run from two folders hashed the same relative path into one
+    /dev/shm name: the second failed a minute later on the first's writer lock."""
+    names = []
+    for where in ("a", "b"):
+        (tmp_path / where).mkdir()
+        monkeypatch.chdir(tmp_path / where)
+        cfg = load_config(env={}, overrides={"state": {"dir": "st"}})
+        root = state_dir(cfg)
+        assert root == tmp_path / where / "st"
+        names.append(pool_spec(cfg, "node0", root).shm_name)
+    assert names[0] != names[1]
+
+
+def test_an_unreachable_ray_address_is_refused_at_once() -> None:
+    """``ray.init`` retried it for minutes, with nothing of AgentKV's own said."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, never listening: refused
+    with pytest.raises(RuntimeError, match=f"Ray cluster at 127.0.0.1:{port} is not reachable"):
+        ray_start._check_reachable(f"127.0.0.1:{port}")
+    ray_start._check_reachable("auto")  # Ray resolves these itself
+    ray_start._check_reachable("ray://head:10001")
+
+
+def test_ray_init_does_not_take_the_process_signal_handlers(monkeypatch) -> None:
+    """ray.init installs an aborting SIGTERM handler: a pod stopped during the rest of its
+    start ended in a stack dump (exit 134), not a clean stop."""
+    def ours(_signum, _frame) -> None:
+        return None
+
+    def init(**_kwargs) -> None:  # what ray.init does to the handlers
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    fake = SimpleNamespace(is_initialized=lambda: False, init=init)
+    monkeypatch.setattr(ray_start, "_ray", lambda: fake)
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        signal.signal(signal.SIGTERM, ours)
+        signal.signal(signal.SIGINT, ours)
+        ray_start.start_ray(load_config(env={}))
+        assert signal.getsignal(signal.SIGTERM) is ours
+        assert signal.getsignal(signal.SIGINT) is ours
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+    assert os.environ.get("RAY_USAGE_STATS_ENABLED") is not None

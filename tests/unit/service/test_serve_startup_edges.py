@@ -90,3 +90,14 @@ def test_ray_init_does_not_take_the_process_signal_handlers(monkeypatch) -> None
         for signum, handler in before.items():
             signal.signal(signum, handler)
     assert os.environ.get("RAY_USAGE_STATS_ENABLED") is not None
+
+
+def test_a_misspelled_section_is_named_not_silently_ignored(caplog) -> None:
+    """``AGENTKV_APII_PORT=1`` started on the default port without a word, while an unknown
+    field of a known section is refused."""
+    with caplog.at_level("WARNING", logger="agentkv_cluster.config"):
+        cfg = load_config(env={"AGENTKV_APII_PORT": "1", "AGENTKV_VLLM_STATS": "/tmp/s"})
+    assert cfg.api.port == 7420
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and warned[0].startswith(
+        "AGENTKV_APII_PORT is not a setting (no section 'apii'; sections: api, ")

@@ -288,7 +288,7 @@ def _serve(cfg: Any, root: Path) -> int:
         except Exception as exc:  # noqa: BLE001 - startup failures are user-facing here
             raise CliError(f"cannot start the service: {type(exc).__name__}: {exc}") from None
         _on_signals(stop)  # again: ray.init installs its own (aborting) SIGTERM handler
-        watch = _watch_directory(cfg, service)
+        watch = service.directory_watch = _watch_directory(cfg, service)
         metrics = (f"http://{format_address((cfg.metrics.host, service.http.port))}/metrics"
                    if service.http else "off")
         directory = ("embedded" if watch is None else

@@ -261,3 +261,15 @@ def probe(directory: Any, timeout_s: float = 2.0) -> tuple[bool, str]:
         if not ok:
             return ok, line
     return True, "directory ok"
+
+
+def ready(directory: Any, watch: DirectoryWatch | None, timeout_s: float = 2.0
+          ) -> tuple[bool, str]:
+    """``/readyz``'s directory part: reachable now (``probe``), and, where a watch runs,
+    recovered from its last outage: Redis answering again is not enough until the watch
+    has erased again what a snapshot may have brought back of erased tenants (it said
+    ready 11 s before that, and the docs say it turns ready after)."""
+    ok, line = probe(directory, timeout_s)
+    if ok and watch is not None and watch.up is False:
+        return False, "directory: reachable again, recovering from the outage"
+    return ok, line

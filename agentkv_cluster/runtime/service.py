@@ -22,7 +22,7 @@ from agentkv_cluster.api.server import ApiServer
 from agentkv_cluster.config import AgentKvConfig
 from agentkv_cluster.runtime import wiring
 from agentkv_cluster.runtime.actor_watch import Liveness, answers, liveness
-from agentkv_cluster.runtime.directory_watch import probe
+from agentkv_cluster.runtime.directory_watch import DirectoryWatch, ready
 from agentkv_cluster.runtime.erasure import ClusterErasure, ErasureWatcher
 from agentkv_cluster.runtime.event_planner import AuditSummary
 from agentkv_cluster.runtime.front import ServiceFront
@@ -69,6 +69,7 @@ class Service:
         self.http: MetricsHttpServer | None = None
         self._stop = threading.Event()
         self.ready = Readiness(self._readiness_checks, self._stop)  # what /readyz answers
+        self.directory_watch: DirectoryWatch | None = None  # serve's, on a Redis directory
         self._joiner: threading.Thread | None = None
         self._topology = threading.Lock()  # joins and policy swaps change the topology
         self.audit: AuditLog | None = None  # erasures and every cross-tenant denial
@@ -161,7 +162,7 @@ class Service:
         controller, directory = self.topo.controller, self.topo.directory
         deadline_s = self.ready.deadline_s
         return {"controller": lambda: answers(controller, "controller", deadline_s),
-                "directory": lambda: probe(directory, deadline_s)}
+                "directory": lambda: ready(directory, self.directory_watch, deadline_s)}
 
     def use_policy(self, policy: str, *, credits: bool | None = None) -> None:
         """A fresh controller on the same actors (emptied): for side-by-side policy runs.

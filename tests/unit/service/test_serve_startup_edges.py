@@ -101,3 +101,18 @@ def test_a_misspelled_section_is_named_not_silently_ignored(caplog) -> None:
     warned = [r.getMessage() for r in caplog.records]
     assert len(warned) == 1 and warned[0].startswith(
         "AGENTKV_APII_PORT is not a setting (no section 'apii'; sections: api, ")
+
+
+def test_readyz_waits_for_the_directory_watch_to_recover() -> None:
+    """After an outage /readyz said ready as soon as Redis answered, seconds before the
+    watch had erased again what a snapshot may have brought back (the docs: ready after)."""
+    from agentkv_cluster.runtime.directory_watch import DirectoryWatch, ready
+
+    watch = DirectoryWatch(lambda: (True, "directory ok"))
+    embedded = object()  # answers at once: only the watch decides here
+    assert ready(embedded, None) == (True, "directory ok")
+    watch.up = False  # an outage seen, its recovery not done
+    recovering = "directory: reachable again, recovering from the outage"
+    assert ready(embedded, watch) == (False, recovering)
+    watch.up = True
+    assert ready(embedded, watch) == (True, "directory ok")

@@ -32,7 +32,10 @@ _BOUNDS: dict[str, tuple[int, bool]] = {
         "api.read_timeout_s", "api.max_connections", "api.workers", "metrics.top_tenants",
         "pool.pool_bytes", "pool.slot_bytes", "pool.nvme_bytes", "hbm.page_bytes",
         "hbm.num_pages", "credits.per_link", "credits.per_session", "credits.max_wait_s",
-        "controller.tick_s", "ray.object_store_memory", "directory.retry_max_s")},
+        "controller.tick_s", "directory.retry_max_s")},
+    # Ray's own floor (ray_constants.OBJECT_STORE_MINIMUM_MEMORY_BYTES), refused here
+    # rather than by ray.init after the checks passed
+    "ray.object_store_memory": (75 << 20, True),
     "api.max_frame_bytes": (1024, True),
     "hbm.landing_pages": (0, True),
     "api.tenant_workers": (0, True),

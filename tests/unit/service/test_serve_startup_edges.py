@@ -116,3 +116,11 @@ def test_readyz_waits_for_the_directory_watch_to_recover() -> None:
     assert ready(embedded, watch) == (False, recovering)
     watch.up = True
     assert ready(embedded, watch) == (True, "directory ok")
+
+
+def test_an_object_store_below_rays_floor_is_refused_at_load() -> None:
+    """Ray refuses less than 75 MiB, but only once ray.init ran, after every check passed."""
+    with pytest.raises(ConfigError, match="ray.object_store_memory: must be >= 78643200"):
+        load_config(env={"AGENTKV_RAY_OBJECT_STORE_MEMORY": "64MiB"})
+    assert load_config(env={"AGENTKV_RAY_OBJECT_STORE_MEMORY": "75MiB"}).ray.object_store_memory \
+        == 75 << 20

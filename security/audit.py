@@ -85,6 +85,7 @@ class AuditLog:
         self._key: str | None = None
         self._offset, self._last = 0, b""
         self._unwritten: list[bytes] = []  # records of this call, written by ``_commit``
+        self._mark: tuple | None = None  # set by ``_catch_up``
         # The time each thread last wrote: a thread's clock may not go back, while a time
         # taken before another thread's (or writer's) append is not a clock going back.
         self._own, self._opened_at = threading.local(), float("-inf")
@@ -182,17 +183,52 @@ class AuditLog:
                                 "writer verified it (the log was truncated or rewritten); "
                                 "refusing to append")
         torn: Line | None = None
+        head = readable_head(self.path)
+        self._mark = None  # the chain where the signed head ends it, if this read passes it
         with open(self._fd, "rb", closefd=False) as fh:
             try:
+                self._mark_if_head(head)
                 for line in iter_lines(fh, offset=self._offset, lineno=self._seq + 1, end=size):
                     if not line.raw.endswith(b"\n"):
                         torn = line  # only the last line can lack its newline
                         break
                     self._advance(line)
+                    self._mark_if_head(head)
             except AuditRecordTooLarge as exc:
                 raise AuditRecordTooLarge(exc.lineno, exc.offset, exc.limit, self.path) from None
         if torn is not None:
             self._drop_torn_tail(torn.offset, len(torn.raw))
+
+    def _mark_if_head(self, head: tuple[int, str, bytes] | None) -> None:
+        if self._mark is None and head is not None and head[:2] == (self._seq, self._prev) \
+                and vouches(head, self._seq, self._prev, Verifier(self.signer.public_raw())):
+            self._mark = self._chain()
+
+    def _chain(self) -> tuple:
+        return (self._seq, self._prev, self._time, self._since, self._key, self._offset,
+                self._last)
+
+    def _cut_short(self) -> bool:
+        """A writer's call cut off part way (a kill, a short write at a page boundary):
+        the signed head ends the chain at an earlier record (``_mark``) and its pending head,
+        signed before it wrote, vouches for more records than the file holds whole. What
+        follows the head is that call's unfinished prefix, never acknowledged to its caller:
+        cut back to the head, with a ``repair`` record (records no writer signed for are
+        dropped, never signed over). False where that is not the case."""
+        pending = readable_head(self.path, pending=True)
+        if self._mark is None or pending is None or pending[0] <= self._seq or not \
+                vouches(pending, *pending[:2], Verifier(self.signer.public_raw())):
+            return False
+        size = os.fstat(self._fd).st_size
+        dropped = self._seq - self._mark[0]
+        (self._seq, self._prev, self._time, self._since, self._key, self._offset,
+         self._last) = self._mark
+        os.ftruncate(self._fd, self._offset)
+        self._write("repair", {"dropped_bytes": size - self._offset, "dropped_records": dropped,
+                               "reason": "a write cut short"}, max(self._time, 0.0))
+        self._since += 1
+        self._commit()
+        return True
 
     def _advance(self, line: Line) -> None:
         """Take one more verified record into the chain state, or refuse the log."""
@@ -217,6 +253,8 @@ class AuditLog:
             count, top, sig = -1, "", b""
         if (count, top) != (self._seq, self._prev) or not Verifier(
                 self.signer.public_raw()).verify(sig, checkpoint_message(count, top)):
+            if self._cut_short():
+                return
             raise AuditLogError(f"{self.path}: chain broken at line {self._seq + 1}: last line "
                                 "is incomplete and the signed head does not end the chain "
                                 "before it (edited); refusing to append")
@@ -329,6 +367,8 @@ class AuditLog:
             return
         if vouches(readable_head(self.path, pending=True), self._seq, self._prev, verifier):
             self._promote(pending_head_path(self.path))  # a writer cut off before its rename
+            return
+        if self._cut_short():  # ... or part way through writing its records
             return
         head = readable_head(self.path)
         signed = head is not None and verifier.verify(head[2], checkpoint_message(*head[:2]))

@@ -119,3 +119,44 @@ def test_each_commit_leaves_no_pending_head(written):
     path, running = written
     running.append("access.denied", {"n": 1}, 20.0)
     assert not pending_head_path(path).exists()
+
+
+@pytest.mark.parametrize("cut", ["inside the record", "after the record", "inside its checkpoint"])
+def test_a_call_cut_short_part_way_through_its_records_is_cut_back(tmp_path, signer, cut):
+    """One call writes a record and its checkpoint in one write; a kill (or a short write
+    stopping at a page boundary) left the record whole and the checkpoint cut, or cut at
+    the line between them: every writer refused the log for good (1 in 170 kills). The
+    call never returned: its lines are cut back to the signed head, with a repair record."""
+    path = tmp_path / "audit.log"
+    audit = AuditLog(path, signer, checkpoint_every=2, fsync=False)
+    audit.append("key.create", {"tenant": "t0", "generation": 1}, 10.0)
+    before, head_before = path.read_bytes(), head_path(path).read_bytes()
+    audit.append("key.create", {"tenant": "t1", "generation": 1}, 11.0)  # + its checkpoint
+    audit.close()
+    after, head_after = path.read_bytes(), head_path(path).read_bytes()
+    record, checkpoint = after[len(before):].splitlines(keepends=True)
+    keep = {"inside the record": len(record) // 2, "after the record": len(record),
+            "inside its checkpoint": len(record) + len(checkpoint) // 2}[cut]
+    path.write_bytes(after[:len(before) + keep])
+    head_path(path).write_bytes(head_before)
+    pending_head_path(path).write_bytes(head_after)  # signed before the call wrote
+    again = AuditLog(path, signer, fsync=False)
+    again.append("key.create", {"tenant": "t2", "generation": 1}, 12.0)
+    again.close()
+    recs = _records(path)
+    assert [r["kind"] for r in recs] == ["key.create", "repair", "key.create"]
+    repair = {"dropped_bytes": keep, "reason": "a write cut short"}
+    if keep >= len(record):  # (inside the record: the head vouches for all before it)
+        repair["dropped_records"] = 1
+    assert recs[1]["data"] == repair
+    assert verify_log(path, Verifier(signer.public_raw())).ok
+
+
+def test_a_cut_without_a_pending_head_is_still_refused(written, signer):
+    """Records after the head with no pending head that claims more: not a cut call."""
+    path, running = written
+    running.close()
+    _forge(path, "erasure", FORGED)
+    pending_head_path(path).unlink(missing_ok=True)
+    with pytest.raises(AuditLogError, match="refusing to sign over them"):
+        AuditLog(path, signer, fsync=False)

@@ -36,9 +36,9 @@ class ApiConfig:
     read_timeout_s: float = 30.0
     max_connections: int = 256
     workers: int = 64  # backend calls block (restores, credit waits): one thread each
-    # Of those, one tenant's calls that can wait (stores, loads) hold at most this many at
-    # once (0: half of ``workers``); its others wait their turn without a thread, so one
-    # tenant's loads blocked on room cannot hold every thread from the other tenants.
+    # Of those, one tenant's calls hold at most this many at once (0: half of ``workers``);
+    # its others wait their turn without a thread (releases and closes excepted), so one
+    # tenant's loads blocked on room, or its slow lookups, cannot starve the others.
     tenant_workers: int = 0
     # Authenticated connections one tenant may hold (0: half of ``max_connections``).
     tenant_connections: int = 0

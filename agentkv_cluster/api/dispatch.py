@@ -60,10 +60,13 @@ def dispatch(backend: ServiceBackend, principal: Any, op: str, args: dict[str, A
 
 OPS = frozenset({"hello", "open_session", "close_session", "event", "store_pages",
                  "lookup_prefix", "prepare_load", "complete_load", "release"})
-# Calls that can wait (for room, credits or transfers): a tenant holds at most
-# ``ApiConfig.tenant_workers`` threads with them. The others return at once, and stay
-# free of the share: a release must never queue behind the loads waiting for its room.
-WAITING_OPS = frozenset({"store_pages", "prepare_load", "complete_load"})
+# A tenant's calls hold at most ``ApiConfig.tenant_workers`` threads at once; the rest
+# wait for a turn without one. Only calls that free what others wait for are outside the
+# share (a release must never queue behind the loads waiting for its room; each is quick,
+# and a tenant has one call in flight per connection). Calls that cannot wait were outside
+# it too, and a tenant's flood of 4,096-identity lookups held every thread (another
+# tenant's open_session took 7.7 s).
+FREEING_OPS = frozenset({"release", "close_session"})
 
 
 @dataclass

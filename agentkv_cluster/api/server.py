@@ -27,8 +27,8 @@ from typing import Any
 
 from agentkv_cluster.api import protocol as p
 from agentkv_cluster.api.dispatch import (
+    FREEING_OPS,
     OPS,
-    WAITING_OPS,
     Authenticator,
     ServiceBackend,
     TenantShares,
@@ -354,7 +354,7 @@ class ApiServer:
         principal = self._authenticate(req.auth)
         if req.auth is not None:
             self._promote(conn, principal)
-        if req.op not in WAITING_OPS:
+        if req.op in FREEING_OPS:
             return await self._run_call(principal, req)
         async with self._shares.turn(getattr(principal, "tenant", None)):
             return await self._run_call(principal, req)

@@ -75,3 +75,69 @@ def test_a_tenant_whose_loads_wait_for_room_leaves_threads_to_the_others(service
     hog.close()
     assert len(returned) == WORKERS
     assert bob_served < min(returned), "bob was served only after the waiting loads returned"
+
+
+class _GatedLookups:
+    """The service's backend, with evil's ``lookup_prefix`` held until ``gate`` opens;
+    counts how many of them are inside at once."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner, self.gate = inner, threading.Event()
+        self.inside = self.peak = 0
+        self._lock = threading.Lock()
+
+    def lookup_prefix(self, principal, session, identities):
+        if principal.tenant == "evil":
+            with self._lock:
+                self.inside += 1
+                self.peak = max(self.peak, self.inside)
+            try:
+                self.gate.wait(60.0)
+            finally:
+                with self._lock:
+                    self.inside -= 1
+        return self.inner.lookup_prefix(principal, session, identities)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+def test_a_tenants_slow_calls_of_any_kind_stay_within_its_share(service) -> None:
+    """Only stores and loads were held to the share: a tenant's flood of slow lookups
+    (4,096 identities each) held every thread, and another tenant's open_session took
+    7.7 s. Here evil's lookups block; at most its share of them holds a thread."""
+    server = service.server
+    gated = _GatedLookups(server.backend)
+    server.backend = gated
+    try:
+        with service.client("evil") as opener:
+            opener.open_session("flood").close()
+        clients = [service.client("evil") for _ in range(WORKERS)]
+        threads = [threading.Thread(target=c.call, args=("lookup_prefix",
+                                                         {"session": "flood", "identities": []}))
+                   for c in clients]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 30.0
+        while gated.inside < WORKERS // 2:  # its share of the threads, all held
+            assert time.monotonic() < deadline, "evil's lookups never reached the backend"
+            time.sleep(0.05)
+        served = threading.Event()
+
+        def bob() -> None:
+            with service.client("bob") as b:
+                b.open_session("victim").close()
+            served.set()
+
+        threading.Thread(target=bob, daemon=True).start()
+        bob_first = served.wait(30.0)  # while every one of evil's lookups is still held
+        gated.gate.set()
+        for t in threads:
+            t.join(60.0)
+        for c in clients:
+            c.close()
+        assert bob_first, "bob waited behind evil's lookups"
+        assert gated.peak == WORKERS // 2
+    finally:
+        gated.gate.set()
+        server.backend = gated.inner

@@ -5,20 +5,16 @@ reply that makes no progress for ``api.read_timeout_s`` drops the connection."""
 
 from __future__ import annotations
 
-import shutil
 import socket
-import tempfile
 import time
-from pathlib import Path
 
 import msgpack
 import numpy as np
 import pytest
 
 from agentkv_cluster.api import protocol as p
-from agentkv_cluster.config import load_config
-from agentkv_cluster.runtime.service import Service
 from tests.integration.runtime.test_cluster import identity
+from tests.support.local_service import local_service
 
 pytestmark = pytest.mark.integration
 
@@ -28,17 +24,10 @@ PAGES = 12  # a 12 MiB reply: more than loopback's socket buffers hold (4 MiB ea
 
 @pytest.fixture(scope="module")
 def service():
-    workdir = Path(tempfile.mkdtemp(prefix="agentkv-slowreader-"))
-    cfg = load_config(env={}, overrides={
-        "api": {"port": 0, "read_timeout_s": 1.0, "max_connections": 2,
-                "tenant_connections": 2},
-        "hbm": {"page_bytes": PAGE, "num_pages": 2 * PAGES},
-        "pool": {"pool_bytes": 4 * PAGE, "slot_bytes": PAGE, "nvme_dir": str(workdir / "nv")},
-    })
-    svc = Service(cfg, workdir=workdir).start(local=True)
-    yield svc
-    svc.stop()
-    shutil.rmtree(workdir, ignore_errors=True)
+    with local_service("agentkv-slowreader-", page_bytes=PAGE, hbm_pages=2 * PAGES,
+                       pool_bytes=4 * PAGE, api={"read_timeout_s": 1.0, "max_connections": 2,
+                                                 "tenant_connections": 2}) as svc:
+        yield svc
 
 
 def _frame(body: dict) -> bytes:

@@ -6,16 +6,11 @@ closed, and the connections it still holds, and other tenants', are served."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from pathlib import Path
-
 import pytest
 
 from agentkv_cluster.api import protocol as p
 from agentkv_cluster.api.client import AgentKvClient
-from agentkv_cluster.config import load_config
-from agentkv_cluster.runtime.service import Service
+from tests.support.local_service import local_service
 
 pytestmark = pytest.mark.integration
 
@@ -24,16 +19,9 @@ MAX, PER_TENANT = 8, 3
 
 @pytest.fixture(scope="module")
 def service():
-    workdir = Path(tempfile.mkdtemp(prefix="agentkv-tconn-"))
-    cfg = load_config(env={}, overrides={
-        "api": {"port": 0, "max_connections": MAX, "tenant_connections": PER_TENANT},
-        "hbm": {"page_bytes": 1 << 16, "num_pages": 8},
-        "pool": {"pool_bytes": 1 << 20, "slot_bytes": 1 << 16, "nvme_dir": str(workdir / "nv")},
-    })
-    svc = Service(cfg, workdir=workdir).start(local=True)
-    yield svc
-    svc.stop()
-    shutil.rmtree(workdir, ignore_errors=True)
+    with local_service("agentkv-tconn-", page_bytes=1 << 16, hbm_pages=8, pool_bytes=1 << 20,
+                       api={"max_connections": MAX, "tenant_connections": PER_TENANT}) as svc:
+        yield svc
 
 
 def test_a_tenant_over_its_connections_is_refused_and_others_are_served(service) -> None:

@@ -6,17 +6,13 @@ threads; the rest of its calls wait for a turn without one."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-from agentkv_cluster.config import load_config
-from agentkv_cluster.runtime.service import Service
 from tests.integration.runtime.test_cluster import identity, kv_page
+from tests.support.local_service import local_service
 
 pytestmark = pytest.mark.integration
 
@@ -27,16 +23,10 @@ HBM_PAGES = 16
 
 @pytest.fixture(scope="module")
 def service():
-    workdir = Path(tempfile.mkdtemp(prefix="agentkv-share-"))
-    cfg = load_config(env={}, overrides={
-        "api": {"port": 0, "workers": WORKERS, "tenant_workers": WORKERS // 2},
-        "hbm": {"page_bytes": PAGE, "num_pages": HBM_PAGES},
-        "pool": {"pool_bytes": 64 * PAGE, "slot_bytes": PAGE, "nvme_dir": str(workdir / "nv")},
-    })
-    svc = Service(cfg, workdir=workdir).start(local=True)
-    yield svc
-    svc.stop()
-    shutil.rmtree(workdir, ignore_errors=True)
+    with local_service("agentkv-share-", page_bytes=PAGE, hbm_pages=HBM_PAGES,
+                       pool_bytes=64 * PAGE,
+                       api={"workers": WORKERS, "tenant_workers": WORKERS // 2}) as svc:
+        yield svc
 
 
 def test_a_tenant_whose_loads_wait_for_room_leaves_threads_to_the_others(service) -> None:

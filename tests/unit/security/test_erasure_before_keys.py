@@ -10,6 +10,7 @@ from security.audit_format import read_records
 from security.erasure import Eraser, unfinished_erasures, verify_receipt
 from security.keyring import FileKeySource, TenantKeyring
 from security.signing import Verifier
+from tests.unit.security.test_erasure_unfinished import killed_erasure
 
 
 class _Killed(BaseException):
@@ -74,15 +75,9 @@ def test_a_resumed_erasure_runs_its_before_keys_tier_first_and_stops_on_its_fail
     """Keys gone, end unrecorded: the directory step (named by the marks) runs again, and
     its failure leaves the erasure unfinished rather than signing a receipt without it."""
     log = tmp_path / "audit.log"
-
-    def killed(*_args: object) -> None:
-        raise _Killed
-
-    monkeypatch.setattr(Eraser, "_finish", killed)
+    killed_erasure(monkeypatch, log, keyring, signer, (Eraser, "_finish"),
+                   lambda eraser: eraser.erase_tenant("alice", now=2.0))
     audit = AuditLog(log, signer, checkpoint_every=1000)
-    with pytest.raises(_Killed):
-        Eraser(keyring, audit, signer).erase_tenant("alice", now=2.0)
-    monkeypatch.undo()
     eraser = Eraser(keyring, audit, signer)
     eraser.register_tier("directory", lambda _scope: (_ for _ in ()).throw(OSError("down")),
                          before_keys=True)

@@ -66,6 +66,20 @@ class _Killed(BaseException):
     """The erasing process dies here."""
 
 
+def killed_erasure(monkeypatch, log, keyring, signer, at: tuple[object, str], erase) -> None:
+    """``erase(Eraser)`` with ``at`` (owner, method) killing the process there: what it
+    did until then stays, the log is closed, the patch undone."""
+    def killed(*_args: object) -> None:
+        raise _Killed
+
+    monkeypatch.setattr(*at, killed)
+    audit = AuditLog(log, signer, checkpoint_every=1000)
+    with pytest.raises(_Killed):
+        erase(Eraser(keyring, audit, signer))
+    audit.close()
+    monkeypatch.undo()
+
+
 def test_a_generation_erasure_cut_off_before_its_marker_writes_it_when_finished(
         tmp_path, keyring, signer, monkeypatch):
     """Killed after the KEK went and before the generation's ``.gone`` marker: the rerun
@@ -73,16 +87,8 @@ def test_a_generation_erasure_cut_off_before_its_marker_writes_it_when_finished(
     erasure (they watch the markers) and pages sealed under it stayed served."""
     keyring.rotate("alice")
     log = tmp_path / "audit.log"
-
-    def killed(*_args: object) -> None:
-        raise _Killed
-
-    monkeypatch.setattr(TenantKeyring, "mark_generation_erased", killed)
-    audit = AuditLog(log, signer, checkpoint_every=1000)
-    with pytest.raises(_Killed):
-        Eraser(keyring, audit, signer).erase_generation("alice", 1, now=2.0)
-    audit.close()
-    monkeypatch.undo()
+    killed_erasure(monkeypatch, log, keyring, signer, (TenantKeyring, "mark_generation_erased"),
+                   lambda eraser: eraser.erase_generation("alice", 1, now=2.0))
     assert keyring.erased_generations() == [] and keyring.generations("alice") == [2]
     audit = AuditLog(log, signer, checkpoint_every=1000)
     rerun = TenantKeyring(FileKeySource(tmp_path / "keys"))  # a new process: no cached KEK
@@ -100,16 +106,8 @@ def test_a_tenant_erasure_cut_off_before_its_grant_went_revokes_it_when_finished
     grants = PublishGrants(keyring.source)
     grants.grant("alice", 1.0)
     log = tmp_path / "audit.log"
-
-    def killed(*_args: object) -> int:
-        raise _Killed
-
-    monkeypatch.setattr(PublishGrants, "revoke", killed)
-    audit = AuditLog(log, signer, checkpoint_every=1000)
-    with pytest.raises(_Killed):
-        Eraser(keyring, audit, signer).erase_tenant("alice", now=2.0)
-    audit.close()
-    monkeypatch.undo()
+    killed_erasure(monkeypatch, log, keyring, signer, (PublishGrants, "revoke"),
+                   lambda eraser: eraser.erase_tenant("alice", now=2.0))
     assert not keyring.has_keys("alice") and "alice" in grants.grants()
     audit = AuditLog(log, signer, checkpoint_every=1000)
     rerun = TenantKeyring(FileKeySource(tmp_path / "keys"))

@@ -134,25 +134,6 @@ def test_refuses_to_extend_a_log_shorter_than_its_signed_head(log, signer):
         AuditLog(path, signer, fsync=False)
 
 
-def test_an_empty_log_beside_a_head_it_did_not_sign_is_not_called_truncated(log, signer):
-    """On an empty log the head's count was trusted before its signature: a head file
-    written by hand (or by another key) had the writer report a truncation it could not
-    know of. Refused still, and named for what it is."""
-    path, _, _ = log
-    _write(path, [])
-    head = head_path(path)
-    real = head.read_text()
-    forged = json.loads(real)
-    forged["sig"] = "00" * 64
-    head.write_text(json.dumps(forged) + "\n")
-    with pytest.raises(AuditLogError, match="head file that this writer's key .* did not sign") as err:
-        AuditLog(path, signer, fsync=False)
-    assert "truncated" not in str(err.value)
-    head.write_text(real)
-    with pytest.raises(AuditLogError, match="did not sign"):
-        AuditLog(path, Signer.generate(), fsync=False)  # a real head, another writer's key
-
-
 def test_missing_or_forged_head_file(log, signer):
     path, verifier, _ = log
     head = head_path(path)

@@ -8,6 +8,8 @@ the next writer checks and finishes."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from security.audit import AuditLog, head_path, verify_log
@@ -160,3 +162,23 @@ def test_a_cut_without_a_pending_head_is_still_refused(written, signer):
     pending_head_path(path).unlink(missing_ok=True)
     with pytest.raises(AuditLogError, match="refusing to sign over them"):
         AuditLog(path, signer, fsync=False)
+
+
+def test_an_empty_log_beside_a_head_it_did_not_sign_is_not_called_truncated(written, signer):
+    """On an empty log the head's count was trusted before its signature: a head file
+    written by hand (or by another key) had the writer report a truncation it could not
+    know of. Refused still, and named for what it is."""
+    path, running = written
+    running.close()
+    path.write_bytes(b"")
+    head = head_path(path)
+    real = head.read_text()
+    forged = json.loads(real)
+    forged["sig"] = "00" * 64
+    head.write_text(json.dumps(forged) + "\n")
+    with pytest.raises(AuditLogError, match="head file that this writer's key .* did not sign") as err:
+        AuditLog(path, signer, fsync=False)
+    assert "truncated" not in str(err.value)
+    head.write_text(real)
+    with pytest.raises(AuditLogError, match="did not sign"):
+        AuditLog(path, Signer.generate(), fsync=False)  # a real head, another writer's key

@@ -73,6 +73,7 @@ class AuditLog:
             raise ValueError("checkpoint_every must be >= 1")
         self.path = Path(path)
         self.signer = signer
+        self._verifier = Verifier(signer.public_raw())  # checks heads signed with its key
         self.checkpoint_every = checkpoint_every
         self.fsync = fsync
         self._lock = threading.Lock()
@@ -115,8 +116,8 @@ class AuditLog:
         one shorter than its signed head: the next head would sign the cut chain anew."""
         mine = fingerprint(self.signer.public_raw())
         head = readable_head(self.path)  # read once for both checks
-        signed = head is not None and Verifier(self.signer.public_raw()).verify(
-            head[2], checkpoint_message(*head[:2]))
+        signed = head is not None and self._verifier.verify(head[2],
+                                                            checkpoint_message(*head[:2]))
         if self._seq and (self._key not in (None, mine) or head is not None and not signed):
             raise AuditLogError(f"{self.path} is signed with another key (checkpoint key "
                                 f"{self._key or 'unknown'}, this writer's is {mine}): refusing "
@@ -158,13 +159,12 @@ class AuditLog:
         was: what it wrote is cut off, the chain state rolled back, the head file kept or
         put back, so a record is either in the log and vouched for or not there at all
         (a caller that saw the error may rely on it). Run under ``_exclusive``."""
-        state = (self._seq, self._prev, self._time, self._since, self._key, self._offset,
-                 self._last, self._own_time)
+        chain, own_time = self._chain(), self._own_time
         try:
             yield
         except BaseException:
-            (self._seq, self._prev, self._time, self._since, self._key, self._offset,
-             self._last, self._own_time) = state
+            self._set_chain(chain)
+            self._own_time = own_time
             self._unwritten = []
             os.ftruncate(self._fd, self._offset)
             with contextlib.suppress(OSError):
@@ -197,16 +197,20 @@ class AuditLog:
             except AuditRecordTooLarge as exc:
                 raise AuditRecordTooLarge(exc.lineno, exc.offset, exc.limit, self.path) from None
         if torn is not None:
-            self._drop_torn_tail(torn.offset, len(torn.raw))
+            self._drop_torn_tail(torn.offset, len(torn.raw), head)
 
     def _mark_if_head(self, head: tuple[int, str, bytes] | None) -> None:
-        if self._mark is None and head is not None and head[:2] == (self._seq, self._prev) \
-                and vouches(head, self._seq, self._prev, Verifier(self.signer.public_raw())):
+        if self._mark is None and vouches(head, self._seq, self._prev, self._verifier):
             self._mark = self._chain()
 
     def _chain(self) -> tuple:
+        """The chain state (``_set_chain`` puts it back)."""
         return (self._seq, self._prev, self._time, self._since, self._key, self._offset,
                 self._last)
+
+    def _set_chain(self, chain: tuple) -> None:
+        (self._seq, self._prev, self._time, self._since, self._key, self._offset,
+         self._last) = chain
 
     def _cut_short(self) -> bool:
         """A writer's call cut off part way (a kill, a short write at a page boundary):
@@ -217,12 +221,11 @@ class AuditLog:
         dropped, never signed over). False where that is not the case."""
         pending = readable_head(self.path, pending=True)
         if self._mark is None or pending is None or pending[0] <= self._seq or not \
-                vouches(pending, *pending[:2], Verifier(self.signer.public_raw())):
+                vouches(pending, *pending[:2], self._verifier):
             return False
         size = os.fstat(self._fd).st_size
         dropped = self._seq - self._mark[0]
-        (self._seq, self._prev, self._time, self._since, self._key, self._offset,
-         self._last) = self._mark
+        self._set_chain(self._mark)
         os.ftruncate(self._fd, self._offset)
         self._write("repair", {"dropped_bytes": size - self._offset, "dropped_records": dropped,
                                "reason": "a write cut short"}, max(self._time, 0.0))
@@ -243,16 +246,12 @@ class AuditLog:
             self._key = rec["data"].get("key")
         self._offset, self._last = line.offset + len(line.raw), line.raw
 
-    def _drop_torn_tail(self, keep: int, torn: int) -> None:
+    def _drop_torn_tail(self, keep: int, torn: int, head: tuple[int, str, bytes] | None
+                        ) -> None:
         """The log ends in ``torn`` bytes without a newline. The head file is written after
         each record, so if it vouches for the chain before them, a crash cut a write short:
         cut them off, with a ``repair`` record saying so; else they were edited: refuse."""
-        try:
-            count, top, sig = read_head(self.path)
-        except (OSError, ValueError, KeyError, TypeError):
-            count, top, sig = -1, "", b""
-        if (count, top) != (self._seq, self._prev) or not Verifier(
-                self.signer.public_raw()).verify(sig, checkpoint_message(count, top)):
+        if not vouches(head, self._seq, self._prev, self._verifier):
             if self._cut_short():
                 return
             raise AuditLogError(f"{self.path}: chain broken at line {self._seq + 1}: last line "
@@ -362,16 +361,17 @@ class AuditLog:
         them. Run under ``_exclusive`` after reading other writers' records."""
         if not self._seq:
             return
-        verifier = Verifier(self.signer.public_raw())
-        if vouches(readable_head(self.path), self._seq, self._prev, verifier):
+        head = readable_head(self.path)
+        if vouches(head, self._seq, self._prev, self._verifier):
             return
-        if vouches(readable_head(self.path, pending=True), self._seq, self._prev, verifier):
+        if vouches(readable_head(self.path, pending=True), self._seq, self._prev,
+                   self._verifier):
             self._promote(pending_head_path(self.path))  # a writer cut off before its rename
             return
         if self._cut_short():  # ... or part way through writing its records
             return
-        head = readable_head(self.path)
-        signed = head is not None and verifier.verify(head[2], checkpoint_message(*head[:2]))
+        signed = head is not None and self._verifier.verify(head[2],
+                                                            checkpoint_message(*head[:2]))
         covered = f"its signed head covers {head[0]}" if signed and head else "no signed head"
         raise AuditLogError(f"{self.path} holds {self._seq} records and {covered}: the records "
                             "after it were not appended by a writer with this log's key; "

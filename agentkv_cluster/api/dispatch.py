@@ -1,5 +1,5 @@
-"""What each wire op calls on the ``ServiceBackend`` (on a worker thread), and which ops
-can wait: those a tenant runs on a bounded share of the threads (``ApiServer``)."""
+"""What each wire op calls on the ``ServiceBackend`` (on a worker thread), and each
+tenant's bounded share of those threads (``ApiServer``)."""
 
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ class _Share:
 
 
 class TenantShares:
-    """Each tenant's turn at the worker threads, for calls that can wait: at most
+    """Each tenant's turn at the worker threads (calls outside ``FREEING_OPS``): at most
     ``per_tenant`` of one tenant's run at once, the rest wait without a thread. Used on
     the event loop's thread only."""
 
@@ -99,7 +99,3 @@ class TenantShares:
             share.users -= 1
             if not share.users:
                 del self._shares[tenant]
-
-    def __len__(self) -> int:
-        """Tenants with a call running or waiting."""
-        return len(self._shares)

@@ -67,7 +67,7 @@ class _Conn:
     authenticated: bool = False
     held: int = 0  # bytes of the pre-auth budget this connection holds now
     tenant: str | None = None  # the first tenant it authenticated as (counted against it)
-    close_after: bool = False  # close once this reply is sent
+    close_after: bool = False  # close once this reply is sent (a fatal ProtocolError)
 
 
 class ApiServer:
@@ -225,7 +225,6 @@ class ApiServer:
         if conn.tenant is None and tenant is not None:
             held = self._tenant_conns.get(tenant, 0)
             if held >= self._tenant_conn_cap:
-                conn.close_after = True
                 raise p.ProtocolError(p.ErrorCode.BUSY, f"tenant {tenant} holds {held} "
                                       "connections (api.tenant_connections): close some, "
                                       "or send more requests on each", fatal=True)
@@ -326,6 +325,8 @@ class ApiServer:
             reply = p.ok_reply(req.request_id, result)
         except p.ProtocolError as exc:
             self._count(op, exc.code, started)
+            if exc.fatal and conn is not None:  # as for a bad frame: closed after the reply
+                conn.close_after = True
             return p.error_reply(req.request_id, exc.code, exc.message)
         except ServiceError as exc:
             self._count(op, exc.code, started)

@@ -77,7 +77,7 @@ class ConnectorConfig:
     # (the forward's OpenMP threads hold every core there)
     background_io: str = "auto"
     min_tail_tokens: int = 16  # save a finished request's partial last block from this size
-    hint_socket: str | None = None  # embedded: unix socket for hints sent on their own
+    hint_socket: str | None = None  # unix socket for hints sent on their own (both backends)
     prefetch_lead_s: float = 1.0  # embedded: promote a paused session this long before
     # its tool is predicted to return (gap learned per tool class)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -17,6 +18,7 @@ from agentkv_cluster.api.client import SessionClient
 from agentkv_cluster.engines.vllm.backend import BackendUnavailable, ConnectorCounters
 from agentkv_cluster.engines.vllm.config import ConnectorConfig, ConnectorConfigError
 from agentkv_cluster.engines.vllm.hints import HintEvent, HintKind
+from agentkv_cluster.engines.vllm.hintsock import HintSocket, send_hint
 from agentkv_cluster.engines.vllm.scheduler import SchedulerSide
 from agentkv_cluster.engines.vllm.service import ServiceBackend
 from agentkv_cluster.engines.vllm.sessions import DEFAULT_MAX_SESSIONS, SessionCache
@@ -257,4 +259,31 @@ def test_after_task_end_the_next_task_of_the_session_starts(svc) -> None:
         backend.event(caller, HintEvent(kind=HintKind.TASK_END))
         backend.event(caller, HintEvent(kind=HintKind.MODEL_CALL))
     finally:
+        backend.close()
+
+
+def test_a_standalone_hint_reaches_the_service(svc, tmp_path: Path) -> None:
+    """``hint_socket`` serves the service backend too: a ``tool_start`` sent on its own
+    while the tool runs is applied on the service (off vLLM's scheduler thread), so the
+    observation that returns pairs with it. Without it the service refuses the return
+    as naming no tool call."""
+    backend = _backend(svc, 8)
+    path = str(tmp_path / "hints.sock")
+    sched = SchedulerSide(backend, VERSIONS, BS, ConnectorCounters(), remote=True,
+                          lookup_timeout_s=30.0, hints=HintSocket(path))
+    try:
+        token = svc.token("acme")
+        caller = backend.resolve(token, "agent-socket")
+        backend.event(caller, HintEvent(kind=HintKind.MODEL_CALL))
+        send_hint(path, {"session": "agent-socket", "token": token,
+                         "events": [{"kind": "tool_start", "tool": "search"}]})
+        step = SimpleNamespace(scheduled_new_reqs=[], scheduled_cached_reqs=SimpleNamespace(
+            req_ids=[], new_block_ids=[], resumed_req_ids=set(), num_computed_tokens=[]),
+            num_scheduled_tokens={})
+        sched.build_connector_meta(step)
+        sched._pool.submit(lambda: None).result(timeout=30.0)  # the hint's turn is done
+        assert (sched.counters.hints_received, sched.counters.hint_errors) == (1, 0)
+        backend.event(caller, HintEvent(kind=HintKind.OBSERVATION_RETURN))
+    finally:
+        sched.close()
         backend.close()

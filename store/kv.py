@@ -96,8 +96,7 @@ class KVStore:
         self._seal = None if sealing is None else TenantSeal(sealing)
         if self._seal is not None:  # an unknown tenant fails here, before anything is made
             self._seal.slot_id(b"")
-        stored = record_size(config.slot_bytes) if sealing else config.slot_bytes
-        check_room(config, stored)  # a sealed record is larger than its value
+        stored = check_room(config, sealed=sealing is not None)  # sealed: a larger record
         self._lock = threading.RLock()
         self._closed = False
         self._pid, self._opened = os.getpid(), forks.generation()

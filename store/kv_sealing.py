@@ -99,11 +99,21 @@ class Sealing:
     keyring: TenantKeyring
     tenant: str
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.keyring, TenantKeyring):
+            raise TypeError(f"Sealing.keyring must be a security.keyring.TenantKeyring, not "
+                            f"{type(self.keyring).__name__}")
+        if not isinstance(self.tenant, str) or not self.tenant:
+            raise TypeError(f"Sealing.tenant must be a tenant's name, not {self.tenant!r:.40}")
+
 
 class TenantSeal:
     """Seals and opens one tenant's values; every failure to open is ``InvalidSeal``."""
 
     def __init__(self, sealing: Sealing) -> None:
+        if not isinstance(sealing, Sealing):  # KVStore(sealing=...): a clear error, not later
+            raise TypeError(f"sealing must be a store.kv_sealing.Sealing (or None), not "
+                            f"{type(sealing).__name__}")
         self.sealing = sealing
         self.tenant = sealing.tenant
         self._sealer = ChunkedSealer(sealing.keyring)

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from security.chunked import record_size
 from store.nvme import NvmeShardConfig
 from store.nvme.format import MAX_KEY_BYTES
 from store.parallel import as_bytes
@@ -115,18 +116,23 @@ class KVStoreConfig:
             raise ValueError("a store needs a host tier, an NVMe tier, or both")
         if self.nvme_dir is not None and not str(self.nvme_dir).strip():
             raise ValueError("nvme_dir must name a directory (None: no NVMe tier), not ''")
-        check_room(self, self.slot_bytes)
+        check_room(self)
 
 
-def check_room(config: KVStoreConfig, record_bytes: int) -> None:
-    """``BadConfig`` when a value of ``slot_bytes``, stored as a record of ``record_bytes``
-    (larger when sealed: ``security.chunked.record_size``), passes the NVMe tier's
+def check_room(config: KVStoreConfig, sealed: bool = False) -> int:
+    """The bytes a value of ``slot_bytes`` takes stored (a sealed record is larger:
+    ``security.chunked.record_size``); ``BadConfig`` when that passes the NVMe tier's
     ``max_record_bytes``: every put the store accepts must also fit that tier."""
+    if not isinstance(config, KVStoreConfig):
+        raise TypeError(f"a store's config must be a store.kv.KVStoreConfig, not "
+                        f"{type(config).__name__}")
+    record_bytes = record_size(config.slot_bytes) if sealed else config.slot_bytes
     limit = config.nvme.max_record_bytes
     if config.nvme_dir is not None and record_bytes > limit:
         raise BadConfig(f"a value of slot_bytes {config.slot_bytes} is an NVMe record of "
                         f"{record_bytes} B, over nvme.max_record_bytes {limit}: lower "
                         f"slot_bytes or raise max_record_bytes")
+    return record_bytes
 
 
 def source_bytes(value: Any) -> np.ndarray:

@@ -48,3 +48,23 @@ def test_a_sealed_slot_whose_record_passes_the_limit_is_refused_before_anything_
 def test_a_store_without_nvme_has_no_record_limit(tmp_path):
     KVStoreConfig(name="x", slot_bytes=SLOT, host_slots=1,
                   nvme=NvmeShardConfig(max_record_bytes=1))
+
+
+@pytest.mark.parametrize("sealing", ["a", object(), {"tenant": "acme"}])
+def test_a_sealing_of_the_wrong_type_is_a_type_error_naming_it(tmp_path, sealing):
+    with pytest.raises(TypeError, match="sealing must be a store.kv_sealing.Sealing"):
+        KVStore(config(tmp_path, 2 * SLOT), sealing)
+    assert not (tmp_path / "nv").exists()  # refused before anything was made
+
+
+def test_a_config_of_the_wrong_type_is_a_type_error_naming_it():
+    with pytest.raises(TypeError, match="must be a store.kv.KVStoreConfig, not dict"):
+        KVStore({"name": "x", "slot_bytes": SLOT})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("keyring, tenant", [("ring", "acme"), (None, "acme"),
+                                             (memory_keyring("acme"), ""),
+                                             (memory_keyring("acme"), b"acme")])
+def test_a_sealing_needs_a_keyring_and_a_tenant_name(keyring, tenant):
+    with pytest.raises(TypeError, match="Sealing.(keyring|tenant)"):
+        Sealing(keyring=keyring, tenant=tenant)

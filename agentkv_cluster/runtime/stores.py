@@ -23,6 +23,7 @@ from agentkv_cluster.runtime.mover import RemoteSpan
 from agentkv_cluster.runtime.records import (
     PageMeta,
     RefusedNotFound,
+    SessionState,
     TenantErased,
     TransferResult,
     UnknownSession,
@@ -50,6 +51,7 @@ class EngineStorer:
         pending = list(range(len(metas)))
         epoch = self.controller.table.erasures[tenant]
         took: set[str] = set()
+        opened: SessionState | None = None
         deadline = time.monotonic() + STORE_WAIT_S
         while pending:
             try:
@@ -59,12 +61,11 @@ class EngineStorer:
                 raise RefusedNotFound(str(exc)) from None
             full = self._check(self.executor.run(demotes))  # no room for the victims' copies
             try:
-                hbm = self.controller.table.hbm_of(tenant, session)
+                opened = self._same(tenant, session, opened)
+                hbm = opened.hbm
             except (TenantErased, UnknownSession):  # erased or closed meanwhile: undo
                 self.controller.ingested([g for g, needs in admitted if needs], ok=False)
-                if self.controller.erased_since(tenant, epoch):
-                    raise TenantErased("the tenant was erased during this store") from None
-                raise RefusedNotFound(f"session {session!r} closed during this store") from None
+                raise self._ended(tenant, session, epoch) from None
             retry, no_room = [], False
             for i, (gid, needs) in zip(pending, admitted):
                 if needs is None:
@@ -88,7 +89,25 @@ class EngineStorer:
                     self.controller.events.forget_unstored(tenant, session, [g for g, _ in admitted])
                     raise RefusedBusy(_why_busy(full, no_room))
                 self.controller.pause(0.02)  # pinned pages fill the HBM (or arena)
+        try:  # closed (or erased) during the pulls: its pages retired, none stored
+            self._same(tenant, session, opened)
+        except (TenantErased, UnknownSession):
+            raise self._ended(tenant, session, epoch) from None
         return sorted(took)
+
+    def _same(self, tenant: str, session: str, opened: SessionState | None) -> SessionState:
+        """The session, still the one ``opened`` (``UnknownSession`` if closed since, even
+        where a session of the same name was opened anew)."""
+        state = self.controller.table.session(tenant, session)
+        if opened is not None and state is not opened:
+            raise UnknownSession(f"session {session!r} is not open")
+        return state
+
+    def _ended(self, tenant: str, session: str, epoch: int) -> Exception:
+        """What a store its session outlived answers: the tenant's erasure, or the close."""
+        if self.controller.erased_since(tenant, epoch):
+            return TenantErased("the tenant was erased during this store")
+        return RefusedNotFound(f"session {session!r} closed during this store")
 
     def _ingest(self, hbm: str, meta: PageMeta, span: RemoteSpan) -> None:
         try:

@@ -88,17 +88,30 @@ def test_copies_a_demotion_writes_after_the_close_are_deleted(service, monkeypat
     assert hbm.keys() == []
 
 
-def test_an_arena_page_an_ingest_lands_after_the_close_is_freed(service, monkeypatch) -> None:
+@pytest.mark.parametrize("reopen", [False, True])
+def test_an_arena_page_an_ingest_lands_after_the_close_is_freed(service, monkeypatch,
+                                                                reopen: bool) -> None:
     hbm = service.topo.hbms["node0-hbm0"].target
     client = service.client("acme")
     session = client.open_session("r1")
     began = _slowed(monkeypatch, hbm, "ingest")
-    thread = threading.Thread(
-        target=lambda: service.client("acme").open_session("r1").store_pages(_pages(1)))
+    stored: list[object] = []
+
+    def store_one() -> None:
+        try:
+            stored.append(service.client("acme").open_session("r1").store_pages(_pages(1)))
+        except RemoteError as exc:
+            stored.append(exc)
+
+    thread = threading.Thread(target=store_one)
     thread.start()
     assert began.wait(10.0)
     assert session.close()["retired"] == 1  # while the HBM actor pulls the page's bytes
+    if reopen:  # a new session of the same name is not the one the store began in
+        client.open_session("r1")
     thread.join()
+    # The store is refused (it answered with the key of a page retired under it).
+    assert isinstance(stored[0], RemoteError) and "closed during this store" in str(stored[0])
     assert _settled(lambda: hbm.keys() == []), hbm.pages.counts()
     assert hbm.stats()["pages"] == 0
 

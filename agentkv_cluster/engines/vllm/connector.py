@@ -141,7 +141,7 @@ class AgentKVConnector(KVConnectorBase_V1):
                      ) -> tuple[set[str] | None, set[str] | None]:
         if self._worker is None:
             return None, None
-        return self._worker.get_finished()
+        return self._worker.get_finished(finished_req_ids)
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor,
                       attn_metadata: AttentionMetadata, **kwargs: Any) -> None:

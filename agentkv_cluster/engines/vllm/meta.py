@@ -38,6 +38,19 @@ class RequestOps:
     # holds the blocks itself) the barrier's passing is reported in AgentKVWorkerMeta
     barrier: bool = False
     unrestored: tuple[int, ...] = ()  # blocks vLLM counts restored that no load fills
+    # the latest of this request's failed loads (``FailedLoad.step``) the scheduler knew of
+    # when it planned these saves: saves planned before it knew (async scheduling plans
+    # a step ahead) were computed on blocks never restored, and the worker drops them
+    failures_seen: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class FailedLoad:
+    """A request's tokens a worker could not restore, and the worker's step (its count of
+    steps begun) whose loads failed: the scheduler echoes it in ``failures_seen``."""
+
+    tokens: int
+    step: int
 
 
 @dataclass
@@ -57,13 +70,14 @@ class AgentKVWorkerMeta(KVConnectorWorkerMetadata):  # type: ignore[misc]
     in this step or an earlier one (``BarrierReports``)."""
 
     dropped: set[bytes] = field(default_factory=set)
-    failed_loads: dict[str, int] = field(default_factory=dict)
+    failed_loads: dict[str, FailedLoad] = field(default_factory=dict)
     passed: dict[str, int] = field(default_factory=dict)
 
     def aggregate(self, other: AgentKVWorkerMeta) -> AgentKVWorkerMeta:
         failed = dict(self.failed_loads)
-        for req, n in other.failed_loads.items():  # every worker saw the same request fail
-            failed[req] = max(n, failed.get(req, 0))
+        for req, f in other.failed_loads.items():  # every worker saw the same request fail
+            mine = failed.get(req, f)
+            failed[req] = FailedLoad(max(f.tokens, mine.tokens), max(f.step, mine.step))
         passed = dict(self.passed)
         for req, n in other.passed.items():
             passed[req] = passed.get(req, 0) + n

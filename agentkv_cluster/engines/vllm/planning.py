@@ -46,6 +46,7 @@ class ReqState:
     saved_upto: int = 0  # blocks [0, saved_upto) are held or planned
     resave_from: int = 0  # the first block neither held nor restored
     tail_saved: bool = False  # the partial last block of its final step is planned
+    failures_seen: int = 0  # the latest failed load reported (``RequestOps.failures_seen``)
     hashes: list[bytes] = field(default_factory=list)
 
 
@@ -89,7 +90,8 @@ class SavePlanner:
             if tail is not None:
                 saves += (tail,)
         if saves:
-            meta.requests.append(RequestOps(req_id, st.caller, saves=saves))
+            meta.requests.append(RequestOps(req_id, st.caller, saves=saves,
+                                            failures_seen=st.failures_seen))
 
     def finished(self, st: ReqState, request: Any, block_ids: list[int],
                  ops: list[RequestOps]) -> bool:
@@ -108,7 +110,8 @@ class SavePlanner:
         op = self._tail_op(st, computed)
         if op is None:
             return False
-        ops.append(RequestOps(request.request_id, st.caller, saves=(op,), release=True))
+        ops.append(RequestOps(request.request_id, st.caller, saves=(op,), release=True,
+                              failures_seen=st.failures_seen))
         return True
 
     def _tail_op(self, st: ReqState, end: int) -> BlockOp | None:

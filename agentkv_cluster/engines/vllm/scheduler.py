@@ -32,7 +32,12 @@ from agentkv_cluster.engines.vllm.hints import (
 )
 from agentkv_cluster.engines.vllm.hintsock import HintSocket
 from agentkv_cluster.engines.vllm.matching import Match, PrefixMatcher
-from agentkv_cluster.engines.vllm.meta import AgentKVConnectorMetadata, BlockOp, RequestOps
+from agentkv_cluster.engines.vllm.meta import (
+    AgentKVConnectorMetadata,
+    BlockOp,
+    FailedLoad,
+    RequestOps,
+)
 from agentkv_cluster.engines.vllm.planning import ReqState, SavePlanner
 from agentkv_cluster.engines.vllm.retiring import CloseSender, RetireHold, retiring_for
 
@@ -293,15 +298,18 @@ class SchedulerSide:
             if st is not None:
                 st.loading = False
 
-    def load_failed(self, failed: dict[str, int]) -> None:
+    def load_failed(self, failed: dict[str, FailedLoad]) -> None:
         """The worker could not restore the last ``tokens`` of these requests' loads.
         vLLM recomputes them from the first block not restored, and the worker saved
-        nothing that request's step computed from there: those blocks are not held, so
-        their saves are planned again as they are recomputed."""
-        for req_id, tokens in failed.items():
+        nothing computed from there in steps planned before this report (their saves
+        carry an older ``failures_seen``): those blocks are not held, so their saves are
+        planned again as they are recomputed."""
+        for req_id, failure in failed.items():
             st = self._reqs.get(req_id)
             if st is None:
                 continue
+            tokens = failure.tokens
+            st.failures_seen = max(st.failures_seen, failure.step)
             bad = max(0, st.local_tokens + st.load_tokens - tokens) // self.block_size
             st.load_tokens = max(0, st.load_tokens - tokens)
             st.matched, st.tail = st.matched[:bad], None

@@ -71,6 +71,11 @@ class BlockWriter:
                 self._pending.pop(digest, None)
                 self._failed.add(digest)
 
+    def skipped(self, identity: PageIdentity) -> None:
+        """A save planned and not made: the scheduler stops matching it (``take_failed``)."""
+        with self.lock:
+            self._failed.add(identity.digest())
+
     def release(self, req_id: str, *, barrier: bool, free: bool = True) -> None:
         """vLLM may free ``req_id``'s blocks now, or with ``barrier`` once every save
         queued before this call is written; ``free=False``: vLLM holds none of them for

@@ -23,7 +23,12 @@ from agentkv_cluster.engines.vllm.blocks import (
 from agentkv_cluster.engines.vllm.embedded import EmbeddedBackend, EmbeddedSpec, TokenResolver
 from agentkv_cluster.engines.vllm.hints import HintEvent, HintKind
 from agentkv_cluster.engines.vllm.hintsock import HintSocket, send_hint
-from agentkv_cluster.engines.vllm.meta import AgentKVConnectorMetadata, BlockOp, RequestOps
+from agentkv_cluster.engines.vllm.meta import (
+    AgentKVConnectorMetadata,
+    BlockOp,
+    FailedLoad,
+    RequestOps,
+)
 from agentkv_cluster.engines.vllm.worker import WorkerSide
 from store.page import HEADER_SIZE
 
@@ -111,7 +116,7 @@ def test_async_load_is_reported_by_get_finished_with_its_errors_first(store, bac
         time.sleep(0.01)
     assert recved == {"ra"}
     assert dst.take_load_errors() == {6}  # recorded before the request was reported
-    assert dst.take_failed_loads() == {"ra": BS}
+    assert dst.take_failed_loads() == {"ra": FailedLoad(tokens=BS, step=1)}
     name = next(iter(dst_kv))
     assert torch.equal(dst_kv[name][4], src_kv[name][7])
     assert counters.async_loads == 1 and counters.restored_tokens == 3 * BS

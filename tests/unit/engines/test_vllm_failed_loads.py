@@ -19,7 +19,13 @@ import torch
 from agentkv_cluster.engines.vllm.backend import BackendUnavailable, Caller, ConnectorCounters
 from agentkv_cluster.engines.vllm.blocks import EngineVersions, block_identity
 from agentkv_cluster.engines.vllm.directory import EmbeddedDirectory, TokenResolver
-from agentkv_cluster.engines.vllm.meta import AgentKVConnectorMetadata, BlockOp, RequestOps
+from agentkv_cluster.engines.vllm.meta import (
+    AgentKVConnectorMetadata,
+    AgentKVWorkerMeta,
+    BlockOp,
+    FailedLoad,
+    RequestOps,
+)
 from agentkv_cluster.engines.vllm.scheduler import SchedulerSide
 from agentkv_cluster.engines.vllm.worker import WorkerSide
 
@@ -70,8 +76,50 @@ def test_a_request_whose_restore_failed_saves_nothing_its_step_computed(backgrou
     assert worker.flush(10.0)
     assert worker.take_load_errors() == {1, 2}
     assert store.written == [5 * BS]  # not r's block 2 (computed on blocks 0-1 unrestored)
-    assert worker.take_failed_loads() == {"r": 2 * BS}
+    assert worker.take_failed_loads() == {"r": FailedLoad(tokens=2 * BS, step=1)}
     worker.close()
+
+
+def _run(worker: WorkerSide, *requests: RequestOps) -> None:
+    meta = AgentKVConnectorMetadata(requests=list(requests))
+    worker.begin_step(meta)
+    worker.finish_loads()
+    worker.wait_for_save(meta)
+    assert worker.flush(10.0)
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_saves_planned_before_the_scheduler_knew_of_a_failed_load_are_dropped(background):
+    """Async scheduling (vLLM's default) plans step 2 while step 1 runs: step 2's saves of
+    r were computed on step 1's blocks that never loaded. Only saves planned once the
+    scheduler had step 1's report (``failures_seen``) are written."""
+    store = MissingStore()
+    worker = WorkerSide(store, ConnectorCounters(), background=background)
+    worker.register_kv_caches({f"model.layers.{i}.attn": torch.randn(8, 2, BS, 8)
+                               for i in range(2)})
+    caller = Caller(tenant="acme", session="s")
+    _run(worker, RequestOps("r", caller, loads=(BlockOp(_ident(0), 1), BlockOp(_ident(1), 2)),
+                            saves=(BlockOp(_ident(2), 3),)))
+    report = worker.take_failed_loads()  # step 1's, which the scheduler reads after step 2
+    assert report == {"r": FailedLoad(tokens=2 * BS, step=1)}
+    _run(worker, RequestOps("r", caller, saves=(BlockOp(_ident(3), 4),)),
+         RequestOps("other", caller, saves=(BlockOp(_ident(5), 6),)))
+    assert store.written == [5 * BS]  # r's block 3 read blocks 0-1, never restored
+    assert {_ident(2).digest(), _ident(3).digest()} <= worker.take_dropped()  # not held
+    recomputed = tuple(BlockOp(_ident(i), i + 1) for i in range(4))
+    _run(worker, RequestOps("r", caller, saves=recomputed, failures_seen=report["r"].step))
+    assert store.written == [5 * BS, 0, BS, 2 * BS, 3 * BS]
+    worker.get_finished({"r"})
+    assert worker._cuts == {}  # nothing kept per request once it finished
+    worker.close()
+
+
+def test_worker_reports_merge_to_the_latest_failure():
+    a = AgentKVWorkerMeta(failed_loads={"r": FailedLoad(tokens=2 * BS, step=3)})
+    b = AgentKVWorkerMeta(failed_loads={"r": FailedLoad(tokens=BS, step=5),
+                                        "q": FailedLoad(tokens=BS, step=4)})
+    assert a.aggregate(b).failed_loads == {"r": FailedLoad(tokens=2 * BS, step=5),
+                                           "q": FailedLoad(tokens=BS, step=4)}
 
 
 def _scheduler() -> SchedulerSide:
@@ -121,9 +169,12 @@ def test_the_blocks_recomputed_after_a_failed_restore_are_saved_again():
     sched.update_state_after_alloc(req, _blocks([4, 5, 6, 7, 8]), 3 * BS)
     meta = sched.build_connector_meta(_step(new=[(req, [4, 5, 6, 7, 8], 3 * BS)]))
     assert _saved(meta) == [3]  # dropped by the worker: blocks 1-2 did not load
-    sched.load_failed({"r": 2 * BS})
-    # vLLM recomputes from block 1: its saves from there are planned again
-    assert _saved(sched.build_connector_meta(_step(cached=[(req, [], BS)]))) == [1, 2, 3]
+    sched.load_failed({"r": FailedLoad(tokens=2 * BS, step=1)})
+    # vLLM recomputes from block 1: its saves from there are planned again, marked as
+    # planned knowing of the failure (the worker drops r's saves planned before)
+    again = sched.build_connector_meta(_step(cached=[(req, [], BS)]))
+    assert _saved(again) == [1, 2, 3]
+    assert {o.failures_seen for o in again.requests if o.req_id == "r"} == {1}
     assert sched.request_finished(req, [4, 5, 6, 7, 8])[1]["agentkv"]["restored_tokens"] == BS
 
 

@@ -198,10 +198,11 @@ class AccessPolicy:
         return None
 
     def may_load_public(self, principal: Principal) -> bool:
-        """Whether ``principal`` may load the PUBLIC pages adopted into its session (a
-        session is its tenant's, not its token's): with the opt-in (``public_read``), or
-        with the publish role (it may have stored them)."""
-        return self._public_refusal(principal, "read") is None or principal.can_publish
+        """Whether ``principal`` may load the PUBLIC pages in its session (a session is its
+        tenant's, not its token's): with the opt-in (``public_read``) only. The publish
+        role is not enough: a store into PUBLIC keeps the copy already there (the first),
+        so a publisher's session can hold pages another tenant wrote."""
+        return self._public_refusal(principal, "read") is None
 
     def lookup_namespaces(self, principal: Principal, identity_digest: bytes) -> tuple[str, ...]:
         """Where a lookup of this prefix may look, own namespace first."""

@@ -229,7 +229,7 @@ def test_a_reader_cannot_retype_a_public_page_or_retire_it_in_the_publishers_nam
     page = kv_page(0, "tool_observation", identity(PUBLIC_NAMESPACE, "manuals", 0))
     assert _cli(service, "create", "cyberdyne") == 0
     assert _cli(service, "publish", "cyberdyne") == 0
-    with service.client("cyberdyne", roles=PUBLISHER) as pub, \
+    with service.client("cyberdyne", roles=PUBLISHER, public_read=True) as pub, \
             service.client("mallory", public_read=True) as reader:
         p = pub.open_session("c1")
         _store_eventually(p, page, ok=True)
@@ -267,3 +267,25 @@ def test_a_token_without_the_opt_in_cannot_load_a_public_page_its_tenant_adopted
         own = kv_page(1, "evidence", identity("vandelay", "shared", 0))
         assert same_session.load(same_session.store_pages([own])) == [own["data"]]
         assert reader.open_session("shared").load(found["keys"]) == [page["data"]]
+
+
+def test_a_publisher_without_the_opt_in_cannot_read_public_pages_by_storing_them(service
+                                                                                ) -> None:
+    """A store of an identity PUBLIC holds already keeps the first copy (the caller's bytes
+    are dropped) and puts it in the session: with the publish role alone that copy could
+    then be loaded, another publisher's bytes read by a token that never opted in, and
+    compared with its own to learn whether the prefix was published (found from outside).
+    Loading PUBLIC pages needs the opt-in, whoever stored them."""
+    page, _ = _published(service, "tyrell", "private-schema")
+    assert _cli(service, "create", "nakatomi") == 0
+    assert _cli(service, "publish", "nakatomi") == 0
+    junk = dict(page, data=bytes(len(page["data"])))  # its own bytes, same identity
+    with service.client("nakatomi", roles=PUBLISHER) as pub:
+        s = pub.open_session("g1")
+        time.sleep(1.1)  # past the front's grant re-read
+        keys = s.store_pages([junk])
+        with pytest.raises(RemoteError) as err:
+            s.load(keys)
+        assert err.value.code == "forbidden"
+    with service.client("nakatomi", roles=PUBLISHER, public_read=True) as reader:
+        assert reader.open_session("g1").load(keys) == [page["data"]]  # the first copy

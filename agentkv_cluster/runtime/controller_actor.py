@@ -37,7 +37,7 @@ from agentkv_cluster.runtime.records import (
     UnknownPageKey,
     UnknownSession,
 )
-from agentkv_cluster.runtime.stores import EngineStorer
+from agentkv_cluster.runtime.stores import EngineStorer, Stored
 from agentkv_cluster.runtime.strategies import Learned, make_strategy
 from store.types import Codec, Tier
 
@@ -179,9 +179,9 @@ class ControllerActor:
         return closed
 
     def store(self, tenant: str, session: str, metas: list[PageMeta],
-              spans: list[RemoteSpan]) -> list[str]:
+              spans: list[RemoteSpan], after: Stored | None = None) -> Stored:
         """``EngineStorer.store``: the HBM actors that took the pages' bytes."""
-        took = self.storer.store(tenant, session, metas, spans)
+        took = self.storer.store(tenant, session, metas, spans, after)
         self.idle.touch(tenant, session, time.monotonic())
         return took
 

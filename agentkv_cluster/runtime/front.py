@@ -233,14 +233,17 @@ class ServiceFront:
     def _store_chunks(self, principal: Principal, session: str, metas: list[PageMeta],
                       datas: list[bytes]) -> set[str]:
         took: set[str] = set()  # the HBM actors the pages landed in
-        for i in range(0, len(metas), STAGE_PAGES):  # STAGE_PAGES staging slots at a time
+        stored = None  # each call after the first is refused if the session or the tenant
+        for i in range(0, len(metas), STAGE_PAGES):  # that the first stored into has gone
             chunk = datas[i:i + STAGE_PAGES]
             with self._staged(len(chunk)) as staged:
+                self.erasures.check(principal)  # its tenant erased while it waited
                 for slot, data in zip(staged.slots, chunk):
                     self.mover.slot_view(slot, len(data))[:] = memoryview(data)
                 spans = [staged.span(i, len(d)) for i, d in enumerate(chunk)]
-                took.update(self._call(self.controller.store, principal.tenant, session,
-                                       metas[i:i + STAGE_PAGES], spans))
+                stored = self._call(self.controller.store, principal.tenant, session,
+                                    metas[i:i + STAGE_PAGES], spans, stored)
+                took.update(stored.hbms)
         return took
 
     def _staged(self, n: int) -> AbstractContextManager[Staged]:
@@ -256,9 +259,7 @@ class ServiceFront:
         HBM actor's own, leaves nobody to (holding then would only starve the front)."""
         if isinstance(exc, ActorSlow):
             return True
-        if not isinstance(exc, ActorGone):
-            return False
-        return liveness(self.controller) is not Liveness.ALIVE
+        return isinstance(exc, ActorGone) and liveness(self.controller) is not Liveness.ALIVE
 
     def lookup_prefix(self, principal: Principal, session: str, identities: list[bytes]
                       ) -> dict[str, Any]:

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
         PageMeta,
         PoolPurged,
     )
+    from agentkv_cluster.runtime.stores import Stored
     from agentkv_cluster.runtime.strategies import Learned
     from store.directory.base import DirectoryEntry
     from store.types import Codec, Lookup, Tier
@@ -303,8 +304,8 @@ class ControllerHandle(ActorHandle):
         return self._call("close_session", tenant, session)
 
     def store(self, tenant: str, session: str, metas: list[PageMeta],
-              spans: list[RemoteSpan]) -> list[str]:
-        return self._call("store", tenant, session, metas, spans)
+              spans: list[RemoteSpan], after: Stored | None = None) -> Stored:
+        return self._call("store", tenant, session, metas, spans, after)
 
     def event(self, tenant: str, session: str, data: dict[str, Any]) -> dict[str, Any]:
         return self._call("event", tenant, session, data)

@@ -136,7 +136,7 @@ class PageTable:
         self.not_erasing(tenant)
         state = self.sessions.get((tenant, session))
         if state is None:
-            state = SessionState(hbm=self._least_loaded())
+            state = SessionState(hbm=self._least_loaded(), serial=next(self._gids))
             self.sessions[(tenant, session)] = state
             self.hbms[state.hbm].sessions += 1
         return state.hbm

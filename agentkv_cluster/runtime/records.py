@@ -153,8 +153,7 @@ class PoolPurged:
 
 @dataclass(frozen=True, kw_only=True)
 class ControllerErased:
-    """The controller's part of a tenant erasure (``ControllerActor.erase_tenant``): what it
-    forgot, and what its HBM actors overwrote, summed."""
+    """The controller's part of a tenant erasure: what it forgot, its HBM actors' summed."""
 
     forgotten: TenantForgotten
     hbm_pages: int
@@ -238,6 +237,7 @@ class SessionState:
     """The page manager's account of one open session."""
 
     hbm: str
+    serial: int = 0  # this opening's own number: a session of the same name opened anew differs
     pages: set[int] = field(default_factory=set)
     tools: dict[str, tuple[str, float, GapPlan | None]] = field(default_factory=dict)
     pinned: dict[int, float] = field(default_factory=dict)  # gid -> when this session pinned it

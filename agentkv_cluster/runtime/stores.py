@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from agentkv_cluster.runtime.executor import Executor
 from agentkv_cluster.runtime.guard import Guarded
@@ -33,6 +34,16 @@ from store.hbm import ArenaFull
 STORE_WAIT_S = 30.0  # a store finding no room retries this long, then is refused as busy
 
 
+@dataclass(frozen=True)
+class Stored:
+    """What one store call did: the HBM actors that took bytes, and what the request's
+    next call checks (``EngineStorer.store``'s ``after``)."""
+
+    hbms: tuple[str, ...]
+    opened: int | None  # the session's opening stored into (``SessionState.serial``)
+    erasures: int  # the tenant's erasures before the request's first call
+
+
 class EngineStorer:
     """The store flow over the guarded page manager and the transfer worker. ``check``
     looks at finished moves (True when one found no room); ``hbm_gone`` forgets an HBM
@@ -45,24 +56,32 @@ class EngineStorer:
         self._check, self._hbm_gone = check, hbm_gone
 
     def store(self, tenant: str, session: str, metas: list[PageMeta],
-              spans: list[RemoteSpan]) -> list[str]:
+              spans: list[RemoteSpan], after: Stored | None = None) -> Stored:
         """Admit pages (making room first), then let the HBM actor pull their bytes; returns
-        the HBM actors that took bytes (``store_survival``: the front checks it was one)."""
+        the HBM actors that took bytes (``store_survival``: the front checks it was one)
+        and the session stored into. ``after``: what this request's previous call stored
+        (a request of more pages than the front stages at once is several calls); this
+        call is refused if that session was closed, or its tenant erased, since."""
         pending = list(range(len(metas)))
-        epoch = self.controller.table.erasures[tenant]
+        epoch = after.erasures if after else self.controller.table.erasures[tenant]
+        serial = after.opened if after else None
         took: set[str] = set()
-        opened: SessionState | None = None
         deadline = time.monotonic() + STORE_WAIT_S
         while pending:
             try:
-                admitted, demotes = self.controller.admit(
-                    tenant, session, [metas[i] for i in pending], time.monotonic())
-            except UnknownSession as exc:
+                with self.controller.cv:  # the session checked and admitted into at once
+                    serial = self._same(tenant, session, serial).serial
+                    admitted, demotes = self.controller.admit(
+                        tenant, session, [metas[i] for i in pending], time.monotonic())
+            except (TenantErased, UnknownSession) as exc:
+                if after is not None or self.controller.erased_since(tenant, epoch):
+                    raise self._ended(tenant, session, epoch) from None
+                if isinstance(exc, TenantErased):
+                    raise
                 raise RefusedNotFound(str(exc)) from None
             full = self._check(self.executor.run(demotes))  # no room for the victims' copies
             try:
-                opened = self._same(tenant, session, opened)
-                hbm = opened.hbm
+                hbm = self._same(tenant, session, serial).hbm
             except (TenantErased, UnknownSession):  # erased or closed meanwhile: undo
                 self.controller.ingested([g for g, needs in admitted if needs], ok=False)
                 raise self._ended(tenant, session, epoch) from None
@@ -90,16 +109,16 @@ class EngineStorer:
                     raise RefusedBusy(_why_busy(full, no_room))
                 self.controller.pause(0.02)  # pinned pages fill the HBM (or arena)
         try:  # closed (or erased) during the pulls: its pages retired, none stored
-            self._same(tenant, session, opened)
+            self._same(tenant, session, serial)
         except (TenantErased, UnknownSession):
             raise self._ended(tenant, session, epoch) from None
-        return sorted(took)
+        return Stored(hbms=tuple(sorted(took)), opened=serial, erasures=epoch)
 
-    def _same(self, tenant: str, session: str, opened: SessionState | None) -> SessionState:
-        """The session, still the one ``opened`` (``UnknownSession`` if closed since, even
-        where a session of the same name was opened anew)."""
+    def _same(self, tenant: str, session: str, serial: int | None) -> SessionState:
+        """The session, still the opening numbered ``serial`` (``UnknownSession`` if closed
+        since, even where a session of the same name was opened anew)."""
         state = self.controller.table.session(tenant, session)
-        if opened is not None and state is not opened:
+        if serial is not None and state.serial != serial:
             raise UnknownSession(f"session {session!r} is not open")
         return state
 

@@ -52,6 +52,7 @@ class PageTable:
         self.sessions: dict[tuple[str, str], SessionState] = {}
         self.hbms: dict[str, HbmBudget] = {}
         self._gids = itertools.count(1)
+        self._serials = itertools.count(1)  # session openings (``SessionState.serial``)
         self.changes = 0  # bumped whenever a pin drops or a move ends (runtime/guard.py waits)
         self.erasing: set[str] = set()  # tenants being erased: every call of theirs fails
         self.erasures: Counter[str] = Counter()  # erasures done per tenant (loads check it)
@@ -136,7 +137,7 @@ class PageTable:
         self.not_erasing(tenant)
         state = self.sessions.get((tenant, session))
         if state is None:
-            state = SessionState(hbm=self._least_loaded(), serial=next(self._gids))
+            state = SessionState(hbm=self._least_loaded(), serial=next(self._serials))
             self.sessions[(tenant, session)] = state
             self.hbms[state.hbm].sessions += 1
         return state.hbm

@@ -12,7 +12,6 @@ NIXL-registered memory; the HBM actor pulls them, never through the Ray object s
 from __future__ import annotations
 
 import hashlib
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -40,7 +39,8 @@ from agentkv_cluster.runtime.request_args import event_fields, identity_tokens, 
 from agentkv_cluster.runtime.store_survival import store_held
 from agentkv_cluster.runtime.tenants import ensure_tenant
 from security.blinding import DirectoryBlinder
-from security.errors import InvalidToken, KeyUnavailable
+from security.erasure_marks import ErasureMarks
+from security.errors import InvalidToken
 from security.keyring import PUBLIC_NAMESPACE, FileKeySource, TenantKeyring
 from security.principals import AccessPolicy, DenialHook, Principal, TokenIssuer
 from security.publishing import CachedGrants, PublishGrants
@@ -60,8 +60,8 @@ class ErasureGate:
     def __init__(self, keyring: TenantKeyring, keys_dir: str) -> None:
         self.keyring = keyring
         self.keys_dir = keys_dir
+        self.marks = ErasureMarks(keyring, keys_dir, ERASED_RECHECK_S)
         self.on_pending: Callable[[], None] = lambda: None  # the watcher's wake-up
-        self._marks: dict[str, tuple[float | None, float, int]] = {}  # (at, checked, stamp)
         self._enforced: dict[str, float] = {}  # tenant -> the mark this service enforced
         self._frozen: set[str] = set()  # tenants this service is erasing (``freeze``)
         self._lock = threading.Lock()
@@ -88,20 +88,8 @@ class ErasureGate:
                                "here; retry in a moment (it then starts again, empty)")
 
     def erased_at(self, tenant: str) -> float | None:
-        """The tenant's latest erasure mark, re-read whenever the key directory changed
-        (a mark is a file there) and at least every ``ERASED_RECHECK_S``."""
-        now, stamp = time.monotonic(), _mtime_ns(self.keys_dir)
-        with self._lock:
-            hit = self._marks.get(tenant)
-        if hit is not None and hit[2] == stamp and now - hit[1] < ERASED_RECHECK_S:
-            return hit[0]
-        try:
-            at = self.keyring.erased_at(tenant)
-        except (OSError, KeyUnavailable):  # no key directory: nothing was ever erased here
-            at = None
-        with self._lock:
-            self._marks[tenant] = (at, now, stamp)
-        return at
+        """The tenant's latest erasure mark (``security.erasure_marks``)."""
+        return self.marks.erased_at(tenant)
 
     def freeze(self, tenant: str) -> None:
         """This service's erasure of ``tenant`` begins: its calls are refused from now on,
@@ -111,16 +99,16 @@ class ErasureGate:
             self._frozen.add(tenant)
 
     def forget(self, tenant: str) -> None:
-        """Re-read ``tenant``'s mark on its next request (and end its ``freeze``)."""
+        """Re-read the marks on the next request (and end ``tenant``'s ``freeze``)."""
+        self.marks.invalidate()
         with self._lock:
-            self._marks.pop(tenant, None)
             self._frozen.discard(tenant)
 
     def enforced(self, tenant: str, at: float) -> None:
         """This service purged what ``tenant`` left at its erasure of ``at``."""
         with self._lock:
             self._enforced[tenant] = max(at, self._enforced.get(tenant, 0.0))
-            self._marks.pop(tenant, None)
+        self.marks.invalidate()
 
 
 class ServiceFront:
@@ -391,10 +379,3 @@ class ServiceFront:
         released = self._call(self.controller.release, principal.tenant, session, keys)
         self.loads.released(principal.tenant, session, keys)
         return {"released": released}
-
-
-def _mtime_ns(path: str) -> int:
-    try:
-        return os.stat(path).st_mtime_ns
-    except OSError:
-        return -1

@@ -45,6 +45,7 @@ class Caller:
     public_read: bool = False  # the tenant opted in to the PUBLIC namespace
     is_admin: bool = False
     can_publish: bool = False  # the token's publish role (the service also wants a grant)
+    issued: float = 0.0  # when its token was issued (token-less: resolved); erasures void it
 
     def read_namespaces(self) -> tuple[str, ...]:
         """Where this caller's lookups may match, own namespace first."""

@@ -23,7 +23,8 @@ STRATEGIES = ("lru", "agentkv")  # the embedded store's eviction
 # Settings only one backend reads: given with the other backend they are refused (a
 # service_address on an embedded engine, an nvme_dir on a service one, was silently unused).
 ONLY_FOR = {"embedded": ("strategy", "host_blocks", "nvme_blocks", "nvme_dir",
-                         "token_secret_file", "default_tenant", "prefetch_lead_s"),
+                         "token_secret_file", "default_tenant", "prefetch_lead_s",
+                         "keys_dir"),
             "service": ("service_address", "service_token", "service_timeout_s",
                         "retry_after_s", "service_max_sessions")}
 
@@ -42,6 +43,7 @@ class EmbeddedSpec:
     nvme_dir: str | None = None  # None: a fresh temporary folder
     strategy: str = "agentkv"
     prefetch_lead_s: float = 1.0  # agentkv: promote before a predicted tool return
+    keys_dir: str | None = None  # the service's key directory: its tenant erasures apply
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -58,6 +60,9 @@ class ConnectorConfig:
     nvme_blocks: int = 1024
     nvme_dir: str | None = None
     token_secret_file: str | None = None  # embedded: the service's token secret (raw or hex)
+    # embedded: the service's key directory (this node's): a tenant's erasure there voids
+    # its earlier tokens here, and its blocks are dropped and zeroed
+    keys_dir: str | None = None
     default_tenant: str | None = "default"
     service_address: str | None = None  # "host:port" or a unix socket path
     service_token: str | None = None  # for requests that carry no token of their own
@@ -125,6 +130,9 @@ class ConnectorConfig:
                     f"{name} must be > 0 and finite, got {getattr(cfg, name)!r}")
         if cfg.nvme_blocks < 0:
             raise ConnectorConfigError(f"nvme_blocks must be >= 0, got {cfg.nvme_blocks}")
+        if cfg.keys_dir is not None and not os.path.isdir(cfg.keys_dir):
+            raise ConnectorConfigError(f"keys_dir {cfg.keys_dir!r:.80} is not a directory "
+                                       "(the service's key directory)")
         if cfg.default_tenant is not None:  # token-less requests act as this tenant
             try:
                 if validate_namespace(cfg.default_tenant) == PUBLIC_NAMESPACE:

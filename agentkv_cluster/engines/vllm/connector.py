@@ -28,12 +28,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from agentkv_cluster.engines.vllm.backend import ConnectorCounters
 from agentkv_cluster.engines.vllm.config import ConnectorConfig, engine_versions
-from agentkv_cluster.engines.vllm.embedded import (
-    EmbeddedBackend,
+from agentkv_cluster.engines.vllm.directory import (
     EmbeddedDirectory,
-    EmbeddedSpec,
+    TenantErasures,
     TokenResolver,
 )
+from agentkv_cluster.engines.vllm.embedded import EmbeddedBackend, EmbeddedSpec
 from agentkv_cluster.engines.vllm.hintsock import HintSocket
 from agentkv_cluster.engines.vllm.layout import block_views
 from agentkv_cluster.engines.vllm.meta import (
@@ -80,7 +80,9 @@ class AgentKVConnector(KVConnectorBase_V1):
             if cfg.backend == "service":
                 backend = self._service()
             else:
-                backend = EmbeddedDirectory(TokenResolver(cfg.token_secret(), cfg.default_tenant))
+                backend = EmbeddedDirectory(TokenResolver(
+                    cfg.token_secret(), cfg.default_tenant,
+                    TenantErasures(cfg.keys_dir) if cfg.keys_dir else None))
             self._scheduler = SchedulerSide(
                 backend, engine_versions(vllm_config), vllm_config.cache_config.block_size,
                 self.counters, remote=cfg.backend == "service",
@@ -115,7 +117,7 @@ class AgentKVConnector(KVConnectorBase_V1):
             backend = EmbeddedBackend(EmbeddedSpec(
                 slot_bytes=HEADER_SIZE + block_bytes, host_blocks=cfg.host_blocks,
                 nvme_blocks=cfg.nvme_blocks, nvme_dir=cfg.nvme_dir, strategy=cfg.strategy,
-                prefetch_lead_s=cfg.prefetch_lead_s))
+                prefetch_lead_s=cfg.prefetch_lead_s, keys_dir=cfg.keys_dir))
         background = {"auto": True if cfg.backend == "service" else None,  # network waits
                       "on": True, "off": False}[cfg.background_io]
         self._worker = WorkerSide(backend, self.counters, cfg.save_queue, background)
@@ -141,7 +143,7 @@ class AgentKVConnector(KVConnectorBase_V1):
                      ) -> tuple[set[str] | None, set[str] | None]:
         if self._worker is None:
             return None, None
-        return self._worker.get_finished(finished_req_ids)
+        return self._worker.get_finished()
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor,
                       attn_metadata: AttentionMetadata, **kwargs: Any) -> None:
@@ -166,7 +168,10 @@ class AgentKVConnector(KVConnectorBase_V1):
         self._write_stats()
         dropped, failed = self._worker.take_dropped(), self._worker.take_failed_loads()
         passed = dict.fromkeys(self._worker.take_passed(), 1)  # this worker's report
-        return AgentKVWorkerMeta(dropped, failed, passed) if dropped or failed or passed else None
+        skipped = self._worker.take_skipped()
+        if dropped or failed or passed or skipped:
+            return AgentKVWorkerMeta(dropped, failed, passed, skipped)
+        return None
 
     def _write_stats(self) -> None:
         """``AGENTKV_VLLM_STATS=PATH``: the worker's counters as JSON (tests, benchmark)."""
@@ -218,6 +223,8 @@ class AgentKVConnector(KVConnectorBase_V1):
         if isinstance(meta, AgentKVWorkerMeta):
             self._scheduler.forget(meta.dropped)
             self._scheduler.load_failed(meta.failed_loads)
+            self._scheduler.saves_skipped(meta.skipped, connector_output.invalid_block_ids,
+                                          set(meta.failed_loads))
             released |= self._barriers.passed(meta.passed)
         self._scheduler.loaded(connector_output.finished_recving)
         self._scheduler.released(released)  # the closes they held back go out

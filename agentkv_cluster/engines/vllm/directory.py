@@ -15,7 +15,9 @@ from agentkv_cluster.engines.vllm.backend import (
 )
 from agentkv_cluster.engines.vllm.hints import HintEvent
 from agentkv_cluster.lifecycle.identity import PageIdentity
+from security.erasure_marks import ErasureMarks
 from security.errors import InvalidToken
+from security.keyring import FileKeySource, TenantKeyring
 from security.principals import TokenIssuer
 
 
@@ -29,19 +31,55 @@ def check_access(caller: Caller, identity: PageIdentity, write: bool) -> None:
     raise CallerRefused(f"{caller.tenant} may not {'write' if write else 'read'} {ns!r:.60}")
 
 
-class TokenResolver:
-    """Callers from service tokens, verified with the service's secret."""
+class TenantErasures:
+    """Tenant erasures as the embedded backend enforces them, read from the service's key
+    directory (``keys_dir``): a request whose token was issued before its tenant's
+    erasure is refused, in both processes, and the worker drops and zeroes the tenant's
+    blocks (``newly_erased``)."""
 
-    def __init__(self, secret: bytes | None, default_tenant: str | None) -> None:
+    def __init__(self, keys_dir: str) -> None:
+        self.marks = ErasureMarks(TenantKeyring(FileKeySource(keys_dir)), keys_dir)
+        self._seen = dict(self.marks.all())  # erased before this engine: nothing of theirs
+
+    def check(self, caller: Caller) -> None:
+        at = self.marks.erased_at(caller.tenant)
+        if at is not None and caller.issued <= at:
+            raise CallerRefused(f"tenant {caller.tenant} was erased after this request's "
+                                "token was issued")
+
+    def newly_erased(self) -> list[str]:
+        """The tenants erased since the last call."""
+        out = []
+        for tenant, at in self.marks.all().items():
+            if at > self._seen.get(tenant, 0.0):
+                self._seen[tenant] = at
+                out.append(tenant)
+        return out
+
+
+class TokenResolver:
+    """Callers from service tokens, verified with the service's secret (and, given the
+    service's key directory, refused once their tenant was erased)."""
+
+    def __init__(self, secret: bytes | None, default_tenant: str | None,
+                 erasures: TenantErasures | None = None) -> None:
         self._issuer = TokenIssuer(secret) if secret else None
         self.default_tenant = default_tenant
+        self.erasures = erasures
 
     def resolve(self, token: str | None, session: str | None) -> Caller:
+        caller = self._resolve(token, session)
+        if self.erasures is not None:
+            self.erasures.check(caller)
+        return caller
+
+    def _resolve(self, token: str | None, session: str | None) -> Caller:
         if token is None:
             if self.default_tenant is None:
                 raise CallerRefused("this engine needs an AgentKV token in the hints")
             tenant = self.default_tenant
-            return Caller(tenant=tenant, session=session or f"{tenant}-default")
+            return Caller(tenant=tenant, session=session or f"{tenant}-default",
+                          issued=time.time())
         if self._issuer is None:
             raise CallerRefused("this engine has no token secret; tokens cannot be verified")
         try:
@@ -49,7 +87,7 @@ class TokenResolver:
         except InvalidToken as exc:
             raise CallerRefused(f"invalid AgentKV token: {exc}") from None
         return Caller(tenant=p.tenant, session=session or f"{p.tenant}-default", token=token,
-                      public_read=p.public_read, is_admin=p.is_admin,
+                      public_read=p.public_read, is_admin=p.is_admin, issued=p.issued,
                       can_publish=bool(getattr(p, "can_publish", p.is_admin)))
 
 
@@ -86,6 +124,7 @@ class EmbeddedDirectory:
         return n
 
     def contains(self, caller: Caller, identity: PageIdentity) -> bool:
+        check_access(caller, identity, write=False)
         return identity.digest() in self._held
 
     def expect(self, identity: PageIdentity) -> None:

@@ -26,11 +26,7 @@ from pathlib import Path
 
 from agentkv_cluster.engines.vllm.backend import BackendUnavailable, Caller, CallerRefused
 from agentkv_cluster.engines.vllm.config import EmbeddedSpec
-from agentkv_cluster.engines.vllm.directory import (
-    EmbeddedDirectory,
-    TokenResolver,
-    check_access,
-)
+from agentkv_cluster.engines.vllm.directory import TenantErasures, check_access
 from agentkv_cluster.engines.vllm.hints import HintEvent, HintKind
 from agentkv_cluster.lifecycle.identity import PageIdentity
 from agentkv_cluster.lifecycle.types import StateType
@@ -41,8 +37,7 @@ from store.host_pool import HostPool, PoolError
 from store.nvme import NvmeShard, NvmeShardConfig
 from store.types import Lookup, Tier
 
-__all__ = ["EmbeddedBackend", "EmbeddedDirectory", "EmbeddedSpec", "TokenResolver",
-           "check_access"]
+__all__ = ["EmbeddedBackend", "EmbeddedSpec"]
 log = logging.getLogger(__name__)
 _DEFAULT_GAP_S = 2.0
 
@@ -94,6 +89,7 @@ class EmbeddedBackend:
         self._prefetched: set[tuple[str, str]] = set()
         self._ids = itertools.count(1)
         self._dropped: set[bytes] = set()
+        self._erasures = TenantErasures(spec.keys_dir) if spec.keys_dir else None
         self._closed = False
         atexit.register(self.close)
 
@@ -104,7 +100,7 @@ class EmbeddedBackend:
     def lookup(self, caller: Caller, identities: Sequence[PageIdentity]) -> int:
         n = 0
         with self._lock:
-            self._alive()
+            self._alive(caller)
             for ident in identities:
                 check_access(caller, ident, write=False)
                 if ident.digest() not in self._blocks:
@@ -115,6 +111,7 @@ class EmbeddedBackend:
     def contains(self, caller: Caller, identity: PageIdentity) -> bool:
         check_access(caller, identity, write=False)
         with self._lock:
+            self._alive(caller)
             return identity.digest() in self._blocks
 
     def claim(self, caller: Caller, identities: Sequence[PageIdentity]) -> None:
@@ -137,7 +134,7 @@ class EmbeddedBackend:
         check_access(caller, identity, write=False)
         now = time.monotonic()
         with self._lock:
-            self._alive()
+            self._alive(caller)
             key = identity.digest()
             block = self._blocks.get(key)
             if block is None:
@@ -162,7 +159,7 @@ class EmbeddedBackend:
         check_access(caller, identity, write=True)
         now = time.monotonic()
         with self._lock:
-            self._alive()
+            self._alive(caller)
             key = identity.digest()
             if key in self._blocks:
                 self._touch(caller, key, self._blocks[key], now)
@@ -347,14 +344,14 @@ class EmbeddedBackend:
         self._nvme.delete(key)
         self._to_host(key, block, data, now)
 
-    def _drop(self, key: bytes, block: _Block) -> None:
+    def _drop(self, key: bytes, block: _Block, shred: bool = False) -> None:
         policy = self._tiers[block.tier]
         if block.view.page_id in policy:  # type: ignore[operator]
             policy.on_remove(block.view.page_id)
         if block.tier is Tier.HOST and block.slot >= 0:
             self._pool.free(block.slot)
         elif block.tier is Tier.NVME and self._nvme is not None:
-            self._nvme.delete(key)
+            (self._nvme.shred if shred else self._nvme.delete)(key)  # shred: zeroed first
         self._forget(key)
 
     def _forget(self, key: bytes) -> None:
@@ -376,9 +373,17 @@ class EmbeddedBackend:
             return {"blocks": len(self._blocks), "host_blocks": host,
                     "nvme_blocks": len(self._blocks) - host}
 
-    def _alive(self) -> None:
+    def _alive(self, caller: Caller | None = None) -> None:
+        """Open, ``caller``'s tenant not erased since (an erased tenant's blocks go, zeroed)."""
         if self._closed:
             raise BackendUnavailable("the embedded store is closed")
+        if self._erasures is not None:
+            for tenant in self._erasures.newly_erased():
+                for key in [k for k, b in self._blocks.items() if b.view.tenant == tenant]:
+                    self._drop(key, self._blocks[key], shred=True)
+                self._pool.scrub_free()  # a freed slot keeps its bytes until reused
+            if caller is not None:
+                self._erasures.check(caller)
 
     def close(self) -> None:
         with self._lock:

@@ -38,16 +38,13 @@ class RequestOps:
     # holds the blocks itself) the barrier's passing is reported in AgentKVWorkerMeta
     barrier: bool = False
     unrestored: tuple[int, ...] = ()  # blocks vLLM counts restored that no load fills
-    # the latest of this request's failed loads (``FailedLoad.step``) the scheduler knew of
-    # when it planned these saves: saves planned before it knew (async scheduling plans
-    # a step ahead) were computed on blocks never restored, and the worker drops them
-    failures_seen: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class FailedLoad:
     """A request's tokens a worker could not restore, and the worker's step (its count of
-    steps begun) whose loads failed: the scheduler echoes it in ``failures_seen``."""
+    steps begun) whose load failed: the scheduler echoes the latest it read in
+    ``AgentKVConnectorMetadata.failures_seen``."""
 
     tokens: int
     step: int
@@ -58,12 +55,17 @@ class AgentKVConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
     requests: list[RequestOps] = field(default_factory=list)
     events: list[tuple[Caller, HintEvent]] = field(default_factory=list)
     outages: int = 0  # service backend: failures the scheduler saw (the worker forgets)
+    # the latest failed load (``FailedLoad.step``) the scheduler had read when it planned
+    # this step: a worker skips every save of a step planned before it read one (any
+    # request may have read the failed blocks: a prefix-cache hit on them, async scheduling)
+    failures_seen: int = 0
 
 
 @dataclass
 class AgentKVWorkerMeta(KVConnectorWorkerMetadata):  # type: ignore[misc]
     """Worker -> scheduler: block digests no longer held (the directory mirror forgets them),
-    per request the tokens whose load failed (recomputed by vLLM), and the requests whose
+    per request the tokens whose load failed (recomputed by vLLM) and the first token of
+    the saves it skipped (``failures_seen``: planned again), and the requests whose
     barrier without a release passed (every save queued before it is written), with how
     many workers report that: with tensor or pipeline parallelism each worker writes its
     own part of the blocks, and the barrier has passed once every worker has reported it,
@@ -72,6 +74,7 @@ class AgentKVWorkerMeta(KVConnectorWorkerMetadata):  # type: ignore[misc]
     dropped: set[bytes] = field(default_factory=set)
     failed_loads: dict[str, FailedLoad] = field(default_factory=dict)
     passed: dict[str, int] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)  # req -> first token of a save skipped
 
     def aggregate(self, other: AgentKVWorkerMeta) -> AgentKVWorkerMeta:
         failed = dict(self.failed_loads)
@@ -81,7 +84,10 @@ class AgentKVWorkerMeta(KVConnectorWorkerMetadata):  # type: ignore[misc]
         passed = dict(self.passed)
         for req, n in other.passed.items():
             passed[req] = passed.get(req, 0) + n
-        return AgentKVWorkerMeta(self.dropped | other.dropped, failed, passed)
+        skipped = dict(self.skipped)
+        for req, start in other.skipped.items():
+            skipped[req] = min(start, skipped.get(req, start))
+        return AgentKVWorkerMeta(self.dropped | other.dropped, failed, passed, skipped)
 
 
 class BarrierReports:

@@ -46,7 +46,11 @@ class ReqState:
     saved_upto: int = 0  # blocks [0, saved_upto) are held or planned
     resave_from: int = 0  # the first block neither held nor restored
     tail_saved: bool = False  # the partial last block of its final step is planned
-    failures_seen: int = 0  # the latest failed load reported (``RequestOps.failures_seen``)
+    # never looked up nor saved (from now on): its KV depends on more than its token ids
+    # (images, prompt embeddings), which block identities do not cover; or it holds a
+    # block that failed to load for another request (vLLM recomputes it, or, under async
+    # scheduling, may have computed on it meanwhile)
+    unsavable: bool = False
     hashes: list[bytes] = field(default_factory=list)
 
 
@@ -71,6 +75,8 @@ class SavePlanner:
     def _plan(self, meta: AgentKVConnectorMetadata, st: ReqState, req_id: str, computed: int,
               scheduled: int) -> None:
         assert st.caller is not None
+        if st.unsavable:
+            return
         full = min((computed + scheduled) // self.block_size, len(st.block_ids),
                    len(st.request.all_token_ids) // self.block_size)
         saves: tuple[BlockOp, ...] = ()
@@ -90,8 +96,7 @@ class SavePlanner:
             if tail is not None:
                 saves += (tail,)
         if saves:
-            meta.requests.append(RequestOps(req_id, st.caller, saves=saves,
-                                            failures_seen=st.failures_seen))
+            meta.requests.append(RequestOps(req_id, st.caller, saves=saves))
 
     def finished(self, st: ReqState, request: Any, block_ids: list[int],
                  ops: list[RequestOps]) -> bool:
@@ -100,7 +105,7 @@ class SavePlanner:
         next step's ``wait_for_save`` copied the tail out and ``get_finished`` reports it
         (they stay allocated one step longer): a release in ``ops``. True when that was
         planned."""
-        if (st.caller is None or st.tail_saved or not self.min_tail_tokens
+        if (st.caller is None or st.unsavable or st.tail_saved or not self.min_tail_tokens
                 or not getattr(request, "output_token_ids", None)):
             return False  # planned already, or nothing ran (aborted)
         if st.loading:  # preempted, aborted while reloading: vLLM keeps its blocks until
@@ -110,8 +115,7 @@ class SavePlanner:
         op = self._tail_op(st, computed)
         if op is None:
             return False
-        ops.append(RequestOps(request.request_id, st.caller, saves=(op,), release=True,
-                              failures_seen=st.failures_seen))
+        ops.append(RequestOps(request.request_id, st.caller, saves=(op,), release=True))
         return True
 
     def _tail_op(self, st: ReqState, end: int) -> BlockOp | None:

@@ -64,6 +64,7 @@ class SchedulerSide:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="agentkv-lookup") if remote else None
         self._reqs: dict[str, ReqState] = {}
         self._ops: list[RequestOps] = []  # loads and releases for the next metadata
+        self._failures_seen = 0  # the latest failed load read (``FailedLoad.step``)
         self.matcher = PrefixMatcher(backend, versions, block_size)
         self.saves = SavePlanner(backend, self.matcher, block_size, min_tail_tokens)
         self.closes = retiring_for(backend, self._pool)  # task_end waits for in-flight work
@@ -74,6 +75,9 @@ class SchedulerSide:
         if st is not None:
             return st
         st = self._reqs[request.request_id] = ReqState(request=request)
+        # images or prompt embeddings: the same token ids can hold other KV
+        st.unsavable = bool(getattr(request, "mm_features", None)) or \
+            getattr(request, "prompt_embeds", None) is not None
         try:
             hints = parse_hints(request.kv_transfer_params)
         except HintError as exc:
@@ -143,9 +147,10 @@ class SchedulerSide:
         st.local_tokens = num_computed_tokens
         prompt = len(request.prompt_token_ids or ())
         n_blocks = max(0, (prompt - 1) // self.block_size)  # vLLM computes >= 1 token itself
-        wanted = (n_blocks * self.block_size > num_computed_tokens  # blocks past vLLM's hit
-                  or bool(self.min_tail_tokens)  # or a tail after them (vLLM keeps none)
-                  and prompt - 1 - num_computed_tokens >= self.min_tail_tokens)
+        wanted = not st.unsavable and (
+            n_blocks * self.block_size > num_computed_tokens  # blocks past vLLM's hit
+            or bool(self.min_tail_tokens)  # or a tail after them (vLLM keeps none)
+            and prompt - 1 - num_computed_tokens >= self.min_tail_tokens)
         if self._pool is None:
             if st.caller is None and st.lookup_started == 0.0:
                 st.lookup_started = time.monotonic()
@@ -168,6 +173,8 @@ class SchedulerSide:
                 found = _miss()
             else:
                 found = st.lookup.result()
+            if st.caller is None:  # not admitted, or given up on since (an internal error):
+                return 0, False  # no load would be planned for what it found
         # taken whole, here: the tail only continues the blocks found with it (a stale one
         # after a failed or timed-out lookup claimed tokens no load would fill)
         st.matched, st.tail, st.resave_from = found.blocks, found.tail, found.resave_from
@@ -182,7 +189,8 @@ class SchedulerSide:
     def _admit_and_lookup(self, st: ReqState, n_blocks: int, wanted: bool, local: int
                           ) -> Match:
         self._admit(st)
-        if st.caller is not None and not wanted:  # vLLM's cache serves it: a reader, still
+        if st.caller is not None and not wanted and not st.unsavable:  # vLLM's cache
+            # serves it: this session is one of its blocks' readers, still
             self.matcher.claim(st.caller, st.request, st.hashes, local // self.block_size)
         return self._lookup_now(st, n_blocks, local) if st.caller and wanted else _miss()
 
@@ -240,7 +248,8 @@ class SchedulerSide:
 
     def build_connector_meta(self, so: Any) -> AgentKVConnectorMetadata:
         meta = AgentKVConnectorMetadata(requests=self._ops,
-                                        outages=getattr(self.backend, "outages", 0))
+                                        outages=getattr(self.backend, "outages", 0),
+                                        failures_seen=self._failures_seen)
         self._ops = []
         if self.hints is not None:
             self._standalone_hints()
@@ -301,20 +310,34 @@ class SchedulerSide:
     def load_failed(self, failed: dict[str, FailedLoad]) -> None:
         """The worker could not restore the last ``tokens`` of these requests' loads.
         vLLM recomputes them from the first block not restored, and the worker saved
-        nothing computed from there in steps planned before this report (their saves
-        carry an older ``failures_seen``): those blocks are not held, so their saves are
-        planned again as they are recomputed."""
+        nothing of the steps planned before this report (``failures_seen``): those blocks
+        are not held, so their saves are planned again as they are recomputed."""
         for req_id, failure in failed.items():
+            self._failures_seen = max(self._failures_seen, failure.step)
             st = self._reqs.get(req_id)
             if st is None:
                 continue
             tokens = failure.tokens
-            st.failures_seen = max(st.failures_seen, failure.step)
             bad = max(0, st.local_tokens + st.load_tokens - tokens) // self.block_size
             st.load_tokens = max(0, st.load_tokens - tokens)
             st.matched, st.tail = st.matched[:bad], None
             st.saved_upto, st.tail_saved = min(st.saved_upto, bad), False
             st.errors.append(f"{tokens} tokens could not be restored; recomputed")
+
+    def saves_skipped(self, skipped: dict[str, int], invalid: set[int],
+                      failed: set[str]) -> None:
+        """The worker skipped these requests' saves from these tokens on (planned before
+        a failed load was read): planned again. A request other than those whose load
+        failed that holds one of the ``invalid`` blocks (a prefix-cache hit on a block
+        that never loaded) is not saved again: vLLM recomputes it, or, with async
+        scheduling, may already have computed on it."""
+        for req_id, start in skipped.items():
+            st = self._reqs.get(req_id)
+            if st is not None:
+                st.saved_upto, st.tail_saved = min(st.saved_upto, start // self.block_size), False
+        for req_id, st in self._reqs.items() if invalid else ():
+            if req_id not in failed and not invalid.isdisjoint(st.block_ids):
+                st.unsavable = True
 
     def forget(self, dropped: set[bytes]) -> None:
         if dropped and hasattr(self.backend, "forget"):  # the embedded directory's mirror

@@ -18,9 +18,11 @@ blocks has one row per kernel block: ``layout.block_views`` groups them per vLLM
   every later block are reported through ``get_block_ids_with_load_errors`` and vLLM
   recomputes them (the connector sets ``kv_load_failure_policy="recompute"``); the
   request's saves of that step from there on are dropped (computed on blocks not
-  restored), and so are its saves of later steps the scheduler planned before it knew
-  (async scheduling plans a step ahead; ``RequestOps.failures_seen``): the scheduler
-  plans them again as vLLM recomputes them.
+  restored), and so is every other save of the steps planned before the scheduler read
+  the failure (``failures_seen``): another request may have read the failed blocks (a
+  prefix-cache hit on them), and async scheduling plans a step ahead. The scheduler plans
+  the skipped saves again (vLLM recomputes the failed request's blocks), and never saves
+  again a request that holds a failed block.
 - Saves are gathered in ``wait_for_save`` (after the forward wrote the step's KV) into
   host memory, then written by a background thread (``writer.py``), so vLLM frees or
   reuses the blocks at once and never waits for the store; a full queue skips the save
@@ -85,10 +87,9 @@ class WorkerSide:
         self.writer = BlockWriter(backend, counters, save_queue)
         self._pending_lock = self.writer.lock
         self._failed: dict[str, set[BlockOp]] = {}  # req id -> its loads that failed
-        # req id -> (its first token not restored, the step that failed): its saves from
-        # there read KV never restored, until the scheduler plans them knowing it
-        self._cuts: dict[str, tuple[int, int]] = {}
         self._steps = 0  # steps begun: a failure's step (FailedLoad.step)
+        self._failed_at = 0  # the step of the latest failed load
+        self._skipped: dict[str, int] = {}  # req id -> first token of a save skipped
         self._names: dict[str, int] = {}
         self._begun: AgentKVConnectorMetadata | None = None
         self._step_loader: threading.Thread | None = None
@@ -251,15 +252,11 @@ class WorkerSide:
         except Exception:  # a prefetch is only an optimisation
             log.exception("AgentKV: prefetch failed")
 
-    def get_finished(self, finished: set[str] | None = None
-                     ) -> tuple[set[str] | None, set[str] | None]:
-        """(saves done, loads done) of requests vLLM handed over asynchronously;
-        ``finished``: the requests vLLM finished (their cuts are forgotten)."""
+    def get_finished(self) -> tuple[set[str] | None, set[str] | None]:
+        """(saves done, loads done) of requests vLLM handed over asynchronously."""
         sent = self.writer.take_released()
         with self._pending_lock:
             recved, self._recved = self._recved, set()
-            for req_id in finished or ():
-                self._cuts.pop(req_id, None)
         return sent or None, recved or None
 
     def _load(self, req: RequestOps) -> None:
@@ -301,14 +298,10 @@ class WorkerSide:
 
     def _fail(self, req: RequestOps, first: int) -> None:
         failed = req.loads[first:]
-        if not failed:
-            return
-        start = min(o.identity.start for o in failed)
         with self._pending_lock:
             self._errors.update(o.block_id for o in failed)
             self._failed.setdefault(req.req_id, set()).update(failed)
-            cut = self._cuts.get(req.req_id)
-            self._cuts[req.req_id] = (min(start, cut[0]) if cut else start, self._steps)
+            self._failed_at = self._steps
         self.counters.add(load_failures=len(failed))
 
     def _scatter_host(self, block_id: int, host: torch.Tensor) -> None:
@@ -328,8 +321,13 @@ class WorkerSide:
         with self._pending_lock:
             failed, self._failed = self._failed, {}
             return {r: FailedLoad(sum(o.identity.end - o.identity.start for o in ops),
-                                  self._cuts.get(r, (0, self._steps))[1])
-                    for r, ops in failed.items()}
+                                  self._failed_at) for r, ops in failed.items()}
+
+    def take_skipped(self) -> dict[str, int]:
+        """Per request, the first token of the saves skipped since the last call."""
+        with self._pending_lock:
+            skipped, self._skipped = self._skipped, {}
+        return skipped
 
     # -- saves ------------------------------------------------------------------------
     def wait_for_save(self, meta: AgentKVConnectorMetadata) -> None:
@@ -351,19 +349,16 @@ class WorkerSide:
     def _gather(self, meta: AgentKVConnectorMetadata) -> None:
         assert self.geometry is not None
         claim = getattr(self.backend, "claim", None)
-        with self._pending_lock:  # failed loads the scheduler did not know of when it
-            cuts = dict(self._cuts)  # planned (this step's, at least)
+        with self._pending_lock:  # a failed load the scheduler had not read when it
+            unsure = self._failed_at > meta.failures_seen  # planned this step (this one's)
         for req in meta.requests:
-            cut = cuts.get(req.req_id)
-            if cut is not None and cut[1] <= req.failures_seen:  # planned knowing of it
-                with self._pending_lock:
-                    if self._cuts.get(req.req_id) == cut:
-                        del self._cuts[req.req_id]
-                cut = None
             for op in req.saves:
-                if cut is not None and op.identity.start >= cut[0]:
-                    self.writer.skipped(op.identity)  # computed on blocks not restored:
-                    continue  # vLLM recomputes them, and the scheduler plans them again
+                if unsure:  # computed on blocks never restored, maybe: planned again
+                    self.writer.skipped(op.identity)
+                    with self._pending_lock:
+                        start = self._skipped.get(req.req_id, op.identity.start)
+                        self._skipped[req.req_id] = min(start, op.identity.start)
+                    continue
                 try:
                     if self.backend.contains(req.caller, op.identity):
                         if claim is not None:  # held (another session wrote it): a

@@ -31,7 +31,8 @@ from agentkv_cluster.engines.vllm.blocks import (
     open_block,
     seal_block,
 )
-from agentkv_cluster.engines.vllm.embedded import EmbeddedBackend, EmbeddedSpec, TokenResolver
+from agentkv_cluster.engines.vllm.directory import TokenResolver
+from agentkv_cluster.engines.vllm.embedded import EmbeddedBackend, EmbeddedSpec
 from agentkv_cluster.engines.vllm.hints import HintEvent, HintKind
 from agentkv_cluster.engines.vllm.meta import AgentKVConnectorMetadata, BlockOp, RequestOps
 from agentkv_cluster.engines.vllm.service import ServiceBackend

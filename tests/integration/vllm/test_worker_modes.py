@@ -20,7 +20,8 @@ from agentkv_cluster.engines.vllm.blocks import (
     chain_next,
     chain_seed,
 )
-from agentkv_cluster.engines.vllm.embedded import EmbeddedBackend, EmbeddedSpec, TokenResolver
+from agentkv_cluster.engines.vllm.directory import TokenResolver
+from agentkv_cluster.engines.vllm.embedded import EmbeddedBackend, EmbeddedSpec
 from agentkv_cluster.engines.vllm.hints import HintEvent, HintKind
 from agentkv_cluster.engines.vllm.hintsock import HintSocket, send_hint
 from agentkv_cluster.engines.vllm.meta import (

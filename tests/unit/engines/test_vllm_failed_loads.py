@@ -75,13 +75,16 @@ def test_a_request_whose_restore_failed_saves_nothing_its_step_computed(backgrou
     worker.wait_for_save(meta)
     assert worker.flush(10.0)
     assert worker.take_load_errors() == {1, 2}
-    assert store.written == [5 * BS]  # not r's block 2 (computed on blocks 0-1 unrestored)
+    # not r's block 2 (computed on blocks 0-1 unrestored), nor, this step, another
+    # request's: it may have read blocks 1-2 too (a prefix-cache hit on them)
+    assert store.written == []
     assert worker.take_failed_loads() == {"r": FailedLoad(tokens=2 * BS, step=1)}
+    assert worker.take_skipped() == {"r": 2 * BS, "other": 5 * BS}  # planned again
     worker.close()
 
 
-def _run(worker: WorkerSide, *requests: RequestOps) -> None:
-    meta = AgentKVConnectorMetadata(requests=list(requests))
+def _run(worker: WorkerSide, *requests: RequestOps, seen: int = 0) -> None:
+    meta = AgentKVConnectorMetadata(requests=list(requests), failures_seen=seen)
     worker.begin_step(meta)
     worker.finish_loads()
     worker.wait_for_save(meta)
@@ -89,10 +92,12 @@ def _run(worker: WorkerSide, *requests: RequestOps) -> None:
 
 
 @pytest.mark.parametrize("background", [False, True])
-def test_saves_planned_before_the_scheduler_knew_of_a_failed_load_are_dropped(background):
+def test_saves_planned_before_the_scheduler_read_a_failed_load_are_skipped(background):
     """Async scheduling (vLLM's default) plans step 2 while step 1 runs: step 2's saves of
-    r were computed on step 1's blocks that never loaded. Only saves planned once the
-    scheduler had step 1's report (``failures_seen``) are written."""
+    r were computed on step 1's blocks that never loaded, and so may be those of a request
+    with a prefix-cache hit on them. Only the saves of a step planned once the scheduler
+    had read step 1's report (``failures_seen``) are written; the skipped ones are
+    reported (planned again) and the directory mirror stops matching them."""
     store = MissingStore()
     worker = WorkerSide(store, ConnectorCounters(), background=background)
     worker.register_kv_caches({f"model.layers.{i}.attn": torch.randn(8, 2, BS, 8)
@@ -104,22 +109,27 @@ def test_saves_planned_before_the_scheduler_knew_of_a_failed_load_are_dropped(ba
     assert report == {"r": FailedLoad(tokens=2 * BS, step=1)}
     _run(worker, RequestOps("r", caller, saves=(BlockOp(_ident(3), 4),)),
          RequestOps("other", caller, saves=(BlockOp(_ident(5), 6),)))
-    assert store.written == [5 * BS]  # r's block 3 read blocks 0-1, never restored
-    assert {_ident(2).digest(), _ident(3).digest()} <= worker.take_dropped()  # not held
+    assert store.written == []
+    assert worker.take_skipped() == {"r": 2 * BS, "other": 5 * BS}
+    assert {_ident(i).digest() for i in (2, 3, 5)} <= worker.take_dropped()
     recomputed = tuple(BlockOp(_ident(i), i + 1) for i in range(4))
-    _run(worker, RequestOps("r", caller, saves=recomputed, failures_seen=report["r"].step))
-    assert store.written == [5 * BS, 0, BS, 2 * BS, 3 * BS]
-    worker.get_finished({"r"})
-    assert worker._cuts == {}  # nothing kept per request once it finished
+    _run(worker, RequestOps("r", caller, saves=recomputed),
+         RequestOps("other", caller, saves=(BlockOp(_ident(5), 6),)), seen=report["r"].step)
+    assert store.written == [0, BS, 2 * BS, 3 * BS, 5 * BS]
+    assert worker.take_skipped() == {}
     worker.close()
 
 
 def test_worker_reports_merge_to_the_latest_failure():
-    a = AgentKVWorkerMeta(failed_loads={"r": FailedLoad(tokens=2 * BS, step=3)})
+    a = AgentKVWorkerMeta(failed_loads={"r": FailedLoad(tokens=2 * BS, step=3)},
+                          skipped={"r": 3 * BS})
     b = AgentKVWorkerMeta(failed_loads={"r": FailedLoad(tokens=BS, step=5),
-                                        "q": FailedLoad(tokens=BS, step=4)})
-    assert a.aggregate(b).failed_loads == {"r": FailedLoad(tokens=2 * BS, step=5),
-                                           "q": FailedLoad(tokens=BS, step=4)}
+                                        "q": FailedLoad(tokens=BS, step=4)},
+                          skipped={"r": 2 * BS, "q": BS})
+    merged = a.aggregate(b)
+    assert merged.failed_loads == {"r": FailedLoad(tokens=2 * BS, step=5),
+                                   "q": FailedLoad(tokens=BS, step=4)}
+    assert merged.skipped == {"r": 2 * BS, "q": BS}
 
 
 def _scheduler() -> SchedulerSide:
@@ -174,7 +184,7 @@ def test_the_blocks_recomputed_after_a_failed_restore_are_saved_again():
     # planned knowing of the failure (the worker drops r's saves planned before)
     again = sched.build_connector_meta(_step(cached=[(req, [], BS)]))
     assert _saved(again) == [1, 2, 3]
-    assert {o.failures_seen for o in again.requests if o.req_id == "r"} == {1}
+    assert again.failures_seen == 1  # planned knowing of the failure: the worker saves
     assert sched.request_finished(req, [4, 5, 6, 7, 8])[1]["agentkv"]["restored_tokens"] == BS
 
 
@@ -227,3 +237,25 @@ def test_a_restore_that_cannot_be_planned_is_recomputed_not_raised():
     report = sched.request_finished(req, [3, 4, 5])[1]["agentkv"]
     assert report["restored_tokens"] == 0 and report["errors"]
     worker.close()
+
+
+def test_skipped_saves_are_planned_again_and_a_sharer_of_a_failed_block_never_saved():
+    """A request holding a block another request failed to load (vLLM adds a synchronous
+    load's blocks to its prefix cache at allocation: a hit on them) computed on KV never
+    restored: vLLM rolls it back, or under async scheduling may not. It is never saved
+    again; a request that shares no failed block has its skipped saves planned again."""
+    sched = _scheduler()
+    a, b = _request("a", 2 * BS + 1, session="t"), _request("b", 3 * BS + 1, session="u")
+    for req in (a, b):
+        sched.arrived(req)
+        sched.get_num_new_matched_tokens(req, 0)
+    first = sched.build_connector_meta(_step(new=[(a, [0, 1, 2], 0), (b, [3, 4, 5, 6], 0)]))
+    assert _saved(first) == [0, 1, 0, 1, 2]
+    # the worker skipped them (a failed load it reported); block 4, b's, failed for "r"
+    sched.load_failed({"r": FailedLoad(tokens=BS, step=3)})
+    sched.saves_skipped({"a": 0, "b": 0}, invalid={4}, failed={"r"})
+    again = sched.build_connector_meta(_step(cached=[(a, [], 2 * BS + 1), (b, [], 3 * BS + 1)]))
+    assert [(o.req_id, o.saves[0].identity.start) for o in again.requests] == [("a", 0)]
+    assert _saved(again) == [0, 1] and again.failures_seen == 3
+    b.output_token_ids.append(7)  # b stopped early: its tail is not saved either
+    assert sched.request_finished(b, [3, 4, 5, 6])[0] is False

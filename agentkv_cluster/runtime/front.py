@@ -175,12 +175,9 @@ class ServiceFront:
     def open_session(self, principal: Principal, session: str) -> dict[str, Any]:
         session = session_name(session)
         # Read fresh, not cached: a request that authenticated just before an erasure
-        # must not provision the tenant's keys again.
-        self.erasures.forget(principal.tenant)
-        erased = self.erasures.erased_at(principal.tenant)
-        if erased is not None and principal.issued <= erased:
-            raise TenantErased(f"tenant {principal.tenant} was erased after this token "
-                               "was issued")
+        # must not provision the tenant's keys again (nor end the erasure's freeze).
+        self.erasures.marks.invalidate()
+        self.erasures.check(principal)
         ensure_tenant(self.keys_dir, principal.tenant)
         hbm = self._call(self.controller.open_session, principal.tenant, session)
         # Optional, for clients that publish: whether this token may write PUBLIC now.

@@ -13,6 +13,7 @@ import threading
 
 import pytest
 
+from agentkv_cluster.api.errors import TenantErased
 from agentkv_cluster.api.protocol import RemoteError
 from agentkv_cluster.runtime.front import STAGE_PAGES
 from tests.integration.runtime.test_cluster import identity, kv_page
@@ -79,3 +80,21 @@ def test_a_store_whose_session_went_between_its_calls_is_refused(service, monkey
     assert out[0].code == ("tenant_erased" if how == "erased" else "not_found"), out[0]
     later = [p["identity"] for p in pages[STAGE_PAGES:]]
     assert fresh.lookup_prefix(later)["length"] == 0  # nothing of it in the new session
+
+
+def test_an_open_session_during_an_erasure_neither_provisions_nor_ends_the_freeze(service):
+    """A request that authenticated just before an erasure began and opens a session
+    during it is refused, and the erasure's freeze stays: the front's ``open_session``
+    re-read the marks by ending the freeze, so the tenant's next calls went through
+    until the mark was written (found by review)."""
+    client = service.client("acme")
+    client.open_session("before")  # the tenant and its keys exist
+    principal = service.front.authenticate(service.token("acme"))
+    service.front.erasures.freeze("acme")  # the erasure began; its mark is not written yet
+    try:
+        with pytest.raises(TenantErased):
+            service.front.open_session(principal, "during")
+        with pytest.raises(TenantErased):  # still frozen for the tenant's next call
+            service.front.authenticate(service.token("acme"))
+    finally:
+        service.front.erasures.forget("acme")

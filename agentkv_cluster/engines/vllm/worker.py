@@ -217,6 +217,8 @@ class WorkerSide:
                 for i, kv in enumerate(self.layers):
                     for block_id, host in ready:
                         kv[block_id].copy_(host[i])
+                    if kv.is_cuda:  # in vLLM's cache before the forward (its own stream)
+                        torch.cuda.current_stream(kv.device).synchronize()  # reads it
                     self._layer_done[i].set()
             except Exception:  # a half-copied block is recomputed
                 log.exception("AgentKV: copying restored blocks failed; recomputing")

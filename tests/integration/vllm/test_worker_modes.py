@@ -96,6 +96,27 @@ def test_layerwise_load_releases_each_layer_and_is_bit_exact(store, background):
     dst.close()
 
 
+@pytest.mark.gpu
+def test_a_cuda_layer_has_landed_for_a_forward_on_another_stream(store):
+    """A host-to-device copy from pageable memory may return before its DMA ends: a layer
+    is released to the forward (vLLM's stream, not the loader thread's) once it is in."""
+    backend, caller, ids, src_kv = store
+    dst_kv = {k: torch.zeros_like(v, device="cuda") for k, v in src_kv.items()}
+    dst = WorkerSide(backend, ConnectorCounters(), background=True)
+    dst.register_kv_caches(dst_kv)
+    dst.begin_step(AgentKVConnectorMetadata(requests=[RequestOps(
+        "r", caller, loads=tuple(BlockOp(ident, b) for b, ident in zip((1, 3, 4), ids)))]))
+    forward = torch.cuda.Stream()
+    with torch.cuda.stream(forward):
+        for name in dst_kv:
+            dst.wait_layer(dst.layer_index(name))
+            got = dst_kv[name][1].clone()  # read on the forward's stream
+            forward.synchronize()
+            assert torch.equal(got.cpu(), src_kv[name][5])
+    dst.finish_loads()
+    dst.close()
+
+
 @BACKGROUND
 def test_async_load_is_reported_by_get_finished_with_its_errors_first(store, background):
     backend, caller, ids, src_kv = store

@@ -65,8 +65,8 @@ def kill_after_chunk(service, monkeypatch, hbm: str, chunk: int, *, forgotten: b
     store = controller.store
     sent: list = []
 
-    def store_then_kill(tenant, session, metas, spans):
-        took = store(tenant, session, metas, spans)
+    def store_then_kill(tenant, session, metas, spans, after=None):
+        took = store(tenant, session, metas, spans, after)
         sent.append(len(metas))
         if len(sent) == chunk:
             service.topo.hbms[hbm].kill()

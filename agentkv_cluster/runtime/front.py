@@ -58,8 +58,6 @@ class ErasureGate:
     the old tenant (``ClusterErasure`` calls ``enforced``): the name starts again empty."""
 
     def __init__(self, keyring: TenantKeyring, keys_dir: str) -> None:
-        self.keyring = keyring
-        self.keys_dir = keys_dir
         self.marks = ErasureMarks(keyring, keys_dir, ERASED_RECHECK_S)
         self.on_pending: Callable[[], None] = lambda: None  # the watcher's wake-up
         self._enforced: dict[str, float] = {}  # tenant -> the mark this service enforced

@@ -318,10 +318,16 @@ class AgentKvStrategy:
         return tier, codec, False
 
     def restore_source(self, rec: PageRecord) -> tuple[Tier, Codec]:
-        """The copy with the smallest restore time L_i(k, q) under this service's costs."""
-        cost = self.config.cost
+        """The copy with the smallest restore time L_i(k, q) under this service's costs,
+        counting the fetch a lossy copy causes: ``complete_load`` serves the FULL reference
+        of a lossy working copy where the page has one, so restoring the lossy copy then
+        costs both moves, and a FULL copy, where there is one, is the one restored."""
+        cost, n = self.config.cost, rec.meta.length
+        full = rec.copies.get(Codec.FULL)
+        fetch = 0.0 if full is None else cost.restore_time(n, full, Codec.FULL)
         codec = min(rec.copies, key=lambda c: (
-            cost.restore_time(rec.meta.length, rec.copies[c], c), -int(c)))
+            cost.restore_time(n, rec.copies[c], c) + (fetch if c is not Codec.FULL else 0.0),
+            -int(c)))
         return rec.copies[codec], codec
 
     def gap_plan(self, recs: Sequence[PageRecord], event: ev.ToolStart, policy: EvictionPolicy,

@@ -215,7 +215,9 @@ class SessionClient(_ClosedOnExit):
 
     # -- engine side ------------------------------------------------------------------
     def store_pages(self, pages: list[dict[str, Any]]) -> list[bytes]:
-        """Each page: ``identity`` (PageIdentity.pack()), ``data`` (bytes), ``state_type``.
+        """Each page: ``identity`` (PageIdentity.pack()), ``data`` (bytes), ``state_type``,
+        optionally ``shape``, ``dtype``, ``page_id`` and ``structured`` (True: the page
+        feeds code or JSON output and is kept exact; docs/protocol.md).
         Returns their keys once every page is held; ``PageLostError`` when the HBM actors
         taking them kept dying (none of the call's pages is to be relied on)."""
         return self._call("store_pages", pages=pages)["keys"]

@@ -96,6 +96,7 @@ class Controller:
                     rec.copies, rec.pool = dict(copies[meta.key]), pool
             table.by_pid.bind((owner, session, meta.page_id), rec.gid, keep=bool(copies))
             state.pages.add(rec.gid)
+            rec.view.produces_structured |= meta.structured  # any storer's code/JSON output
             if needs := not (rec.resident or rec.busy or (copies and rec.copies)):
                 try:
                     actions += self._make_room(rec.hbm, rec.view.size_bytes, now, owner)

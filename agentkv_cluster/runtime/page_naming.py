@@ -37,7 +37,7 @@ class PageNaming:
         ``AccessDenied`` (a namespace it may not use) or ``NotFound`` (no keys yet)."""
         identity = page_identity(page)
         ns = self._namespace(principal, identity, action)  # before the rest: denials audited
-        shape, state_type, pid = page_fields(page, length, identity)
+        shape, state_type, pid, structured = page_fields(page, length, identity)
         digest = identity.digest()
         try:
             key = self.blinder.blind_key(ns, digest)
@@ -46,7 +46,8 @@ class PageNaming:
         return PageMeta(key=key, digest=digest,
                         tenant=principal.tenant, namespace=ns, session=session, page_id=pid,
                         state_type=state_type, length=length,
-                        tokens=identity.end - identity.start, shape=shape)
+                        tokens=identity.end - identity.start, shape=shape,
+                        structured=structured)
 
     def check(self, principal: Principal, namespace: str, action: str) -> None:
         """``AccessDenied`` unless ``principal`` may ``action`` in ``namespace`` (another

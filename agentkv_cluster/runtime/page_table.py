@@ -166,7 +166,8 @@ class PageTable:
         view = PageView(page_id=gid, size_bytes=self.charge(meta.length),
                         state_type=meta.state_type,
                         session=meta.session, tenant=meta.tenant, position=meta.page_id,
-                        created=now, last_access=now, recompute_tokens=meta.tokens)
+                        created=now, last_access=now, recompute_tokens=meta.tokens,
+                        produces_structured=meta.structured)
         set_type(view, meta.state_type, meta.length)
         rec = PageRecord(gid=gid, meta=meta, view=view, hbm=hbm)
         self.pages[gid] = rec

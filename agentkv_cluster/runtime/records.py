@@ -208,6 +208,7 @@ class PageMeta:
     tokens: int
     shape: KvShape | None = None  # None: opaque bytes, only Codec.FULL applies
     content_hash: bytes = b""  # BLAKE2b-128 of the page's bytes (for the audit summary)
+    structured: bool = False  # feeds code or JSON output: the risk controller keeps it FULL
 
     def erased_with(self, tenant: str) -> bool:
         """Goes with ``tenant``'s erasure: its own page, or one in its namespace (PUBLIC)."""
@@ -256,9 +257,8 @@ class PageRecord:
     stored: dict[Tier, int] = field(default_factory=dict)  # bytes of those copies per tier
     pins: int = 0
     busy: bool = False  # a demote or restore is in flight
-    # a demotion copies it out and its HBM copy stays until the worker decides
-    # (``Controller.keep_if_room``): a load may take it back meanwhile, moving nothing
-    leaving: bool = False
+    # a demotion copied it out, its HBM copy stays until the worker decides
+    leaving: bool = False  # (``Controller.keep_if_room``): a load may take it back meanwhile
     hidden_s: float = 0.0  # restore time already spent in a gap (prefetch)
     # the pool copy a demotion made while its HBM copy stayed (``keep_if_room``): until
     # the page is read again, a pressure demotion drops it, moving no bytes

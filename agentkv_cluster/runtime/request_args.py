@@ -68,8 +68,9 @@ def page_identity(page: dict[str, Any]) -> PageIdentity:
 
 
 def page_fields(page: dict[str, Any], length: int, identity: PageIdentity
-                ) -> tuple[KvShape | None, StateType, int]:
-    """A stored page's KV shape (``kv_shape``), state type and page id."""
+                ) -> tuple[KvShape | None, StateType, int, bool]:
+    """A stored page's KV shape (``kv_shape``), state type, page id and whether it feeds
+    code or JSON output (``structured``)."""
     shape = kv_shape(page, length)
     try:
         state_type = StateType(page.get("state_type", "temp_reasoning"))
@@ -78,7 +79,10 @@ def page_fields(page: dict[str, Any], length: int, identity: PageIdentity
     pid = page.get("page_id", identity.start)
     if type(pid) is not int or pid < 0:
         raise InvalidArgument("page_id must be a non-negative int")
-    return shape, state_type, pid
+    structured = page.get("structured", False)
+    if type(structured) is not bool:
+        raise InvalidArgument("structured must be true or false")
+    return shape, state_type, pid, structured
 
 
 def identity_tokens(raw: Any) -> int:

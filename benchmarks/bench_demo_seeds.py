@@ -54,12 +54,13 @@ def _hog(stop: multiprocessing.synchronize.Event) -> None:  # type: ignore[name-
             pass
 
 
-def run(seeds: list[int], sessions: int, turns: int, budget: float) -> dict:
+def run(seeds: list[int], sessions: int, turns: int, budget: float, exact: bool = False) -> dict:
     from agentkv_cluster.api.workload import WorkloadSpec, run_workload, summarize
     from agentkv_cluster.cli.demo import POLICIES, _config, _warm_up, hbm_capacity
     from agentkv_cluster.runtime.service import Service
 
-    sized = {s: hbm_capacity(WorkloadSpec(sessions=sessions, turns=turns, seed=s), budget)
+    sized = {s: hbm_capacity(WorkloadSpec(sessions=sessions, turns=turns, seed=s, exact=exact),
+                             budget)
              for s in seeds}
     specs = {s: spec for s, (spec, _) in sized.items()}
     capacity = max(cap for _, cap in sized.values())
@@ -163,6 +164,8 @@ def main() -> int:
     ap.add_argument("--hog", action="store_true", help="a busy loop on one core meanwhile")
     ap.add_argument("--hogs", type=int, default=None, metavar="N",
                     help="N busy loops meanwhile (an overloaded box; --hog is --hogs 1)")
+    ap.add_argument("--exact", action="store_true",
+                    help="pages stored structured: no policy serves a lossy copy")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--png", type=Path)
     args = ap.parse_args()
@@ -176,7 +179,7 @@ def main() -> int:
         loop.start()
     t0 = time.monotonic()
     try:
-        payload = run(_seeds(args.seeds), args.sessions, args.turns, args.budget)
+        payload = run(_seeds(args.seeds), args.sessions, args.turns, args.budget, args.exact)
     finally:
         stop.set()
         for loop in loops:
@@ -184,6 +187,7 @@ def main() -> int:
     payload["verdict"] = verdict(payload)
     payload["config"]["hog"] = hogs > 0
     payload["config"]["hogs"] = hogs
+    payload["config"]["exact"] = args.exact
     payload["config"]["load_avg"] = os.getloadavg()
     payload["config"]["seconds"] = time.monotonic() - t0
     v = payload["verdict"]

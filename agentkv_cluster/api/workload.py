@@ -52,6 +52,9 @@ class WorkloadSpec:
     # Whole trace sessions to replay (one per demo session); None = synthetic episodes.
     episodes: tuple[TraceEpisode, ...] | None = None
     charge_bytes: int = 0  # the service charges pages in units of this (arena page); 0 = exact
+    # The engine takes exact KV only: every page is stored ``structured``, so the risk
+    # controller keeps it FULL and no policy serves a lossy copy (like for like in bytes).
+    exact: bool = False
 
     def page_bytes(self, tokens: int) -> int:
         return 2 * self.layers * self.kv_heads * tokens * self.head_dim * 2
@@ -142,7 +145,7 @@ class _Episode:
         self.sizes[pid] = s.page_bytes(tokens)
         return {"page_id": pid, "identity": ident.pack(), "state_type": state_type,
                 "data": data.astype(np.float16).tobytes(),
-                "shape": [s.layers, s.kv_heads, tokens, s.head_dim]}
+                "shape": [s.layers, s.kv_heads, tokens, s.head_dim], "structured": s.exact}
 
     def ev(self, **fields: Any) -> dict[str, Any]:
         self.version += 1

@@ -53,6 +53,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="runs per policy, interleaved AgentKV, LRU, LRU, AgentKV, ... (default 3)")
     p.add_argument("--seed", type=int, default=7,
                    help="seed of the workload (prompts, tool-call lengths; default 7)")
+    p.add_argument("--exact", action="store_true",
+                   help="the engine takes exact KV only: pages are stored structured, so no "
+                        "policy serves a lossy copy (compares tier and timing alone)")
     p.set_defaults(handler=run)
 
 
@@ -75,9 +78,9 @@ def _spec(args: argparse.Namespace) -> Any:
         except (OSError, TraceFormatError) as exc:
             raise CliError(f"--trace {args.trace}: {exc}") from None
         return WorkloadSpec(sessions=len(episodes), turns=args.turns, seed=args.seed,
-                            episodes=episodes, charge_bytes=DEMO_PAGE_BYTES)
+                            episodes=episodes, charge_bytes=DEMO_PAGE_BYTES, exact=args.exact)
     return WorkloadSpec(sessions=args.sessions, turns=args.turns, seed=args.seed,
-                        charge_bytes=DEMO_PAGE_BYTES)
+                        charge_bytes=DEMO_PAGE_BYTES, exact=args.exact)
 
 
 def hbm_capacity(spec: Any, budget: float) -> tuple[Any, int]:
@@ -325,7 +328,7 @@ def run_demo(spec: Any, budget: float, progress: Any | None = None,
     return {"policies": figures, "p95_ratio": ratio and asdict(ratio), "config": {
         "sessions": spec.sessions, "turns": spec.turns, "seed": spec.seed, "rounds": rounds,
         "order": round_order(rounds), "hbm_budget": budget, "hbm_capacity_bytes": capacity,
-        "working_set_bytes": working_set}}
+        "working_set_bytes": working_set, "exact": spec.exact}}
 
 
 def pressed(figures: dict[str, dict[str, Any]]) -> bool:

@@ -10,6 +10,7 @@ embedded store, which also drops an erased tenant's blocks (``engines/vllm``).
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -26,7 +27,10 @@ class ErasureMarks:
 
     def all(self) -> dict[str, float]:
         """Every erased tenant, with when it was last erased (seconds since the epoch);
-        none where there is no key directory (nothing was ever erased there)."""
+        none where there is no key directory (nothing was ever erased there). A directory
+        that cannot be read now (an I/O error, gone, a path turned into a file) fails
+        closed: the marks last read stand until a read succeeds (an erasure is never taken
+        back), and with none read yet, where the directory is there, ``KeyUnavailable``."""
         now, stamp = time.monotonic(), _mtime_ns(self.keys_dir)
         with self._lock:
             read = self._read
@@ -34,8 +38,13 @@ class ErasureMarks:
             return read[0]
         try:
             marks = self.keyring.erasures()
-        except (OSError, KeyUnavailable):
-            marks = {}
+        except (OSError, KeyUnavailable) as exc:
+            if read is not None:
+                return read[0]  # not cached as fresh: the next call reads again
+            if not isinstance(exc, FileNotFoundError):
+                raise KeyUnavailable(f"erasure marks in {self.keys_dir} cannot be read: "
+                                     f"{exc}") from None
+            marks = {}  # no key directory (yet): nothing was ever erased there
         with self._lock:
             self._read = (marks, now, stamp)
         return marks
@@ -47,7 +56,8 @@ class ErasureMarks:
     def invalidate(self) -> None:
         """Read the marks again at the next call (an erasure here just wrote one)."""
         with self._lock:
-            self._read = None
+            if self._read is not None:  # stale, but kept for a read that fails (``all``)
+                self._read = (self._read[0], -math.inf, self._read[2])
 
 
 def _mtime_ns(path: str) -> int:

@@ -282,10 +282,11 @@ class Executor:
             return TransferResult(action=a, outcome=Outcome.DONE)
         targets = []
         # Pages are immutable: a pool copy at least as precise as the one asked for (or as
-        # the working copy, when that was restored lossy) already holds all it could.
+        # the working copy, when that was restored lossy) already holds all it could, and
+        # a copy of a lossy working copy is no more precise than it (never labelled FULL).
         best = max(a.codec, rec.resident_codec)
         if rec.copy_for(best) is None:
-            targets.append((int(a.tier), int(a.codec)))
+            targets.append((int(a.tier), int(best)))
         if a.reference and rec.resident_codec is Codec.FULL and Codec.FULL not in rec.copies:
             targets.append((int(Tier.NVME), int(Codec.FULL)))
         name = self._pool_for(rec.pool, a.hbm)

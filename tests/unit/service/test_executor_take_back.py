@@ -149,3 +149,25 @@ def test_a_restore_does_not_wait_for_its_victims_drop() -> None:
     assert [r.outcome for r in results] == [Outcome.DONE, Outcome.DONE]
     assert restored_first == [True]
     assert [c[0] for c in hbm.calls] == ["demote", "drop", "restore"]  # the drop's start
+
+
+def test_a_lossy_working_copy_left_with_no_pool_copy_is_demoted_in_its_own_form() -> None:
+    """A page restored from INT8 holds decoded INT8 values in HBM; if its pool then died
+    (its copies gone), a FULL demotion stored those values as a FULL copy, and every later
+    load of it answered ``exact`` for lossy KV (found by review)."""
+    ctl, ex, hbm = _worker()
+    asked: list = []
+    demote = hbm.demote
+    hbm.demote = lambda meta, targets, pool, drop: (asked.append(list(targets)),
+                                                    demote(meta, targets, pool, drop))[1]
+    try:
+        (pressure,) = admitted(ctl.manager, "b", range(1), 1.0)
+        rec = ctl.manager.table.pages[pressure.gid]
+        rec.resident_codec, rec.copies = Codec.INT8, {}  # restored lossy, its pool gone since
+        assert pressure.codec is Codec.FULL
+        (result,) = ex.run([pressure])
+    finally:
+        ex.close()
+    assert result.outcome is Outcome.DONE
+    assert asked == [[(int(Tier.HOST), int(Codec.INT8))]]
+    assert rec.copies == {Codec.INT8: Tier.HOST}

@@ -8,34 +8,22 @@ actors), real /dev/shm host pool, real NVMe files, real key files."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from pathlib import Path
-
 import pytest
 
-from agentkv_cluster.config import load_config
-from agentkv_cluster.runtime.service import Service
 from security.errors import InvalidSeal
 from store.types import Tier
 from tests.integration.runtime.test_cluster import identity, kv_page
 from tests.integration.runtime.test_metrics import PAGE
+from tests.support.local_service import local_service
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def service():
-    workdir = Path(tempfile.mkdtemp(prefix="agentkv-erase-pool-"))
-    cfg = load_config(env={}, overrides={
-        "api": {"port": 0},
-        "hbm": {"page_bytes": PAGE, "num_pages": 12},
-        "pool": {"pool_bytes": 4 << 20, "slot_bytes": PAGE, "nvme_dir": str(workdir / "nv")},
-    })
-    svc = Service(cfg, workdir=workdir, hbm_capacity=4 * PAGE).start(local=True)
-    yield svc
-    svc.stop()
-    shutil.rmtree(workdir, ignore_errors=True)
+    with local_service("agentkv-erase-pool-", page_bytes=PAGE, hbm_pages=12, pool_bytes=4 << 20,
+                       hbm_capacity=4 * PAGE) as svc:
+        yield svc
 
 
 def _host_records(pool, keys):

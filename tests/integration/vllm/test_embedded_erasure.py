@@ -30,7 +30,8 @@ def _token(tenant: str) -> str:
     return TokenIssuer(SECRET).issue(tenant, subject="agent", now=time.time())
 
 
-def test_an_erasure_voids_earlier_tokens_and_drops_the_tenants_blocks(tmp_path: Path):
+def _setup(tmp_path: Path) -> tuple[TenantKeyring, TokenResolver, EmbeddedBackend]:
+    """Tenants acme and globex in a key directory, and an embedded store given it."""
     keys = tmp_path / "keys"
     ring = TenantKeyring(FileKeySource(keys))
     for tenant in ("acme", "globex"):
@@ -38,6 +39,11 @@ def test_an_erasure_voids_earlier_tokens_and_drops_the_tenants_blocks(tmp_path: 
     resolver = TokenResolver(SECRET, None, TenantErasures(str(keys)))
     store = EmbeddedBackend(EmbeddedSpec(slot_bytes=PAGE, host_blocks=2, nvme_blocks=4,
                                          nvme_dir=str(tmp_path / "nv"), keys_dir=str(keys)))
+    return ring, resolver, store
+
+
+def test_an_erasure_voids_earlier_tokens_and_drops_the_tenants_blocks(tmp_path: Path):
+    ring, resolver, store = _setup(tmp_path)
     try:
         old_token = _token("acme")
         old, other = resolver.resolve(old_token, "s"), resolver.resolve(_token("globex"), "g")
@@ -61,6 +67,31 @@ def test_an_erasure_voids_earlier_tokens_and_drops_the_tenants_blocks(tmp_path: 
         shard = b"".join(f.read_bytes() for f in (tmp_path / "nv").rglob("*") if f.is_file())
         for page in pages:  # zeroed where they lay, not only forgotten
             assert page[-256:] not in shard
+    finally:
+        store.close()
+
+
+def test_an_erased_tenants_blocks_leave_no_bytes_in_the_host_pool(tmp_path: Path):
+    """A freed host slot keeps its bytes until reused, so the store scrubs every free slot
+    (``scrub_free``): the pool's shared-memory mapping itself is searched for the erased
+    blocks (what a core dump or a reader of the process's memory would find)."""
+    ring, resolver, store = _setup(tmp_path)
+    try:
+        acme, other = resolver.resolve(_token("acme"), "s"), resolver.resolve(_token("globex"), "g")
+        mine, theirs = _ids(TOKENS, "acme"), _ids(TOKENS, "globex", 1)
+        pages = [_page(ident, i) for i, ident in enumerate(mine[:2])]
+        for ident, page in zip(mine, pages):  # two blocks: both in the host pool
+            store.put(acme, ident, page)
+        pool = lambda: bytes(store._pool._bytes)  # the shared-memory mapping's bytes
+        assert all(page[-256:] in pool() for page in pages)  # control: they lie there
+        time.sleep(0.01)
+        ring.mark_erased("acme", time.time())  # what ``agentkv tenant erase`` leaves
+        time.sleep(0.01)
+        store.put(other, theirs[0], _page(theirs[0], 99))  # another tenant's call sees it
+        assert store.get(other, theirs[0]) == _page(theirs[0], 99)
+        left = pool()
+        for page in pages:
+            assert page[-256:] not in left, "an erased tenant's block is still in the host pool"
     finally:
         store.close()
 

@@ -4,14 +4,13 @@ Segment layout (all offsets 4 KiB aligned)::
 
     [header 4 KiB][slot table: num_slots x 64 B][data: num_slots x slot_bytes]
 
-A slot-table row is eight uint64: seq, version, length, state, writer_pid,
-data_offset and two spare words. ``seq`` is a seqlock: the writer makes it
-odd, copies, publishes length/version, makes it even again. A reader copies
-between two reads of ``seq`` and retries when they differ, so it returns a
-whole old page or a whole new page, never a mix (``view`` skips the copy: the caller
-uses the bytes in place, then asks ``unchanged``). A writer that dies mid-copy
-leaves ``seq`` odd: readers report TornRead, and the next writer to attach
-turns such slots into empty ones. x86-64 keeps stores in program order, which
+A slot-table row is eight uint64: seq, version, length, state, writer_pid, data_offset and
+two spare words. ``seq`` is a seqlock: the writer makes it odd, copies, publishes
+length/version, makes it even again. A reader copies between two reads of ``seq`` and
+retries when they differ, so it returns a whole old page or a whole new page, never a mix
+(``view`` skips the copy: the caller uses the bytes in place, then asks ``unchanged``). A
+writer that dies mid-copy leaves ``seq`` odd: readers report TornRead, and the next writer
+to attach turns such slots into empty ones. x86-64 keeps stores in program order, which
 this protocol relies on (ARM would need explicit fences).
 
 One writer (an exclusive flock on the segment, dropped by the kernel if the
@@ -232,6 +231,7 @@ class HostPool:
         off = w[base + OFF]
         w[base + PID] = self._pid
         w[base + SEQ] += 1  # odd: writing
+        w[base + LEN] = n  # what commit may publish (readers trust LEN only at an even SEQ)
         return self._bytes[off : off + n]
 
     def commit(self, slot: int, n: int) -> int:
@@ -240,8 +240,8 @@ class HostPool:
         w, base = self._words, self._base(slot)
         if not w[base + SEQ] & 1:
             raise PoolError(f"{self.name}: slot {slot} is not reserved")
-        if not 0 < n <= self.slot_bytes:
-            raise PageTooLarge(f"{n} bytes do not fit a {self.slot_bytes}-byte slot")
+        if not 0 < n <= w[base + LEN]:  # past the reservation: bytes nobody wrote
+            raise PageTooLarge(f"{n} bytes exceed the {w[base + LEN]} reserved in slot {slot}")
         w[base + LEN] = n
         w[base + VER] += 1
         w[base + SEQ] += 1  # even: published

@@ -38,6 +38,21 @@ def test_reserve_hands_out_the_slot_itself_and_commit_publishes(pool):
     assert pool.commit(slot, 10) == 2 and pool.read(slot) == bytes([1]) * 10
 
 
+def test_commit_publishes_nothing_past_the_reservation(pool):
+    """Found by review: commit checked only the slot size, so a commit longer than the
+    reservation published bytes the producer never wrote (the slot's previous page, when
+    it was freed without a scrub). Refused, and the reservation still stands."""
+    slot = pool.alloc()
+    pool.write(slot, b"SECRET-OF-THE-PREVIOUS-PAGE" * 100)
+    pool.free(slot)  # a plain free: its bytes stay
+    slot = pool.alloc()
+    pool.reserve(slot, 4)[:] = np.frombuffer(b"new!", np.uint8)
+    with pytest.raises(PageTooLarge, match="reserved"):
+        pool.commit(slot, 8192)
+    pool.commit(slot, 4)
+    assert pool.read(slot) == b"new!"
+
+
 def test_readers_wait_for_a_reservation_and_never_see_it_half_written(pool, pool_name):
     slot = pool.alloc()
     pool.write(slot, b"old page")

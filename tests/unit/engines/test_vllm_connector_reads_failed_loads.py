@@ -17,7 +17,6 @@ pytest.importorskip("vllm")
 from vllm.v1.outputs import KVConnectorOutput
 
 from agentkv_cluster.engines.vllm.backend import Caller, ConnectorCounters
-from agentkv_cluster.engines.vllm.blocks import EngineVersions
 from agentkv_cluster.engines.vllm.connector import AgentKVConnector
 from agentkv_cluster.engines.vllm.directory import EmbeddedDirectory, TokenResolver
 from agentkv_cluster.engines.vllm.meta import (
@@ -29,45 +28,7 @@ from agentkv_cluster.engines.vllm.meta import (
 )
 from agentkv_cluster.engines.vllm.scheduler import SchedulerSide
 from agentkv_cluster.engines.vllm.worker import WorkerSide
-
-VERSIONS = EngineVersions(model_version="m", tokenizer_version="t", rope_config="r")
-BS = 16
-
-
-class MissingStore:
-    """Holds nothing: every restore fails."""
-
-    name = "missing"
-
-    def get(self, caller, identity) -> None:
-        return None
-
-    def contains(self, caller, identity) -> bool:
-        return False
-
-    def put(self, caller, identity, data) -> None:
-        return None
-
-    def close(self) -> None:
-        return None
-
-
-def _request(req_id: str, tokens: int, session: str = "s") -> SimpleNamespace:
-    ids = list(range(100, 100 + tokens))
-    return SimpleNamespace(request_id=req_id, prompt_token_ids=list(ids), all_token_ids=ids,
-                           output_token_ids=[], num_computed_tokens=0,
-                           kv_transfer_params={"agentkv": {"session": session}})
-
-
-def _step(new=(), cached=()) -> SimpleNamespace:
-    return SimpleNamespace(
-        scheduled_new_reqs=[SimpleNamespace(req_id=r.request_id, block_ids=(ids,),
-                                            num_computed_tokens=c) for r, ids, c in new],
-        scheduled_cached_reqs=SimpleNamespace(
-            req_ids=[r.request_id for r, _, _ in cached], new_block_ids=[None] * len(cached),
-            resumed_req_ids=set(), num_computed_tokens=[c for _, _, c in cached]),
-        num_scheduled_tokens={r.request_id: len(r.all_token_ids) - c
-                              for r, _, c in (*new, *cached)})
+from tests.unit.engines.test_vllm_failed_loads import BS, VERSIONS, MissingStore, _request, _step
 
 
 def _connector(sched: SchedulerSide, worker: WorkerSide) -> AgentKVConnector:

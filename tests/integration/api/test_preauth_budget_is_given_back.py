@@ -18,15 +18,19 @@ from tests.support.local_service import local_service
 pytestmark = pytest.mark.integration
 
 
+def _exactly(sock: socket.socket, n: int) -> bytes:
+    got = b""
+    while len(got) < n:
+        more = sock.recv(n - len(got))
+        if not more:
+            raise ConnectionError("the server closed the connection")
+        got += more
+    return got
+
+
 def _reply(sock: socket.socket) -> dict:
-    head = b""
-    while len(head) < p.HEADER.size:
-        head += sock.recv(p.HEADER.size - len(head))
-    (length,) = p.HEADER.unpack(head)
-    body = b""
-    while len(body) < length:
-        body += sock.recv(length - len(body))
-    return msgpack.unpackb(body)
+    (length,) = p.HEADER.unpack(_exactly(sock, p.HEADER.size))
+    return msgpack.unpackb(_exactly(sock, length))
 
 
 def test_large_unauthenticated_frames_one_after_another_keep_the_budget() -> None:

@@ -13,24 +13,15 @@ import pytest
 
 from agentkv_cluster.api import protocol as p
 from agentkv_cluster.api.server import PreAuthLimits
+from tests.integration.api.test_wire_fuzz import _recv
 from tests.support.local_service import local_service
 
 pytestmark = pytest.mark.integration
 
 
-def _exactly(sock: socket.socket, n: int) -> bytes:
-    got = b""
-    while len(got) < n:
-        more = sock.recv(n - len(got))
-        if not more:
-            raise ConnectionError("the server closed the connection")
-        got += more
-    return got
-
-
 def _reply(sock: socket.socket) -> dict:
-    (length,) = p.HEADER.unpack(_exactly(sock, p.HEADER.size))
-    return msgpack.unpackb(_exactly(sock, length))
+    (length,) = p.HEADER.unpack(_recv(sock, p.HEADER.size))
+    return msgpack.unpackb(_recv(sock, length))
 
 
 def test_large_unauthenticated_frames_one_after_another_keep_the_budget() -> None:

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from agentkv_cluster.lifecycle import events as ev
 from agentkv_cluster.lifecycle.types import StateType
 from agentkv_cluster.policy.base import EvictionPolicy
+from agentkv_cluster.runtime.erasure_receipts import TenantForgotten
 from agentkv_cluster.runtime.event_planner import EventPlanner
 from agentkv_cluster.runtime.page_table import PageTable
 from agentkv_cluster.runtime.records import (
@@ -22,7 +23,6 @@ from agentkv_cluster.runtime.records import (
     PageMeta,
     PageRecord,
     Reason,
-    TenantForgotten,
     TransferResult,
 )
 from agentkv_cluster.runtime.schedule import MoveSchedule
@@ -96,7 +96,7 @@ class Controller:
                     rec.copies, rec.pool = dict(copies[meta.key]), pool
             table.by_pid.bind((owner, session, meta.page_id), rec.gid, keep=bool(copies))
             state.pages.add(rec.gid)
-            rec.view.produces_structured |= meta.structured  # any storer's code/JSON output
+            rec.mark_structured(meta.structured)  # any storer's code/JSON output marks it
             if needs := not (rec.resident or rec.busy or (copies and rec.copies)):
                 try:
                     actions += self._make_room(rec.hbm, rec.view.size_bytes, now, owner)

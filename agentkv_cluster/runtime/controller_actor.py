@@ -14,6 +14,7 @@ from agentkv_cluster.lifecycle.events import EventValidationError, TaskEnd
 from agentkv_cluster.runtime.actor_watch import ActorWatch
 from agentkv_cluster.runtime.controller import Controller, HbmFull
 from agentkv_cluster.runtime.directory_glue import held_elsewhere
+from agentkv_cluster.runtime.erasure_receipts import ControllerErased
 from agentkv_cluster.runtime.event_planner import AuditSummary, SessionClosed
 from agentkv_cluster.runtime.executor import Executor
 from agentkv_cluster.runtime.guard import Guarded
@@ -24,7 +25,6 @@ from agentkv_cluster.runtime.loads import EngineLoader
 from agentkv_cluster.runtime.mover import RemoteSpan
 from agentkv_cluster.runtime.records import (
     ActionKind,
-    ControllerErased,
     LoadReport,
     MetricsSince,
     Outcome,
@@ -267,7 +267,7 @@ class ControllerActor:
             node, held = found
             copies = {codec: tier for tier, codec in held.copies}
             meta = replace(meta, length=held.length, state_type=held.state_type,
-                           shape=held.shape)
+                           shape=held.shape, structured=meta.structured or held.structured)
             (adopted, _), = self.controller.admit(tenant, session, [meta], time.monotonic(),
                                                   copies={meta.key: copies}, pool=node)[0]
             if not adopted:  # those copies are being deleted with the page that made them

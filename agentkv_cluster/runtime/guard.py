@@ -18,12 +18,8 @@ from collections.abc import Callable
 from typing import Any
 
 from agentkv_cluster.runtime.controller import Controller
-from agentkv_cluster.runtime.records import (
-    Action,
-    RequestRefused,
-    RuntimeError_,
-    TenantForgotten,
-)
+from agentkv_cluster.runtime.erasure_receipts import TenantForgotten
+from agentkv_cluster.runtime.records import Action, RequestRefused, RuntimeError_
 
 LOAD_WAIT_S = 60.0  # an engine load waits at most this long for its pages to stop moving
 

@@ -27,16 +27,10 @@ from agentkv_cluster.runtime.records import (
 )
 
 if TYPE_CHECKING:
+    from agentkv_cluster.runtime.erasure_receipts import ControllerErased, HbmPurged, PoolPurged
     from agentkv_cluster.runtime.event_planner import AuditSummary, SessionClosed
     from agentkv_cluster.runtime.mover import Endpoint, RemoteSpan
-    from agentkv_cluster.runtime.records import (
-        ControllerErased,
-        HbmPurged,
-        LoadReport,
-        MetricsSince,
-        PageMeta,
-        PoolPurged,
-    )
+    from agentkv_cluster.runtime.records import LoadReport, MetricsSince, PageMeta
     from agentkv_cluster.runtime.stores import Stored
     from agentkv_cluster.runtime.strategies import Learned
     from store.directory.base import DirectoryEntry

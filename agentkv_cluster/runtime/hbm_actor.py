@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from agentkv_cluster.runtime.actor_groups import MOVE_OUT, group
 from agentkv_cluster.runtime.arena_pages import ArenaPages
+from agentkv_cluster.runtime.erasure_receipts import HbmPurged
 from agentkv_cluster.runtime.mover import Endpoint, Mover, RemoteSpan, lease_end, unanswered
-from agentkv_cluster.runtime.records import DemoteReceipt, HbmPurged, PageMeta, RestoreReceipt
+from agentkv_cluster.runtime.records import DemoteReceipt, PageMeta, RestoreReceipt
 from store.codecs import CodecInputError
 from store.codecs.pages import decode_into, encode_page
 from store.hbm import HbmArena, PageTooLarge

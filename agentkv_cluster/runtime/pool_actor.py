@@ -14,6 +14,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
+from agentkv_cluster.runtime.erasure_receipts import PoolPurged
 from agentkv_cluster.runtime.mover import Endpoint, Mover, RemoteSpan, stalled
 from agentkv_cluster.runtime.pool_geometry import host_slot_bytes, staging_slot_bytes
 from agentkv_cluster.runtime.pool_publisher import PoolPublisher
@@ -32,7 +33,7 @@ from agentkv_cluster.runtime.pool_tiers import (
     TierWriter,
     open_host,
 )
-from agentkv_cluster.runtime.records import PageMeta, PoolPurged, PoolReceipt
+from agentkv_cluster.runtime.records import PageMeta, PoolReceipt
 from security.blinding import DirectoryBlinder, size_bucket
 from security.chunked import ChunkedSealer
 from security.errors import KeyUnavailable
@@ -207,7 +208,8 @@ class PoolActor:
                           seal_gen=self.keyring.current_generation(meta.namespace),
                           namespace=meta.namespace, full=meta.length,
                           state_type=meta.state_type.value,
-                          shape=None if shape is None else shape.stored())
+                          shape=None if shape is None else shape.stored(),
+                          structured=meta.structured)
         storing = self.storing.begin(meta.key, codec, meta.namespace)
         sealed = (meta.key, codec, copy, meta.digest, plain)
         try:

@@ -4,7 +4,7 @@ them into a NIXL push.
 Version 2 (written now) is a ``security.chunked`` record: in the clear only the format
 version, an opaque key id and the blinded slot identity (a hash of the blinded page key
 and codec, also the record's NVMe key); the page's index entry (key, namespace, codec,
-location id, generations, lengths, state type, shape) is sealed in its meta block, and
+location id, generations, lengths, state type, shape, structured) is sealed in its meta block, and
 the record is padded to a size class. A restarted actor opens the meta blocks with the
 keyring to rebuild its index; records of an erased tenant no longer open and are dropped.
 
@@ -62,6 +62,7 @@ class StoredCopy:
     full: int = 0  # full-precision page bytes
     state_type: str = "temp_reasoning"
     shape: list | None = None  # [layers, kv_heads, tokens, head_dim, dtype]
+    structured: bool = False  # feeds code or JSON output (``PageMeta.structured``)
     nkey: bytes = b""  # NVMe key; version 2: the blinded slot identity
     version: int = 2  # record format
 
@@ -100,7 +101,8 @@ def app_header(key: bytes, codec: Codec, copy: StoredCopy) -> bytes:
     """The index entry sealed inside a version-2 record's meta block."""
     return msgpack.packb({"k": key, "ns": copy.namespace, "c": int(codec), "loc": copy.loc,
                           "sg": copy.seal_gen, "dg": copy.dir_gen, "n": copy.nbytes,
-                          "fl": copy.full, "st": copy.state_type, "sh": copy.shape})
+                          "fl": copy.full, "st": copy.state_type, "sh": copy.shape,
+                          "sx": copy.structured})
 
 
 def binding_of(copy: StoredCopy, digest: bytes) -> Binding:
@@ -168,11 +170,13 @@ class RecordSealer:
 
 
 def holding_of(found: list[tuple[Codec, StoredCopy]]) -> PoolHolding:
-    """What a pool holds of one page, from its copies (at least one) by codec."""
+    """What a pool holds of one page, from its copies (at least one) by codec; structured
+    if any copy was stored so (a copy stored before a storer's flag came is not)."""
     first = found[0][1]
     return PoolHolding(copies=tuple((x.tier, c) for c, x in found), length=first.full,
                        state_type=StateType(first.state_type),
-                       shape=KvShape.from_stored(first.shape))
+                       shape=KvShape.from_stored(first.shape),
+                       structured=any(x.structured for _, x in found))
 
 
 def read_entry(sealer: ChunkedSealer, record: bytes | memoryview, tier: Tier, slot: int
@@ -198,12 +202,13 @@ def read_entry(sealer: ChunkedSealer, record: bytes | memoryview, tier: Tier, sl
                           dir_gen=header["dg"], nbytes=header["n"], namespace=header["ns"],
                           full=header.get("fl", header["n"]),
                           state_type=header.get("st", "temp_reasoning"),
-                          shape=header.get("sh"), nkey=nkey, version=version)
+                          shape=header.get("sh"), structured=header.get("sx", False),
+                          nkey=nkey, version=version)
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"record header is not an index entry: {exc!r}") from None
     ints = (copy.loc, copy.seal_gen, copy.dir_gen, copy.nbytes, copy.full)
     if not (isinstance(key, bytes) and isinstance(copy.namespace, str)
-            and all(isinstance(v, int) for v in ints)):
+            and all(isinstance(v, int) for v in ints) and isinstance(copy.structured, bool)):
         raise ValueError("record header is not an index entry: a field of the wrong type")
     return key, codec, copy
 

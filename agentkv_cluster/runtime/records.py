@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -40,19 +40,6 @@ class UnknownPageKey(RuntimeError_, KeyError):
 
 class TenantErased(RuntimeError_):
     """The tenant was (or is being) erased meanwhile: nothing served, what began undone."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class TenantForgotten:
-    """What the controller dropped of an erased tenant."""
-
-    keys: dict[str, list[bytes]]  # per HBM actor: every key of the tenant's pages there
-    pages: int
-    resident: int  # pages that had a working copy in HBM
-    sessions: int
-    pins: int  # pins held on the tenant's pages (loads prepared and not released)
-    cancelled: int  # scheduled gap migrations and prefetches of its pages
-    straggling: int  # pages whose transfer had not ended when the wait gave up
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,48 +104,20 @@ class PoolHolding:
     length: int  # the FULL page's bytes
     state_type: StateType
     shape: KvShape | None
+    structured: bool = False  # a copy was stored for code or JSON output
 
     def wire(self) -> tuple:
         """Plain values for Ray's msgpack path, as ``PoolReceipt.wire``."""
         return (tuple((int(t), int(c)) for t, c in self.copies), self.length,
-                self.state_type.value, None if self.shape is None else self.shape.stored())
+                self.state_type.value, None if self.shape is None else self.shape.stored(),
+                self.structured)
 
     @classmethod
     def from_wire(cls, wire: Sequence) -> PoolHolding:
-        copies, length, state_type, shape = wire
+        copies, length, state_type, shape, structured = wire
         return cls(copies=tuple((Tier(t), Codec(c)) for t, c in copies), length=int(length),
-                   state_type=StateType(state_type), shape=KvShape.from_stored(shape))
-
-
-@dataclass(frozen=True, kw_only=True)
-class HbmPurged:
-    """What an HBM actor overwrote for a tenant erasure (``HbmActor.purge``)."""
-
-    pages: int  # the tenant's pages, freed and zeroed
-    free_zeroed: int  # free arena pages zeroed (a dropped page keeps its bytes until reused)
-    staging_zeroed: int  # free staging slots zeroed
-
-
-@dataclass(frozen=True, kw_only=True)
-class PoolPurged:
-    """What a pool actor overwrote for a tenant erasure (``PoolActor.purge_tenant``)."""
-
-    copies: tuple[tuple[bytes, int], ...]  # (key, codec) of each copy overwritten
-    host: int  # copies in host-pool slots, zeroed and freed
-    nvme: int  # copies in the NVMe shard, zeroed in place, then tombstoned
-    host_free_zeroed: int  # free host slots zeroed
-    nvme_dead_zeroed: int  # dead NVMe records zeroed
-    staging_zeroed: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class ControllerErased:
-    """The controller's part of a tenant erasure: what it forgot, its HBM actors' summed."""
-
-    forgotten: TenantForgotten
-    hbm_pages: int
-    hbm_free_zeroed: int
-    hbm_actors: int
+                   state_type=StateType(state_type), shape=KvShape.from_stored(shape),
+                   structured=bool(structured))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -266,6 +225,12 @@ class PageRecord:
     # Features of the page's last reuse prediction (eq. 2), until its outcome is known:
     # read again (``access``) or retired unread; the predictor learns from that pair.
     phi: np.ndarray | None = None
+
+    def mark_structured(self, structured: bool) -> None:
+        """A storer's page feeds code or JSON output: the record (and the copies the pool
+        stores of it from now on) keep it exact; the mark is never taken back."""
+        if structured and not self.meta.structured:
+            self.meta, self.view.produces_structured = replace(self.meta, structured=True), True
 
     def copy_for(self, codec: Codec) -> Codec | None:
         """The most precise pool copy at least as precise as ``codec`` (pages are

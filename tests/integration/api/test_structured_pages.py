@@ -1,7 +1,8 @@
 """``store_pages``'s ``structured`` field reaches the risk controller (docs/protocol.md): a
 page that feeds code or JSON output is marked on the service's page record, a malformed
-flag is ``bad_args`` with nothing stored, and a page stored again with the flag by
-another session is marked too. That such a page is never demoted lossy is
+flag is ``bad_args`` with nothing stored, and a page stored again with the flag is marked
+too (and the pool copies made of it from then on: ``test_structured_copies.py`` in
+``tests/integration/runtime``). That such a page is never demoted lossy is
 ``tests/unit/service/test_structured_pages.py``."""
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ def service():
 
 
 def _flags(svc) -> dict[int, bool]:
-    """Per page id of session ``s``, whether its record is marked structured."""
+    """Per page id of session ``s``, whether its record is marked structured: for the
+    policy (its view) and for the copies the pool stores of it (its meta) alike."""
     table = svc.topo.controller.target.controller.manager.table  # local mode: the actor
-    return {r.meta.page_id: r.view.produces_structured for r in table.pages.values()
-            if r.meta.session == "s"}
+    records = [r for r in table.pages.values() if r.meta.session == "s"]
+    assert all(r.meta.structured == r.view.produces_structured for r in records)
+    return {r.meta.page_id: r.view.produces_structured for r in records}
 
 
 def test_the_flag_reaches_the_page_record_and_bad_flags_are_refused(service) -> None:

@@ -10,8 +10,8 @@ import pytest
 
 from agentkv_cluster.api.protocol import RemoteError
 from agentkv_cluster.config import load_config
+from agentkv_cluster.runtime.erasure_receipts import PoolPurged
 from agentkv_cluster.runtime.handles import PoolHandle
-from agentkv_cluster.runtime.records import PoolPurged
 from agentkv_cluster.runtime.service import Service
 from security.audit import verify_log
 from security.audit_format import read_records

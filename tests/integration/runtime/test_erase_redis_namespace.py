@@ -16,7 +16,7 @@ import redis as redis_py
 
 from agentkv_cluster.runtime.directory_glue import RedisSpec
 from agentkv_cluster.runtime.erasure import ClusterErasure
-from agentkv_cluster.runtime.records import ControllerErased, PoolPurged, TenantForgotten
+from agentkv_cluster.runtime.erasure_receipts import ControllerErased, PoolPurged, TenantForgotten
 from security.audit import AuditLog
 from security.blinding import DirectoryBlinder
 from security.erasure import verify_receipt

@@ -26,8 +26,8 @@ from agentkv_cluster.runtime import wiring
 from agentkv_cluster.runtime.directory_glue import RedisSpec, open_directory
 from agentkv_cluster.runtime.directory_watch import watch_redis
 from agentkv_cluster.runtime.erasure import ClusterErasure
+from agentkv_cluster.runtime.erasure_receipts import ControllerErased, TenantForgotten
 from agentkv_cluster.runtime.pool_actor import PoolActor
-from agentkv_cluster.runtime.records import ControllerErased, TenantForgotten
 from security.audit import AuditLog
 from security.erasure import Eraser
 from security.keyring import FileKeySource, TenantKeyring

@@ -114,6 +114,7 @@ def test_version_1_records_are_still_read(service):
     {"k": b"k" * 32, "ns": "acme", "c": 0, "loc": 1, "sg": 1, "dg": 1, "n": "8"},  # a str size
     {"k": b"k" * 32, "ns": "acme", "c": 99, "loc": 1, "sg": 1, "dg": 1, "n": 8},  # no codec
     {"k": "k", "ns": 7, "c": 0, "loc": 1, "sg": 1, "dg": [], "n": 8},  # wrong types
+    {"k": b"k" * 32, "ns": "acme", "c": 0, "loc": 1, "sg": 1, "dg": 1, "n": 8, "sx": 1},
 ])
 def test_a_record_whose_header_is_no_index_entry_leaves_at_a_rebuild(service, header):
     """A version-1 header is plaintext msgpack: a damaged one is dropped when a restarted

@@ -9,9 +9,9 @@ import json
 import threading
 from types import SimpleNamespace
 
+from agentkv_cluster.runtime.erasure_receipts import PoolPurged
 from agentkv_cluster.runtime.generation_erasure import GenerationErasures
 from agentkv_cluster.runtime.handles import ActorGone
-from agentkv_cluster.runtime.records import PoolPurged
 from security.audit import AuditLog
 from security.keyring import FileKeySource, TenantKeyring
 from security.signing import Signer

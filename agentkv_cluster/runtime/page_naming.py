@@ -37,17 +37,16 @@ class PageNaming:
         ``AccessDenied`` (a namespace it may not use) or ``NotFound`` (no keys yet)."""
         identity = page_identity(page)
         ns = self._namespace(principal, identity, action)  # before the rest: denials audited
-        shape, state_type, pid, structured = page_fields(page, length, identity)
+        fields = page_fields(page, length, identity)
         digest = identity.digest()
         try:
             key = self.blinder.blind_key(ns, digest)
         except KeyUnavailable:  # no keys yet: this tenant never opened a session here
             raise NotFound("session is not open") from None
-        return PageMeta(key=key, digest=digest,
-                        tenant=principal.tenant, namespace=ns, session=session, page_id=pid,
-                        state_type=state_type, length=length,
-                        tokens=identity.end - identity.start, shape=shape,
-                        structured=structured)
+        return PageMeta(key=key, digest=digest, tenant=principal.tenant, namespace=ns,
+                        session=session, page_id=fields.page_id, state_type=fields.state_type,
+                        length=length, tokens=identity.end - identity.start,
+                        shape=fields.shape, structured=fields.structured)
 
     def check(self, principal: Principal, namespace: str, action: str) -> None:
         """``AccessDenied`` unless ``principal`` may ``action`` in ``namespace`` (another

@@ -4,6 +4,7 @@ KV shape against its bytes), an identity's token count."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from agentkv_cluster.api.errors import InvalidArgument
@@ -67,10 +68,18 @@ def page_identity(page: dict[str, Any]) -> PageIdentity:
         raise InvalidArgument(f"bad page identity: {exc}") from None
 
 
-def page_fields(page: dict[str, Any], length: int, identity: PageIdentity
-                ) -> tuple[KvShape | None, StateType, int, bool]:
-    """A stored page's KV shape (``kv_shape``), state type, page id and whether it feeds
-    code or JSON output (``structured``)."""
+@dataclass(frozen=True, kw_only=True)
+class PageFields:
+    """What a request says of one page besides its identity, checked."""
+
+    shape: KvShape | None  # ``kv_shape``: None for opaque bytes
+    state_type: StateType
+    page_id: int  # the engine's id within the session (default: the identity's start)
+    structured: bool  # the page feeds code or JSON output
+
+
+def page_fields(page: dict[str, Any], length: int, identity: PageIdentity) -> PageFields:
+    """A stored page's fields; ``InvalidArgument`` naming the first bad one."""
     shape = kv_shape(page, length)
     try:
         state_type = StateType(page.get("state_type", "temp_reasoning"))
@@ -82,7 +91,7 @@ def page_fields(page: dict[str, Any], length: int, identity: PageIdentity
     structured = page.get("structured", False)
     if type(structured) is not bool:
         raise InvalidArgument("structured must be true or false")
-    return shape, state_type, pid, structured
+    return PageFields(shape=shape, state_type=state_type, page_id=pid, structured=structured)
 
 
 def identity_tokens(raw: Any) -> int:

@@ -68,8 +68,8 @@ def test_gap_migrations_keep_structured_drafts_full() -> None:
 def test_the_flag_is_true_or_false() -> None:
     ident = identity("acme", "s", 0)
     base = {"identity": ident.pack(), "page_id": 0}
-    assert page_fields(base, 16, ident)[3] is False
-    assert page_fields(base | {"structured": True}, 16, ident)[3] is True
+    assert page_fields(base, 16, ident).structured is False
+    assert page_fields(base | {"structured": True}, 16, ident).structured is True
     for bad in (1, 0, "true", None, [True]):
         try:
             page_fields(base | {"structured": bad}, 16, ident)

@@ -104,10 +104,15 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o644, *, fsync: bool = Tr
 
 
 def write_keypair(private_path: str | os.PathLike[str], public_path: str | os.PathLike[str]) -> Signer:
-    """Generate a signing key: private PEM (mode 0600, never overwritten) and public PEM.
-    Both files or neither: when the public key cannot be written the private one is removed."""
+    """Generate a signing key: private PEM (mode 0600) and public PEM, neither replacing a
+    file (a public key may be the only one that verifies earlier receipts, and a path
+    mistyped may name a signing key). Both files or neither: when the public key cannot be
+    written the private one is removed."""
     if Path(private_path).resolve() == Path(public_path).resolve():
         raise InvalidSigningKey(f"the private and public key cannot both be {private_path}")
+    if os.path.lexists(public_path):
+        raise InvalidSigningKey(f"{public_path} exists; refusing to replace it (a public key "
+                                "verifies the receipts signed before: move it aside first)")
     signer = Signer.generate()
     try:
         fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -110,6 +112,13 @@ def check_writable_dir(path: Path | None, flag: str) -> None:
         raise CliError(f"{flag} {path}: {probe} is not writable")
 
 
+def emit(text: str) -> None:
+    """Write ``text`` to standard output now; ``OSError`` (a full disk, a closed pipe) as is,
+    for the caller to say what it means (a token lost, a receipt to print again)."""
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
 def redact_url(url: str) -> str:
     """``url`` fit to print or log: its password (in the user part or a ``password=`` query
     argument, both of which redis-py reads) replaced by ``***``."""
@@ -178,11 +187,30 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     apply_state_defaults(args)
+    on_term = args.command in ADMIN_COMMANDS and threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, _terminated) if on_term else None  # cleanup runs
     try:
         return int(handler(args) or 0)
     except CliError as exc:
         print(f"agentkv {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM for an admin command
+        print(f"agentkv {args.command}: interrupted{INTERRUPTED.get(args.command, '')}",
+              file=sys.stderr)
+        return 130
+    finally:
+        if on_term:
+            signal.signal(signal.SIGTERM, before)
+
+
+# Commands that change or probe state an admin relies on (keys, audit log, Redis ACL users).
+ADMIN_COMMANDS = ("audit", "tenant")
+INTERRUPTED = {"tenant": "; an erasure it had begun is listed as unfinished by `agentkv audit "
+                         "verify`, and the same command run again finishes it"}
+
+
+def _terminated(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt  # unwinds through the command's ``finally`` blocks
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -43,6 +43,16 @@ def check_prefix(prefix: str) -> None:
         raise CliError(f"--redis-prefix {prefix!r:.40}: {exc}") from None
 
 
+def check_url(url: str) -> None:
+    """``--redis-url`` parses as a Redis URL (scheme, port, database): checked before any
+    step that a malformed URL would cut off half way."""
+    try:
+        redis.connection.parse_url(url)
+    except ValueError as exc:  # not a redis://, rediss:// or unix:// URL; a bad port
+        shown = redact_url(url)
+        raise CliError(f"--redis-url {shown!r}: {str(exc).replace(url, shown)}") from None
+
+
 def erase_namespace(url: str, namespace: str, prefix: str = "akv", *, retry_s: float,
                     finishing: bool = False) -> int:
     """The directory step of ``tenant erase --redis-url``: every directory key of one tenant

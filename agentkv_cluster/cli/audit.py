@@ -10,10 +10,18 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentkv_cluster.cli import CliError, add_state_dir, check_writable_file, redact_url
+from agentkv_cluster.cli import (
+    CliError,
+    add_state_dir,
+    check_writable_dir,
+    check_writable_file,
+    redact_url,
+)
 
 if TYPE_CHECKING:
     from security.erasure import BegunErasure
+
+MAX_PROBE_ROUNDS = 100_000  # audit isolation --rounds: lookups per timing distribution
 
 
 def _e(value: object) -> str:
@@ -195,12 +203,20 @@ def _isolation(args: argparse.Namespace) -> int:
     from security.isolation import run_probes
     from security.keyring import FileKeySource, TenantKeyring
 
-    if args.rounds < 10:
-        raise CliError("--rounds must be at least 10")
+    if not 10 <= args.rounds <= MAX_PROBE_ROUNDS:
+        raise CliError(f"--rounds must be 10..{MAX_PROBE_ROUNDS}")
+    if args.keys_dir is not None:
+        if args.keys_dir.exists() and not args.keys_dir.is_dir():
+            raise CliError(f"--keys-dir {args.keys_dir} is a file, not a directory")
+        check_writable_dir(args.keys_dir, "--keys-dir")
     shown = redact_url(args.redis_url)
     admin = connect_admin(args.redis_url)
     with tempfile.TemporaryDirectory(prefix="agentkv-probe-keys-") as tmp:
-        keyring = TenantKeyring(FileKeySource(args.keys_dir or tmp))
+        try:
+            keyring = TenantKeyring(FileKeySource(args.keys_dir or tmp))
+        except OSError as exc:
+            raise CliError(f"--keys-dir {args.keys_dir}: cannot create "
+                           f"{exc.filename or args.keys_dir}: {exc.strerror}") from None
         try:
             results = run_probes(admin, tenant_connector(admin, args.redis_url), keyring,
                                  now=time.time(), rounds=args.rounds, markers_extra=args.tool_name)
@@ -301,6 +317,10 @@ def _keygen(args: argparse.Namespace) -> int:
                        "overwrite the private one")
     check_writable_file(args.private, "--private")
     check_writable_file(args.public, "--public")
+    for flag, path in (("--private", args.private), ("--public", args.public)):
+        if path.exists():
+            raise CliError(f"{flag} {path} exists; keygen never replaces a file (a signing "
+                           "key, or the public key earlier receipts verify with)")
     try:
         signer = write_keypair(args.private, args.public)  # both files or neither
     except InvalidSigningKey as exc:

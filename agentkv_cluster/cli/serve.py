@@ -180,6 +180,10 @@ def prepare_state(cfg: Any) -> Path:
                                                            sec.token_secret_file)):
         if value and not Path(value).is_file():
             raise CliError(f"{flag} {value} is not a readable file")
+    if not sec.audit_key and not (root / "audit.key").exists() and (root / "audit.pub").exists():
+        raise CliError(f"{root / 'audit.pub'} is there without its signing key audit.key: "
+                       "a new key pair would replace the public key the receipts signed "
+                       "before verify with; move it aside, or give --signing-key")
     return root
 
 

@@ -19,6 +19,7 @@ from agentkv_cluster.cli import (
     add_state_dir,
     check_writable_dir,
     check_writable_file,
+    emit,
 )
 
 if TYPE_CHECKING:
@@ -71,7 +72,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="with --redis-url: how long an unreachable Redis is retried "
                             "before the erase gives up, having destroyed no key (default: as "
                             "the service's own erasure, 60)")
-    erase.add_argument("--receipt-out", type=Path, metavar="F", help="write the receipt here too")
+    erase.add_argument("--receipt-out", type=Path, metavar="F",
+                       help="write the receipt here too: a new file (an existing one is never "
+                            "replaced), or a device or pipe")
     erase.set_defaults(handler=_erase)
 
     publish = sub.add_parser(
@@ -203,7 +206,7 @@ def _erase(args: argparse.Namespace) -> int:
     from security.erasure import Eraser
     from security.errors import SecurityError
 
-    check_writable_file(args.receipt_out, "--receipt-out")  # before any key is destroyed
+    _check_receipt_out(args.receipt_out)  # before any key is destroyed
     keyring = _keyring(args.keys_dir)
     audit, signer = _audit(args)
     if audit is None or signer is None:
@@ -244,8 +247,17 @@ def _erase(args: argparse.Namespace) -> int:
     finally:
         audit.close()
     text = receipt.to_json() + "\n"
-    sys.stdout.write(text)  # first: the signed receipt is never lost to a failed file write
-    sys.stdout.flush()
+    try:
+        emit(text)  # first: the signed receipt is never lost to a failed file write
+    except OSError as exc:
+        try:
+            _write_receipt(args.receipt_out, text)
+            saved = f"; it is in {args.receipt_out}" if args.receipt_out else ""
+        except CliError:
+            saved = ""
+        raise CliError(f"keys destroyed, but the receipt could not be printed ({exc.strerror})"
+                       f"{saved}; `agentkv tenant erase {args.tenant}` run again with the same "
+                       "options prints it (signed again from its audit record)") from None
     if receipt.failed_tiers:
         print(f"warning: keys destroyed, but deleting pages failed in: {', '.join(receipt.failed_tiers)}"
               " (what is left there is ciphertext under destroyed keys)", file=sys.stderr)
@@ -276,9 +288,11 @@ def _directory_step(args: argparse.Namespace, keyring: TenantKeyring, eraser: Er
     there, it leaves the keys intact and the same command run again completes the erasure.
     An erasure that destroyed the keys and could not record its end is finished with the
     namespaces its marks name."""
-    from agentkv_cluster.cli._redis_admin import erase_namespace
+    from agentkv_cluster.cli._redis_admin import check_prefix, check_url, erase_namespace
     from agentkv_cluster.runtime.erasure import DIRECTORY_RETRY_S
 
+    check_url(args.redis_url)  # before the erasure's begun record: a typo erases nothing
+    check_prefix(args.redis_prefix)
     if args.generation is not None:
         raise CliError("--redis-url deletes whole tenants; the directory retires "
                        "generations itself")
@@ -293,11 +307,25 @@ def _directory_step(args: argparse.Namespace, keyring: TenantKeyring, eraser: Er
                                        finishing=finishing) for ns in namespaces)
 
 
+def _check_receipt_out(path: Path | None) -> None:
+    """A receipt never replaces a file: one that exists may be an earlier receipt, the
+    audit log or a key (one wrong path used to destroy it, exit 0). A device or a pipe
+    (``/dev/stdout``, a FIFO) is written in place."""
+    if path is not None and path.is_file():
+        raise CliError(f"--receipt-out {path} exists; a receipt never replaces a file (an "
+                       "earlier receipt, the audit log or a key): name a new file")
+    check_writable_file(path, "--receipt-out")
+
+
 def _write_receipt(path: Path | None, text: str) -> None:
     if path is None:
         return
     try:
-        path.write_text(text)  # in place, not renamed over: F may be /dev/stdout or a pipe
+        if path.exists() and not path.is_file():  # a device or pipe: written in place
+            path.write_text(text)
+        else:  # created, never replaced (O_EXCL; a symlink to anything is refused)
+            with path.open("x") as out:
+                out.write(text)
     except OSError as exc:
         raise CliError(f"keys destroyed, but --receipt-out {path} could not be written "
                        f"({exc.strerror}); the receipt is on stdout above") from None
@@ -316,7 +344,11 @@ def _token(args: argparse.Namespace) -> int:
                              ttl_s=args.ttl, roles=roles, public_read=args.public_read)
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    print(token)
+    try:
+        emit(token + "\n")
+    except OSError as exc:
+        raise CliError(f"the token could not be written to standard output ({exc.strerror})"
+                       ) from None
     return 0
 
 

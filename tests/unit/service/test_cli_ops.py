@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agentkv_cluster.cli import ProgressLines, build_parser, main
+from agentkv_cluster.cli import CliError, ProgressLines, build_parser, main
 from agentkv_cluster.cli.serve import config_from_args, format_address, prepare_state, token_secret
 from agentkv_cluster.config import ConfigError, default_state_dir, env_variables, load_config
 
@@ -87,6 +87,17 @@ def test_state_dir_defaults_to_xdg_state_home(tmp_path) -> None:
     cfg = load_config(env={"AGENTKV_STATE_DIR": str(tmp_path / "s")})
     assert prepare_state(cfg) == tmp_path / "s"
     assert (tmp_path / "s").stat().st_mode & 0o777 == 0o700
+
+
+def test_serve_never_replaces_a_public_key_whose_signing_key_is_gone(tmp_path) -> None:
+    """The service generates its audit key pair in the state directory when there is none;
+    with audit.pub left alone (the signing key lost or moved) that used to overwrite the
+    only key that verifies the receipts signed before."""
+    cfg = load_config(env={"AGENTKV_STATE_DIR": str(tmp_path)})
+    (tmp_path / "audit.pub").write_bytes(b"the old public key")
+    with pytest.raises(CliError, match="audit.pub is there without its signing key"):
+        prepare_state(cfg)
+    assert (tmp_path / "audit.pub").read_bytes() == b"the old public key"
 
 
 def test_the_token_secret_survives_a_restart(tmp_path) -> None:

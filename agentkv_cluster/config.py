@@ -293,8 +293,11 @@ def _read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ConfigError("config", f"cannot read {path}: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise ConfigError("config", f"{path} is not a text (YAML) file") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError("config", f"{path} is not valid YAML: {exc}") from None
+    except yaml.YAMLError as exc:  # one line naming the file and where (str(exc) is several)
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError("config", f"{path} is not valid YAML{where}: {problem}") from None
     if not isinstance(data, dict):
         raise ConfigError("config", f"{path} must hold a mapping at top level")
     return data

@@ -99,7 +99,13 @@ def _check_redis_url(url: str) -> None:
     if scheme not in ("redis", "rediss", "unix"):
         raise ConfigError("directory.redis_url", "not a redis URL: it must start with "
                           f"redis://, rediss:// or unix:// (it starts {scheme or 'otherwise'!r})")
-    query = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)
+    parts = urllib.parse.urlsplit(url)
+    try:
+        parts.port  # noqa: B018 - raises on a port that is not a number (0..65535)
+    except ValueError:
+        raise ConfigError("directory.redis_url", "its port is not a number in 0..65535"
+                          ) from None
+    query = urllib.parse.parse_qs(parts.query)
     for option, off in _NO_VERIFY.items():
         if any(v.strip().lower() in off for v in query.get(option, [])):
             raise ConfigError("directory.redis_url", f"its {option} option turns off the "

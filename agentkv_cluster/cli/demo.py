@@ -66,6 +66,8 @@ def _spec(args: argparse.Namespace) -> Any:
         raise CliError("--sessions, --turns and --rounds must be >= 1")
     if not 0.05 <= args.budget <= 1.0:
         raise CliError("--budget must be in [0.05, 1]")
+    if args.seed < 0:
+        raise CliError("--seed must be >= 0")
     if args.trace is not None:
         from agentkv_cluster.api.workload import episodes_from_trace
         from agentkv_cluster.sim.trace.format import TraceFormatError

@@ -180,6 +180,9 @@ def prepare_state(cfg: Any) -> Path:
                                                            sec.token_secret_file)):
         if value and not Path(value).is_file():
             raise CliError(f"{flag} {value} is not a readable file")
+    unix = Path(cfg.api.unix_path) if cfg.api.unix_path else None
+    if unix is not None and not unix.parent.is_dir():
+        raise CliError(f"api.unix_path {unix}: folder {unix.parent} does not exist")
     if not sec.audit_key and not (root / "audit.key").exists() and (root / "audit.pub").exists():
         raise CliError(f"{root / 'audit.pub'} is there without its signing key audit.key: "
                        "a new key pair would replace the public key the receipts signed "

@@ -124,3 +124,37 @@ def test_an_object_store_below_rays_floor_is_refused_at_load() -> None:
         load_config(env={"AGENTKV_RAY_OBJECT_STORE_MEMORY": "64MiB"})
     assert load_config(env={"AGENTKV_RAY_OBJECT_STORE_MEMORY": "75MiB"}).ray.object_store_memory \
         == 75 << 20
+
+
+def test_a_yaml_error_is_one_line_naming_the_file_and_where(tmp_path: Path) -> None:
+    """It was the parser's eight lines, naming ``"<unicode string>"`` instead of the file."""
+    config = tmp_path / "agentkv.yaml"
+    config.write_text("api:\n  port: 7420\n pool: [\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(config, env={})
+    text = str(err.value)
+    assert str(config) in text and "line 3" in text and "\n" not in text
+    assert "unicode string" not in text
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:notaport", "redis://127.0.0.1:70000/0"])
+def test_a_redis_url_with_a_bad_port_is_refused_before_ray(url: str) -> None:
+    """It was refused only after Ray started, as the controller actor's ``ValueError``."""
+    with pytest.raises(ConfigError, match="directory.redis_url: its port is not a number"):
+        load_config(env={"AGENTKV_DIRECTORY_REDIS_URL": url})
+
+
+def test_a_unix_socket_in_a_missing_folder_is_refused_before_ray(tmp_path: Path) -> None:
+    from agentkv_cluster.cli.serve import prepare_state
+
+    cfg = load_config(env={"AGENTKV_STATE_DIR": str(tmp_path / "s"),
+                           "AGENTKV_API_UNIX_PATH": str(tmp_path / "nope" / "agentkv.sock")})
+    with pytest.raises(CliError, match=f"api.unix_path .*: folder {tmp_path / 'nope'} does not"):
+        prepare_state(cfg)
+
+
+def test_a_negative_demo_seed_is_refused(capsys) -> None:
+    from agentkv_cluster.cli import main
+
+    assert main(["demo", "--seed", "-1"]) == 2
+    assert "--seed must be >= 0" in capsys.readouterr().err

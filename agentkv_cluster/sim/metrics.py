@@ -6,8 +6,8 @@
 - transfer MB per batch: lower tier -> HBM bytes (restores and prefetches) at the
   stored precision, as the paper counts it (its Table 4 transfer column equals
   (1 - byte hit) x reused bytes / compression ratio for every row);
-- hidden fraction: mean over reads that needed a restore of the share of the
-  restore's duration that finished before the read;
+- hidden fraction: mean over reads that needed a restore (one that takes time) of the
+  share of the restore's duration that finished before the read;
 - risk proxy (§3.2): mean over reads of |log prediction error| x correctness
   weight x demotion depth;
 - high-value wrong-eviction proxy: over reads of high-value pages (correctness
@@ -91,7 +91,7 @@ def summarize(trace: BatchTrace, batches: int) -> PolicyMetrics:
         p50, p95, p99 = (float(x) for x in np.percentile(visible, [50, 95, 99]))
     else:
         p50 = p95 = p99 = 0.0
-    restored = ~hit
+    restored = ~hit & (total > 0)  # a restore that took no time had nothing to hide (0/0)
     if restored.any():
         hidden = np.clip((total[restored] - visible[restored]) / total[restored], 0.0, 1.0)
         hidden_pct = float(hidden.mean() * 100)

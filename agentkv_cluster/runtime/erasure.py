@@ -52,6 +52,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 WATCH_POLL_S = 1.0  # how soon an erasure made by another process is enforced here
+RETRY_S = (2.0, 300.0)  # a purge a tier did not finish: first wait, longest wait
+SELF_REPAIRED = frozenset({"redis-user"})  # reconciled on every look of the watcher
 DIRECTORY_RETRY_S = 60.0  # how long the directory step retries an unreachable directory
 
 # Tier names in receipt order; each maps to a count in the purge report.
@@ -82,6 +84,7 @@ class ClusterErasure:
         self.signer = signer
         self._lock = threading.Lock()  # one erasure at a time
         self.enforced: dict[str, float] = {}  # tenant -> erasure mark already enforced
+        self._retry: dict[str, tuple[int, float]] = {}  # tenant -> (tries, next, monotonic)
         self.generations = GenerationErasures(topo, keys_dir, audit, self._lock)
         # what an erasure whose end the log refused deleted: its rerun's receipt counts it
         self._unrecorded: dict[int, tuple[tuple[str, int], ...]] = {}
@@ -209,11 +212,18 @@ class ClusterErasure:
     def enforce_new_marks(self) -> list[str]:
         """Purge every tenant whose erasure mark appeared since the last look (an erasure
         made with ``agentkv tenant erase`` on the key directory); each purge is recorded
-        in the audit log as ``erasure.enforced`` with its per-tier counts."""
+        in the audit log as ``erasure.enforced`` with its per-tier counts. A purge that a
+        tier holding the tenant's pages or keys did not finish (a pool past its deadline)
+        leaves the tenant unenforced (its name stays refused) and is tried again, at
+        growing intervals (``RETRY_S``), each try recorded; the directory and Redis users
+        have their own repair (``reapply_directory``, ``reconcile_users``)."""
         marks = TenantKeyring(FileKeySource(self.keys_dir)).erasures()
         done = []
         for tenant, at in sorted(marks.items()):
             if self.enforced.get(tenant, 0.0) >= at:
+                continue
+            tries, due = self._retry.get(tenant, (0, 0.0))
+            if time.monotonic() < due:
                 continue
             with self._lock:
                 if self.enforced.get(tenant, 0.0) >= at:
@@ -229,7 +239,14 @@ class ClusterErasure:
                     log.warning("erasure: the directory step failed (%s)", type(exc).__name__)
                     counts.append(["directory", -1])
                     failed.append("directory")
-                self._enforced(tenant, at)
+                if set(report.failed) - SELF_REPAIRED:
+                    delay = min(RETRY_S[1], RETRY_S[0] * 2 ** tries)
+                    self._retry[tenant] = (tries + 1, time.monotonic() + delay)
+                    log.warning("erasure: %s did not finish; tried again in %.0f s",
+                                ", ".join(sorted(set(report.failed) - SELF_REPAIRED)), delay)
+                else:
+                    self._retry.pop(tenant, None)
+                    self._enforced(tenant, at)
                 self.audit.append("erasure.enforced", {
                     "tenant": tenant, "erased_at": at, "counts": counts,
                     "failed_tiers": failed}, time.time())

@@ -1,0 +1,80 @@
+"""An erasure made by another process (``agentkv tenant erase`` on the key directory) that a
+pool did not finish purging on the running service is tried again (found by review: the
+watcher marked the tenant enforced at once, so a pool that missed its deadline kept the
+tenant's copies and the cached keys that open them while the service ran, and the name
+was served again). Local mode: the service in this process, with real NIXL, shared memory,
+files and AES-GCM; one extra pool that misses its first purge."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from agentkv_cluster.cli import main
+from agentkv_cluster.config import load_config
+from agentkv_cluster.runtime import erasure
+from agentkv_cluster.runtime.erasure_receipts import PoolPurged
+from agentkv_cluster.runtime.handles import ActorSlow, PoolHandle
+from agentkv_cluster.runtime.service import Service
+
+pytestmark = pytest.mark.integration
+PAGE = 2 * 2 * 2 * 128 * 64 * 2
+
+
+class _SlowOnce:
+    """A pool that misses its first purge's deadline (busy), then answers."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, int | None]] = []
+
+    def purge_tenant(self, tenant: str, generation: int | None = None) -> PoolPurged:
+        self.asked.append((tenant, generation))
+        if len(self.asked) == 1:
+            raise ActorSlow("slow-pool: no answer in 300.0 s")
+        return PoolPurged(copies=(), host=0, nvme=0, host_free_zeroed=0, nvme_dead_zeroed=0,
+                          staging_zeroed=0)
+
+    def tenants_held(self) -> list[str]:
+        return []
+
+
+def _enforced_records(log: Path) -> list[list[str]]:
+    return [r["data"]["failed_tiers"] for r in map(json.loads, log.read_text().splitlines())
+            if r["kind"] == "erasure.enforced"]
+
+
+def test_a_purge_a_pool_did_not_finish_is_tried_again(monkeypatch) -> None:
+    monkeypatch.setattr(erasure, "RETRY_S", (0.5, 1.0))
+    workdir = Path(tempfile.mkdtemp(prefix="agentkv-erase-retry-"))
+    cfg = load_config(env={}, overrides={
+        "api": {"port": 0}, "hbm": {"page_bytes": PAGE, "num_pages": 8},
+        "pool": {"pool_bytes": 4 * PAGE, "slot_bytes": PAGE, "nvme_dir": str(workdir / "nv")}})
+    svc = Service(cfg, workdir=workdir, hbm_capacity=3 * PAGE).start(local=True)
+    slow = _SlowOnce()
+    try:
+        with svc.client("acme") as client:
+            client.open_session("s")
+        svc.topo.pools["slow"] = PoolHandle.local(slow, "slow")
+        log = workdir / "audit.log"
+        assert main(["tenant", "erase", "acme", "--keys-dir", svc.keys_dir, "--audit-log",
+                     str(log), "--signing-key", str(workdir / "audit.key")]) == 0
+        deadline = time.monotonic() + 20.0
+        while not _enforced_records(log) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        first = _enforced_records(log)
+        assert first and "host" in first[0], first  # the failed try is on the record
+        if len(slow.asked) == 1:  # between the tries: the name is not served again yet
+            assert svc.erasure.enforced.get("acme") is None
+        while svc.erasure.enforced.get("acme") is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(slow.asked) == 2 and svc.erasure.enforced.get("acme") is not None
+        assert _enforced_records(log)[-1] == []  # the try that finished, recorded
+    finally:
+        svc.topo.pools.pop("slow", None)
+        svc.stop()
+        shutil.rmtree(workdir, ignore_errors=True)

@@ -251,3 +251,19 @@ def test_a_close_leaves_the_summary_of_audited_pages_no_event_named() -> None:
     assert closed.retired == 3 and len(deletions) == 3
     summaries = ctl.events.drain_audit()
     assert {s.state_type for s in summaries} == set(kinds[:2]) and len(summaries) == 2
+
+
+def test_a_load_that_ends_after_its_session_closed_leaves_no_pin_on_a_shared_page() -> None:
+    """The load pinned a page session "a" shares; "b" closed while the load ran. Its pin
+    was kept (found by review: nothing tested it), so the page stayed unevictable until
+    the pin TTL."""
+    ctl = _controller()
+    (shared,) = _store(ctl, "t", "a", [_meta("t", "a", 0, key=b"shared")])
+    ctl.table.open_session("t", "b")
+    assert ctl.table.share(_meta("t", "b", 0, key=b"shared"), "h")
+    rec = ctl.table.pages[shared]
+    ctl.table.pin(rec)  # b's load pins the page ...
+    ctl.events.close_session("t", "b", 1.0)  # ... and b closes before the load ends
+    assert rec.pins == 1 and shared in ctl.table.pages  # "a" keeps the page
+    ctl.table.hold("t", "b", [shared], 2.0)
+    assert rec.pins == 0 and not rec.view.pinned

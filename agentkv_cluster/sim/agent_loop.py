@@ -18,8 +18,8 @@ reasoning page. Lifecycle, with the signal a real orchestrator sends:
   probability ``supersede_prob`` at a later call (VERSION_SUPERSEDED).
 
 The shared prefix ends when the last session of the batch ends. Each idle gap
-carries its own tool class and the tool's own duration (``Batch.gap_tools``,
-``Batch.gap_tool_s``); predictions are the true gap times a log-normal error
+carries its own tool class, the tool's own duration and its start (``Batch.gap_tools``,
+``Batch.gap_tool_s``, ``Batch.gap_tool_start``); predictions are the true gap times a log-normal error
 drawn from the noise stream, as in the paper preset.
 """
 
@@ -70,11 +70,12 @@ class _Pages:
 
 
 def _session(pages: _Pages, rng: np.random.Generator, cfg: SimConfig, name: str,
-             t0: float, prefix: int) -> tuple[float, dict[int, list[tuple[str, float]]]]:
-    """One session's calls; returns its end time and, per page, (tool, tool_s) per gap."""
+             t0: float, prefix: int) -> tuple[float, dict[int, list[tuple[str, float, float]]]]:
+    """One session's calls; returns its end time and, per page, (tool, tool_s, tool
+    start) per gap."""
     al = cfg.workload.agent_loop
     n_calls = int(rng.integers(al.calls_min, al.calls_max + 1))
-    gaps: dict[int, list[tuple[str, float]]] = {}
+    gaps: dict[int, list[tuple[str, float, float]]] = {}
     live: list[int] = []
     observations: list[int] = []
 
@@ -100,7 +101,7 @@ def _session(pages: _Pages, rng: np.random.Generator, cfg: SimConfig, name: str,
         obs_type = StateType.EVIDENCE if tool.name == "search" else StateType.TOOL_OBSERVATION
         obs = pages.add(obs_type, size(), t_next, name)
         for p in (*live, reasoning, prefix):
-            gaps.setdefault(p, []).append((tool.name, float(tool_s)))
+            gaps.setdefault(p, []).append((tool.name, float(tool_s), float(t + latency)))
         live.append(reasoning)
         # lifecycle at the next call: abandoned branches and superseded observations
         if rng.random() < al.abandon_prob:
@@ -138,7 +139,7 @@ def agent_loop_workload(cfg: SimConfig) -> Workload:
     for b in range(wl.batches):
         pages = _Pages()
         prefix = pages.add(StateType.FIXED_PREFIX, int(al.prefix_mb * MB), 0.0, "prefix")
-        all_gaps: dict[int, list[tuple[str, float]]] = {}
+        all_gaps: dict[int, list[tuple[str, float, float]]] = {}
         end = 0.0
         for s in range(al.sessions_per_batch):
             start = float(rng.uniform(0.0, 2.0 * al.model_median_s))
@@ -153,7 +154,7 @@ def agent_loop_workload(cfg: SimConfig) -> Workload:
         created = np.array(pages.created)
         reads = [np.array(sorted(r)) for r in pages.reads]
         recompute = sizes / MB * rate[types]
-        predicted, gap_tools, gap_tool_s = [], [], []
+        predicted, gap_tools, gap_tool_s, gap_tool_start = [], [], [], []
         for i in range(n):
             times = np.concatenate([[created[i]], reads[i]])
             gaps_i = np.diff(times) if len(reads[i]) else np.empty(0)
@@ -162,13 +163,15 @@ def agent_loop_workload(cfg: SimConfig) -> Workload:
             predicted.append(true * np.exp(cfg.noise * nrng.standard_normal(true.size)))
             g = all_gaps.get(i, [])
             # the prefix is shared: its gaps interleave the sessions' tools; keep by order
-            tools = tuple(name for name, _ in g[: true.size])
+            tools = tuple(name for name, _, _ in g[: true.size])
             gap_tools.append(tools + ("",) * (true.size - len(tools)))
-            secs = [d for _, d in g[: true.size]]
+            secs = [d for _, d, _ in g[: true.size]]
+            starts = [at for _, _, at in g[: true.size]]
             if i == prefix:  # a shared page waits on no single tool
                 gap_tools[-1] = ("",) * true.size
-                secs = []
+                secs, starts = [], []
             gap_tool_s.append(np.array(secs + [0.0] * (true.size - len(secs))))
+            gap_tool_start.append(np.array(starts + [np.nan] * (true.size - len(starts))))
         batches.append(Batch(
             index=b, capacity_bytes=int(np.floor(cfg.budget * sizes.sum())),
             types=types, sizes=sizes, created=created, eol=np.array(pages.eol),
@@ -179,6 +182,7 @@ def agent_loop_workload(cfg: SimConfig) -> Workload:
             eol_kind=np.array(pages.kind, dtype=np.int8), recompute_s=recompute,
             recompute_est_s=recompute * np.exp(cfg.cost_error * nrng.standard_normal(n)),
             correctness=weight_of[types], gap_tools=tuple(gap_tools),
-            gap_tool_s=tuple(gap_tool_s), retype_at=np.array(pages.retype_at),
+            gap_tool_s=tuple(gap_tool_s), gap_tool_start=tuple(gap_tool_start),
+            retype_at=np.array(pages.retype_at),
             retype_to=np.array(pages.retype_to, dtype=np.int8)))
     return Workload(source=f"agent-loop(seed={cfg.seed})", batches=batches)

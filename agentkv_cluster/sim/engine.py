@@ -169,14 +169,11 @@ class BatchRun:
         """When the tool of the page's current gap started, if that is known by ``now``
         (the trace's tool_start event time); None when the workload has no tool times."""
         b = self.batch
-        if not b.gap_tool_s:
+        if not b.gap_tool_start:
             return None
-        i, k = s.view.page_id, s.next_access
-        reads = b.access_times[i]
-        if k >= len(reads) or k >= len(b.gap_tool_s[i]) or b.gap_tool_s[i][k] <= 0:
-            return None
-        started = float(reads[k]) - float(b.gap_tool_s[i][k])
-        return started if started <= now else None
+        starts, k = b.gap_tool_start[s.view.page_id], s.next_access
+        started = float(starts[k]) if k < len(starts) else float("nan")
+        return started if started <= now else None  # nan (no tool): never
 
     def run(self, progress: Callable[[int], None] | None = None) -> BatchTrace:
         """Replay every event; ``progress(n)`` is told of pages produced, every

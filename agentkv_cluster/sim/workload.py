@@ -133,6 +133,10 @@ class Batch:
     # (0 = unknown: the gap is model time only, or the trace does not say)
     gap_tools: Sequence[tuple[str, ...]] = ()
     gap_tool_s: Sequence[np.ndarray] = ()
+    # ... and when that tool started (nan: no tool in the gap, or unknown): a driver is
+    # told it once it is past, whether or not the page is read again (a live service
+    # sees the tool_start event either way)
+    gap_tool_start: Sequence[np.ndarray] = ()
     # signals as delivered (signal-quality model applied; None = at ``eol``, all of them)
     signal_at: np.ndarray | None = None
     false_signal_at: np.ndarray | None = None  # premature "dead" signals (inf = none)

@@ -207,6 +207,7 @@ def _batch(table: EventTable, split: TaskSplit, tasks: timeline.Tasks, chosen: l
         correctness=weight[types],
         gap_tools=RaggedLabels(Ragged(gaps.labels, gaps.offsets), gaps.names),
         gap_tool_s=Ragged(gaps.secs, gaps.offsets),
+        gap_tool_start=Ragged(gaps.starts, gaps.offsets),
         retype_at=shared_at, retype_to=np.full(n, timeline.FIXED, np.int8))
     return dataclasses.replace(
         batch, capacity_bytes=max(1, int(cfg.budget * working_set_bytes(batch))))

@@ -70,6 +70,7 @@ class Calls:
     ts: np.ndarray
     state: np.ndarray  # int8 into StateType
     after_tool: np.ndarray  # code of the tool started after the call (-1: none)
+    after_tool_ts: np.ndarray  # when that tool started (nan: none)
     before_s: np.ndarray  # seconds of the tools the call waited on
 
 
@@ -90,17 +91,18 @@ def calls_of(c: Columns, split: TaskSplit, tasks: Tasks, chosen: list[int]) -> C
     state = c.state[order].astype(np.int8)
     default = np.where(k[order] == 0, _STATES.index(StateType.TASK_INPUT),
                        _STATES.index(StateType.TOOL_OBSERVATION))
-    after, before = _tool_facts(c, task, by_task, picked)
+    after, after_ts, before = _tool_facts(c, task, by_task, picked)
     return Calls(event=order, task=task[order], ts=c.ts[order],
                  state=np.where(state < 0, default, state).astype(np.int8),
-                 after_tool=after[order], before_s=before[order])
+                 after_tool=after[order], after_tool_ts=after_ts[order],
+                 before_s=before[order])
 
 
 def _tool_facts(c: Columns, task: np.ndarray, calls: np.ndarray,
-                picked: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                picked: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per call event: the tool its task starts after it (the first at or after its
-    time, before the task's next later call) and the seconds of the tools started
-    since the task's previous earlier call (summed, at most the time between)."""
+    time, before the task's next later call) and when, and the seconds of the tools
+    started since the task's previous earlier call (summed, at most the time between)."""
     tools = np.flatnonzero((c.kind == _TOOL) & (task >= 0) & picked[np.maximum(task, 0)])
     tools = tools[np.lexsort((c.ts[tools], task[tools]))]
     times, rank = np.unique(np.concatenate([c.ts[calls], c.ts[tools]]), return_inverse=True)
@@ -108,9 +110,10 @@ def _tool_facts(c: Columns, task: np.ndarray, calls: np.ndarray,
     call_key = task[calls] * width + rank[:calls.size]
     tool_key = task[tools] * width + rank[calls.size:]
     after = np.full(c.kind.size, -1, np.int64)
+    after_ts = np.full(c.kind.size, np.nan)
     before = np.zeros(c.kind.size)
     if not calls.size:
-        return after, before
+        return after, after_ts, before
     # after: the first tool at or after the call, if before the next later call
     i = np.searchsorted(tool_key, call_key, "left")
     nxt = np.searchsorted(call_key, call_key, "right")
@@ -121,6 +124,7 @@ def _tool_facts(c: Columns, task: np.ndarray, calls: np.ndarray,
     ok = i < tools.size
     ok[ok] &= tool_key[i[ok]] < hi[ok]
     after[calls[ok]] = c.tool[tools[i[ok]]]
+    after_ts[calls[ok]] = c.ts[tools[i[ok]]]
     # before: tools in [previous earlier call, this call)
     k = np.searchsorted(call_key, call_key, "left")
     has = (k > 0)
@@ -137,7 +141,7 @@ def _tool_facts(c: Columns, task: np.ndarray, calls: np.ndarray,
         secs[q] = sum(dur[lo[q]:hi_i[q]].tolist())
     gap = c.ts[calls] - np.where(has, times[np.maximum(lo_key % width, 0)], 0.0)
     before[calls] = np.where(count > 0, np.minimum(secs, gap), 0.0)
-    return after, before
+    return after, after_ts, before
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -228,6 +232,7 @@ class Gaps:
     true: np.ndarray  # per slot: the true gap (the tail: a typical one), >= 1 ms
     labels: np.ndarray  # per slot: code into ``names`` of the tool that runs in it
     secs: np.ndarray  # per slot: that tool's own seconds (0: unknown)
+    starts: np.ndarray  # per slot: when that tool started (nan: no tool, or unknown)
     offsets: np.ndarray
     head: np.ndarray
     names: tuple[str, ...]
@@ -263,7 +268,11 @@ def gaps_of(pages: Pages, calls: Calls, names: tuple[str, ...]) -> Gaps:
     labels[head] = calls.after_tool[pages.first_call]
     labels[slot + 1] = calls.after_tool[pages.read_call]
     labels[labels < 0] = len(names)
+    starts = np.empty(read_ts.size + n)  # the labelled tool's start: a fact once it is past
+    starts[head] = calls.after_tool_ts[pages.first_call]
+    starts[slot + 1] = calls.after_tool_ts[pages.read_call]
     secs = np.zeros(read_ts.size + n)
     secs[slot] = calls.before_s[pages.read_call]
     return Gaps(read_ts=read_ts, true=np.maximum(true, 1e-3), labels=labels, secs=secs,
-                offsets=pages.offsets + np.arange(n + 1), head=head, names=(*names, ""))
+                starts=starts, offsets=pages.offsets + np.arange(n + 1), head=head,
+                names=(*names, ""))

@@ -179,6 +179,9 @@ def test_replay_is_one_timeline_with_every_read_and_per_gap_tools():
     assert b.gap_tools[0] == ("search", "", "", "")
     assert list(b.gap_tool_s[0][:2]) == [0.0, 3.0]
     assert b.gap_tools[1] == ("search", "") and b.gap_tool_s[1][0] == 3.0
+    # and when that tool started, from its own event (not from the read that ends the gap)
+    assert np.array_equal(b.gap_tool_start[0], [0.5, np.nan, np.nan, np.nan], equal_nan=True)
+    assert np.array_equal(b.gap_tool_start[1], [0.5, np.nan], equal_nan=True)
     # noise 0: gap predictions are exact; after the last read the guess is a typical
     # gap (the page's median), never the time to its signal (13.5 - 3.5 here)
     assert np.allclose(b.predicted_idle[0], [1.0, 2.5, 1e-3, 1.0])

@@ -24,15 +24,6 @@ def _run(capsys, *argv: str) -> tuple[int, str, str]:
     return rc, out.out, out.err
 
 
-@pytest.fixture
-def admin_files(tmp_path: Path) -> dict[str, str]:
-    """A key pair, a key directory holding tenant acme, and the audit options for them."""
-    write_keypair(tmp_path / "sk.pem", tmp_path / "pk.pem")
-    TenantKeyring(FileKeySource(tmp_path / "keys")).create_tenant("acme")
-    return {"keys": str(tmp_path / "keys"), "log": str(tmp_path / "ops.log"),
-            "sk": str(tmp_path / "sk.pem"), "pk": str(tmp_path / "pk.pem")}
-
-
 def _erase(capsys, files: dict[str, str], *extra: str) -> tuple[int, str, str]:
     return _run(capsys, "tenant", "erase", "acme", "--keys-dir", files["keys"], "--audit-log",
                 files["log"], "--signing-key", files["sk"], *extra)

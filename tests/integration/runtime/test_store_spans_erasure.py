@@ -5,7 +5,8 @@ opened anew, after the erasure by a new token of the tenant, so pre-erasure byte
 stored after the erasure receipt was signed, and the re-created tenant loaded them with
 the keys the store answered. The pause between two calls is injected (a wrapper around
 the front's controller handle); in a service it is a wait for staging slots or a slow
-controller call (service in local mode: real NIXL, /dev/shm, files and AES-GCM)."""
+controller call (service in local mode: real NIXL, /dev/shm, files and AES-GCM). A store
+still waiting for its first slots when its tenant is erased is refused too."""
 
 from __future__ import annotations
 
@@ -98,3 +99,30 @@ def test_an_open_session_during_an_erasure_neither_provisions_nor_ends_the_freez
             service.front.authenticate(service.token("acme"))
     finally:
         service.front.erasures.forget("acme")
+
+
+def test_a_store_erased_while_it_waited_for_slots_is_refused(service, monkeypatch) -> None:
+    """The same before its first controller call: it waits for staging slots (injected
+    around the front's ``_staged``) while its tenant is erased, the name provisioned again
+    and a session of the same name opened by a new token; once it has its slots it is
+    refused, and nothing of it lands in the new session."""
+    pages = [kv_page(i, "evidence", identity("acme", "agent-7", 128 * i)) for i in range(2)]
+    old = service.client("acme").open_session("agent-7")  # authenticated before the erasure
+    real, waiting, go = service.front._staged, threading.Event(), threading.Event()
+
+    def staged(n: int):
+        if not waiting.is_set():  # the store's first chunk: no slot free for a while
+            waiting.set()
+            assert go.wait(60.0)
+        return real(n)
+
+    monkeypatch.setattr(service.front, "_staged", staged)
+    thread, out = _store_in_background(old, pages)
+    assert waiting.wait(60.0)
+    assert not service.erase_tenant("acme").failed_tiers
+    fresh = service.client("acme").open_session("agent-7")  # the name anew, same session
+    go.set()
+    thread.join(60.0)
+    assert isinstance(out[0], RemoteError), "a pre-erasure store landed after the receipt"
+    assert out[0].code in ("unauthenticated", "tenant_erased"), out[0]
+    assert fresh.lookup_prefix([p["identity"] for p in pages])["length"] == 0

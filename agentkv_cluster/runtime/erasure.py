@@ -19,7 +19,9 @@ mark, destroy), then runs the tiers in order, each reporting what it did:
    are shredded nothing can name the namespace again.
 
 Only then is the receipt signed; it lists each tier with its count (-1 and the tier
-in ``failed_tiers`` when a tier could not finish). ``ErasureWatcher`` runs steps 1-3
+in ``failed_tiers`` when a tier could not finish). A tier holding the tenant's pages or
+keys that did not finish leaves the name refused; the watcher runs the purge again until
+it does (``RETRY_S``). ``ErasureWatcher`` runs steps 1-3
 for an erasure made by another process (``agentkv tenant erase`` on the key directory
 while the service runs) and records what it did in the audit log; one generation's
 erasure made there is ``generation_erasure``'s.
@@ -33,7 +35,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -84,7 +86,7 @@ class ClusterErasure:
         self.signer = signer
         self._lock = threading.Lock()  # one erasure at a time
         self.enforced: dict[str, float] = {}  # tenant -> erasure mark already enforced
-        self._retry: dict[str, tuple[int, float]] = {}  # tenant -> (tries, next, monotonic)
+        self._retry: dict[str, tuple[int, float]] = {}  # tenant -> (tries, next try: monotonic)
         self.generations = GenerationErasures(topo, keys_dir, audit, self._lock)
         # what an erasure whose end the log refused deleted: its rerun's receipt counts it
         self._unrecorded: dict[int, tuple[tuple[str, int], ...]] = {}
@@ -115,8 +117,22 @@ class ClusterErasure:
                     self.topo.controller.thaw_tenant(tenant)
             at = keyring.erased_at(tenant)
             if at is not None:
-                self._enforced(tenant, at)
+                self._settle(tenant, at, report.failed(), tries=0)
             return receipt
+
+    def _settle(self, tenant: str, at: float, failed: Iterable[str], tries: int) -> None:
+        """After a purge of ``tenant``'s erasure of ``at``: enforced when every tier holding
+        its pages or keys finished; else its name stays refused and the watcher tries again
+        once ``RETRY_S`` (doubling with ``tries``) has passed."""
+        unfinished = sorted(set(failed) - SELF_REPAIRED)
+        if not unfinished:
+            self._retry.pop(tenant, None)
+            self._enforced(tenant, at)
+            return
+        delay = min(RETRY_S[1], RETRY_S[0] * 2 ** tries)
+        self._retry[tenant] = (tries + 1, time.monotonic() + delay)
+        log.warning("erasure: %s did not finish; tried again in %.0f s",
+                    ", ".join(unfinished), delay)
 
     def _enforced(self, tenant: str, at: float) -> None:
         """What ``tenant`` left at its erasure of ``at`` is purged here: new tokens of the
@@ -239,14 +255,7 @@ class ClusterErasure:
                     log.warning("erasure: the directory step failed (%s)", type(exc).__name__)
                     counts.append(["directory", -1])
                     failed.append("directory")
-                if set(report.failed) - SELF_REPAIRED:
-                    delay = min(RETRY_S[1], RETRY_S[0] * 2 ** tries)
-                    self._retry[tenant] = (tries + 1, time.monotonic() + delay)
-                    log.warning("erasure: %s did not finish; tried again in %.0f s",
-                                ", ".join(sorted(set(report.failed) - SELF_REPAIRED)), delay)
-                else:
-                    self._retry.pop(tenant, None)
-                    self._enforced(tenant, at)
+                self._settle(tenant, at, report.failed, tries)
                 self.audit.append("erasure.enforced", {
                     "tenant": tenant, "erased_at": at, "counts": counts,
                     "failed_tiers": failed}, time.time())
@@ -336,6 +345,10 @@ class _LazyPurge:
 
     def keys(self) -> list[bytes]:
         return self._get().keys
+
+    def failed(self) -> list[str]:
+        """The tiers whose purge failed."""
+        return list(self._get().failed)
 
 
 class ErasureWatcher:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from agentkv_cluster.api.protocol import RemoteError
 from agentkv_cluster.cli import main
 from agentkv_cluster.config import load_config
 from agentkv_cluster.runtime import erasure
@@ -74,6 +75,40 @@ def test_a_purge_a_pool_did_not_finish_is_tried_again(monkeypatch) -> None:
             time.sleep(0.05)
         assert len(slow.asked) == 2 and svc.erasure.enforced.get("acme") is not None
         assert _enforced_records(log)[-1] == []  # the try that finished, recorded
+    finally:
+        svc.topo.pools.pop("slow", None)
+        svc.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_an_erasure_in_the_service_a_pool_did_not_finish_is_tried_again(monkeypatch) -> None:
+    """The same for ``Service.erase_tenant`` (found by review: its receipt named the failed
+    tier, but the name was served again at once and nothing purged the pool later)."""
+    monkeypatch.setattr(erasure, "RETRY_S", (0.5, 1.0))
+    workdir = Path(tempfile.mkdtemp(prefix="agentkv-erase-retry-"))
+    cfg = load_config(env={}, overrides={
+        "api": {"port": 0}, "hbm": {"page_bytes": PAGE, "num_pages": 8},
+        "pool": {"pool_bytes": 4 * PAGE, "slot_bytes": PAGE, "nvme_dir": str(workdir / "nv")}})
+    svc = Service(cfg, workdir=workdir, hbm_capacity=3 * PAGE).start(local=True)
+    slow = _SlowOnce()
+    try:
+        with svc.client("acme") as client:
+            client.open_session("s")
+        svc.topo.pools["slow"] = PoolHandle.local(slow, "slow")
+        receipt = svc.erase_tenant("acme")
+        assert "host" in receipt.failed_tiers
+        if len(slow.asked) == 1:  # before the watcher's next try: the name is refused
+            assert svc.erasure.enforced.get("acme") is None
+            with pytest.raises(RemoteError) as info, svc.client("acme") as client:
+                client.open_session("s2")
+            assert info.value.code == "tenant_erased"
+        deadline = time.monotonic() + 20.0
+        while svc.erasure.enforced.get("acme") is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(slow.asked) == 2 and svc.erasure.enforced.get("acme") is not None
+        assert _enforced_records(workdir / "audit.log")[-1] == []  # the try that finished
+        with svc.client("acme") as client:  # the name is served again, empty
+            client.open_session("s3")
     finally:
         svc.topo.pools.pop("slow", None)
         svc.stop()

@@ -102,14 +102,20 @@ def _reissued(eraser: Eraser, args: argparse.Namespace, exc: Exception) -> Erasu
 
 def _directory_step(args: argparse.Namespace, keyring: TenantKeyring, eraser: Eraser
                     ) -> Callable[[], int]:
-    """The directory step of an erase with ``--redis-url``, checked now and run by the
-    erasure (a ``before_keys`` tier) after its ``erasure.begun`` record and before any key
-    is destroyed: the namespace is named by the tenant's blinding secret, which the erasure
-    shreds, so a directory step that failed after it could never be finished. Failing
+    """The directory step of an erase with ``--redis-url`` (the tenant's namespace, then its
+    Redis user), checked now and run by the erasure (a ``before_keys`` tier) after its
+    ``erasure.begun`` record and before any key is destroyed: the namespace is named by
+    the tenant's blinding secret, which the erasure shreds, so a directory step that
+    failed after it could never be finished. Failing
     there, it leaves the keys intact and the same command run again completes the erasure.
     An erasure that destroyed the keys and could not record its end is finished with the
     namespaces its marks name."""
-    from agentkv_cluster.cli._redis_admin import check_prefix, check_url, erase_namespace
+    from agentkv_cluster.cli._redis_admin import (
+        check_prefix,
+        check_url,
+        drop_tenant_user,
+        erase_namespace,
+    )
     from agentkv_cluster.runtime.erasure import DIRECTORY_RETRY_S
 
     check_url(args.redis_url)  # before the erasure's begun record: a typo erases nothing
@@ -124,8 +130,15 @@ def _directory_step(args: argparse.Namespace, keyring: TenantKeyring, eraser: Er
     finishing = not keyring.has_keys(args.tenant)
     if not finishing:  # not one to finish: the erasure marks the tenant there
         check_writable_dir(args.keys_dir, "--keys-dir")
-    return lambda: sum(erase_namespace(args.redis_url, ns, args.redis_prefix, retry_s=retry_s,
-                                       finishing=finishing) for ns in namespaces)
+
+    def step() -> int:  # the user once Redis answered the namespace's deletion
+        removed = sum(erase_namespace(args.redis_url, ns, args.redis_prefix,
+                                      retry_s=retry_s, finishing=finishing) for ns in namespaces)
+        for ns in namespaces:
+            drop_tenant_user(args.redis_url, ns)
+        return removed
+
+    return step
 
 
 def _check_receipt_out(path: Path | None) -> None:

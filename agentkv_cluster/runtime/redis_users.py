@@ -3,7 +3,9 @@
 When the service runs on a Redis directory, every tenant with keys gets a Redis user
 ``akv-<blinded ns>`` confined to ``akv:{<ns>}:*`` (``security.redis_acl`` rules). The
 password is written once, 0600, to ``<state>/redis-users/<tenant>.json`` for the
-tenant's own tools; a tenant erased (its keys gone) loses its user and that file.
+tenant's own tools; a tenant erased (its keys gone) loses its user and that file, also
+one erased while no service ran (``agentkv tenant erase`` offline): its file outlives
+the run that made the user, and the next reconcile removes both.
 The admin connection is the service's own directory URL; without ACL rights the users
 are not made (logged once) and the service runs on.
 """
@@ -14,6 +16,7 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 
 import redis
@@ -55,9 +58,17 @@ class TenantRedisUsers:
             return [], []
         keyring = TenantKeyring(FileKeySource(self.keys_dir, writable=False))
         tenants = set(keyring.tenants())
-        removed = [t for t in list(self._users) if t not in tenants]
-        for tenant in removed:
-            self._remove(tenant)
+        removed: list[str] = []
+        for tenant in erased_users(self._users, self._files(), tenants):
+            try:
+                self._remove(tenant)
+            except redis.ResponseError as exc:  # NOPERM: the service's user is no admin
+                self.disabled = f"cannot remove Redis users: {exc}"
+                log.warning("%s; an erased tenant's user stays", self.disabled)
+                return [], removed
+            except redis.RedisError:  # unreachable now: its file stays, the next pass tries
+                return [], removed
+            removed.append(tenant)
         made = []
         blinder = DirectoryBlinder(keyring)
         for tenant in sorted(tenants - set(self._users)):
@@ -95,6 +106,13 @@ class TenantRedisUsers:
         path.unlink(missing_ok=True)
         return int(user is not None)
 
+    def _files(self) -> list[str]:
+        """The tenants with a credentials file (made by this run or an earlier one)."""
+        try:
+            return [p.stem for p in self.out_dir.glob("*.json")]
+        except OSError:
+            return []
+
     def _user(self, tenant: str, namespace: str) -> TenantAclUser:
         """The tenant's user: the password of an earlier run when its namespace matches."""
         path = self.out_dir / f"{tenant}.json"
@@ -118,3 +136,9 @@ class TenantRedisUsers:
         if self._admin is not None:
             self._admin.close()
             self._admin = None
+
+
+def erased_users(applied: Iterable[str], files: Iterable[str], tenants: set[str]) -> list[str]:
+    """The tenants whose Redis user goes: made by this run (``applied``) or named by a
+    credentials file (``files``: an earlier run made it), and without keys now."""
+    return sorted((set(applied) | set(files)) - tenants)

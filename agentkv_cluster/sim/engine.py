@@ -82,7 +82,7 @@ class BatchTrace:
     access_weight: list[float] = field(default_factory=list)  # correctness weight
     access_wrong: list[float] = field(default_factory=list)  # wrong-eviction weight
     transfer_bytes: int = 0  # lower tier -> HBM (restores + prefetches), stored bytes
-    demoted_bytes: int = 0  # HBM -> lower tier, stored bytes
+    demoted_bytes: int = 0  # to the lower tier (demotions, writes with no room), stored
     wasted_prefetch_bytes: int = 0  # prefetched pages that were never read
     overflow_events: int = 0  # bytes had to come in but the policy could free none
     retired_pages: int = 0  # pages freed on an end-of-life signal (true or false)
@@ -222,16 +222,21 @@ class BatchRun:
         d = self.driver.demote(s.view, now)
         # Planned while the page is still in HBM (the gap planner moves HBM pages).
         start = self.driver.prefetch_at(s.view, d, now, self._tool_started(s, now))
-        s.where, s.demotion = LOWER, d
-        s.demotions += 1
-        s.view.tier, s.view.codec = d.tier, d.codec
+        self._to_lower(s, d)
         self.used -= s.view.size_bytes
-        self.trace.demoted_bytes += d.stored_bytes
         s.prefetch_token += 1
         if start is not None:
             self._queue.push_prefetch(max(start, now), s.view.page_id, s.prefetch_token)
             s.prefetch_due = s.prefetch_token
         self._settle(s)
+
+    def _to_lower(self, s: _Slot, d: Demotion) -> None:
+        """The page's bytes go to the lower tier in form ``d``: a demotion, or a write
+        straight there when HBM has no room; both count in ``demoted_bytes``."""
+        s.where, s.demotion = LOWER, d
+        s.demotions += 1
+        s.view.tier, s.view.codec = d.tier, d.codec
+        self.trace.demoted_bytes += d.stored_bytes
 
     def _page(self, i: int) -> _Slot:
         s = self._live[i]
@@ -262,9 +267,7 @@ class BatchRun:
             s.where = IN_HBM
             self._admit(s, now)
         else:  # no room at all: the page is written straight to the lower tier
-            s.where = LOWER
-            s.demotion = self.driver.demote(s.view, now)
-            s.view.tier, s.view.codec = s.demotion.tier, s.demotion.codec
+            self._to_lower(s, self.driver.demote(s.view, now))
 
     def _on_prefetch(self, i: int, now: float, token: int) -> None:
         s = self._live[i]
@@ -316,10 +319,8 @@ class BatchRun:
             if self._make_room(view.size_bytes, now):
                 s.where = IN_HBM
                 self._admit(s, now)
-            else:
-                s.where = LOWER
-                s.demotion = self.driver.demote(view, now)
-                view.tier, view.codec = s.demotion.tier, s.demotion.codec
+            else:  # re-prefilled with no room: written straight to the lower tier
+                self._to_lower(s, self.driver.demote(view, now))
         else:
             hit = False
             d = s.demotion

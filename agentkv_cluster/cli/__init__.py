@@ -81,26 +81,52 @@ def apply_state_defaults(args: argparse.Namespace) -> None:
         args.signing_key, args.audit_log = root / "audit.key", root / "audit.log"
 
 
+def _cannot_create_in(folder: Path) -> str | None:
+    """Why no file can be created in ``folder``, or None when one can: a real create (of
+    a temporary file, removed at once), since permission bits do not tell (root passes
+    ``os.access`` on /proc, /sys and read-only mounts alike)."""
+    import tempfile
+
+    try:
+        fd, name = tempfile.mkstemp(prefix=".agentkv-write-check-", dir=folder)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    os.close(fd)
+    os.unlink(name)
+    return None
+
+
 def check_writable_file(path: Path | None, flag: str) -> None:
     """Fail before a long run when its output file cannot be written (a directory, a missing
-    or read-only folder). Nothing is created: the run writes the file at its end."""
+    or read-only folder, a file system that holds no new files). Nothing is left behind:
+    an existing file is opened for writing without truncating it, a new one is tried with a
+    temporary file in its folder; the run writes the file at its end."""
     if path is None:
         return
     if path.is_dir():
         raise CliError(f"{flag} {path} is a directory, not a file")
     if path.exists():
-        if not os.access(path, os.W_OK):
-            raise CliError(f"{flag} {path} is not writable")
+        if not path.is_file():  # /dev/stdout, a FIFO: opening one now could block or fail
+            if not os.access(path, os.W_OK):
+                raise CliError(f"{flag} {path} is not writable")
+            return
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOCTTY))
+        except OSError as exc:
+            raise CliError(f"{flag} {path} is not writable ({exc.strerror or exc})") from None
         return
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise CliError(f"{flag} {path}: folder {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise CliError(f"{flag} {path}: folder {parent} is not writable")
+    why = _cannot_create_in(parent)
+    if why is not None:
+        raise CliError(f"{flag} {path}: folder {parent} is not writable (creating a file "
+                       f"there fails: {why})")
 
 
 def check_writable_dir(path: Path | None, flag: str) -> None:
-    """Like ``check_writable_file`` for an output folder (created later if missing)."""
+    """Like ``check_writable_file`` for an output folder (created later if missing): a file
+    can be created in it, or in the nearest folder above it that exists."""
     if path is None:
         return
     probe = path
@@ -108,8 +134,10 @@ def check_writable_dir(path: Path | None, flag: str) -> None:
         probe = probe.parent
     if not probe.is_dir():
         raise CliError(f"{flag} {path}: {probe} is not a directory")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise CliError(f"{flag} {path}: {probe} is not writable")
+    why = _cannot_create_in(probe)
+    if why is not None:
+        raise CliError(f"{flag} {path}: {probe} is not writable (creating a file there "
+                       f"fails: {why})")
 
 
 def emit(text: str) -> None:

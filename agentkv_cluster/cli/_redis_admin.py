@@ -53,6 +53,31 @@ def check_url(url: str) -> None:
         raise CliError(f"--redis-url {shown!r}: {str(exc).replace(url, shown)}") from None
 
 
+def check_credentials(url: str, flag: str, timeout_s: float = 2.0) -> None:
+    """A Redis at ``url`` that answers but refuses its credentials (a wrong user or
+    password, none where one is required) is a one-line error naming ``flag``: waiting
+    does not mend it, and ``serve`` would run local-only and retry for ever as if Redis
+    were down. One that cannot be reached passes (the outage the service rides out)."""
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=timeout_s,
+                                      socket_connect_timeout=timeout_s)
+    except ValueError:  # not a URL redis-py takes: config checks and the probe say so
+        return
+    try:
+        client.ping()
+    except (redis.AuthenticationError, redis.AuthenticationWrongNumberOfArgsError) as exc:
+        shown = redact_url(url)
+        why = (f"refuses its credentials ({str(exc).replace(url, shown)})"
+               if client.connection_pool.connection_kwargs.get("password") else
+               "requires a password and the URL gives none")
+        raise CliError(f"{flag} {shown}: Redis {why}; give the user and password it accepts "
+                       "in the URL") from None
+    except (redis.RedisError, OSError):  # unreachable, or refusing something else: the
+        return  # service's directory watch reports and retries it
+    finally:
+        client.close()
+
+
 def erase_namespace(url: str, namespace: str, prefix: str = "akv", *, retry_s: float,
                     finishing: bool = False) -> int:
     """The directory step of ``tenant erase --redis-url``: every directory key of one tenant

@@ -14,26 +14,32 @@ import shutil
 import tempfile
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentkv_cluster.cli import CliError, ProgressLines, check_writable_file
+from agentkv_cluster.cli._demo_fits import (  # noqa: F401 - tests import some from here
+    DEMO_ARENA_PAGES,
+    DEMO_PAGE_BYTES,
+    DEMO_POOL_BYTES,
+    Machine,
+    arena_pages,
+    check_fits,
+    demo_needs,
+    hbm_capacity,
+    this_machine,
+    warmup_spec,
+)
 
 if TYPE_CHECKING:
     from agentkv_cluster.api.compare import RatioInterval
 
 POLICIES = ("agentkv", "lru")
-DEMO_PAGE_BYTES = 1 << 20  # one HBM arena page
-DEMO_ARENA_PAGES = 96  # the arena of the default workload (8 sessions); more follow the budget
 TRACE_MEMORY_BYTES = 192 << 20  # a replayed trace sample is scaled to fit the 256 MiB pool
 TRACE_SESSION_BYTES = 24 << 20  # ... and each session well under half the 96-page arena
 TRAIN_SEED_OFFSET = 1000  # the untimed training run's seed: never one the docs report
 WARMUP_SESSIONS = 8  # the warm-up's quick round of a synthetic workload: the default's sessions
-DEMO_POOL_BYTES = 256 << 20  # the host pool's shared memory
-DEMO_OVERHEAD_BYTES = 1 << 30  # a local Ray with its workers, the service and the clients
-FDS_PER_SESSION = 4  # a session's client socket, its server end, and room for redials
-FDS_BASE = 512  # Ray, NIXL, the pool, logs
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -83,101 +89,6 @@ def _spec(args: argparse.Namespace) -> Any:
                             episodes=episodes, charge_bytes=DEMO_PAGE_BYTES, exact=args.exact)
     return WorkloadSpec(sessions=args.sessions, turns=args.turns, seed=args.seed,
                         charge_bytes=DEMO_PAGE_BYTES, exact=args.exact)
-
-
-def hbm_capacity(spec: Any, budget: float) -> tuple[Any, int]:
-    """The demo service's HBM budget: ``budget`` of the workload's working set, at least
-    two whole sessions, both counted as the service charges them (whole arena pages of
-    ``DEMO_PAGE_BYTES``). Returns the spec with that charge set, and the capacity."""
-    from dataclasses import replace
-
-    spec = replace(spec, charge_bytes=DEMO_PAGE_BYTES)
-    floor = 2 * spec.largest_session()
-    if spec.episodes:  # and one synthetic warm-up session (``_warm_up``) must fit
-        floor = max(floor, warmup_spec(spec).largest_session())
-    return spec, max(int(budget * spec.working_set()), floor)
-
-
-def warmup_spec(spec: Any) -> Any:
-    """The warm-up's quick round of ``spec``: synthetic sessions (never a trace's own, which
-    would teach AgentKV the measured sessions), one quick tool call each."""
-    from dataclasses import replace
-
-    return replace(spec, turns=1, stagger_s=0.0, tool_plan=((("warmup", 0.05),),),
-                   episodes=None)
-
-
-def arena_pages(capacity: int) -> int:
-    """HBM arena pages for a budget of ``capacity`` bytes: the budget in whole pages, and
-    never fewer than the 96 the default workload was tuned with."""
-    return max(DEMO_ARENA_PAGES, -(-capacity // DEMO_PAGE_BYTES))
-
-
-@dataclass(frozen=True)
-class Machine:
-    """What the demo needs from the machine it runs on."""
-
-    mem_available: int  # bytes the kernel can hand out without swapping (MemAvailable)
-    open_files: int  # this process's soft limit on open files, after raising it to the hard one
-
-    def holds(self, spec: Any, capacity: int) -> bool:
-        """Whether a demo of ``spec`` with HBM budget ``capacity`` fits (``demo_needs``)."""
-        memory, files = demo_needs(spec, capacity)
-        return memory <= self.mem_available and files <= self.open_files
-
-
-def demo_needs(spec: Any, capacity: int) -> tuple[int, int]:
-    """Memory (bytes) and open files a demo of ``spec`` with HBM budget ``capacity`` needs:
-    its arena (host memory here), the pool, and a local Ray; a connection per session."""
-    memory = arena_pages(capacity) * DEMO_PAGE_BYTES + DEMO_POOL_BYTES + DEMO_OVERHEAD_BYTES
-    return memory, FDS_BASE + FDS_PER_SESSION * spec.sessions
-
-
-def check_fits(spec: Any, capacity: int, machine: Machine, budget: float) -> None:
-    """Refuse, before anything starts, a demo this machine cannot hold, naming the largest
-    ``--sessions`` that fits (synthetic workloads only: a trace's sessions are its own)."""
-    if machine.holds(spec, capacity):
-        return
-    memory, files = demo_needs(spec, capacity)
-    what = (f"an HBM arena, pool and local Ray of {memory / 2**30:.1f} GiB, "
-            f"{machine.mem_available / 2**30:.1f} GiB available"
-            if memory > machine.mem_available else
-            f"{files} open files, the limit is {machine.open_files}")
-    hint = ""
-    if not spec.episodes:
-        from dataclasses import replace
-
-        low, high = 0, spec.sessions  # the largest session count that fits, by bisection
-        while low < high:
-            mid = (low + high + 1) // 2
-            if machine.holds(*hbm_capacity(replace(spec, sessions=mid), budget)):
-                low = mid
-            else:
-                high = mid - 1
-        hint = f"; at most --sessions {low} fits" if low else "; no session count fits"
-    raise CliError(f"--sessions {spec.sessions} needs {what}{hint}")
-
-
-def this_machine() -> Machine:
-    """MemAvailable from /proc/meminfo (free physical pages elsewhere), and the open-file
-    limit after raising the soft limit to the hard one, as servers do."""
-    try:
-        with open("/proc/meminfo") as f:
-            fields = dict(line.split(":", 1) for line in f)
-        available = int(fields["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != soft:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-        except (ValueError, OSError):
-            pass
-    return Machine(mem_available=available,
-                   open_files=soft if soft != resource.RLIM_INFINITY else 1 << 30)
 
 
 def _config(workdir: Path, capacity: int, sessions: int) -> Any:

@@ -187,7 +187,35 @@ def prepare_state(cfg: Any) -> Path:
         raise CliError(f"{root / 'audit.pub'} is there without its signing key audit.key: "
                        "a new key pair would replace the public key the receipts signed "
                        "before verify with; move it aside, or give --signing-key")
+    if not sec.audit_key:
+        check_audit_pair(root / "audit.key", root / "audit.pub")
     return root
+
+
+def check_audit_pair(private: Path, public: Path) -> None:
+    """The state directory's ``audit.pub`` is the public half of its ``audit.key``: serve
+    signs with the one and ``agentkv audit verify`` checks with the other by default, so a
+    stray public key made every verify fail ("wrong --public-key") while serve ran on.
+    Neither file is changed; a pair not there yet is generated later (``audit_signer``)."""
+    if not private.exists() or not public.exists():
+        return
+    from security.errors import InvalidSigningKey
+    from security.signing import fingerprint, load_signer, load_verifier
+
+    try:
+        signing = load_signer(private).public_raw()
+    except InvalidSigningKey as exc:
+        raise CliError(f"signing key {private}: {exc}") from None
+    try:
+        verifying = load_verifier(public).raw
+    except InvalidSigningKey as exc:
+        raise CliError(f"public key {public}: {exc}") from None
+    if signing != verifying:
+        raise CliError(f"{public} (key {fingerprint(verifying)}) is not the public key of the "
+                       f"signing key {private} (key {fingerprint(signing)}), so `agentkv audit "
+                       "verify` would refuse what this service signs: move it aside (receipts "
+                       "signed with its key still verify with it) and write the signing key's "
+                       f"own: openssl pkey -in {private} -pubout -out {public}")
 
 
 def token_secret(cfg: Any, root: Path) -> tuple[bytes, str]:
@@ -267,10 +295,16 @@ def run(args: argparse.Namespace) -> int:
     if cfg.role != "head":
         return _join_worker(cfg)
     root = prepare_state(cfg)
-    # Before Ray starts: a taken port, a second serve on these folders or an NVMe folder
-    # it cannot use is a one-line error now, not a failure seconds later that names
-    # neither the flag nor the cause.
+    # Before Ray starts: a taken port, a second serve on these folders, an NVMe folder
+    # it cannot use or a Redis that refuses the URL's credentials is a one-line error
+    # now, not a failure seconds later (or a retry for ever) that names neither the flag
+    # nor the cause.
     check_ports(cfg)
+    if cfg.directory.redis_url:
+        from agentkv_cluster.cli._redis_admin import check_credentials
+
+        check_credentials(cfg.directory.redis_url,
+                          "--redis-url" if args.redis_url else "directory.redis_url")
     claim, nvme_warning = claim_local_paths(cfg, root)
     try:
         if nvme_warning:

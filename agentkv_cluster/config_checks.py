@@ -73,10 +73,13 @@ def validate(cfg: AgentKvConfig) -> AgentKvConfig:
         raise ConfigError("role", f"must be one of {ROLES}, got {cfg.role!r}")
     for name, value in _numbers(cfg).items():
         _check_number(name, value)
-    if cfg.api.tenant_workers > cfg.api.workers:  # a tenant's share of the threads
-        raise ConfigError("api.tenant_workers", f"must be at most api.workers "
-                          f"({cfg.api.workers}), got {cfg.api.tenant_workers}: one tenant "
-                          "cannot hold more threads than there are (0: half of them)")
+    for share, total, what in (("tenant_workers", "workers", "threads"),
+                               ("tenant_connections", "max_connections", "connections")):
+        if getattr(cfg.api, share) > getattr(cfg.api, total):  # a tenant's share of them
+            raise ConfigError(f"api.{share}", f"must be at most api.{total} "
+                              f"({getattr(cfg.api, total)}), got {getattr(cfg.api, share)}: "
+                              f"one tenant cannot hold more {what} than there are (0: half "
+                              "of them)")
     for name, port in (("api.port", cfg.api.port), ("metrics.port", cfg.metrics.port)):
         if not 0 <= port <= 65535:  # 0 asks the OS for a free port
             raise ConfigError(name, f"must be 0..65535, got {port}")

@@ -1,5 +1,6 @@
 """``api.tenant_workers`` (one tenant's share of the API threads) above ``api.workers``
-(all of them) was taken silently; it is refused in one line naming both values."""
+(all of them) was taken silently, and ``api.tenant_connections`` above
+``api.max_connections`` alike; each is refused in one line naming both values."""
 
 from __future__ import annotations
 
@@ -18,6 +19,18 @@ def test_a_tenant_share_above_the_workers_is_refused() -> None:
                                "of them)")
     with pytest.raises(ConfigError, match=r"at most api.workers \(8\), got 9"):
         load_config(env={}, overrides={"api": {"workers": 8, "tenant_workers": 9}})
+
+
+def test_a_tenant_connection_share_above_the_connections_is_refused() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(env={"AGENTKV_API_TENANT_CONNECTIONS": "300"})
+    assert info.value.field == "api.tenant_connections"
+    assert str(info.value) == ("api.tenant_connections: must be at most api.max_connections "
+                               "(256), got 300: one tenant cannot hold more connections than "
+                               "there are (0: half of them)")
+    cfg = load_config(env={}, overrides={"api": {"max_connections": 8,
+                                                 "tenant_connections": 8}})
+    assert cfg.api.tenant_connections == 8
 
 
 @pytest.mark.parametrize("share", [0, 1, 8])

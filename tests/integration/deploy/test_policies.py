@@ -86,10 +86,11 @@ def test_service_probes_use_the_real_health_endpoints(value_set):
     head = chart.pod_templates(value_set)["head"]
     svc = chart.container(head, "agentkv")
     ports = {p["name"]: p["containerPort"] for p in svc["ports"]}
-    assert ports == {"wire": 7420, "metrics": 9420}
-    assert svc["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
-    assert svc["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
-    assert svc["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    # Not "metrics": KubeRay gives the Ray container a port of that name (test_operator_overrides).
+    assert ports == {"akv-wire": 7420, "akv-metrics": 9420}
+    assert svc["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "akv-metrics"}
+    assert svc["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "akv-metrics"}
+    assert svc["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "akv-metrics"}
     assert head["spec"]["containers"][0]["name"] == "ray-head"  # KubeRay's Ray container first
 
 

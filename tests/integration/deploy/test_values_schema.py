@@ -148,6 +148,24 @@ VALID_NAMES = {
 }
 
 
+# Label values and annotation keys Kubernetes refuses, in objects the schema did not check;
+# a fractional CPU number, which the RayCluster CRD (int-or-string) refuses.
+SCHEMA_CASES += [
+    ("ServiceMonitor label value with a space",
+     {"serviceMonitor": {"enabled": True, "labels": {"release": "kube prometheus"}}},
+     "/serviceMonitor/labels/release"),
+    ("dashboard label value over 63 characters",
+     {"monitoring": {"dashboard": {"labels": {"grafana_dashboard": "x" * 64}}}},
+     "/monitoring/dashboard/labels/grafana_dashboard"),
+    ("PrometheusRule label key with a space",
+     {"monitoring": {"prometheusRule": {"labels": {"bad key": "x"}}}}, "'bad key'"),
+    ("pod annotation key with a space", {"head": {"podAnnotations": {"bad key": "x"}}},
+     "'bad key'"),
+    ("fractional CPU as a number", {"service": {"resources": {"limits": {"cpu": 0.5}}}},
+     "/service/resources/limits/cpu"),
+]
+
+
 def _tenant_user(username: str) -> dict:
     return {"username": username, "namespace": "n0123456789abcdef01234567",
             "passwordSecret": {"name": f"redis-{username}", "key": "password"}}
@@ -209,6 +227,35 @@ TEMPLATE_CASES = [
      "/service/metricsPort"),
     ("wire port in Ray's worker port range", {"service": {"wirePort": 12000}},
      "/service/wirePort"),
+    # KubeRay starts the head's Ray with metrics-export-port 8080; Ray's autoscaler and
+    # dashboard export metrics on 44217 and 44227: the agentkv container failed to bind.
+    ("metrics port on KubeRay's Ray metrics exporter", {"service": {"metricsPort": 8080}},
+     "/service/metricsPort"),
+    ("wire port on the Ray autoscaler's metrics", {"service": {"wirePort": 44217}},
+     "/service/wirePort"),
+    ("wire port on the Ray dashboard's metrics", {"service": {"wirePort": 44227}},
+     "/service/wirePort"),
+    # Malformed image references rendered, and every pod sat in InvalidImageName.
+    ("tag inside the image repository",
+     {"image": {"repository": "ghcr.io/agentkv/agentkv:0.1.0"}}, "/image/repository"),
+    ("upper case image repository", {"image": {"repository": "ghcr.io/AgentKV/agentkv"}},
+     "/image/repository"),
+    ("image tag with a space", {"image": {"tag": "0.1 .0"}}, "/image/tag"),
+    ("Redis image tag with a colon", {"redis": {"bundled": {"image": {"tag": ":7.4"}}}},
+     "/redis/bundled/image/tag"),
+    # maxmemory at or over the container's limit: OOM-killed before noeviction refused.
+    ("Redis maxmemory over its memory limit",
+     {"redis": {"bundled": {"maxmemoryBytes": 8 << 30}}}, "/redis/bundled/maxmemoryBytes"),
+    ("Redis maxmemory with no room for its fork",
+     {"redis": {"bundled": {"maxmemoryBytes": 5 << 30}}}, "/redis/bundled/maxmemoryBytes"),
+    # The API server refused the StatefulSet (rollingUpdate only with RollingUpdate).
+    ("pool OnDelete with rollingUpdate settings",
+     {"pool": {"updateStrategy": {"type": "OnDelete", "rollingUpdate": {"partition": 1}}}},
+     "/pool/updateStrategy/rollingUpdate"),
+    ("Redis OnDelete with rollingUpdate settings",
+     {"redis": {"bundled": {"updateStrategy": {"type": "OnDelete",
+                                               "rollingUpdate": {"partition": 0}}}}},
+     "/redis/bundled/updateStrategy/rollingUpdate"),
     # Prometheus timed the scrape out (at the interval) when a hung actor made it wait 2 s.
     ("scrape interval under the scrape's 2 s wait",
      {"serviceMonitor": {"enabled": True, "interval": "2s"}}, "/serviceMonitor/interval"),

@@ -73,7 +73,28 @@ agentkv.io/directory-client: "true"
 {{- end -}}
 
 {{- define "agentkv.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- include "agentkv.imageRef" (dict "path" "image" "image" .Values.image "defaultTag" .Chart.AppVersion) -}}
+{{- end -}}
+
+{{/* An image reference from repository and tag, or a clear failure naming the value: the
+     API server takes any string, and a malformed one (a tag in the repository, upper case,
+     a digest written as a tag) leaves every pod in InvalidImageName. The tag is a tag
+     ("0.1.0"), a digest ("sha256:<64 hex>", pulled as repository@sha256:...) or both
+     ("0.1.0@sha256:<64 hex>"). Argument: dict "path" <values path> "image" "defaultTag". */}}
+{{- define "agentkv.imageRef" -}}
+{{- $repo := toString .image.repository -}}
+{{- $tag := toString (default .defaultTag .image.tag) -}}
+{{- if not (regexMatch "^([A-Za-z0-9][-A-Za-z0-9.]*(:[0-9]+)?/)?[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*(/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*)*$" $repo) -}}
+{{- fail (printf "values: at '/%s/repository': %q is not an image repository (lower-case path components, an optional registry host[:port]/ first, no tag or digest); put the tag or digest in %s.tag" (replace "." "/" .path) $repo .path) -}}
+{{- end -}}
+{{- $digest := "^sha256:[0-9a-f]{64}$" -}}
+{{- if regexMatch $digest $tag -}}
+{{- printf "%s@%s" $repo $tag -}}
+{{- else if regexMatch "^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}(@sha256:[0-9a-f]{64})?$" $tag -}}
+{{- printf "%s:%s" $repo $tag -}}
+{{- else -}}
+{{- fail (printf "values: at '/%s/tag': %q is neither an image tag (letters, digits, '_', '.', '-', at most 128, not starting with '.' or '-') nor a digest (sha256:<64 lower-case hex>, or <tag>@sha256:<64 hex>); fix %s.tag" (replace "." "/" .path) $tag .path) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* KubeRay names the head Service <raycluster>-head-svc; the GCS listens on 6379. */}}
@@ -238,6 +259,11 @@ topologySpreadConstraints:
 {{/* A Kubernetes quantity ("24Gi", "17.5Gi", "500m", 2) as a float in base units (bytes,
      cores); 0 when unset. Every suffix values.schema.json accepts is known here. */}}
 {{- define "agentkv.quantity" -}}
+{{- if or (kindIs "float64" .) (kindIs "int64" .) (kindIs "int" .) -}}
+{{- /* A plain number (Helm reads `memory: 30000000000` as a float64, which prints as
+"3e+10"): its value as it stands. */ -}}
+{{- float64 . -}}
+{{- else -}}
 {{- $q := toString (default "0" .) -}}
 {{- $units := dict "" 1.0 "m" 0.001 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "P" 1e15 "E" 1e18 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "Pi" 1125899906842624.0 "Ei" 1152921504606846976.0 -}}
 {{- $num := regexFind "^[0-9]+([.][0-9]+)?" $q -}}
@@ -246,6 +272,17 @@ topologySpreadConstraints:
 {{- fail (printf "values: %q is not a Kubernetes quantity the chart knows (a number with one of the suffixes m, k, Ki, M, Mi, G, Gi, T, Ti, P, Pi, E, Ei)" $q) -}}
 {{- end -}}
 {{- mulf (float64 $num) (get $units $unit) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A quantity as the operator wrote it, for messages: a plain number in full (Helm reads
+30000000000 as a float64, which prints as "3e+10"). */}}
+{{- define "agentkv.quantityText" -}}
+{{- if kindIs "float64" . -}}
+{{- if eq (float64 .) (floor .) }}{{ printf "%.0f" . }}{{ else }}{{ . }}{{ end -}}
+{{- else -}}
+{{- toString . -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Bytes of a Kubernetes quantity ("24Gi", "17.5Gi", 1073741824), rounded up; 0 when unset. */}}
@@ -262,7 +299,7 @@ topologySpreadConstraints:
 {{- range $kind, $limit := $limits -}}
 {{- $request := get $requests $kind -}}
 {{- if and $request (lt (float64 (include "agentkv.quantity" $limit)) (float64 (include "agentkv.quantity" $request))) -}}
-{{- fail (printf "values: at '/%s/resources/limits/%s': the limit %v is below the request %v; Kubernetes refuses such a pod. Raise the limit or lower %s.resources.requests.%s" $.name $kind $limit $request (replace "/" "." $.name) $kind) -}}
+{{- fail (printf "values: at '/%s/resources/limits/%s': the limit %s is below the request %s; Kubernetes refuses such a pod. Raise the limit or lower %s.resources.requests.%s" $.name $kind (include "agentkv.quantityText" $limit) (include "agentkv.quantityText" $request) (replace "/" "." $.name) $kind) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
@@ -272,7 +309,7 @@ topologySpreadConstraints:
 {{- define "agentkv.checkShm" -}}
 {{- $limit := include "agentkv.quantityBytes" .limit | int64 -}}
 {{- if and (gt $limit 0) (gt (int64 .shm) $limit) -}}
-{{- fail (printf "values: at '/%s/resources/limits/memory': /dev/shm needs %s (host pool + object store + headroom) but the memory limit is %v; the pod would be OOM-killed once the pool fills. Raise the limit or shrink the pool" .name (include "agentkv.mib" .shm) .limit) -}}
+{{- fail (printf "values: at '/%s/resources/limits/memory': /dev/shm needs %s (host pool + object store + headroom) but the memory limit is %s; the pod would be OOM-killed once the pool fills. Raise the limit or shrink the pool" .name (include "agentkv.mib" .shm) (include "agentkv.quantityText" .limit)) -}}
 {{- end -}}
 {{- end -}}
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import helm_python as helm
 import pytest
 
+from agentkv_cluster.config import ApiConfig
 from tests.integration.deploy import chart
 from tests.integration.deploy import test_security_values as pss
 
@@ -185,6 +188,9 @@ TEMPLATE_CASES = [
       "gpuWorkers": {"hostPool": True, "replicas": 0, "scratchBytes": 120 << 30}},
      "/pool/enabled"),
     ("page over the frame limit", {"service": {"maxFrameBytes": 1 << 20}}, "/service/pageBytes"),
+    # The service refused these at start (config_checks.py); the chart rendered them.
+    ("a tenant's connections over all of them",
+     {"service": {"maxConnections": 8, "tenantConnections": 9}}, "/service/tenantConnections"),
     ("page plus envelope over the frame limit",
      {"service": {"pageBytes": 32 << 20, "maxFrameBytes": (32 << 20) + (64 << 10) - 1}},
      "/service/pageBytes"),
@@ -317,6 +323,17 @@ def test_cross_field_checks_name_the_field(case, values, field):
 def test_names_kubernetes_takes_still_pass():
     assert chart.render_values(VALID_NAMES)
     assert not chart.lint(VALID_NAMES)["errors"]
+
+
+def test_a_tenants_threads_are_capped_at_the_services_workers():
+    """The chart does not set ``api.workers``; its schema caps ``tenantWorkers`` at the
+    service's default, above which the service refuses to start."""
+    schema = json.loads((chart.CHART / "values.schema.json").read_text())
+    cap = schema["properties"]["service"]["properties"]["tenantWorkers"]["maximum"]
+    assert cap == ApiConfig().workers
+    with pytest.raises(helm.HelmValuesError, match="/service/tenantWorkers"):
+        chart.render_values({"service": {"tenantWorkers": cap + 1}})
+    assert chart.render_values({"service": {"tenantWorkers": cap}})
 
 
 def test_defaults_and_value_sets_pass_the_schema():

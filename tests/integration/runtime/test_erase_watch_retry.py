@@ -49,7 +49,10 @@ def _enforced_records(log: Path) -> list[list[str]]:
             if r["kind"] == "erasure.enforced"]
 
 
-def test_a_purge_a_pool_did_not_finish_is_tried_again(monkeypatch) -> None:
+@pytest.fixture()
+def slow_pool(monkeypatch):
+    """A local service whose tenant acme opened a session, with one extra pool that misses
+    its first purge; retries after 0.5 s. Yields (service, that pool, workdir)."""
     monkeypatch.setattr(erasure, "RETRY_S", (0.5, 1.0))
     workdir = Path(tempfile.mkdtemp(prefix="agentkv-erase-retry-"))
     cfg = load_config(env={}, overrides={
@@ -61,55 +64,46 @@ def test_a_purge_a_pool_did_not_finish_is_tried_again(monkeypatch) -> None:
         with svc.client("acme") as client:
             client.open_session("s")
         svc.topo.pools["slow"] = PoolHandle.local(slow, "slow")
-        log = workdir / "audit.log"
-        assert main(["tenant", "erase", "acme", "--keys-dir", svc.keys_dir, "--audit-log",
-                     str(log), "--signing-key", str(workdir / "audit.key")]) == 0
-        deadline = time.monotonic() + 20.0
-        while not _enforced_records(log) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        first = _enforced_records(log)
-        assert first and "host" in first[0], first  # the failed try is on the record
-        if len(slow.asked) == 1:  # between the tries: the name is not served again yet
-            assert svc.erasure.enforced.get("acme") is None
-        while svc.erasure.enforced.get("acme") is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(slow.asked) == 2 and svc.erasure.enforced.get("acme") is not None
-        assert _enforced_records(log)[-1] == []  # the try that finished, recorded
+        yield svc, slow, workdir
     finally:
         svc.topo.pools.pop("slow", None)
         svc.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def test_an_erasure_in_the_service_a_pool_did_not_finish_is_tried_again(monkeypatch) -> None:
+def test_a_purge_a_pool_did_not_finish_is_tried_again(slow_pool) -> None:
+    svc, slow, workdir = slow_pool
+    log = workdir / "audit.log"
+    assert main(["tenant", "erase", "acme", "--keys-dir", svc.keys_dir, "--audit-log",
+                 str(log), "--signing-key", str(workdir / "audit.key")]) == 0
+    deadline = time.monotonic() + 20.0
+    while not _enforced_records(log) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    first = _enforced_records(log)
+    assert first and "host" in first[0], first  # the failed try is on the record
+    if len(slow.asked) == 1:  # between the tries: the name is not served again yet
+        assert svc.erasure.enforced.get("acme") is None
+    while svc.erasure.enforced.get("acme") is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(slow.asked) == 2 and svc.erasure.enforced.get("acme") is not None
+    assert _enforced_records(log)[-1] == []  # the try that finished, recorded
+
+
+def test_an_erasure_in_the_service_a_pool_did_not_finish_is_tried_again(slow_pool) -> None:
     """The same for ``Service.erase_tenant`` (found by review: its receipt named the failed
     tier, but the name was served again at once and nothing purged the pool later)."""
-    monkeypatch.setattr(erasure, "RETRY_S", (0.5, 1.0))
-    workdir = Path(tempfile.mkdtemp(prefix="agentkv-erase-retry-"))
-    cfg = load_config(env={}, overrides={
-        "api": {"port": 0}, "hbm": {"page_bytes": PAGE, "num_pages": 8},
-        "pool": {"pool_bytes": 4 * PAGE, "slot_bytes": PAGE, "nvme_dir": str(workdir / "nv")}})
-    svc = Service(cfg, workdir=workdir, hbm_capacity=3 * PAGE).start(local=True)
-    slow = _SlowOnce()
-    try:
-        with svc.client("acme") as client:
-            client.open_session("s")
-        svc.topo.pools["slow"] = PoolHandle.local(slow, "slow")
-        receipt = svc.erase_tenant("acme")
-        assert "host" in receipt.failed_tiers
-        if len(slow.asked) == 1:  # before the watcher's next try: the name is refused
-            assert svc.erasure.enforced.get("acme") is None
-            with pytest.raises(RemoteError) as info, svc.client("acme") as client:
-                client.open_session("s2")
-            assert info.value.code == "tenant_erased"
-        deadline = time.monotonic() + 20.0
-        while svc.erasure.enforced.get("acme") is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(slow.asked) == 2 and svc.erasure.enforced.get("acme") is not None
-        assert _enforced_records(workdir / "audit.log")[-1] == []  # the try that finished
-        with svc.client("acme") as client:  # the name is served again, empty
-            client.open_session("s3")
-    finally:
-        svc.topo.pools.pop("slow", None)
-        svc.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+    svc, slow, workdir = slow_pool
+    receipt = svc.erase_tenant("acme")
+    assert "host" in receipt.failed_tiers
+    if len(slow.asked) == 1:  # before the watcher's next try: the name is refused
+        assert svc.erasure.enforced.get("acme") is None
+        with pytest.raises(RemoteError) as info, svc.client("acme") as client:
+            client.open_session("s2")
+        assert info.value.code == "tenant_erased"
+    deadline = time.monotonic() + 20.0
+    while svc.erasure.enforced.get("acme") is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(slow.asked) == 2 and svc.erasure.enforced.get("acme") is not None
+    assert _enforced_records(workdir / "audit.log")[-1] == []  # the try that finished
+    with svc.client("acme") as client:  # the name is served again, empty
+        client.open_session("s3")

@@ -334,3 +334,85 @@ topologySpreadConstraints:
 {{- $q := int64 . -}}
 {{- add $q 268435456 (div $q 64) -}}
 {{- end -}}
+
+{{/* Fail rendering when a workload's extraVolumes, extraVolumeMounts or extraEnv cannot
+     work in its pod: a volume named like one of the chart's (or named twice), a mount at a
+     path the chart already mounts (or mounted twice), a mount of a volume the pod does not
+     have, an env name Kubernetes refuses or one the list sets twice. The API server refuses
+     the volume and mount clashes in a StatefulSet at install; in the RayCluster it takes
+     them, and KubeRay's pod creation fails afterwards: the cluster never starts. The chart's
+     own volumes and mounts are read from the pod as rendered, where each extras list comes
+     last, so there is no second list of them to keep in step. Argument: dict "path" <values
+     path> "what" <the pod, in words> "group" <its values> "pod" <its rendered spec>
+     "containers" <names of the containers the extra mounts go to> "claims" <names of its
+     volumeClaimTemplates>. */}}
+{{- define "agentkv.checkExtras" -}}
+{{- $path := .path -}}
+{{- $dotted := replace "/" "." $path -}}
+{{- $what := .what -}}
+{{- $extraVolumes := .group.extraVolumes | default list -}}
+{{- $extraMounts := .group.extraVolumeMounts | default list -}}
+{{- $volumes := .pod.volumes | default list -}}
+{{- $own := dict -}}
+{{- range $i, $vol := $volumes -}}
+{{- if lt $i (sub (len $volumes) (len $extraVolumes)) }}{{ $_ := set $own (toString $vol.name) true }}{{ end -}}
+{{- end -}}
+{{- range .claims }}{{ $_ := set $own . true }}{{ end -}}
+{{- $ownList := keys $own | sortAlpha | join ", " -}}
+{{- $names := dict -}}
+{{- range $i, $vol := $extraVolumes -}}
+{{- $name := toString (default "" $vol.name) -}}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$" $name) -}}
+{{- fail (printf "values: at '/%s/extraVolumes/%d/name': %q is not a volume name Kubernetes takes (a DNS label: at most 63 lower-case letters, digits and '-', starting and ending with a letter or digit); fix %s.extraVolumes[%d].name" $path $i $name $dotted $i) -}}
+{{- end -}}
+{{- if hasKey $own $name -}}
+{{- fail (printf "values: at '/%s/extraVolumes/%d/name': the %s already has a volume named %s, one of the chart's own (%s), and a pod cannot name two volumes alike (Kubernetes refuses the pod; for the head and GPU workers only once KubeRay creates it, after install). Give this volume another name; to mount the chart's %s at another path, name it in %s.extraVolumeMounts instead" $path $i $what $name $ownList $name $dotted) -}}
+{{- end -}}
+{{- if hasKey $names $name -}}
+{{- fail (printf "values: at '/%s/extraVolumes/%d/name': %s.extraVolumes[%s] already names a volume %s, and a pod cannot name two volumes alike; give each its own name" $path $i $dotted (get $names $name) $name) -}}
+{{- end -}}
+{{- $_ := set $names $name (toString $i) -}}
+{{- end -}}
+{{- $ownPaths := dict -}}
+{{- range $c := .pod.containers -}}
+{{- if has $c.name $.containers -}}
+{{- $mounts := $c.volumeMounts | default list -}}
+{{- range $i, $m := $mounts -}}
+{{- if lt $i (sub (len $mounts) (len $extraMounts)) -}}
+{{- $_ := set $ownPaths (clean (toString $m.mountPath)) (printf "its volume %s (container %s)" $m.name $c.name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $paths := dict -}}
+{{- range $i, $m := $extraMounts -}}
+{{- $name := toString (default "" $m.name) -}}
+{{- $mountPath := toString (default "" $m.mountPath) -}}
+{{- if not (or (hasKey $own $name) (hasKey $names $name)) -}}
+{{- fail (printf "values: at '/%s/extraVolumeMounts/%d/name': the %s has no volume named %q (the chart's own: %s), and Kubernetes refuses a mount of a volume the pod lacks (for the head and GPU workers only once KubeRay creates the pod, after install); add the volume to %s.extraVolumes or mount one the pod has" $path $i $what $name $ownList $dotted) -}}
+{{- end -}}
+{{- if not (hasPrefix "/" $mountPath) -}}
+{{- fail (printf "values: at '/%s/extraVolumeMounts/%d/mountPath': %q is not an absolute path; set %s.extraVolumeMounts[%d].mountPath to where the container should see the volume" $path $i $mountPath $dotted $i) -}}
+{{- end -}}
+{{- with get $ownPaths (clean $mountPath) -}}
+{{- fail (printf "values: at '/%s/extraVolumeMounts/%d/mountPath': the chart already mounts %s at %s, and a container cannot mount two volumes at one path (Kubernetes refuses the pod; for the head and GPU workers only once KubeRay creates it, after install). Mount it at another path (one below %s is fine)" $path $i . (clean $mountPath) (clean $mountPath)) -}}
+{{- end -}}
+{{- with get $paths (clean $mountPath) -}}
+{{- fail (printf "values: at '/%s/extraVolumeMounts/%d/mountPath': %s.extraVolumeMounts[%s] already mounts a volume at %s, and a container cannot mount two volumes at one path; give each its own path" $path $i $dotted . (clean $mountPath)) -}}
+{{- end -}}
+{{- $_ := set $paths (clean $mountPath) (toString $i) -}}
+{{- end -}}
+{{- /* Variables the chart sets itself may be overridden on purpose (a later entry wins);
+within the list a second entry of a name is a mistake. */ -}}
+{{- $env := dict -}}
+{{- range $i, $e := (.group.extraEnv | default list) -}}
+{{- $name := toString (default "" $e.name) -}}
+{{- if not (regexMatch "^[-._a-zA-Z][-._a-zA-Z0-9]*$" $name) -}}
+{{- fail (printf "values: at '/%s/extraEnv/%d/name': %q is not an environment variable name every Kubernetes the chart supports takes (letters, digits, '_', '-' and '.', not starting with a digit), and the API server refuses the pod (for the head and GPU workers only once KubeRay creates it, after install); fix %s.extraEnv[%d].name" $path $i $name $dotted $i) -}}
+{{- end -}}
+{{- if hasKey $env $name -}}
+{{- fail (printf "values: at '/%s/extraEnv/%d/name': %s.extraEnv[%s] already sets %s, and the container would get only the later value; keep one of them" $path $i $dotted (get $env $name) $name) -}}
+{{- end -}}
+{{- $_ := set $env $name (toString $i) -}}
+{{- end -}}
+{{- end -}}

@@ -26,14 +26,24 @@ import struct
 import time
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Self
 
 import numpy as np
 
 from store import forks
 from store import shm_segment as shm
-from store.parallel import as_bytes, copy_into
+from store.host_pool_types import (
+    EmptyPage,
+    NotWriter,
+    PoolBusy,
+    PoolForked,
+    PoolFormatError,
+    PoolFull,
+    PoolStats,
+    SlotEmpty,
+    TornRead,
+)
+from store.parallel import as_bytes, copy_into, tensor_over
 from store.shm_segment import SHM_DIR, ShmSegment
 from store.types import PageTooLarge, PoolError
 
@@ -50,61 +60,7 @@ _ROW = 8  # uint64 words per slot row (64 B: one cache line)
 SEQ, VER, LEN, STATE, PID, OFF = range(6)
 _FREE, _USED = 0, 1
 _READ_RETRIES = 10_000
-
-
-class PoolFull(PoolError):
-    """Every slot is allocated."""
-
-
-class PoolBusy(PoolError):
-    """Another live process already holds the writer role."""
-
-
-class PoolFormatError(PoolError):
-    """The segment is not a host pool this code reads."""
-
-
-class NotWriter(PoolError):
-    """Only the writer may allocate, write or free."""
-
-
-class PoolForked(NotWriter):
-    """The writer handle is used in a fork child (``store.forks``): the role is the parent's."""
-
-
-class SlotEmpty(PoolError, KeyError):
-    """The slot is free, or allocated but holds no complete page."""
-
-
-class TornRead(PoolError):
-    """No consistent copy could be taken (the writer died mid-write, or never let go)."""
-
-
-class EmptyPage(PoolError, ValueError):
-    """Zero bytes is not a page (a zero length marks a slot that holds none)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class PoolStats:
-    name: str
-    slot_bytes: int
-    num_slots: int
-    used_slots: int
-    used_bytes: int  # bytes of page data held in allocated slots
-
-    @property
-    def capacity_bytes(self) -> int:
-        return self.slot_bytes * self.num_slots
-
-    @property
-    def free_slots(self) -> int:
-        return self.num_slots - self.used_slots
-
-    @property
-    def fragmentation(self) -> float:
-        """Share of allocated slot bytes that hold no page data (internal fragmentation)."""
-        held = self.used_slots * self.slot_bytes
-        return 0.0 if held == 0 else 1.0 - self.used_bytes / held
+_REGIONS_MAX = 4096  # slot regions (array and tensor) kept for the copies, at most
 
 
 def _round_up(n: int, to: int) -> int:
@@ -132,6 +88,9 @@ class HostPool:
         self._words = memoryview(mm)[table_off : table_off + num_slots * _ROW * 8].cast("Q")
         self._pid, self._opened = os.getpid(), forks.generation()
         self._free: deque[int] = deque()
+        # slot -> (length, array, tensor) over the slot's first ``length`` bytes: a put or
+        # get of the same slot and length copies through them without making new ones.
+        self._regions: dict[int, tuple[int, np.ndarray, object]] = {}
         if self.writer:
             self._recover()
 
@@ -193,7 +152,8 @@ class HostPool:
 
     def write(self, slot: int, data: bytes | bytearray | memoryview | np.ndarray) -> int:
         """Replace the slot's page with ``data``; returns the slot's new version."""
-        self._need_writer()
+        if not self.writer or forks.forked_since(self._opened):
+            self._need_writer()
         w, base = self._words, self._base(slot)
         src = as_bytes(data)
         n = src.shape[0]
@@ -203,14 +163,15 @@ class HostPool:
             raise EmptyPage(f"{self.name}: refusing to write an empty page to slot {slot}")
         if w[base + STATE] != _USED:
             raise SlotEmpty(f"{self.name}: slot {slot} is not allocated")
-        off = w[base + OFF]
+        seq, version = base + SEQ, w[base + VER] + 1
+        region = self._region(slot, n)
         w[base + PID] = self._pid
-        w[base + SEQ] += 1  # odd: writing
-        copy_into(self._bytes[off : off + n], src)  # large pages: on every core
+        w[seq] += 1  # odd: writing
+        copy_into(region[1], src, dst_tensor=region[2])  # large pages: on every core
         w[base + LEN] = n
-        w[base + VER] += 1
-        w[base + SEQ] += 1  # even: published
-        return w[base + VER]
+        w[base + VER] = version
+        w[seq] += 1  # even: published
+        return version
 
     def reserve(self, slot: int, n: int) -> np.ndarray:
         """Start writing ``n`` bytes into ``slot`` in place: returns a writable view of them.
@@ -291,17 +252,43 @@ class HostPool:
     def read_versioned(self, slot: int, out=None) -> tuple[memoryview | bytes, int]:
         """Like :meth:`read`, also returning the version the copy belongs to."""
         dst = None if out is None else as_bytes(out)
+        w, base = self._words, self._base(slot)
+        seq = w[base + SEQ]  # a first attempt without the retries' generator (most reads)
+        if not seq & 1:
+            n, version, off = w[base + LEN], w[base + VER], w[base + OFF]
+            if n and w[base + STATE] == _USED:
+                data = self._copy_out(slot, n, off, dst)
+                if w[base + SEQ] == seq:
+                    return data, version
         for seq, n, version, off in self._stable_reads(slot):
-            if dst is None:
-                data = self._mm[off : off + n]  # one copy straight into a new bytes object
-            elif dst.nbytes < n:
-                raise ValueError(f"out holds {dst.nbytes} bytes, page is {n}")
-            else:
-                copy_into(dst[:n], self._bytes[off : off + n])
-                data = memoryview(dst[:n])
-            if self.unchanged(slot, seq):
+            data = self._copy_out(slot, n, off, dst)
+            if w[base + SEQ] == seq:
                 return data, version
         raise self._kept_changing(slot)
+
+    def _copy_out(self, slot: int, n: int, off: int, dst: np.ndarray | None
+                  ) -> memoryview | bytes:
+        """One attempt's copy of the slot's ``n`` bytes at ``off``: into ``dst``, or bytes."""
+        if dst is None:
+            return self._mm[off : off + n]  # one copy straight into a new bytes object
+        if dst.nbytes < n:
+            raise ValueError(f"out holds {dst.nbytes} bytes, page is {n}")
+        if dst.shape[0] != n:
+            dst = dst[:n]
+        region = self._region(slot, n)
+        copy_into(dst, region[1], src_tensor=region[2])
+        return memoryview(dst)
+
+    def _region(self, slot: int, n: int) -> tuple[int, np.ndarray, object]:
+        """The slot's first ``n`` bytes as an array and a tensor (``tensor_over``), kept."""
+        region = self._regions.get(slot)
+        if region is None or region[0] != n:
+            if len(self._regions) >= _REGIONS_MAX:
+                self._regions.clear()
+            off = self._words[slot * _ROW + OFF]
+            part = self._bytes[off : off + n]
+            region = self._regions[slot] = (n, part, tensor_over(part))
+        return region
 
     def view(self, slot: int) -> tuple[memoryview, int]:
         """Zero-copy read: a read-only view of the slot's page and the ``seq`` it was taken at.
@@ -367,6 +354,7 @@ class HostPool:
         """Unmap and drop the writer lock; the segment stays for other processes."""
         if self._mm is None:
             return
+        self._regions.clear()  # their arrays and tensors hold the mapping
         self._words.release()
         del self._bytes, self._table, self._words
         self._segment.close()  # a caller may still hold `buffer`: then unmapped on GC

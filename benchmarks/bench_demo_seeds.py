@@ -56,7 +56,8 @@ def _hog(stop: multiprocessing.synchronize.Event) -> None:  # type: ignore[name-
 
 def run(seeds: list[int], sessions: int, turns: int, budget: float, exact: bool = False) -> dict:
     from agentkv_cluster.api.workload import WorkloadSpec, run_workload, summarize
-    from agentkv_cluster.cli.demo import POLICIES, _config, _warm_up, hbm_capacity
+    from agentkv_cluster.cli._demo_fits import hbm_capacity
+    from agentkv_cluster.cli.demo import POLICIES, _config, _warm_up
     from agentkv_cluster.runtime.service import Service
 
     sized = {s: hbm_capacity(WorkloadSpec(sessions=sessions, turns=turns, seed=s, exact=exact),

@@ -19,14 +19,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentkv_cluster.cli import CliError, ProgressLines, check_writable_file
-from agentkv_cluster.cli._demo_fits import (  # noqa: F401 - tests import some from here
-    DEMO_ARENA_PAGES,
+from agentkv_cluster.cli._demo_fits import (
     DEMO_PAGE_BYTES,
     DEMO_POOL_BYTES,
-    Machine,
     arena_pages,
     check_fits,
-    demo_needs,
     hbm_capacity,
     this_machine,
     warmup_spec,

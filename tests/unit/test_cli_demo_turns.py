@@ -9,7 +9,7 @@ import pytest
 from agentkv_cluster.api.workload import WorkloadSpec
 from agentkv_cluster.cli import CliError, main
 from agentkv_cluster.cli import demo as demo_cli
-from agentkv_cluster.cli.demo import Machine, check_fits, hbm_capacity
+from agentkv_cluster.cli._demo_fits import Machine, check_fits, hbm_capacity
 
 GIB = 1 << 30
 ROOMY = Machine(mem_available=24 * GIB, open_files=1 << 20)

@@ -7,7 +7,7 @@ HBM budget. Sized from raw page bytes, "35 % of the working set" held 16 arena p
 from __future__ import annotations
 
 from agentkv_cluster.api.workload import WorkloadSpec
-from agentkv_cluster.cli.demo import DEMO_PAGE_BYTES, hbm_capacity
+from agentkv_cluster.cli._demo_fits import DEMO_PAGE_BYTES, hbm_capacity
 
 
 def test_budget_is_a_fraction_of_the_charged_working_set():

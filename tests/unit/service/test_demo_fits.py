@@ -14,7 +14,7 @@ import pytest
 
 from agentkv_cluster.api.workload import WorkloadSpec
 from agentkv_cluster.cli import CliError
-from agentkv_cluster.cli.demo import Machine, check_fits, demo_needs, hbm_capacity
+from agentkv_cluster.cli._demo_fits import Machine, check_fits, demo_needs, hbm_capacity
 
 GIB = 1 << 30
 ROOMY = Machine(mem_available=24 * GIB, open_files=1 << 20)

@@ -9,7 +9,12 @@ from __future__ import annotations
 import pytest
 
 from agentkv_cluster.api.workload import WorkloadSpec
-from agentkv_cluster.cli.demo import DEMO_ARENA_PAGES, DEMO_PAGE_BYTES, arena_pages, hbm_capacity
+from agentkv_cluster.cli._demo_fits import (
+    DEMO_ARENA_PAGES,
+    DEMO_PAGE_BYTES,
+    arena_pages,
+    hbm_capacity,
+)
 from agentkv_cluster.config import load_config
 from agentkv_cluster.runtime.service import Service
 
@@ -42,7 +47,7 @@ def test_a_replayed_traces_budget_holds_one_warm_up_session(tmp_path) -> None:
     import json
 
     from agentkv_cluster.api.workload import episodes_from_trace
-    from agentkv_cluster.cli.demo import warmup_spec
+    from agentkv_cluster.cli._demo_fits import warmup_spec
 
     trace = tmp_path / "t.jsonl"
     trace.write_text("".join(json.dumps(

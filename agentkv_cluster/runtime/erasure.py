@@ -121,9 +121,8 @@ class ClusterErasure:
             return receipt
 
     def _settle(self, tenant: str, at: float, failed: Iterable[str], tries: int) -> None:
-        """After a purge of ``tenant``'s erasure of ``at``: enforced when every tier holding
-        its pages or keys finished; else its name stays refused and the watcher tries again
-        once ``RETRY_S`` (doubling with ``tries``) has passed."""
+        """After a purge of ``tenant``'s erasure of ``at``: enforced once every tier holding
+        its pages or keys finished, else refused and tried again after ``RETRY_S``."""
         unfinished = sorted(set(failed) - SELF_REPAIRED)
         if not unfinished:
             self._retry.pop(tenant, None)
@@ -255,10 +254,15 @@ class ClusterErasure:
                     log.warning("erasure: the directory step failed (%s)", type(exc).__name__)
                     counts.append(["directory", -1])
                     failed.append("directory")
-                self._settle(tenant, at, report.failed, tries)
-                self.audit.append("erasure.enforced", {
-                    "tenant": tenant, "erased_at": at, "counts": counts,
-                    "failed_tiers": failed}, time.time())
+                try:  # on the record before the name is served again
+                    self.audit.append("erasure.enforced", {
+                        "tenant": tenant, "erased_at": at, "counts": counts,
+                        "failed_tiers": failed}, time.time())
+                except Exception as exc:  # noqa: BLE001 - unfinished: tried again later
+                    log.warning("erasure: the audit log refused it (%s)", type(exc).__name__)
+                    self._settle(tenant, at, ["audit-log"], tries)
+                else:
+                    self._settle(tenant, at, report.failed, tries)
             done.append(tenant)
         return done
 

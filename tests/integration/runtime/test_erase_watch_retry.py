@@ -107,3 +107,33 @@ def test_an_erasure_in_the_service_a_pool_did_not_finish_is_tried_again(slow_poo
     assert _enforced_records(workdir / "audit.log")[-1] == []  # the try that finished
     with svc.client("acme") as client:  # the name is served again, empty
         client.open_session("s3")
+
+
+def test_a_purge_is_on_the_record_before_the_name_is_served_again(slow_pool,
+                                                                   monkeypatch) -> None:
+    """The ``erasure.enforced`` record is written before the name is served again (it was
+    written after, so a client could be served before the record existed), and a record
+    the audit log refuses leaves the purge unfinished: tried again, name refused."""
+    svc, slow, workdir = slow_pool
+    log, erasure_ = workdir / "audit.log", svc.erasure
+    append, refused = erasure_.audit.append, []
+
+    def refuse_the_first(kind, data, at):
+        if kind == "erasure.enforced" and not refused:
+            refused.append(data["failed_tiers"])
+            raise OSError(28, "No space left on device")
+        return append(kind, data, at)
+
+    on_record: list[int] = []
+    enforced = erasure_._enforced
+    monkeypatch.setattr(erasure_.audit, "append", refuse_the_first)
+    monkeypatch.setattr(erasure_, "_enforced", lambda tenant, at: (
+        on_record.append(len(_enforced_records(log))), enforced(tenant, at)))
+    assert main(["tenant", "erase", "acme", "--keys-dir", svc.keys_dir, "--audit-log",
+                 str(log), "--signing-key", str(workdir / "audit.key")]) == 0
+    deadline = time.monotonic() + 20.0
+    while svc.erasure.enforced.get("acme") is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert refused and "host" in refused[0]  # the first try: the pool missed, log refused
+    assert len(slow.asked) == 2 and svc.erasure.enforced.get("acme") is not None
+    assert _enforced_records(log) == [[]] and on_record == [1]  # recorded, then served

@@ -136,20 +136,19 @@ def erase_namespace(url: str, namespace: str, prefix: str = "akv", *, retry_s: f
         directory.close()
 
 
-def drop_tenant_user(url: str, namespace: str) -> int:
+def drop_tenant_user(url: str, namespace: str) -> None:
     """The Redis ACL user that the service made for a tenant namespace (``akv-<ns>``,
-    ``runtime.redis_users``) deleted, its open connections with it: 1 if there was one.
+    ``runtime.redis_users``) deleted, its open connections with it.
     Part of ``tenant erase --redis-url``, after the namespace's keys went: an erasure
     leaves the tenant no way into Redis. A Redis that refuses it (no ACL rights) is told
     on stderr and the erasure goes on; the service deletes the user, with its
     credentials file, when it next starts."""
-    from security.redis_acl import make_user
+    from security.redis_acl import make_user, remove_users
 
-    name = make_user(namespace).username
     try:
         admin = redis.Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=5.0)
         try:
-            return int(admin.execute_command("ACL", "DELUSER", name))
+            remove_users(admin, [make_user(namespace)])  # the service's own naming rule
         finally:
             admin.close()
     except redis.RedisError as exc:
@@ -157,7 +156,6 @@ def drop_tenant_user(url: str, namespace: str) -> int:
         print(f"agentkv tenant erase: Redis at {shown} did not delete the tenant's user "
               f"({str(exc).replace(url, shown)}); the service deletes it, with its "
               "credentials file, when it next starts", file=sys.stderr, flush=True)
-        return 0
 
 
 def keys_by_namespace(admin: Any, prefix: str, namespaces: Collection[str]) -> Counter[str]:

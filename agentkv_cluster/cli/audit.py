@@ -6,6 +6,7 @@ The logic lives in ``security``; this module parses arguments and prints.
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -69,8 +70,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     erased.add_argument("--keys-dir", type=Path, required=True, metavar="D",
                         help="the service's tenant key directory (read only: erasure marks)")
     erased.add_argument("--redis-url", required=True, metavar="URL", help="an admin connection")
-    erased.add_argument("--redis-prefix", default="akv", metavar="P",
-                        help="the service's directory.prefix (default akv)")
+    # The same default as `tenant erase --redis-prefix` and the service: a check under
+    # another prefix than the one erased would find nothing there and pass.
+    erased.add_argument("--redis-prefix", metavar="P",
+                        default=os.environ.get("AGENTKV_DIRECTORY_PREFIX", "akv"),
+                        help="the service's directory.prefix (default "
+                             "$AGENTKV_DIRECTORY_PREFIX or akv)")
     erased.add_argument("--log", type=Path, metavar="LOG",
                         help="also fail each erasure this audit log says began and never "
                              "recorded its end (no receipt yet)")

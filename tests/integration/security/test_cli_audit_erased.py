@@ -115,3 +115,32 @@ def test_an_erasure_whose_end_the_log_refused_fails_until_it_is_finished(redis, 
         assert "unfinished" not in capsys.readouterr().out
         assert main([*args, "--log", str(tmp_path / "missing.log")]) == 2
         assert "is not an audit log file" in capsys.readouterr().err
+
+
+def test_the_prefix_defaults_to_the_services_as_tenant_erase_does(redis, tmp_path, capsys,
+                                                                  monkeypatch) -> None:
+    """A service run with ``AGENTKV_DIRECTORY_PREFIX`` keeps its entries under that prefix, and
+    ``tenant erase --redis-url`` deletes there by the same default. ``audit erased`` without
+    ``--redis-prefix`` looked under ``akv`` instead, found nothing and passed while the erased
+    tenant's keys were still in Redis."""
+    monkeypatch.setenv("AGENTKV_DIRECTORY_PREFIX", "custom")
+    keys = tmp_path / "keys"
+    keyring = TenantKeyring(FileKeySource(keys))
+    keyring.create_tenant("acme")
+    ns = DirectoryBlinder(keyring).namespace("acme")
+    directory = RedisDirectory(redis.url, prefix="custom")
+    _publish(directory, ns, 2)  # back from a snapshot older than the erasure
+    signer = Signer.generate()
+    audit = AuditLog(tmp_path / "audit.log", signer)
+    Eraser(keyring, audit, signer).erase_tenant("acme", 1_700_000_000.0)
+    audit.close()
+    args = ["audit", "erased", "--keys-dir", str(keys), "--redis-url", redis.url]
+    assert main(args) == 1
+    out = capsys.readouterr().out
+    assert f"FAIL acme ({ns}):" in out and "key(s) left" in out
+    assert main([*args, "--redis-prefix", "akv"]) == 0  # an explicit prefix still wins
+    capsys.readouterr()
+    assert directory.delete_namespace(ns) == 2
+    assert main(args) == 0
+    assert f"PASS acme ({ns}): no key left" in capsys.readouterr().out
+    directory.close()

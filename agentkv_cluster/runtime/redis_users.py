@@ -42,6 +42,7 @@ class TenantRedisUsers:
         self._users: dict[str, TenantAclUser] = {}  # tenant -> user applied
         self.disabled = ""  # why users are not made (no ACL rights), once known
         self._lock = threading.Lock()  # the watcher reconciles while an erasure removes
+        self._next_check = 0  # which applied user the next reconcile asks Redis about
 
     def _connect(self) -> redis.Redis:
         if self._admin is None:
@@ -56,6 +57,10 @@ class TenantRedisUsers:
     def _reconcile(self) -> tuple[list[str], list[str]]:
         if self.disabled:
             return [], []
+        try:
+            self._forget_lost()
+        except redis.RedisError:  # unreachable now (or no right to ask): the next pass asks
+            pass
         keyring = TenantKeyring(FileKeySource(self.keys_dir, writable=False))
         tenants = set(keyring.tenants())
         removed: list[str] = []
@@ -86,6 +91,28 @@ class TenantRedisUsers:
             self._users[tenant] = user
             made.append(tenant)
         return made, removed
+
+    def _forget_lost(self) -> None:
+        """Drop from ``_users`` what Redis no longer has, so this pass makes it again (with
+        the password of its file). ``ACL SETUSER`` users live in the server's memory only:
+        a restart, even from an RDB or AOF, or a replica promoted in a failover loses every
+        one of them, and they used to stay gone until the service restarted. One applied
+        user is asked about per pass, in turn; when it is gone, all of them are listed."""
+        if not self._users:
+            return
+        tenants = sorted(self._users)
+        tenant = tenants[self._next_check % len(tenants)]
+        self._next_check += 1
+        admin = self._connect()
+        if admin.execute_command("ACL", "GETUSER", self._users[tenant].username) is not None:
+            return
+        present = {u.decode() if isinstance(u, bytes) else u
+                   for u in admin.execute_command("ACL", "USERS")}
+        lost = [name for name in tenants if self._users[name].username not in present]
+        for name in lost:
+            del self._users[name]
+        log.warning("Redis lost %d tenant user(s) (restarted or failed over); making them "
+                    "again", len(lost))
 
     def remove(self, tenant: str) -> int:
         """Drop ``tenant``'s Redis user and credentials file (erasure); 1 if it had one."""

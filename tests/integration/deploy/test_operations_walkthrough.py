@@ -172,4 +172,32 @@ def test_erase_procedure_keeps_the_mark_in_the_secret_and_the_receipt_verifies(
         assert "PASS" in out and "FAIL" not in out, out
     receipt = json.loads((tmp_path / "acme-receipt.json").read_text())
     assert receipt["tenant"] == "acme"
+
+    # Step 4's directory check, its in-pod script as written, on the Secret as projected.
+    check = re.search(r"sh -c '\n(\s*read -r url; agentkv audit erased.*?)'\n", section,
+                      re.DOTALL).group(1)
+    check = (check.replace("/etc/agentkv/tenant-keys", str(projected))
+             .replace("/var/lib/agentkv/audit", str(audit)))
+    done = subprocess.run(["sh", "-c", check], input=redis_server.url + "\n",
+                          capture_output=True, text=True, check=False, timeout=120, env=_env())
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert f"PASS acme ({ns}): no key left" in done.stdout
     admin.close()
+
+
+@pytest.mark.parametrize("title", ["Rotate tenant keys", "Erase a tenant and audit the receipt"])
+def test_every_variable_a_procedure_uses_is_set_before_and_not_unset(title):
+    """Run word by word, a variable set nowhere expands to nothing: step 4 of the erasure
+    once passed `--redis-url "$REDIS_ADMIN_URL"`, a name no command set (and step 1 had
+    unset the URL it meant), so `audit erased` was refused."""
+    top = _logical_lines(DOC[:DOC.index("## Install")])  # "All commands below use these"
+    defined = {m[1] for ln in top for m in re.finditer(r"(?:^|\s)([A-Z][A-Z0-9_]*)=", ln)}
+    assert {"NS", "REL", "HEAD"} <= defined
+    for line in _logical_lines(_section(title)):
+        for name in re.findall(r"\$\{?([A-Z][A-Z0-9_]*)", line):
+            assert name in defined, (name, line)
+        defined |= set(re.findall(r"(?:^|\s)([A-Z][A-Z0-9_]*)=", line))
+        read = re.search(r"read -r ([A-Z][A-Z0-9_]*(?: [A-Z][A-Z0-9_]*)*)", line)
+        defined |= set(read[1].split()) if read else set()
+        if line.strip().startswith("unset "):
+            defined -= set(line.split()[1:])

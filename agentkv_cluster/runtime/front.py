@@ -151,9 +151,11 @@ class ServiceFront:
 
     def forget_tenant(self, tenant: str) -> int:
         """Tenant erasure in this process: drop its cached keys and blinding secret (a
-        tenant of the name gets new ones, matching nothing of the old one) and prepared
-        loads (returns how many), and zero the free staging slots."""
+        tenant of the name gets new ones, matching nothing of the old one), its metric
+        series (also for an erasure made by another process, which the watcher enforces)
+        and prepared loads (returns how many), and zero the free staging slots."""
         self.keyring.forget(tenant)
+        self.metrics.forget_tenant(tenant)
         self.blinder.forget(tenant)
         self.grants.forget()  # its grant to publish went with the erasure
         doomed = self.loads.forget_tenant(tenant)

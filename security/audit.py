@@ -326,8 +326,8 @@ class AuditLog:
         sig = self.signer.sign(checkpoint_message(self._seq, self._prev))
         data = {"count": self._seq, "head": self._prev, "sig": sig.hex(),
                 "key": fingerprint(self.signer.public_raw())}
-        self._since = 0
-        return self._write(CHECKPOINT, data, max(float(now), self._time))
+        self._since = 0  # ``_write`` moves it up to the chain's time, not this thread's clock
+        return self._write(CHECKPOINT, data, max(float(now), self._own_time))
 
     def _commit(self) -> None:
         """Append the records of this call so that no moment leaves one that no signature

@@ -82,6 +82,7 @@ class MetricsFeed:
         self._controller: Any = None
         self._cursor = 0
         self._pools: dict[str, PoolSeen] = {}  # pool part -> its last answer's figures
+        self._handles: dict[str, Any] = {}  # pool name -> the actor asked last time
 
     def __call__(self) -> None:
         topo, m = self.service.topo, self.service.metrics
@@ -96,7 +97,10 @@ class MetricsFeed:
             topo.controller.options(timeout_s=ANSWER_TIMEOUT_S).metrics_since, self._cursor)}
         pools = dict(topo.pools)  # name -> handle; the watcher changes it as pools come and go
         for name, pool in pools.items():
+            if self._handles.get(name, pool) is not pool:  # replaced: a pool pod restarted
+                self._replaced(name)
             questions[POOL_PART + name] = pool.options(timeout_s=ANSWER_TIMEOUT_S).stats
+        self._handles = pools
         answers = self._asker.ask(questions, self.deadline_s)
         m.set_scrape_parts({part: a.answered for part, a in answers.items()})
         if answers[CONTROLLER].answered:
@@ -108,6 +112,14 @@ class MetricsFeed:
         m.set_capacity("nvme", len(pools) * cfg.pool.nvme_bytes)
         m.set_capacity("hbm", len(topo.hbms) * (self.service.hbm_capacity
                                                or cfg.hbm.page_bytes * cfg.hbm.num_pages))
+
+    def _replaced(self, name: str) -> None:
+        """A new actor under a pool's name counts from 0: what the old one exported is
+        forgotten, or its counts would hide the new one's until they passed them (the
+        rejects and refused stores in between never counted), and the old one's late
+        answer is thrown away."""
+        self.exported.retain(lambda key: key[0] not in POOL_COUNTS or key[1] != name)
+        self._asker.forget(POOL_PART + name)
 
     def _controller_figures(self, m: ServiceMetrics, got: MetricsSince) -> None:
         self._cursor = got.cursor

@@ -258,3 +258,19 @@ def test_each_pools_nvme_reserve_is_a_gauge_and_a_dead_pools_series_go() -> None
     full.error, quiet.error = ActorSlow("node0: no answer in 10 s"), ActorGone("RayActorError")
     feed()
     assert reserves() == {"node0": (16 << 10, 256 << 10)}
+
+
+def test_a_replaced_pool_counts_from_zero_and_none_of_its_rejects_is_lost() -> None:
+    metrics, old = ServiceMetrics(), Pool()
+    feed, service = feed_for(metrics, Controller(), {"node0": old})
+    old.rejects, old.nvme_full, old.refused_full = 5, 4, 4
+    feed()
+    new = Pool()  # the pool pod restarted: a new actor of the same name, counting from 0
+    new.rejects, new.nvme_full, new.refused_full = 2, 1, 1
+    service.topo.pools["node0"] = new
+    feed()
+    assert counter(metrics, "agentkv_verification_rejects_total") == 7
+    assert full_stores(metrics) == {"spilled": 0, "refused": 5}
+    new.rejects = 3
+    feed()
+    assert counter(metrics, "agentkv_verification_rejects_total") == 8

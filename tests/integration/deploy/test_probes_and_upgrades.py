@@ -25,6 +25,16 @@ def test_readiness_probe_outwaits_the_services_readiness_deadline(value_set):
     assert probe["periodSeconds"] > READY_DEADLINE_S
 
 
+@pytest.mark.parametrize("value_set", chart.VALUE_SETS)
+@pytest.mark.parametrize("kind", ["startupProbe", "livenessProbe"])
+def test_health_probes_outwait_the_controllers_liveness_ping(value_set, kind):
+    """/healthz pings the controller for up to READY_DEADLINE_S (``Service.alive``); a
+    probe left at Kubernetes' 1 s default counted a slow controller's answer as a failure."""
+    probe = chart.container(chart.pod_templates(value_set)["head"], "agentkv")[kind]
+    assert probe["httpGet"]["path"] == "/healthz"
+    assert probe.get("timeoutSeconds", 1) >= READY_DEADLINE_S + 1
+
+
 # Values an operator changes between releases (sizes, replicas, image, labels, knobs).
 UPGRADE = {
     "image": {"tag": "9.9.9"},

@@ -164,7 +164,8 @@ class ServiceMetrics:
             "agentkv_prefix_lookup_tokens", "Tokens asked for by prefix lookups, by result",
             ["tenant", "result"], registry=r)
         self.credit_wait = Histogram(
-            "agentkv_credit_wait_seconds", "Time a restore waited for link credit",
+            "agentkv_credit_wait_seconds", "Time a move waited for link credit, by the "
+            "tier it moves into (restores into hbm, gap migrations into host and nvme)",
             ["tier"], buckets=DELAY_BUCKETS, registry=r)
         self.load_phase = Histogram(
             "agentkv_load_phase_seconds", "Where engine loads spent their time, by phase: "

@@ -217,16 +217,35 @@ class HfKVAdapter:
                 enc = encode_kv(k[:, :, start:end], v[:, :, start:end], spec, identity=ident.pack())
                 blob = enc.to_bytes()
                 key = _page_key(ident, chain, spec)
-                self._store.put(key, blob, ident)
                 page = StoredPage(identity=ident, key=key, spec=spec, nbytes=len(blob),
                                   checksum=zlib.crc32(blob))
+                written = self._put(page, blob)
                 table.pages[(chain, _spec_tag(spec))] = page
                 stored.append(page)
-                fresh.append(page)
-                nbytes += len(blob)
+                if written:
+                    fresh.append(page)
+                    nbytes += len(blob)
         return StoreReceipt(session=session, tokens=len(token_ids), pages=tuple(stored),
                             fresh=tuple(fresh), bytes_written=nbytes,
                             seconds=time.perf_counter() - t0)
+
+    def _put(self, page: StoredPage, blob: bytes) -> bool:
+        """Write ``page``; False if the store already held these very bytes under its key.
+
+        A store keeps the first bytes put under a key. Another writer of the same page
+        (same tenant, session, tokens and event) may have put other bytes there: the
+        model in another dtype, or on another device. Those are not this page's KV."""
+        if page.key in self._store:
+            found, held = self._store.get(page.key)
+            if found is Lookup.HIT and zlib.crc32(held) == page.checksum:
+                return False
+            if found is Lookup.HIT:
+                raise UnsupportedCache(
+                    f"the store holds other bytes under page [{page.identity.start}, "
+                    f"{page.identity.end}) of session {page.identity.session!r} (written by "
+                    "this model in another dtype or on another device?): use another session")
+        self._store.put(page.key, blob, page.identity)
+        return True
 
     def restore(
         self,

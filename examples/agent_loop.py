@@ -27,7 +27,7 @@ import argparse
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -120,6 +120,13 @@ def _connect(args) -> tuple[object, object, str]:
     return None, AgentKvClient.connect(target, args.token), f"AgentKV at {args.connect} (client)"
 
 
+def _stop(service, client, ray: bool) -> None:
+    if client is not None:
+        client.close()
+    if service is not None:
+        service.stop(shutdown_ray=ray)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     where_to = ap.add_mutually_exclusive_group()
@@ -128,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ray", action="store_true",
                     help="with --service: deploy its actors on a local Ray (else in-process)")
     where_to.add_argument("--connect", help="HOST:PORT (or a unix socket path) of `agentkv serve`")
-    ap.add_argument("--token", help="bearer token for --connect (tenant 'demo')")
+    ap.add_argument("--token", help="bearer token for --connect (its tenant owns the pages)")
     ap.add_argument("--no-compare", action="store_true", help="skip the recompute baseline")
     ap.add_argument("--progress", action="store_true",
                     help="show the model loader's progress bars on stderr")
@@ -136,8 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.ray and not args.service:
         ap.error("--ray only applies with --service")
     if args.connect and not args.token:
-        ap.error("--connect needs --token (a bearer token of tenant 'demo')")
+        ap.error("--connect needs --token (a bearer token of the service)")
 
+    from agentkv_cluster.api.protocol import RemoteError
     from agentkv_cluster.engines.page_store import ServicePageStore
     from examples.agent_runner import AgentRunner, RunnerConfig
 
@@ -145,13 +153,17 @@ def main(argv: list[str] | None = None) -> int:
     config = RunnerConfig(compare=not args.no_compare, progress=args.progress,
                           pool_name=f"agentkv-example-{os.getpid()}")
     if args.service or args.connect:
+        target = args.connect or "the service started here"
         try:
             service, client, where = _connect(args)
-        except OSError as exc:  # nothing listens there, or a bad socket path
-            target = args.connect or "the service started here"
-            print(f"agent_loop: cannot reach AgentKV at {target}: {exc}", file=sys.stderr)
+            session = client.open_session("agent-1")
+        except (OSError, RemoteError) as exc:  # nothing listens there, or a refused token
+            what = "cannot reach" if isinstance(exc, OSError) else "refused by"
+            print(f"agent_loop: {what} AgentKV at {target}: {exc}", file=sys.stderr)
+            _stop(service, client, args.ray)
             return 2
-        session = client.open_session("agent-1")
+        # Pages are named in the token's tenant: the service refuses any other namespace.
+        config = replace(config, tenant=session.opened.get("tenant", TENANT))
         sink = service_sink(session, where)
         runner = AgentRunner.start(sink, config, store=ServicePageStore(session))
         print(f"events and KV pages -> {where}")
@@ -164,10 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         results = [runner.run_task(i, task) for i, task in enumerate(TASKS)]
     finally:
         runner.close()
-        if client is not None:
-            client.close()
-        if service is not None:
-            service.stop(shutdown_ray=args.ray)
+        _stop(service, client, args.ray)
     print(f"\nevents sent: {sink.counts()}")
     print(f"tasks passed verification: {sum(results)}/{len(results)} "
           f"in {time.perf_counter() - t0:.1f} s")

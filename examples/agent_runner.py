@@ -15,7 +15,7 @@ from agentkv_cluster.engines.hf import (
 )
 from agentkv_cluster.engines.model import LoadedModel, load_model
 from agentkv_cluster.engines.page_store import HostPoolPageStore, PageStore
-from examples.agent_events import EventSink
+from examples.agent_events import TENANT, EventSink
 from examples.agent_loop import Task, observation_text, parse_call, prompt_text, run_tool
 from store.codecs import CodecSpec
 
@@ -28,6 +28,7 @@ class RunnerConfig:
     max_line_tokens: int = 24
     pool_slots: int = 96
     progress: bool = False  # show the model loader's progress bars on stderr
+    tenant: str = TENANT  # the tenant the pages are named in (the token's, with a service)
 
 
 @dataclass(slots=True)
@@ -48,7 +49,7 @@ class AgentRunner:
         self.loaded, self.store, self.sink, self.config = loaded, store, sink, config
         self.specs = specs
         self.adapter = HfKVAdapter(loaded, store, AdapterConfig(page_tokens=config.page_tokens,
-                                                               tenant="demo"))
+                                                               tenant=config.tenant))
         self._im_end = loaded.tokenizer.convert_tokens_to_ids("<|im_end|>")
 
     @classmethod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import math
 import operator
 import re
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ _OPS = {
     ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
     ast.Pow: operator.pow, ast.USub: operator.neg, ast.UAdd: operator.pos,
 }
+_MAX_BITS = 1000  # integers a float still holds (about 1.8e308 is its largest)
 
 
 class ToolError(ValueError):
@@ -26,21 +28,33 @@ def calculator(expression: str) -> str:
 
     def ev(node: ast.AST) -> float:
         if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-            return node.value
+            return _real(node.value)
         if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
             left, right = ev(node.left), ev(node.right)
             if isinstance(node.op, ast.Pow) and abs(right) > 64:
                 raise ToolError("exponent too large")
-            return _OPS[type(node.op)](left, right)
+            return _real(_OPS[type(node.op)](left, right))
         if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
-            return _OPS[type(node.op)](ev(node.operand))
+            return _real(_OPS[type(node.op)](ev(node.operand)))
         raise ToolError(f"not arithmetic: {ast.dump(node)[:40]}")
 
     try:
         value = ev(ast.parse(expression.strip(), mode="eval").body)
-    except (SyntaxError, ZeroDivisionError) as exc:
+    except (SyntaxError, ValueError, ZeroDivisionError, OverflowError) as exc:
         raise ToolError(str(exc)) from exc
     return str(int(value)) if float(value).is_integer() else f"{value:.6g}"
+
+
+def _real(value: object) -> float:
+    """``value`` if it is a finite real number a float can hold, else `ToolError` (every
+    intermediate result is checked, so no step works on a huge integer)."""
+    if not isinstance(value, int | float):  # a negative number to a fractional power
+        raise ToolError(f"not a real number: {value}")
+    if isinstance(value, int) and value.bit_length() > _MAX_BITS:
+        raise ToolError("result too large")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ToolError("result out of range")
+    return value
 
 
 @dataclass(frozen=True, kw_only=True)

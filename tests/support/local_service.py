@@ -18,11 +18,12 @@ from agentkv_cluster.runtime.service import Service
 def local_service(prefix: str, *, page_bytes: int, hbm_pages: int, pool_bytes: int,
                   controller: dict[str, Any] | None = None, hbm: dict[str, Any] | None = None,
                   pool: dict[str, Any] | None = None, api: dict[str, Any] | None = None,
-                  **service: Any) -> Iterator[Service]:
+                  metrics_http: bool = False, **service: Any) -> Iterator[Service]:
     """A started service with ``hbm_pages`` arena pages of ``page_bytes`` and a host pool
     of ``pool_bytes`` (slots of one page) over an NVMe shard in a fresh work dir, which
     goes when the service stops. ``controller``, ``hbm``, ``pool``, ``api``: more settings
-    of those sections; ``service``: more ``Service`` arguments."""
+    of those sections; ``metrics_http``: serve ``/metrics`` on a free port; ``service``: more
+    ``Service`` arguments."""
     workdir = Path(tempfile.mkdtemp(prefix=prefix))
     cfg = load_config(env={}, overrides={
         "api": {"port": 0, **(api or {})},
@@ -30,8 +31,9 @@ def local_service(prefix: str, *, page_bytes: int, hbm_pages: int, pool_bytes: i
         "pool": {"pool_bytes": pool_bytes, "slot_bytes": page_bytes,
                  "nvme_dir": str(workdir / "nv"), **(pool or {})},
         "controller": controller or {},
+        "metrics": {"port": 0},
     })
-    svc = Service(cfg, workdir=workdir, **service).start(local=True)
+    svc = Service(cfg, workdir=workdir, **service).start(local=True, metrics_http=metrics_http)
     try:
         yield svc
     finally:

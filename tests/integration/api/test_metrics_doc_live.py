@@ -9,7 +9,6 @@ import re
 import shutil
 import socket
 import subprocess
-import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -20,9 +19,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentkv_cluster.api.server import PreAuthLimits
-from agentkv_cluster.config import load_config
-from agentkv_cluster.runtime.service import Service
 from tests.integration.runtime.test_cluster import identity, kv_page
+from tests.support.local_service import local_service
 
 pytestmark = pytest.mark.integration
 
@@ -44,15 +42,8 @@ def documented_values(label: str) -> set[str]:
 
 @pytest.fixture(scope="module")
 def exposition() -> Iterator[str]:
-    workdir = Path(tempfile.mkdtemp(prefix="agentkv-metrics-doc-"))
-    cfg = load_config(env={}, overrides={
-        "api": {"port": 0}, "metrics": {"port": 0},
-        "hbm": {"page_bytes": PAGE, "num_pages": 8},
-        "pool": {"pool_bytes": 4 << 20, "slot_bytes": PAGE, "nvme_dir": str(workdir / "nv")},
-    })
-    svc = Service(cfg, workdir=workdir, hbm_capacity=3 * PAGE).start(local=True,
-                                                                     metrics_http=True)
-    try:
+    with local_service("agentkv-metrics-doc-", page_bytes=PAGE, hbm_pages=8, pool_bytes=4 << 20,
+                       hbm_capacity=3 * PAGE, metrics_http=True) as svc:
         with svc.client("acme") as client:
             s = client.open_session("s")
             ids = [identity("acme", "s", 1000 * i) for i in range(3)]
@@ -75,9 +66,6 @@ def exposition() -> Iterator[str]:
         with urllib.request.urlopen(f"http://127.0.0.1:{svc.http.port}/metrics",
                                     timeout=60) as r:
             yield r.read().decode()
-    finally:
-        svc.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def test_every_served_family_is_documented_with_its_type_and_labels(exposition) -> None:

@@ -24,6 +24,7 @@ from agentkv_cluster.runtime.link_credits import LinkCredits
 from agentkv_cluster.runtime.loads import EngineLoader
 from agentkv_cluster.runtime.mover import RemoteSpan
 from agentkv_cluster.runtime.records import (
+    RETIRED_TENANT,
     ActionKind,
     LoadReport,
     MetricsSince,
@@ -295,11 +296,21 @@ class ControllerActor:
                       for name, handle in list(self.hbms.items())]
             stocked = self.executor.landing.release()  # after: no refill holds old bytes
             zeroed = sum(p.free_zeroed for p in purged) + stocked
+            self._retire_counts(tenant)
             return ControllerErased(forgotten=replace(gone, keys={}),
                                     hbm_pages=sum(p.pages for p in purged),
                                     hbm_free_zeroed=zeroed, hbm_actors=len(purged))
         finally:
             self.controller.table.end_erase(tenant)
+
+    def _retire_counts(self, tenant: str) -> None:
+        """The erased tenant's cumulative metric counts join ``RETIRED_TENANT``'s: the
+        counters stay whole, and the tenant's name is neither kept nor sent on each scrape
+        (these tables grew by every tenant ever served)."""
+        self.executor.traffic.retire(tenant, RETIRED_TENANT)
+        tokens = self.loader.recompute_tokens
+        if tenant in tokens:
+            tokens[RETIRED_TENANT] = tokens.get(RETIRED_TENANT, 0) + tokens.pop(tenant)
 
     def copies_erased(self, pool: str, tenant: str, copies: list[tuple[bytes, int]]) -> int:
         """A key generation's erasure overwrote ``copies`` ((key, codec)) of ``tenant``'s pages

@@ -61,6 +61,12 @@ class TierTraffic:
         self.add(tenant, tier.name.lower(), n)
         self.by_tenant_codec[(tenant, codec.name.lower())] += 1
 
+    def retire(self, tenant: str, into: str) -> None:
+        """An erased tenant's counts move to ``into``'s (``RETIRED_TENANT``)."""
+        for table in (self.by_tenant_tier, self.by_tenant_codec):
+            for key in [k for k in list(table) if k[0] == tenant]:
+                table[(into, key[1])] += table.pop(key)
+
 
 class Executor:
     """The transfer worker: moves the bytes of the manager's actions under its link

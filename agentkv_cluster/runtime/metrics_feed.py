@@ -11,7 +11,9 @@ answered too late, ``ActorSlow``, keeps its last figures).
 The controller reports cumulative figures per tenant; counters take increments, so the feed
 remembers what it exported. That record is bounded like the labels: one figure per tenant
 that has (or had, before an erasure) a label of its own, at most ``top_tenants``, and one
-per overflow bucket, the summed figures of every other tenant.
+per overflow bucket, the summed figures of every other tenant. An erased tenant's totals
+come back folded into ``RETIRED_TENANT``'s, which joins the overflow bucket less what its
+own label exported before.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from agentkv_cluster.api.metrics import OTHER
 from agentkv_cluster.runtime.handles import ActorGone, ActorSlow
 from agentkv_cluster.runtime.part_asker import Answer, Outcome, PartAsker
+from agentkv_cluster.runtime.records import RETIRED_TENANT
 
 if TYPE_CHECKING:
     from agentkv_cluster.api.metrics import ServiceMetrics
@@ -54,6 +58,13 @@ class ExportedFigures:
         """Forget every figure whose key ``keep`` refuses."""
         self._last = {k: v for k, v in self._last.items() if keep(k)}
 
+    def take(self, select: Callable[[tuple[Any, ...]], bool]) -> list[tuple[tuple[Any, ...], int]]:
+        """Forget every figure whose key ``select`` picks; returns them (key, last total)."""
+        taken = [(k, v) for k, v in self._last.items() if select(k)]
+        for key, _ in taken:
+            del self._last[key]
+        return taken
+
 
 POOL_COUNTS = ("rejects", "spilled", "refused")  # a pool's own cumulative counts, by pool
 
@@ -83,6 +94,9 @@ class MetricsFeed:
         self._cursor = 0
         self._pools: dict[str, PoolSeen] = {}  # pool part -> its last answer's figures
         self._handles: dict[str, Any] = {}  # pool name -> the actor asked last time
+        # (kind, what) -> what was exported under labelled tenants since retired: their
+        # totals now sit in RETIRED_TENANT's, in the overflow account, and count once.
+        self._absorbed: dict[tuple[str, str], int] = {}
 
     def __call__(self) -> None:
         topo, m = self.service.topo, self.service.metrics
@@ -93,6 +107,7 @@ class MetricsFeed:
             # The pools' counts are their own and outlive the controller: forgetting them
             # would export each pool's whole count again as new rejects or full stores.
             self.exported.retain(lambda key: key[0] in POOL_COUNTS)
+            self._absorbed.clear()
         questions: dict[str, Any] = {CONTROLLER: functools.partial(
             topo.controller.options(timeout_s=ANSWER_TIMEOUT_S).metrics_since, self._cursor)}
         pools = dict(topo.pools)  # name -> handle; the watcher changes it as pools come and go
@@ -141,15 +156,23 @@ class MetricsFeed:
                     ) -> list[tuple[str, str, int]]:
         """(tenant, what, increment) from cumulative ``(tenant, what) -> total``. A tenant
         without a label of its own is summed with the others into one overflow account
-        (None), reported under one of them: all of them count under the overflow label."""
-        summed: dict[tuple[str | None, str], tuple[str, int]] = {}
+        (None), counted under the overflow label, with the erased tenants' totals
+        (``RETIRED_TENANT``) less what was exported under their own labels before."""
+        for (_, account, what), last in self.exported.take(
+                lambda key: key[0] == kind and key[1] is not None
+                and (key[1], key[2]) not in totals):  # retired since the last scrape
+            self._absorbed[(kind, what)] = self._absorbed.get((kind, what), 0) + last
+        summed: dict[tuple[str | None, str], int] = {}
         for (tenant, what), total in totals.items():
-            m.tenant(tenant)  # a first sighting takes a free label, as anywhere else
-            account = tenant if m.tenant.has_own(tenant) else None
-            named, before = summed.get((account, what), (tenant, 0))
-            summed[(account, what)] = (named, before + total)
-        return [(named, what, self.exported.delta((kind, account, what), total))
-                for (account, what), (named, total) in summed.items()]
+            account = None
+            if tenant != RETIRED_TENANT:
+                m.tenant(tenant)  # a first sighting takes a free label, as anywhere else
+                account = tenant if m.tenant.has_own(tenant) else None
+            summed[(account, what)] = summed.get((account, what), 0) + total
+        return [(OTHER if account is None else account, what, self.exported.delta(
+                    (kind, account, what),
+                    total - (self._absorbed.get((kind, what), 0) if account is None else 0)))
+                for (account, what), total in summed.items()]
 
     def _pool_figures(self, m: ServiceMetrics, answers: Mapping[str, Answer]) -> None:
         """Occupancy summed over the pools (a late one counts what it held when it last

@@ -336,10 +336,15 @@ class LoadPhases:
         return (self.settle_s, self.blocked_s, self.transfer_s, self.arrival_s, self.total_s)
 
 
+RETIRED_TENANT = ""  # the erased tenants' counts (no tenant is named "": security.keyring)
+
+
 @dataclass(frozen=True, kw_only=True)
 class MetricsSince:
     """What the metrics exporter pulls from the controller on each scrape
-    (``ControllerActor.metrics_since``): new entries, then cumulative counts."""
+    (``ControllerActor.metrics_since``): new entries, then cumulative counts. An erased
+    tenant's counts are folded into ``RETIRED_TENANT``'s, so they stay whole without the
+    controller keeping (or sending) its name."""
 
     cursor: int  # pass it to the next call
     waits: list[tuple[str, float]]  # credit waits since the last cursor: (tier label, s)

@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agentkv_cluster.api.metrics import OTHER, ServiceMetrics
 from agentkv_cluster.runtime.metrics_feed import MetricsFeed
+from agentkv_cluster.runtime.records import RETIRED_TENANT
 
 
 class Controller:
@@ -140,6 +141,48 @@ def test_an_erased_tenants_later_bytes_count_once_under_the_overflow_label() -> 
     controller.traffic = {("a", "nvme"): 102, ("b", "nvme"): 10, ("c", "nvme"): 4}
     feed()
     assert bytes_by_tenant(metrics) == {"b": 10, OTHER: 1 + 3 + 2}  # not a's 100 again
+
+
+def test_a_retired_tenants_bytes_count_once_and_its_name_leaves_the_record() -> None:
+    """On erasure the controller folds the tenant's totals into ``RETIRED_TENANT``'s (it
+    kept every tenant ever served, and sent them all on each scrape): what the tenant's
+    own label exported is not counted again under the overflow label, what came after is,
+    once, and an overflow tenant retired moves nothing."""
+    metrics, controller = ServiceMetrics(top_tenants=2, tenant_names=True), Traffic()
+    feed, _ = feed_for(metrics, controller)
+    controller.traffic = {("a", "nvme"): 100, ("b", "nvme"): 10, ("c", "nvme"): 1}
+    feed()
+    metrics.erased("a", failed=False)
+    controller.traffic = {(RETIRED_TENANT, "nvme"): 102, ("b", "nvme"): 10, ("c", "nvme"): 4}
+    feed()
+    assert bytes_by_tenant(metrics) == {"b": 10, OTHER: 1 + 3 + 2}
+    assert not any("a" in key for key in feed.exported._last)
+    controller.traffic = {(RETIRED_TENANT, "nvme"): 102, ("b", "nvme"): 10, ("c", "nvme"): 5}
+    feed()
+    assert bytes_by_tenant(metrics) == {"b": 10, OTHER: 7}
+    controller.traffic = {(RETIRED_TENANT, "nvme"): 107, ("b", "nvme"): 10}  # c retired
+    feed()
+    assert bytes_by_tenant(metrics) == {"b": 10, OTHER: 7}
+    controller.traffic = {(RETIRED_TENANT, "nvme"): 107, ("b", "nvme"): 10, ("a", "nvme"): 3}
+    feed()  # a tenant of the erased name again: never named, its bytes under the overflow
+    assert bytes_by_tenant(metrics) == {"b": 10, OTHER: 10}
+
+
+def test_tenants_served_and_erased_by_the_thousand_leave_the_record_as_it_was() -> None:
+    metrics, controller = ServiceMetrics(top_tenants=3, tenant_names=True), Traffic()
+    feed, _ = feed_for(metrics, controller)
+    retired, sizes = 0, set()
+    for i in range(1000):
+        tenant = f"t{i:04}"
+        controller.traffic = {(RETIRED_TENANT, "host"): retired, (tenant, "host"): 5}
+        feed()
+        metrics.erased(tenant, failed=False)
+        retired += 5
+        sizes.add(len(feed.exported) + len(feed._absorbed))
+    controller.traffic = {(RETIRED_TENANT, "host"): retired}
+    feed()
+    assert max(sizes) <= 3 + 1 + 1 + 1  # labelled tenants, overflow, gave_room, absorbed
+    assert sum(bytes_by_tenant(metrics).values()) == 5 * (1000 - 3)  # the erased labels' go
 
 
 class Hung:

@@ -148,6 +148,16 @@ class ChunkedSealer:
         self._own[(tenant, generation)] = cached
         return cached
 
+    def forget(self, tenant: str, generation: int | None = None) -> None:
+        """Erasure: drop what names ``tenant`` (its ``generation``, or every one)."""
+        def gone(owner: tuple[str, int]) -> bool:
+            return owner[0] == tenant and generation in (None, owner[1])
+
+        for owner in [o for o in list(self._own) if gone(o)]:
+            self._own.pop(owner, None)
+        with self._ids_lock:
+            self._ids = {i: o for i, o in self._ids.items() if not gone(o)}
+
     def _owner(self, key_id: bytes) -> tuple[str, int]:
         """(tenant, generation) of a key id, from the keyring's live keys."""
         with self._ids_lock:

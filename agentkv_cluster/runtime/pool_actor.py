@@ -348,6 +348,7 @@ class PoolActor:
             self.blinder.forget(tenant)
         else:  # a store sealing under it from now on fails: its key file is gone
             self.keyring.forget_generation(tenant, generation)
+        self.chunked.forget(tenant, generation)
         with self._lock:
             host = self._erase_copies(tenant, Tier.HOST, generation)
             nvme = self._erase_copies(tenant, Tier.NVME, generation)

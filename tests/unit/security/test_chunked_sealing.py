@@ -338,3 +338,23 @@ def test_key_ids_are_found_after_a_restart_with_many_tenants():
         assert {t: (m.tenant, m.generation) for t, m in
                 ((t, fresh.read_meta(r, 1)) for t, r in records.items())} == {
             "t1": ("t1", 1), "t2": ("t2", 2), "t3": ("t3", 1)}
+
+
+def test_forget_drops_what_names_the_erased_tenant_and_nothing_of_the_others(chunked):
+    """Erasure (the pool's ``purge_tenant``): the sealer's caches no longer name the tenant
+    (they kept one entry per tenant and generation ever sealed for)."""
+    alice, bob = os.urandom(5000), os.urandom(5000)
+    records = {"alice": seal(chunked, alice, bind()), "bob": seal(chunked, bob, bind("bob"))}
+    for record in records.values():
+        chunked.read_meta(record, 1)  # fills the key-id table
+
+    def named() -> set[str]:
+        return {t for t, _ in chunked._own} | {t for t, _ in chunked._ids.values()}
+
+    assert named() == {"alice", "bob"}
+    chunked.forget("alice", generation=2)  # another generation: nothing of generation 1 goes
+    assert named() == {"alice", "bob"}
+    chunked.forget("alice")
+    assert named() == {"bob"}
+    assert bytes(chunked.open_into(records["bob"], bind("bob"))) == bob
+    assert chunked.read_meta(records["bob"], 1).tenant == "bob"

@@ -17,6 +17,8 @@ import atexit
 import itertools
 import logging
 import os
+import shutil
+import tempfile
 import threading
 import time
 import uuid
@@ -74,7 +76,6 @@ class EmbeddedBackend:
         self._nvme: NvmeShard | None = None
         if spec.nvme_blocks:
             if self._nvme_dir is None:
-                import tempfile
                 self._nvme_dir = Path(tempfile.mkdtemp(prefix="agentkv-vllm-nvme-"))
             self._nvme = NvmeShard(self._nvme_dir / f"shard-{os.getpid()}",
                                    NvmeShardConfig(max_record_bytes=spec.slot_bytes))
@@ -395,6 +396,5 @@ class EmbeddedBackend:
             self._pool.unlink()
             if self._nvme is not None:
                 self._nvme.close()
-                if self.spec.nvme_dir is None and self._nvme_dir is not None:
-                    import shutil
-                    shutil.rmtree(self._nvme_dir, ignore_errors=True)
+                # the pid-named shard is this process's alone (a given nvme_dir stays)
+                shutil.rmtree(self._nvme.path if self.spec.nvme_dir else self._nvme_dir, True)

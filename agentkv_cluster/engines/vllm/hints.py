@@ -124,7 +124,7 @@ def parse_event(raw: Any) -> HintEvent:
                         ) from None
     extra = set(raw) - {"kind"} - _EVENT_FIELDS[kind]
     if extra:
-        raise HintError(f"{kind.value} does not take {sorted(extra)!r:.80}")
+        raise HintError(f"{kind.value} does not take {sorted(map(str, extra))!r:.80}")
     expected = _seconds(raw.get("expected_s"))
     if kind is HintKind.TOOL_START and "tool" not in raw:
         raise HintError("tool_start needs the tool class ('tool')")
@@ -152,7 +152,7 @@ def parse_hints(params: Any) -> AgentHints:
         raise HintError(f"kv_transfer_params.{KEY} must be an object")
     unknown = set(raw) - _FIELDS
     if unknown:
-        raise HintError(f"unknown hint fields {sorted(unknown)!r:.80}; "
+        raise HintError(f"unknown hint fields {sorted(map(str, unknown))!r:.80}; "
                         f"expected some of {sorted(_FIELDS)}")
     session = raw.get("session")
     if session is not None:

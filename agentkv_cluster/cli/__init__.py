@@ -215,14 +215,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     apply_state_defaults(args)
-    on_term = args.command in ADMIN_COMMANDS and threading.current_thread() is threading.main_thread()
+    on_term = args.command in TERM_UNWINDS and threading.current_thread() is threading.main_thread()
     before = signal.signal(signal.SIGTERM, _terminated) if on_term else None  # cleanup runs
     try:
         return int(handler(args) or 0)
     except CliError as exc:
         print(f"agentkv {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM for an admin command
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM for a command in TERM_UNWINDS
         print(f"agentkv {args.command}: interrupted{INTERRUPTED.get(args.command, '')}",
               file=sys.stderr)
         return 130
@@ -233,6 +233,10 @@ def main(argv: list[str] | None = None) -> int:
 
 # Commands that change or probe state an admin relies on (keys, audit log, Redis ACL users).
 ADMIN_COMMANDS = ("audit", "tenant")
+# Commands whose cleanup must run on SIGTERM too (`timeout`, a CI job cancelled, a pod
+# stopped): the admin commands, and the demo, which otherwise leaves its 256 MiB host pool
+# in /dev/shm, its temporary folder (keys, NVMe shard) and two Ray agent processes behind.
+TERM_UNWINDS = (*ADMIN_COMMANDS, "demo")
 INTERRUPTED = {"tenant": "; an erasure it had begun is listed as unfinished by `agentkv audit "
                          "verify`, and the same command run again finishes it"}
 

@@ -120,6 +120,18 @@ def _table(figures: dict[str, dict[str, Any]]) -> Any:
     return table
 
 
+def _print_table(console: Any, figures: dict[str, dict[str, Any]]) -> None:
+    """Print the table whole: the console grows to the table's natural width (120 to 140
+    columns, the more tiers a row lists the wider), so no header is cut to "MB/sessi…"
+    and no row's bytes per tier wraps over several lines, in a log or a narrow terminal."""
+    from rich.measure import Measurement
+
+    table = _table(figures)
+    needed = Measurement.get(console, console.options.update_width(1000), table).maximum
+    console.width = max(console.width, needed)
+    console.print(table)
+
+
 def _ratio_line(r: RatioInterval) -> str:
     """The P95 ratio with its interval, and what the interval says."""
     from agentkv_cluster.api.compare import Reading
@@ -271,7 +283,7 @@ def run(args: argparse.Namespace) -> int:
     spec = _spec(args)
     check_writable_file(args.json, "--json")
     check_fits(*hbm_capacity(spec, args.budget), this_machine(), args.budget)
-    console = Console(width=max(110, Console().width))  # the table needs ~105 columns
+    console = Console(width=max(110, Console().width))  # _print_table widens it for the table
     t0 = time.monotonic()
     if console.is_terminal:
         with Progress(TextColumn("{task.description}"), BarColumn(),
@@ -280,7 +292,7 @@ def run(args: argparse.Namespace) -> int:
             payload = run_demo(spec, args.budget, progress, args.rounds)
     else:  # CI logs and pods: a plain line every 10 s instead of a bar nobody sees
         payload = run_demo(spec, args.budget, _LineProgress(), args.rounds)
-    console.print(_table(payload["policies"]))
+    _print_table(console, payload["policies"])
     a, b = payload["policies"]["agentkv"], payload["policies"]["lru"]
     console.print(f"P95 restore delay: AgentKV {a['p95_ms']:.1f} ms vs LRU {b['p95_ms']:.1f} ms; "
                   f"bytes moved: {a['transfer_mb_per_batch']:.2f} vs "

@@ -235,15 +235,14 @@ class HfKVAdapter:
         A store keeps the first bytes put under a key. Another writer of the same page
         (same tenant, session, tokens and event) may have put other bytes there: the
         model in another dtype, or on another device. Those are not this page's KV."""
-        if page.key in self._store:
-            found, held = self._store.get(page.key)
-            if found is Lookup.HIT and zlib.crc32(held) == page.checksum:
+        found, held = self._store.get(page.key)  # MISS for a key it does not hold
+        if found is Lookup.HIT:
+            if zlib.crc32(held) == page.checksum:
                 return False
-            if found is Lookup.HIT:
-                raise UnsupportedCache(
-                    f"the store holds other bytes under page [{page.identity.start}, "
-                    f"{page.identity.end}) of session {page.identity.session!r} (written by "
-                    "this model in another dtype or on another device?): use another session")
+            raise UnsupportedCache(
+                f"the store holds other bytes under page [{page.identity.start}, "
+                f"{page.identity.end}) of session {page.identity.session!r} (written by "
+                "this model in another dtype or on another device?): use another session")
         self._store.put(page.key, blob, page.identity)
         return True
 

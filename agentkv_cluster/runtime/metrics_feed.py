@@ -56,7 +56,7 @@ class ExportedFigures:
 
     def retain(self, keep: Callable[[tuple[Any, ...]], bool]) -> None:
         """Forget every figure whose key ``keep`` refuses."""
-        self._last = {k: v for k, v in self._last.items() if keep(k)}
+        self.take(lambda key: not keep(key))
 
     def take(self, select: Callable[[tuple[Any, ...]], bool]) -> list[tuple[tuple[Any, ...], int]]:
         """Forget every figure whose key ``select`` picks; returns them (key, last total)."""
